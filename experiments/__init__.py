@@ -1,0 +1,1 @@
+"""Experiments built on fpsim (not part of the installed package)."""

@@ -1,0 +1,112 @@
+"""Load and save GPT-2 checkpoints in the Hugging Face directory layout, strictly offline.
+
+A checkpoint directory holds ``config.json`` plus ``model.safetensors`` (preferred)
+or ``pytorch_model.bin``. The same code serves the tiny byte-level model and the
+real GPT-2 124M from a local Hugging Face cache; nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from .model import GPT2, GPT2Config
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# HF stores these alongside the weights; they are constants (causal mask) or tied to wte.
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+
+
+def _is_checkpoint_dir(d: Path) -> bool:
+    return (d / "config.json").is_file() and any((d / f).is_file() for f in WEIGHT_FILES)
+
+
+def _hub_caches() -> list[Path]:
+    """Hugging Face hub cache roots, in the order ``huggingface_hub`` would consult them."""
+    roots = []
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(var):
+            roots.append(Path(os.environ[var]))
+    if os.environ.get("HF_HOME"):
+        roots.append(Path(os.environ["HF_HOME"]) / "hub")
+    xdg = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    roots.append(xdg / "huggingface" / "hub")
+    return list(dict.fromkeys(roots))
+
+
+def _cached_snapshot(repo_dir: Path) -> Path | None:
+    """The snapshot ``refs/main`` points to, else the newest complete snapshot."""
+    ref = repo_dir / "refs" / "main"
+    if ref.is_file():
+        snap = repo_dir / "snapshots" / ref.read_text().strip()
+        if _is_checkpoint_dir(snap):
+            return snap
+    snaps = [s for s in (repo_dir / "snapshots").glob("*") if _is_checkpoint_dir(s)]
+    return max(snaps, key=lambda s: s.stat().st_mtime) if snaps else None
+
+
+def resolve_checkpoint(path_or_name: str | os.PathLike) -> Path:
+    """Checkpoint directory for a local path or a hub name such as ``gpt2`` (offline cache only)."""
+    looked = []
+    p = Path(path_or_name).expanduser()
+    if p.exists():
+        if _is_checkpoint_dir(p):
+            return p
+        looked.append(f"{p} (exists but lacks config.json and one of {', '.join(WEIGHT_FILES)})")
+    else:
+        looked.append(f"{p} (no such directory)")
+    repo = "models--" + str(path_or_name).replace("/", "--")
+    for root in _hub_caches():
+        repo_dir = root / repo
+        snap = _cached_snapshot(repo_dir) if repo_dir.is_dir() else None
+        if snap is not None:
+            return snap
+        looked.append(f"{repo_dir}/snapshots/*/")
+    raise FileNotFoundError(
+        f"GPT-2 checkpoint {str(path_or_name)!r} not found; nothing is downloaded. Looked in:\n  "
+        + "\n  ".join(looked)
+        + "\nPass a directory containing config.json and model.safetensors (or pytorch_model.bin), "
+        "or set HF_HOME to a Hugging Face cache that already holds the model."
+    )
+
+
+def _read_weights(d: Path) -> dict[str, Tensor]:
+    if (d / "model.safetensors").is_file():
+        return load_file(d / "model.safetensors")
+    return torch.load(d / "pytorch_model.bin", map_location="cpu", weights_only=True)
+
+
+def _to_model_keys(raw: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Map HF keys (with or without ``transformer.``) to model keys; drop buffers and a tied lm_head."""
+    out = {}
+    for key, t in raw.items():
+        if key.endswith(_IGNORED_SUFFIXES) or key == "lm_head.weight":
+            continue
+        out[key if key.startswith("transformer.") else "transformer." + key] = t
+    lm_head = raw.get("lm_head.weight")
+    if lm_head is not None and not torch.equal(lm_head, out.get("transformer.wte.weight", lm_head)):
+        raise ValueError("lm_head.weight differs from transformer.wte.weight; untied heads are not supported")
+    return out
+
+
+def load_gpt2(path_or_name: str | os.PathLike, dtype: torch.dtype = torch.float32) -> GPT2:
+    """Load a GPT-2 checkpoint (directory or offline-cached hub name) as an eval-mode model in ``dtype``."""
+    d = resolve_checkpoint(path_or_name)
+    cfg = GPT2Config.from_hf_dict(json.loads((d / "config.json").read_text()))
+    model = GPT2(cfg)
+    model.load_state_dict(_to_model_keys(_read_weights(d)), strict=True)
+    return model.to(dtype).eval()
+
+
+def save_gpt2(model: GPT2, path: str | os.PathLike) -> None:
+    """Write ``config.json`` and float32 ``model.safetensors`` in HF layout (tied lm_head not stored)."""
+    d = Path(path)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(model.config.to_hf_dict(), indent=2) + "\n")
+    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
