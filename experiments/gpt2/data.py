@@ -1,0 +1,46 @@
+"""English text corpus from CPython's ``pydoc_data.topics`` with a deterministic topic split.
+
+Every CPython install ships these help topics, so the experiments need no download.
+Every 10th topic (sorted by name) is held out, so evaluation text is unseen prose
+rather than windows interleaved with training text. Contents depend on the Python
+version; record ``sys.version`` with results.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydoc_data.topics import topics
+from torch import Tensor
+
+from .tokenizer import encode_bytes
+
+HELDOUT_EVERY = 10
+
+
+def split_topics() -> tuple[list[str], list[str]]:
+    """(train, held-out) topic names; held-out is every ``HELDOUT_EVERY``-th sorted name."""
+    keys = sorted(topics)
+    held = keys[::HELDOUT_EVERY]
+    return [k for k in keys if k not in held], held
+
+
+def _corpus(keys: list[str]) -> Tensor:
+    return encode_bytes("\n\n".join(topics[k] for k in keys))
+
+
+def train_bytes() -> Tensor:
+    """Training text as a 1-D int64 byte tensor."""
+    return _corpus(split_topics()[0])
+
+
+def heldout_bytes() -> Tensor:
+    """Held-out text as a 1-D int64 byte tensor."""
+    return _corpus(split_topics()[1])
+
+
+def windows(data: Tensor, block_size: int, limit: int | None = None) -> Tensor:
+    """Non-overlapping ``[N, block_size + 1]`` windows (inputs plus next-token targets), at most ``limit``."""
+    n = (data.numel() - 1) // block_size
+    n = n if limit is None else min(n, limit)
+    idx = torch.arange(n)[:, None] * block_size + torch.arange(block_size + 1)
+    return data[idx]
