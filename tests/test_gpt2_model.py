@@ -15,7 +15,7 @@ from experiments.gpt2.checkpoint import load_gpt2, save_gpt2
 from experiments.gpt2.data import heldout_bytes, split_topics, windows
 from experiments.gpt2.evaluate import window_loss
 from experiments.gpt2.model import TorchOps
-from experiments.gpt2.tokenizer import decode_bytes, encode_bytes
+from experiments.gpt2.tokenizer import decode_bytes, encode_bytes, load_bpe
 
 CFG = {"n_layer": 2, "n_head": 4, "n_embd": 32, "n_positions": 16, "vocab_size": 50,
        "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new", "model_type": "gpt2"}
@@ -194,6 +194,11 @@ def test_byte_tokenizer_and_split():
     train, held = split_topics()
     assert held and train and not set(train) & set(held)
     assert split_topics() == (train, held)
+
+
+def test_bpe_without_tokenizer_json_says_to_pass_ids(tmp_path):
+    with pytest.raises(FileNotFoundError, match="pre-tokenized"):
+        load_bpe(tmp_path)
 
 
 @pytest.mark.skipif(not (TINY_DIR / "model.safetensors").is_file(), reason="tiny checkpoint not trained yet")

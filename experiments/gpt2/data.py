@@ -44,3 +44,9 @@ def windows(data: Tensor, block_size: int, limit: int | None = None) -> Tensor:
     n = n if limit is None else min(n, limit)
     idx = torch.arange(n)[:, None] * block_size + torch.arange(block_size + 1)
     return data[idx]
+
+
+def random_windows(data: Tensor, block_size: int, n: int, gen: torch.Generator) -> Tensor:
+    """``n`` windows ``[n, block_size + 1]`` at uniformly random offsets drawn from ``gen``."""
+    start = torch.randint(data.numel() - block_size - 1, (n,), generator=gen)
+    return data[start[:, None] + torch.arange(block_size + 1)]

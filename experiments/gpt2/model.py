@@ -62,9 +62,13 @@ class TorchOps:
     """
 
     def linear(self, name: str, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
-        """Conv1D semantics: ``x @ W + b`` with ``W`` shaped ``[in, out]``; ``b`` may be None."""
-        y = x @ W
-        return y if b is None else y + b
+        """Conv1D semantics: ``x @ W + b`` with ``W`` shaped ``[in, out]``; ``b`` may be None.
+
+        Uses ``addmm`` with the bias, as HF's Conv1D does, so FP32 results match HF.
+        """
+        if b is None:
+            return x @ W
+        return torch.addmm(b, x.reshape(-1, x.shape[-1]), W).view(*x.shape[:-1], W.shape[1])
 
     def matmul(self, name: str, a: Tensor, b: Tensor) -> Tensor:
         """Batched ``a @ b`` (attention scores ``q @ k^T`` and ``probs @ v``)."""
@@ -152,12 +156,13 @@ class GPT2(nn.Module):
 
     def reset_parameters(self) -> None:
         """HF GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer)."""
+        for module in self.modules():
+            if isinstance(module, nn.LayerNorm):
+                module.reset_parameters()
         for name, p in self.named_parameters():
-            if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name.endswith("ln_f.weight"):
-                nn.init.ones_(p)
-            elif name.endswith("bias"):
+            if name.endswith("bias") and "ln_" not in name:
                 nn.init.zeros_(p)
-            else:
+            elif p.dim() == 2:
                 std = 0.02 / math.sqrt(2 * self.config.n_layer) if name.endswith("c_proj.weight") else 0.02
                 nn.init.normal_(p, mean=0.0, std=std)
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .checkpoint import save_gpt2
-from .data import heldout_bytes, train_bytes, windows
+from .data import heldout_bytes, random_windows, train_bytes, windows
 from .evaluate import window_loss
 from .model import GPT2, GPT2Config
 
@@ -54,8 +54,11 @@ def learning_rate(args: argparse.Namespace, step: int, progress: float) -> float
 
 def make_optimizer(model: GPT2, args: argparse.Namespace) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not biases, LayerNorm gains or embeddings)."""
-    decay = [p for n, p in model.named_parameters() if p.dim() == 2 and "wte" not in n and "wpe" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.dim() == 2 and "wte" not in n and "wpe" not in n)]
+    def decays(name: str, p: torch.Tensor) -> bool:
+        return p.dim() == 2 and "wte" not in name and "wpe" not in name
+
+    decay = [p for n, p in model.named_parameters() if decays(n, p)]
+    no_decay = [p for n, p in model.named_parameters() if not decays(n, p)]
     groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95))
 
@@ -89,8 +92,7 @@ def train(args: argparse.Namespace) -> dict:
     data, held = train_bytes(), heldout_bytes()
     held_wins = windows(held, args.block_size)
     gen = torch.Generator().manual_seed(args.seed)
-    train_eval_wins = data[torch.randint(data.numel() - args.block_size - 1, (len(held_wins),), generator=gen)[:, None]
-                           + torch.arange(args.block_size + 1)]
+    train_eval_wins = random_windows(data, args.block_size, len(held_wins), gen)
     log = {"config": cfg.to_hf_dict(), "args": {k: str(v) for k, v in vars(args).items()}, "seed": args.seed,
            "python": sys.version, "torch": torch.__version__, "machine": platform.machine(),
            "train_bytes": data.numel(), "heldout_bytes": held.numel(), "train": [], "eval": []}
@@ -111,8 +113,7 @@ def train(args: argparse.Namespace) -> dict:
         lr = learning_rate(args, step, progress)
         for g in opt.param_groups:
             g["lr"] = lr
-        ix = torch.randint(data.numel() - args.block_size - 1, (args.batch_size,), generator=gen)
-        batch = data[ix[:, None] + torch.arange(args.block_size + 1)]
+        batch = random_windows(data, args.block_size, args.batch_size, gen)
         logits = model(batch[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
         opt.zero_grad(set_to_none=True)
