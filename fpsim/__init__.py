@@ -1,0 +1,9 @@
+"""fpsim: bit-exact emulation of number formats, and what they do to neural-network arithmetic."""
+
+from .convert import decode, encode, quantize, values
+from .explain import Explanation, explain
+from .formats import FORMATS, Format, get_format
+from .rounding import MODES
+
+__all__ = ["FORMATS", "Explanation", "Format", "MODES", "explain", "decode", "encode", "get_format", "quantize", "values"]
+__version__ = "0.1.0"

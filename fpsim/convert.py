@@ -1,0 +1,328 @@
+"""Public conversions: quantize, encode, decode, values.
+
+This module only prepares inputs (types, dtypes, chunks, exact integer conversion) and hands the
+bits to the single rounding routine in :mod:`fpsim.rounding`.  For float32 inputs and formats of
+at most 6 mantissa bits the same routine is evaluated once on 2^17 representative inputs and the
+result used as a lookup table: rounding to such a format depends only on the top 16 bits of a
+float32 and on whether any of its low 16 bits is set.
+"""
+
+from __future__ import annotations
+
+import functools
+import numbers
+from typing import Any
+
+import numpy as np
+
+from . import rounding as R
+from .backend import NumpyOps, is_torch, ops_for
+from .formats import Format, get_format
+
+CHUNK = 1 << 16  # elements per slice: temporaries stay in cache, memory stays near the output's
+_NP = NumpyOps()
+
+
+def code_dtype(fmt: Format) -> np.dtype:
+    """Smallest unsigned integer dtype that holds the format's codes."""
+    for dt in (np.uint8, np.uint16, np.uint32, np.uint64):
+        if fmt.bits <= np.dtype(dt).itemsize * 8:
+            return np.dtype(dt)
+    raise AssertionError(fmt)
+
+
+def _source_for(fmt: Format, wide: bool) -> R.Source:
+    """float32 lanes when they hold the format exactly, else float64 lanes."""
+    if not wide and R.F32.holds(fmt):
+        return R.F32
+    if R.F64.holds(fmt):
+        return R.F64
+    raise ValueError(f"format {fmt.name!r} cannot be rounded exactly through float64 "
+                     f"(emin {fmt.emin}, emax {fmt.emax}, {fmt.mbits} mantissa bits)")
+
+
+def _options(fmt: Any, rounding: str) -> Format:
+    R.check_mode(rounding)
+    return get_format(fmt)
+
+
+# --------------------------------------------------------------------------------------------
+# Input preparation
+# --------------------------------------------------------------------------------------------
+def _as_array(x: Any) -> tuple[np.ndarray, bool]:
+    """NumPy view of ``x`` and whether it was a Python scalar."""
+    scalar = isinstance(x, numbers.Number) and not isinstance(x, np.ndarray)
+    if isinstance(x, (str, bytes)) or (scalar and isinstance(x, complex)):
+        raise TypeError(f"expected numbers, got {type(x).__name__}: {x!r:.40}")
+    arr = np.asarray(x)
+    if arr.dtype.kind in "OSUc" or arr.dtype.kind == "V" and arr.dtype.itemsize > 2:
+        raise TypeError(f"expected real numbers, got an array of dtype {arr.dtype}")
+    return arr, scalar and not isinstance(x, np.generic)
+
+
+def _float_input(arr: np.ndarray, fmt: Format, rounding: str) -> np.ndarray:
+    """A float32/float64 array holding the input's exact values."""
+    kind = arr.dtype.kind
+    if kind in "iub":
+        return _int_to_float64(arr, fmt, rounding)
+    if arr.dtype in (np.float32, np.float64):
+        return arr
+    return arr.astype(np.float32)  # float16 and ml_dtypes' 16-bit and narrower floats: exact
+
+
+def _int_to_float64(arr: np.ndarray, fmt: Format, rounding: str) -> np.ndarray:
+    """Integers as float64 without a second rounding.
+
+    Beyond 2^53 the value is rounded to odd: rounding to odd at 53 bits and then to a format of
+    at most 51 fraction bits equals rounding once (Boldo & Melquiond).  Only fp64-wide targets
+    with such integers and a mode other than ties-to-even (numpy's own rounding) are refused.
+    """
+    if arr.dtype.kind == "b":
+        return arr.astype(np.float64)
+    if arr.dtype.itemsize < 8 or arr.size == 0:
+        return arr.astype(np.float64)
+    big = np.abs(arr.astype(np.float64)) > 2.0**53
+    if not big.any():
+        return arr.astype(np.float64)
+    if fmt.mbits > 50 and not fmt.is_int:
+        if rounding == "rne":
+            return arr.astype(np.float64)
+        raise ValueError(f"integers beyond 2^53 rounded to {fmt.name} with {rounding!r}: only "
+                         "'rne' is supported there; convert to float64 yourself first")
+    f = arr.astype(np.float64)
+    mag = np.abs(arr.astype(np.int64)).astype(np.uint64) if arr.dtype.kind == "i" else arr
+    fmag = np.abs(f)
+    back = np.minimum(fmag, 2.0**64 - 2048).astype(np.uint64)
+    inexact = (back != mag) & big
+    odd = (fmag.view(np.int64) & 1) == 1
+    toward = np.where(back > mag, 0.0, np.inf)
+    fixed = np.where(inexact & ~odd, np.nextafter(fmag, toward), fmag)
+    return np.copysign(fixed, f)
+
+
+# --------------------------------------------------------------------------------------------
+# The NumPy driver
+# --------------------------------------------------------------------------------------------
+def _sign_split(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    neg = bits < 0
+    return bits & np.iinfo(bits.dtype).max, neg
+
+
+def _run_numpy(x: np.ndarray, fmt: Format, rounding: str, saturate: bool, subnormals: bool,
+               seed: Any, want: str, out_dtype: np.dtype) -> np.ndarray:
+    src = _source_for(fmt, wide=x.dtype == np.float64)
+    work = x.astype(np.float64 if src is R.F64 else np.float32, copy=False)
+    flat = np.ascontiguousarray(work).reshape(-1)
+    out = np.empty(flat.shape, dtype=out_dtype)
+    itype = np.int64 if src is R.F64 else np.int32
+    table = _lookup_table(fmt, rounding, saturate, subnormals, want) \
+        if (src is R.F32 and _table_ok(fmt, rounding)) else None
+    rng = np.random.default_rng(seed) if rounding == "stochastic" else None
+    for lo in range(0, flat.size, CHUNK):
+        chunk = flat[lo:lo + CHUNK]
+        if table is not None:
+            u = chunk.view(np.uint32)
+            idx = ((u >> 15) & 0x1FFFE) | ((u & 0xFFFF) != 0)
+            out[lo:lo + CHUNK] = table[idx]
+            continue
+        a, neg = _sign_split(chunk.view(itype))
+        rand = rng.integers(0, 1 << (src.width - 2), size=a.shape, dtype=itype) if rng else None
+        res = R.round_bits(_NP, a, neg, src, fmt, rounding, saturate=saturate,
+                           subnormals=subnormals, rand=rand, want=want)
+        if want == "value":
+            out[lo:lo + CHUNK] = res.view(work.dtype)
+        else:
+            out[lo:lo + CHUNK] = res
+    return out.reshape(x.shape)
+
+
+def _table_ok(fmt: Format, rounding: str) -> bool:
+    """A 2^17-entry table is exact when every rounding point lies in the top 16 bits."""
+    if rounding == "stochastic" or fmt.bits > 16:
+        return False
+    least_shift = R.F32.mbits - fmt.mbits + (1 if fmt.is_int else 0)
+    return least_shift >= 17
+
+
+@functools.lru_cache(maxsize=64)
+def _lookup_table(fmt: Format, rounding: str, saturate: bool, subnormals: bool,
+                  want: str) -> np.ndarray:
+    hi = np.arange(1 << 16, dtype=np.uint32) << 16
+    reps = np.stack([hi, hi | 1], axis=1).reshape(-1).view(np.int32)   # index = hi16 * 2 + sticky
+    a, neg = _sign_split(reps)
+    res = R.round_bits(_NP, a, neg, R.F32, fmt, rounding, saturate=saturate,
+                       subnormals=subnormals, want=want)
+    return res.view(np.float32) if want == "value" else res.astype(code_dtype(fmt))
+
+
+def _check_nan(arr: Any, fmt: Format, nan: str) -> None:
+    if fmt.has_nan:
+        return
+    if nan not in ("raise", "zero"):
+        raise ValueError(f"nan={nan!r}: choose 'raise' or 'zero'")
+    if nan == "raise":
+        count = int((arr != arr).sum())
+        if count:
+            raise ValueError(f"{count} NaN input(s) cannot be encoded: {fmt.name} has no NaN code. "
+                             "Pass nan='zero' to map them to zero as ml_dtypes does.")
+
+
+# --------------------------------------------------------------------------------------------
+# The torch driver (same algorithm, whole tensor at once)
+# --------------------------------------------------------------------------------------------
+def _run_torch(x: Any, fmt: Format, rounding: str, saturate: bool, subnormals: bool, seed: Any,
+               want: str) -> Any:
+    import torch
+
+    ops = ops_for(x)
+    if not (x.is_floating_point() or x.dtype == torch.bool or not x.is_complex()):
+        raise TypeError(f"expected a real tensor, got dtype {x.dtype}")
+    if not x.is_floating_point():
+        work = torch.from_numpy(_int_to_float64(x.cpu().numpy(), fmt, rounding)).to(x.device)
+    else:
+        work = x
+    src = _source_for(fmt, wide=work.dtype == torch.float64)
+    fdt, itype = (torch.float64, torch.int64) if src is R.F64 else (torch.float32, torch.int32)
+    work = work.to(fdt).contiguous()
+    bits = work.view(itype)
+    neg = bits < 0
+    a = bits & torch.iinfo(itype).max
+    rand = ops.random_bits(tuple(a.shape), src.width - 2, itype, seed, device=a.device) \
+        if rounding == "stochastic" else None
+    res = R.round_bits(ops, a, neg, src, fmt, rounding, saturate=saturate, subnormals=subnormals,
+                       rand=rand, want=want)
+    if want == "value":
+        return res.view(fdt)
+    return res
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool = False,
+             subnormals: bool = True, seed: Any = None) -> Any:
+    """Round every element of ``x`` to the nearest value of ``fmt`` under ``rounding``.
+
+    Returns the same kind of object as ``x``: NumPy array of the same float dtype (integer arrays
+    give float64), Python float for a Python number, torch tensor of the same dtype and device.
+    The input's exact value is rounded once; float64 is never rounded through float32.
+    Overflow gives inf (or NaN for formats with NaN and no inf) unless ``saturate`` or the
+    rounding direction says the largest finite value; NaN stays NaN.
+    """
+    fmt = _options(fmt, rounding)
+    if is_torch(x):
+        out = _run_torch(x, fmt, rounding, saturate, subnormals, seed, "value")
+        return out.to(x.dtype) if x.is_floating_point() else out
+    arr, scalar = _as_array(x)
+    work = _float_input(arr, fmt, rounding)
+    out = _run_numpy(work, fmt, rounding, saturate, subnormals, seed, "value",
+                     np.dtype(np.float64 if work.dtype == np.float64 else np.float32))
+    if arr.dtype.kind not in "iub" and out.dtype != arr.dtype:
+        out = out.astype(arr.dtype)
+    if scalar:
+        return float(out)
+    return out if arr.ndim else out.reshape(())
+
+
+def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool = False,
+           subnormals: bool = True, seed: Any = None, nan: str = "raise") -> Any:
+    """The bit codes of ``quantize(x, fmt, ...)``, in the smallest unsigned dtype that holds them.
+
+    Sub-byte codes sit in the low bits; integer formats use two's complement.  NaN inputs into a
+    format without a NaN code raise ``ValueError`` unless ``nan="zero"`` (ml_dtypes' behaviour:
+    NaN becomes a zero).  torch tensors give torch integer tensors (int64 lanes for codes wider
+    than 31 bits) on the same device.
+    """
+    fmt = _options(fmt, rounding)
+    if is_torch(x):
+        _check_nan(x, fmt, nan)
+        res = _run_torch(x, fmt, rounding, saturate, subnormals, seed, "code")
+        return _torch_code_dtype(res, fmt)
+    arr, _ = _as_array(x)
+    _check_nan(arr, fmt, nan)
+    work = _float_input(arr, fmt, rounding)
+    cdt = code_dtype(fmt)
+    out = _run_numpy(work, fmt, rounding, saturate, subnormals, seed, "code", cdt)
+    return out if arr.ndim else out.reshape(())
+
+
+def _torch_code_dtype(codes: Any, fmt: Format) -> Any:
+    import torch
+
+    if fmt.bits <= 8:
+        return codes.to(torch.uint8)
+    if fmt.bits <= 16:
+        return codes.to(torch.int32).to(torch.uint16) if hasattr(torch, "uint16") else codes
+    return codes
+
+
+def decode(codes: Any, fmt: str | Format, *, dtype: Any = np.float64) -> Any:
+    """Values of the codes of ``fmt``: every code, NaN and inf included.
+
+    The values are exact in float64; a narrower ``dtype`` holds them exactly when the format fits
+    it (e.g. every FP8/FP6/FP4 code in float32).  torch tensors decode on their own device (to
+    ``torch.float64`` unless ``dtype`` is a torch dtype).
+    """
+    fmt = get_format(fmt)
+    if is_torch(codes):
+        import torch
+
+        out = _decode(ops_for(codes), codes.to(torch.int64), fmt)
+        return out.to(dtype if isinstance(dtype, torch.dtype) else torch.float64)
+    arr, scalar = _as_array(codes)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"codes must be integers, got dtype {arr.dtype}")
+    if arr.size and (arr.min() < 0 or int(arr.max()) >= fmt.num_codes):
+        raise ValueError(f"codes out of range for {fmt.name}: {fmt.bits}-bit codes lie in "
+                         f"[0, {fmt.num_codes - 1}]")
+    out = _decode(_NP, arr.astype(np.uint64).view(np.int64), fmt).astype(dtype)
+    return float(out) if scalar else out
+
+
+def _decode(xp: Any, c: Any, fmt: Format) -> Any:
+    """Integer-only decode into float64 bits; subnormal codes via one exact multiply."""
+    m = fmt.mbits
+    sign_bit = fmt.sign_mask
+    mag = c & ((1 << (fmt.bits - 1)) - 1) if fmt.signed else c
+    neg = (c & sign_bit) != 0 if fmt.signed else (c < 0)
+    f64 = xp.int64
+    if fmt.is_int:
+        val = xp.astype(xp.where(neg, mag - (1 << (fmt.bits - 1)), mag), f64)
+        return _to_float(xp, val)
+    e = mag >> m
+    f = mag & ((1 << m) - 1)
+    normal_bits = ((e - fmt.bias + 1023) << 52) | (f << (52 - m))
+    fbits = _to_float(xp, f) * (2.0 ** (fmt.emin - m))
+    if fmt.zero:
+        val = xp.where(e >= 1, xp.view(xp.clamp_min(normal_bits, 0), _float64(xp)), fbits)
+    else:
+        val = xp.view(normal_bits, _float64(xp))
+    inf, nan = float("inf"), float("nan")
+    if fmt.nan == "ieee":
+        top = e == (2 ** fmt.ebits - 1)
+        val = xp.where(top, xp.where(f == 0, inf, nan), val)
+    elif fmt.nan == "fn":
+        val = xp.where(mag == fmt.nan_code, nan, val)
+    if fmt.signed:
+        val = xp.where(neg, -val, val)
+    if fmt.nan == "fnuz":
+        val = xp.where(c == fmt.nan_code, nan, val)
+    return val
+
+
+def _float64(xp: Any) -> Any:
+    return np.float64 if xp.name == "numpy" else xp.torch.float64
+
+
+def _to_float(xp: Any, a: Any) -> Any:
+    return xp.astype(a, _float64(xp))
+
+
+def values(fmt: str | Format) -> np.ndarray:
+    """Every finite value of a format of at most 16 bits, sorted, each once (one zero)."""
+    fmt = get_format(fmt)
+    if fmt.bits > 16:
+        raise ValueError(f"{fmt.name} has 2^{fmt.bits} codes; values() lists formats of at most "
+                         "16 bits")
+    v = decode(np.arange(fmt.num_codes, dtype=np.uint32), fmt)
+    return np.unique(v[np.isfinite(v)])

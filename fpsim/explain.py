@@ -1,0 +1,95 @@
+"""Explain a value: its bit fields, class, exact decoded value and rounding error in a format."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from .convert import decode, encode
+from .formats import Format, get_format
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """The layout of ``x`` rounded to ``fmt``; ``str()`` gives a one-line picture of it."""
+
+    x: float
+    fmt: Format
+    code: int
+    sign: str
+    exponent: str
+    mantissa: str
+    unbiased_exponent: int | None
+    kind: str  # "zero", "subnormal", "normal", "inf", "nan" (or "integer")
+    value: float
+    error: float  # value - x, exact then rounded to float64
+
+    @property
+    def fields(self) -> tuple[str, str, str]:
+        return self.sign, self.exponent, self.mantissa
+
+    def layout(self) -> str:
+        """The fields separated by bars (empty fields left out)."""
+        return " | ".join(f for f in self.fields if f)
+
+    def significand(self) -> str:
+        """The value as ±1.fffb × 2^e (or 0.fffb for subnormals), where it is a float."""
+        sgn = "-" if self.sign == "1" else "+"
+        if self.kind in ("normal", "subnormal"):
+            lead = "1" if self.kind == "normal" else "0"
+            frac = f".{self.mantissa}" if self.mantissa else ""
+            return f"{sgn}{lead}{frac}b × 2^{self.unbiased_exponent}"
+        return ""
+
+    def __str__(self) -> str:
+        parts = [self.layout()]
+        sig = self.significand()
+        if sig:
+            parts.append(f"  = {sig}")
+        parts.append(f" = {_show(self.value)}" if sig else f"  = {_show(self.value)}")
+        if self.kind not in ("nan",) and self.error == self.error:
+            parts.append(f"  (error {self.error:+.3g})" if self.error else "  (exact)")
+        return "".join(parts)
+
+
+def _show(v: float) -> str:
+    if v != v:
+        return "nan"
+    if v in (float("inf"), float("-inf")):
+        return "+inf" if v > 0 else "-inf"
+    if v == int(v) and abs(v) < 2**53:
+        return str(int(v)) if abs(v) >= 1 or v == 0 else repr(v)
+    return repr(v)
+
+
+def explain(x: Any, fmt: str | Format, rounding: str = "rne", **options: Any) -> Explanation:
+    """Round the scalar ``x`` to ``fmt`` and describe the result field by field."""
+    fmt = get_format(fmt)
+    xv = float(x)
+    code = int(encode(xv, fmt, rounding=rounding, nan="zero", **options))
+    value = float(decode(code, fmt))
+    bits = format(code, f"0{fmt.bits}b")
+    split_sign = fmt.signed and not fmt.is_int  # two's complement has no separate sign field
+    s = bits[0] if split_sign else ""
+    body = bits[1:] if split_sign else bits
+    e, m = body[: fmt.ebits], body[fmt.ebits:]
+    if fmt.is_int:
+        kind, unb = "integer", None
+    elif value != value:
+        kind, unb = "nan", None
+    elif value in (float("inf"), float("-inf")):
+        kind, unb = "inf", None
+    elif value == 0:
+        kind, unb = "zero", None
+    else:
+        biased = int(e, 2) if e else 0
+        if biased == 0 and fmt.zero:
+            kind, unb = "subnormal", fmt.emin
+        else:
+            kind, unb = "normal", biased - fmt.bias
+    if value == value and xv == xv and abs(value) != float("inf") and abs(xv) != float("inf"):
+        error = float(Fraction(value) - Fraction(xv))
+    else:
+        error = float("nan") if value != xv else 0.0
+    return Explanation(xv, fmt, code, s, e, m, unb, kind, value, error)
