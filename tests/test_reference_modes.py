@@ -1,0 +1,77 @@
+"""Every deterministic rounding mode against the Fraction reference, on many formats."""
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+import fpsim
+from reference import random_doubles, round_ref, special_inputs
+
+FORMATS = ["fp16", "bf16", "tf32", "fp8_e4m3fn", "fp8_e5m2", "fp8_e4m3fnuz", "fp8_e5m2fnuz",
+           "fp8_e4m3", "fp8_e3m4", "fp6_e2m3", "fp6_e3m2", "fp4_e2m1", "e8m0", "int8", "int4",
+           "uint8", "e3m3fn", "e6m9"]
+MODES = ["rne", "rna", "rtz", "rup", "rdown", "rto"]
+
+
+def _as_value(r):
+    if r == "nan":
+        return float("nan")
+    if r in ("inf", "-inf"):
+        return float(r)
+    return r
+
+
+def _inputs(fmt):
+    lo = int(np.floor(np.log2(fmt.min_subnormal))) - 3
+    hi = int(np.ceil(np.log2(fmt.max))) + 2
+    xs = special_inputs(fmt) + random_doubles(600, lo, hi, seed=fmt.bits)
+    # also exact grid points and midpoints of the format
+    if fmt.bits <= 8:
+        v = fpsim.values(fmt)
+        mids = (v[1:] + v[:-1]) / 2
+        xs += list(v) + list(mids) + list(np.nextafter(mids, np.inf)) + list(np.nextafter(mids, -np.inf))
+    return np.array(xs, dtype=np.float64)
+
+
+def _check(got, xs, fmt, mode, saturate):
+    for g, x in zip(got, xs):
+        ref = _as_value(round_ref(float(x), fmt, mode, saturate))
+        if isinstance(ref, float) and ref != ref:
+            assert g != g, (fmt.name, mode, x, g)
+        elif isinstance(ref, float):
+            assert g == ref, (fmt.name, mode, x, g, ref)
+        else:
+            assert g == g and Fraction(float(g)) == ref, (fmt.name, mode, x, g, ref)
+            if ref == 0 and fmt.nan != "fnuz" and not fmt.is_int:
+                assert np.signbit(g) == np.signbit(x), (fmt.name, mode, x, g)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("saturate", [False, True])
+def test_modes_against_fraction_reference(name, saturate):
+    fmt = fpsim.get_format(name)
+    xs = _inputs(fmt)
+    for mode in MODES:
+        got = fpsim.quantize(xs, fmt, rounding=mode, saturate=saturate)
+        _check(got, xs, fmt, mode, saturate)
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16", "fp8_e4m3fn", "fp8_e5m2", "fp4_e2m1", "int8", "tf32"])
+def test_float32_inputs_against_reference(name):
+    """float32 inputs take the 32-bit lanes (and the lookup table for narrow formats)."""
+    fmt = fpsim.get_format(name)
+    xs = _inputs(fmt).astype(np.float32)
+    for mode in MODES:
+        got = fpsim.quantize(xs, fmt, rounding=mode)
+        assert got.dtype == np.float32
+        _check(got.astype(np.float64), xs.astype(np.float64), fmt, mode, False)
+
+
+def test_e8m0_rounds_float32_subnormals_to_nearest():
+    """ml_dtypes 0.6 sends (2^-127, 2^-126) up to 2^-126; the nearest is 2^-127 below 1.5·2^-127."""
+    xs = np.array([1.03 * 2.0**-127, 1.4 * 2.0**-127, 1.5 * 2.0**-127, 1.6 * 2.0**-127,
+                   2.0**-128, 2.0**-140], np.float32)
+    got = fpsim.quantize(xs, "e8m0").astype(np.float64)
+    want = [2.0**-127, 2.0**-127, 2.0**-126, 2.0**-126, 2.0**-127, 2.0**-127]
+    assert list(got) == want
