@@ -220,6 +220,8 @@ def _values(xp: Any, src: Source, fmt: Format, a: Any, neg: Any, code: Any, limi
     if bad_sign is not None:
         return xp.where(bad_sign, nan_bits if fmt.has_nan else 0, val)
     sign = xp.astype(neg, val.dtype) << (src.width - 1)
-    if fmt.nan == "fnuz" or fmt.is_int:
+    if fmt.nan == "fnuz":
+        sign = xp.where((val == 0) | (val == nan_bits), 0, sign)  # no -0; one unsigned NaN
+    elif fmt.is_int:
         sign = xp.where(val == 0, 0, sign)            # no negative zero
     return val | sign
