@@ -1,72 +1,300 @@
-"""The ``fpsim`` command line: look at formats and at the bits of values."""
+"""The ``fpsim`` command line: look at formats, at the bits of values, and quantize files."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
+import os
+import re
 import sys
-from typing import Sequence
+from importlib import resources
+from typing import Any, Sequence
 
-from .formats import FORMATS, get_format
+from .formats import FORMATS, Format, get_format
+from .rounding import MODES
+
+#: Floats argparse must take as values, not options: -1, -.5, -1e-3, -inf, -nan, -0x1p-3.
+_NEGATIVE = re.compile(r"^-(\d|\.\d|inf|nan|0x)", re.IGNORECASE)
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
     """Bad arguments: one line on stderr and exit status 2, no traceback."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = _NEGATIVE
+
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"fpsim: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+# --------------------------------------------------------------------------------------------
+# fpsim formats [--gpu NAME]
+# --------------------------------------------------------------------------------------------
 def _fmt_num(v: float) -> str:
     return f"{v:.6g}"
 
 
+def load_gpu_peaks() -> dict[str, Any]:
+    """The datasheet figures of ``fpsim/data/gpu_peaks.json``."""
+    text = resources.files("fpsim").joinpath("data/gpu_peaks.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def gpu_peak(fmt: Format, gpu: str, table: dict[str, Any]) -> float | None:
+    """Dense peak TFLOPS of ``fmt`` on ``gpu``, or None where it has no tensor-core path."""
+    kind = table["formats"].get(fmt.name)
+    return table["gpus"][gpu]["tflops"].get(kind) if kind else None
+
+
+def _print_table(header: Sequence[str], rows: list[Sequence[str]]) -> None:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+
+
 def cmd_formats(args: argparse.Namespace) -> int:
-    header = ("name", "bits", "e", "m", "bias", "max", "min normal", "min subnormal", "eps",
-              "range (binades)", "inf/NaN")
+    header = ["name", "bits", "e", "m", "bias", "max", "min normal", "min subnormal", "eps",
+              "range (binades)", "inf/NaN"]
+    table = load_gpu_peaks() if args.gpu else None
+    if table:
+        header += [f"{args.gpu.upper()} TFLOPS", "vs FP32"]
+        base = table["gpus"][args.gpu]["tflops"]["fp32"]
     rows = []
     for f in FORMATS.values():
         conv = "int" if f.is_int else (f"{'inf, ' if f.inf else ''}{f.nan}")
-        rows.append((f.name, str(f.bits), str(f.ebits), str(f.mbits), str(f.bias),
-                     _fmt_num(f.max), _fmt_num(f.min_normal), _fmt_num(f.min_subnormal),
-                     _fmt_num(f.eps), f"{f.dynamic_range:.2f}", conv))
-    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
-    for r in [header] + rows:
-        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        row = [f.name, str(f.bits), str(f.ebits), str(f.mbits), "-" if f.is_int else str(f.bias),
+               _fmt_num(f.max), _fmt_num(f.min_normal), _fmt_num(f.min_subnormal),
+               _fmt_num(f.eps), f"{f.dynamic_range:.2f}", conv]
+        if table:
+            peak = gpu_peak(f, args.gpu, table)
+            row += ["-", "-"] if peak is None else [f"{peak:,.1f}", f"{peak / base:.2f}x"]
+        rows.append(row)
+    _print_table(header, rows)
+    if table:
+        _print_gpu_notes(table, args.gpu)
     return 0
+
+
+def _print_gpu_notes(table: dict[str, Any], gpu: str) -> None:
+    g = table["gpus"][gpu]
+    base, bw = g["tflops"]["fp32"], g["memory_bandwidth_tb_s"]
+    print(f"\n{g['name']}: dense (no sparsity) tensor-core peaks; 'vs FP32' is the theoretical "
+          f"speedup over FP32 without tensor cores ({base} TFLOPS). '-': no tensor-core path.")
+    print(f"Memory bandwidth ({bw} TB/s), not peak math, usually bounds real speed: a kernel reaches "
+          "a peak only if it does more than peak/bandwidth FLOPs per byte it moves "
+          f"(BF16: {g['tflops']['bf16'] / bw:.0f} FLOPs/byte).")
+    for s in g["sources"]:
+        print(f"source: {s}")
+    for u in g["unverified"]:
+        print(f"unverified: {u}")
+
+
+# --------------------------------------------------------------------------------------------
+# fpsim explain VALUE... --format FMT...
+# --------------------------------------------------------------------------------------------
+def _value(text: str) -> float:
+    """A float from decimal (``0.1``, ``-inf``) or C99 hex (``0x1.8p-3``) text."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        if not re.match(r"^[+-]?0x", text, re.IGNORECASE):
+            raise ValueError(text)
+        return float.fromhex(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number: give a decimal (0.1, -3e-5, inf, nan) or a hex float "
+            "(0x1.8p-3)") from None
+
+
+def use_color(mode: str, stream: Any = None) -> bool:
+    """Colour for ``--color auto``: a terminal, and NO_COLOR unset or empty."""
+    if mode != "auto":
+        return mode == "always"
+    stream = stream or sys.stdout
+    return bool(stream.isatty()) and not os.environ.get("NO_COLOR")
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from .explain import explain
 
+    fmts = [get_format(name) for name in args.format or ["fp32"]]
+    color = use_color(args.color)
+    label_w = max(len(f.name) for f in fmts)
+    value_w = max(len(repr(v)) for v in args.values)
     for value in args.values:
-        for fmt in args.format or ["fp32"]:
-            print(f"{fmt:>12}: {explain(float(value), fmt, rounding=args.rounding)}")
+        for i, f in enumerate(fmts):
+            e = explain(value, f, rounding=args.rounding, saturate=args.saturate)
+            lead = repr(value) if i == 0 else ""
+            print(f"{lead:>{value_w}}  {f.name:<{label_w}}  {e.render(color)}")
     return 0
 
 
+# --------------------------------------------------------------------------------------------
+# fpsim values FMT
+# --------------------------------------------------------------------------------------------
+def cmd_values(args: argparse.Namespace) -> int:
+    from .explain import _show, explain_code
+
+    fmt = get_format(args.format)
+    if fmt.bits > 8:
+        raise CliError(f"{fmt.name} has {fmt.num_codes} codes; 'values' lists formats of at most "
+                       f"8 bits (in Python: fpsim.values({fmt.name!r}) gives every finite value)")
+    color = use_color(args.color)
+    digits = (fmt.bits + 3) // 4
+    plain_w = len(explain_code(0, fmt).layout())       # every code's fields have the same width
+    bits_w = max(plain_w, len("bits"))
+    print(f"{'code':<{digits + 2}}  {'bits':<{bits_w}}  {'value':>24}  class")
+    for code in range(fmt.num_codes):
+        e = explain_code(code, fmt)
+        bits = e.layout(color) + " " * (bits_w - plain_w)   # pad outside the colour codes
+        print(f"0x{code:0{digits}X}  {bits}  {_show(e.value):>24}  {e.kind}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# fpsim quantize IN.npy OUT.npy --format FMT
+# --------------------------------------------------------------------------------------------
+def _load_npy(path: str) -> Any:
+    """The array in a .npy file; a clear CliError for anything else."""
+    import numpy as np
+
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(6) != b"\x93NUMPY":
+                raise CliError(f"{path} is not a .npy file: save one array with numpy.save")
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot read {path}: {exc}") from None
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .convert import quantize
+    from .summary import summarize
+
+    fmt = get_format(args.format)
+    x = _load_npy(args.input)
+    q = quantize(x, fmt, rounding=args.rounding, saturate=args.saturate, seed=args.seed)
+    try:
+        np.save(args.output, q)
+    except OSError as exc:
+        raise CliError(f"cannot write {args.output}: {exc}") from None
+    print(f"{x.size} values ({x.dtype}) -> {fmt.name}, rounding {args.rounding}"
+          f"{', saturating' if args.saturate else ''}: wrote {args.output}")
+    for line in summarize(x, q, fmt).lines():
+        print(f"  {line}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# fpsim experiment NAME [ARGS...]
+# --------------------------------------------------------------------------------------------
+EXPERIMENTS_MODULE = "experiments.cli"
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    try:
+        module = importlib.import_module(EXPERIMENTS_MODULE)
+    except ModuleNotFoundError as exc:
+        if exc.name in ("experiments", EXPERIMENTS_MODULE):
+            raise CliError(f"the experiments are not available (no module {EXPERIMENTS_MODULE}): "
+                           "run from a source checkout installed with pip install -e "
+                           "'.[experiments]'") from None
+        raise CliError(f"the experiments need {exc.name!r}, which is not installed: "
+                       "pip install -e '.[experiments]'") from None
+    return int(module.main([args.name, *args.args]) or 0)
+
+
+# --------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="fpsim", description="Bit-exact number-format emulation.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    s = sub.add_parser("formats", help="table of every named format")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser,
+                           metavar="{formats,explain,values,quantize,experiment}")
+    table = load_gpu_peaks()
+
+    s = sub.add_parser("formats", help="table of every named format",
+                       description="Every named format: widths, bias, range, precision, inf/NaN.")
+    s.add_argument("--gpu", choices=sorted(table["gpus"]),
+                   help="add each format's datasheet peak on this GPU and its speedup over FP32")
     s.set_defaults(func=cmd_formats)
-    s = sub.add_parser("explain", help="bit layout of values in a format")
-    s.add_argument("values", nargs="+", type=float, metavar="VALUE")
-    s.add_argument("--format", "-f", action="append", help="format name (repeatable)")
-    s.add_argument("--rounding", "-r", default="rne")
+
+    s = sub.add_parser("explain", help="bit layout of values in formats",
+                       description="Round each VALUE to each format and show its bit fields.")
+    s.add_argument("values", nargs="+", type=_value, metavar="VALUE",
+                   help="a decimal (0.1, -3e-5, inf) or hex float (0x1.8p-3)")
+    _format_option(s, repeat=True)
+    _rounding_options(s)
+    _color_option(s)
     s.set_defaults(func=cmd_explain)
+
+    s = sub.add_parser("values", help="every code of a format of at most 8 bits",
+                       description="Every code of FMT (at most 8 bits): bits, value and class.")
+    s.add_argument("format", metavar="FMT", help="format name, alias or eXmY spec")
+    _color_option(s)
+    s.set_defaults(func=cmd_values)
+
+    s = sub.add_parser("quantize", help="quantize a .npy file and summarise the error",
+                       description="Round every element of IN (a .npy array) to FMT, save it as "
+                                   "OUT (same float dtype; integers give float64) and print "
+                                   "the error summary.")
+    s.add_argument("input", metavar="IN", help="input .npy file")
+    s.add_argument("output", metavar="OUT", help="output .npy file")
+    _format_option(s, repeat=False)
+    _rounding_options(s)
+    s.add_argument("--seed", type=int, help="random seed for --rounding stochastic")
+    s.set_defaults(func=cmd_quantize)
+
+    s = sub.add_parser("experiment", help="run one of the experiments",
+                       description=f"Run an experiment of {EXPERIMENTS_MODULE} by name; further "
+                                   "arguments go to it.")
+    s.add_argument("name", metavar="NAME", help="experiment name")
+    s.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                   help="arguments for the experiment")
+    s.set_defaults(func=cmd_experiment)
     return p
 
 
+def _format_option(s: argparse.ArgumentParser, repeat: bool) -> None:
+    if repeat:
+        s.add_argument("--format", "-f", action="append", metavar="FMT",
+                       help="format name, alias or eXmY spec (repeat for several; default fp32)")
+    else:
+        s.add_argument("--format", "-f", required=True, metavar="FMT",
+                       help="format name, alias or eXmY spec")
+
+
+def _rounding_options(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--rounding", "-r", default="rne", choices=MODES, metavar="MODE",
+                   help=f"rounding mode: {', '.join(MODES)} (default rne)")
+    s.add_argument("--saturate", action="store_true",
+                   help="clamp overflow to the largest finite value instead of inf/NaN")
+
+
+def _color_option(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                   help="colour the bit fields (auto: on a terminal unless NO_COLOR is set)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run the command line; returns the exit status."""
+    args = build_parser().parse_args(argv)
     try:
-        for name in getattr(args, "format", None) or []:
-            get_format(name)
         return args.func(args)
-    except (ValueError, TypeError) as exc:
+    except (CliError, ValueError, TypeError) as exc:
         print(f"fpsim: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `fpsim values e8m0 | head`
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
+        return 0
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -29,9 +30,10 @@ class Explanation:
     def fields(self) -> tuple[str, str, str]:
         return self.sign, self.exponent, self.mantissa
 
-    def layout(self) -> str:
-        """The fields separated by bars (empty fields left out)."""
-        return " | ".join(f for f in self.fields if f)
+    def layout(self, color: bool = False) -> str:
+        """The fields separated by bars (empty fields left out), ANSI-coloured if ``color``."""
+        paint = (lambda f, c: f"\033[{c}m{f}\033[0m") if color else (lambda f, c: f)
+        return " | ".join(paint(f, c) for f, c in zip(self.fields, _FIELD_COLORS) if f)
 
     def significand(self) -> str:
         """The value as ±1.fffb × 2^e (or 0.fffb for subnormals), where it is a float."""
@@ -43,7 +45,11 @@ class Explanation:
         return ""
 
     def __str__(self) -> str:
-        parts = [self.layout()]
+        return self.render()
+
+    def render(self, color: bool = False) -> str:
+        """The one-line picture: fields, significand, value and error (see ``str()``)."""
+        parts = [self.layout(color)]
         sig = self.significand()
         if sig:
             parts.append(f"  = {sig}")
@@ -53,11 +59,17 @@ class Explanation:
         return "".join(parts)
 
 
+#: ANSI colours of the sign, exponent and mantissa fields (magenta, green, cyan).
+_FIELD_COLORS = ("35", "32", "36")
+
+
 def _show(v: float) -> str:
     if v != v:
         return "nan"
     if v in (float("inf"), float("-inf")):
         return "+inf" if v > 0 else "-inf"
+    if v == 0:
+        return "-0" if math.copysign(1.0, v) < 0 else "0"
     if v == int(v) and abs(v) < 2**53:
         return str(int(v)) if abs(v) >= 1 or v == 0 else repr(v)
     return repr(v)
@@ -68,7 +80,23 @@ def explain(x: Any, fmt: str | Format, rounding: str = "rne", **options: Any) ->
     fmt = get_format(fmt)
     xv = float(x)
     code = int(encode(xv, fmt, rounding=rounding, nan="zero", **options))
+    return _describe(code, fmt, xv)
+
+
+def explain_code(code: int, fmt: str | Format) -> Explanation:
+    """Describe the code ``code`` of ``fmt`` (any code: NaN and inf codes included)."""
+    fmt = get_format(fmt)
+    if not 0 <= int(code) < fmt.num_codes:
+        raise ValueError(f"code {code} out of range for {fmt.name}: {fmt.bits}-bit codes lie in "
+                         f"[0, {fmt.num_codes - 1}]")
+    return _describe(int(code), fmt, None)
+
+
+def _describe(code: int, fmt: Format, xv: float | None) -> Explanation:
+    """The Explanation of ``code``; its error is measured from ``xv`` (None: the value itself)."""
     value = float(decode(code, fmt))
+    if xv is None:
+        xv = value
     bits = format(code, f"0{fmt.bits}b")
     split_sign = fmt.signed and not fmt.is_int  # two's complement has no separate sign field
     s = bits[0] if split_sign else ""
