@@ -1,0 +1,193 @@
+"""The public functions' contract: types in and out, options, errors, and exactness of inputs."""
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import fpsim
+
+
+def test_types_and_dtypes_are_preserved():
+    assert isinstance(fpsim.quantize(0.1, "bf16"), float)
+    assert fpsim.quantize(0.1, "bf16") == 0.10009765625
+    for dt in (np.float16, np.float32, np.float64, ml_dtypes.bfloat16):
+        x = np.array([[0.1, 2.5], [-3.0, 1e4]], dtype=dt)
+        q = fpsim.quantize(x, "e4m3")
+        assert q.dtype == x.dtype and q.shape == x.shape
+    assert fpsim.quantize(np.float32(3.3), "e2m1").dtype == np.float32
+    assert fpsim.quantize([1, 2, 3], "e2m1").dtype == np.float64  # integers become float64
+    assert fpsim.encode(np.zeros((2, 0)), "e4m3").shape == (2, 0)
+    assert fpsim.quantize(np.array(2.2, np.float32), "e2m1").shape == ()
+    assert fpsim.encode(np.array(1.0), "fp16").dtype == np.uint16
+
+
+def test_code_dtypes_are_the_smallest_that_hold_them():
+    x = np.ones(3)
+    assert fpsim.encode(x, "e2m1").dtype == np.uint8
+    assert fpsim.encode(x, "bf16").dtype == np.uint16
+    assert fpsim.encode(x, "tf32").dtype == np.uint32
+    assert fpsim.encode(x, "fp32").dtype == np.uint32
+    assert fpsim.encode(x, "fp64").dtype == np.uint64
+    assert fpsim.encode(x, "fp64")[0] == np.float64(1.0).view(np.uint64)
+    assert fpsim.encode(np.array([-1.0, -8.0, 7.0]), "int4").tolist() == [0xF, 0x8, 0x7]
+
+
+def test_float64_is_rounded_once_not_through_float32():
+    x = 1 + 2.0**-8 + 2.0**-30  # above the bf16 tie; float32 would drop 2^-30 and make a tie
+    assert fpsim.quantize(np.float64(x), "bf16") == 1 + 2.0**-7
+    assert float(np.float32(x)) == 1 + 2.0**-8  # (the double rounding this avoids)
+
+
+def test_big_integers_are_rounded_once():
+    x = 2**60 + 2**36 + 1  # just above a fp32 tie; float64 would make it an exact tie
+    assert fpsim.quantize(np.array([x], dtype=np.int64), "fp32")[0] == 2.0**60 + 2.0**37
+    assert fpsim.quantize(np.array([-x], dtype=np.int64), "fp32")[0] == -(2.0**60 + 2.0**37)
+    assert fpsim.quantize(np.array([x], dtype=np.int64), "bf16", rounding="rtz")[0] == 2.0**60
+    assert fpsim.quantize(x, "fp32") == 2.0**60 + 2.0**37  # Python int too
+    assert fpsim.quantize(np.array([x], dtype=np.uint64), "fp32")[0] == 2.0**60 + 2.0**37
+    with pytest.raises(ValueError, match="2\\^53"):
+        fpsim.quantize(np.array([x], np.int64), "fp64", rounding="rtz")
+
+
+def test_non_numeric_input_is_a_type_error():
+    for bad in ("1.0", ["a", "b"], [object()], 1 + 2j):
+        with pytest.raises(TypeError):
+            fpsim.quantize(bad, "fp16")
+    with pytest.raises(TypeError):
+        fpsim.decode(np.array([1.5]), "fp16")
+
+
+def test_unknown_rounding_lists_the_modes():
+    with pytest.raises(ValueError) as info:
+        fpsim.quantize(1.0, "fp16", rounding="nearest")
+    assert all(m in str(info.value) for m in fpsim.MODES)
+
+
+def test_nan_into_format_without_nan():
+    x = np.array([1.0, np.nan, -np.nan, 2.0])
+    with pytest.raises(ValueError, match="2 NaN"):
+        fpsim.encode(x, "e2m1")
+    assert fpsim.encode(x, "e2m1", nan="zero").tolist() == [2, 0, 8, 4]
+    assert np.isnan(fpsim.quantize(x, "e2m1")[1])  # quantize returns floats: NaN stays NaN
+    assert fpsim.encode(x, "e4m3")[1] == 0x7F
+
+
+def test_decode_rejects_codes_out_of_range():
+    with pytest.raises(ValueError, match="out of range"):
+        fpsim.decode(np.array([16]), "e2m1")
+
+
+def test_overflow_rules_per_mode():
+    big = np.array([1e6, -1e6])
+    def q(fmt, mode, sat=False):
+        return fpsim.quantize(big, fmt, rounding=mode, saturate=sat).tolist()
+    inf = math.inf
+    assert q("fp16", "rne") == [inf, -inf]
+    assert q("fp16", "rna") == [inf, -inf]
+    assert q("fp16", "rtz") == [65504, -65504]
+    assert q("fp16", "rup") == [inf, -65504]
+    assert q("fp16", "rdown") == [65504, -inf]
+    assert q("fp16", "rne", True) == [65504, -65504]
+    r = q("e4m3", "rne")
+    assert math.isnan(r[0]) and math.isnan(r[1])
+    assert q("e4m3", "rne", True) == [448, -448]
+    assert q("e2m1", "rne") == [6, -6]
+    assert q("int8", "rne") == [127, -128]
+    # inf input stays inf whatever the mode, in formats that have it
+    assert fpsim.quantize(np.array([np.inf]), "fp16", rounding="rtz")[0] == inf
+    assert fpsim.quantize(np.array([np.inf]), "e4m3", saturate=True)[0] == 448
+
+
+def test_subnormals_flag_flushes_results_below_min_normal():
+    f = fpsim.get_format("fp16")
+    x = np.array([f.min_subnormal, -f.min_normal / 2, f.min_normal * (1 - 2**-12), f.min_normal])
+    q = fpsim.quantize(x, f, subnormals=False)
+    assert q.tolist() == [0.0, 0.0, f.min_normal, f.min_normal]  # rounds up to min normal: kept
+    assert np.signbit(q[1])
+    c = fpsim.encode(np.array([-2.0**-9]), "fp8_e4m3fnuz", subnormals=False)
+    assert c[0] == 0  # +0: fnuz has no negative zero
+
+
+def test_tf32_nvidia_behaviours():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(100_000).astype(np.float32)
+    x[:4] = [1 + 2**-11, 1 + 3 * 2**-11, -(1 + 2**-11), 1 + 2**-11 + 2**-23]  # ties and one above
+    bits = x.view(np.uint32)
+    rtz = (bits & ~np.uint32(0x1FFF)).view(np.float32)           # tensor cores read 10 bits
+    rna = ((bits + np.uint32(0x1000)) & ~np.uint32(0x1FFF)).view(np.float32)  # cvt.rna.tf32.f32
+    assert np.array_equal(fpsim.quantize(x, "tf32", rounding="rtz"), rtz)
+    assert np.array_equal(fpsim.quantize(x, "tf32", rounding="rna"), rna)
+    assert fpsim.quantize(x[:2], "tf32").tolist() == [1.0, 1 + 2**-9]  # rne: ties to even
+
+
+def test_stochastic_rounding_is_unbiased_and_reproducible():
+    x = np.full(200_000, 1 + 0.3 * 2**-7)  # 30% of the way from 1 to the next bf16
+    q = fpsim.quantize(x, "bf16", rounding="stochastic", seed=123)
+    assert set(np.unique(q)) == {1.0, 1 + 2**-7}
+    p = (q > 1).mean()
+    assert abs(p - 0.3) < 5 * math.sqrt(0.3 * 0.7 / x.size)
+    assert np.array_equal(q, fpsim.quantize(x, "bf16", rounding="stochastic", seed=123))
+    assert not np.array_equal(q, fpsim.quantize(x, "bf16", rounding="stochastic", seed=124))
+    # float32 inputs, a subnormal target, and tiny probabilities
+    y = np.full(400_000, 0.1 * 2.0**-9, np.float32)  # 0.1 of e4m3's smallest subnormal
+    r = fpsim.quantize(y, "e4m3", rounding="stochastic", seed=5).astype(np.float64)
+    assert abs(r.mean() - float(y[0])) < 5 * 2.0**-9 * math.sqrt(0.09 / y.size)
+
+
+def test_stochastic_rounding_of_exact_values_is_exact():
+    v = fpsim.values("e4m3")
+    assert np.array_equal(fpsim.quantize(v, "e4m3", rounding="stochastic", seed=0), v)
+
+
+def test_values_lists_every_finite_value_once():
+    v = fpsim.values("e2m1")
+    assert v.tolist() == [-6, -4, -3, -2, -1.5, -1, -0.5, 0, 0.5, 1, 1.5, 2, 3, 4, 6]
+    assert len(fpsim.values("e4m3")) == 253  # 256 codes - 2 NaN - one of ±0
+    assert len(fpsim.values("fp16")) == 65536 - 2 * 1024 - 1  # no inf/NaN exponent, one zero
+    with pytest.raises(ValueError, match="16 bits"):
+        fpsim.values("fp32")
+
+
+def test_explain_layout():
+    e = fpsim.explain(0.1, "bf16")
+    assert str(e) == "0 | 01111011 | 1001101  = +1.1001101b × 2^-4 = 0.10009765625  (error +9.77e-05)"
+    assert (e.kind, e.unbiased_exponent, e.value) == ("normal", -4, 0.10009765625)
+    assert fpsim.explain(2.0**-9, "e4m3").kind == "subnormal"
+    assert fpsim.explain(1e9, "e4m3").kind == "nan"
+    assert fpsim.explain(1e9, "fp16").kind == "inf"
+    assert fpsim.explain(-0.0, "fp16").fields == ("1", "00000", "0000000000")
+    assert fpsim.explain(1e-3, "e4m3").error == pytest.approx(0.001953125 - 1e-3, rel=1e-15)
+
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", ["bf16", "fp16", "e4m3", "e5m2", "e2m1", "int8", "e8m0", "tf32"])
+def test_torch_path_is_bit_identical_to_numpy(dtype, name):
+    g = torch.Generator().manual_seed(0)
+    t = (torch.randn(4096, generator=g) * torch.exp2(torch.randint(-20, 20, (4096,), generator=g))).to(dtype)
+    t[:6] = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e30]).to(dtype)
+    for mode in ("rne", "rtz", "rup", "rdown", "rna", "rto"):
+        q = fpsim.quantize(t, name, rounding=mode)
+        assert q.dtype == dtype and q.device == t.device
+        # numpy has no bfloat16: round the float32 copy, then cast the result as torch does
+        ref = fpsim.quantize(t.float().numpy() if dtype == torch.bfloat16 else t.numpy(), name,
+                             rounding=mode)
+        ref = torch.from_numpy(ref).to(dtype)
+        same = (q == ref) | (torch.isnan(q) & torch.isnan(ref))
+        assert bool(same.all()) and torch.equal(torch.signbit(q), torch.signbit(ref)), mode
+    c = fpsim.encode(t, name, nan="zero")
+    ref = fpsim.encode(t.float().numpy(), name, nan="zero")
+    assert np.array_equal(c.numpy().astype(np.int64), ref.astype(np.int64))
+
+
+def test_torch_stochastic_is_reproducible_and_unbiased():
+    x = torch.full((200_000,), 1 + 0.25 * 2**-7)
+    a = fpsim.quantize(x, "bf16", rounding="stochastic", seed=3)
+    b = fpsim.quantize(x, "bf16", rounding="stochastic", seed=3)
+    assert torch.equal(a, b)
+    p = (a > 1).double().mean().item()
+    assert abs(p - 0.25) < 5 * math.sqrt(0.25 * 0.75 / x.numel())
