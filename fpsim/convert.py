@@ -199,19 +199,52 @@ def _run_torch(x: Any, fmt: Format, rounding: str, saturate: bool, subnormals: b
 # --------------------------------------------------------------------------------------------
 # Public API
 # --------------------------------------------------------------------------------------------
+BACKENDS = ("auto", "numpy", "torch")
+
+
+def _torch_backend(x: Any, backend: str, seed: Any = None) -> str:
+    """Which driver runs a tensor: CPU tensors go through the (chunked, table-driven) NumPy
+    driver by default, zero-copy; CUDA tensors through torch ops; ``backend`` forces one."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        gen = type(seed).__name__ == "Generator" and type(seed).__module__.startswith("torch")
+        return "torch" if (x.device.type != "cpu" or gen) else "numpy"
+    if backend == "numpy" and x.device.type != "cpu":
+        raise ValueError("backend='numpy' needs a CPU tensor; move it with .cpu() or use 'torch'")
+    return backend
+
+
+def _tensor_via_numpy(x: Any) -> np.ndarray:
+    import torch
+
+    x = x.detach()
+    if x.dtype in (torch.float32, torch.float64) or not x.is_floating_point():
+        return x.numpy()
+    return x.float().numpy()  # float16/bfloat16: exact in float32
+
+
 def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool = False,
-             subnormals: bool = True, seed: Any = None) -> Any:
+             subnormals: bool = True, seed: Any = None, backend: str = "auto") -> Any:
     """Round every element of ``x`` to the nearest value of ``fmt`` under ``rounding``.
 
     Returns the same kind of object as ``x``: NumPy array of the same float dtype (integer arrays
     give float64), Python float for a Python number, torch tensor of the same dtype and device.
-    The input's exact value is rounded once; float64 is never rounded through float32.
-    Overflow gives inf (or NaN for formats with NaN and no inf) unless ``saturate`` or the
-    rounding direction says the largest finite value; NaN stays NaN.
+    The input's exact value is rounded once; float64 is never rounded through float32.  (When
+    the format is finer than the input dtype, e.g. bfloat16 input to fp16, the result is cast
+    back to the input dtype like any cast.)  Overflow gives inf (or NaN for formats with NaN and
+    no inf) unless ``saturate`` or the rounding direction says the largest finite value; NaN
+    stays NaN.  ``backend`` picks the driver for torch tensors (see ``_torch_backend``).
     """
     fmt = _options(fmt, rounding)
     if is_torch(x):
-        out = _run_torch(x, fmt, rounding, saturate, subnormals, seed, "value")
+        if _torch_backend(x, backend, seed) == "torch":
+            out = _run_torch(x, fmt, rounding, saturate, subnormals, seed, "value")
+        else:
+            import torch
+
+            out = torch.from_numpy(quantize(_tensor_via_numpy(x), fmt, rounding=rounding,
+                                            saturate=saturate, subnormals=subnormals, seed=seed))
         return out.to(x.dtype) if x.is_floating_point() else out
     arr, scalar = _as_array(x)
     work = _float_input(arr, fmt, rounding)
@@ -225,19 +258,27 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
 
 
 def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool = False,
-           subnormals: bool = True, seed: Any = None, nan: str = "raise") -> Any:
+           subnormals: bool = True, seed: Any = None, nan: str = "raise",
+           backend: str = "auto") -> Any:
     """The bit codes of ``quantize(x, fmt, ...)``, in the smallest unsigned dtype that holds them.
 
     Sub-byte codes sit in the low bits; integer formats use two's complement.  NaN inputs into a
     format without a NaN code raise ``ValueError`` unless ``nan="zero"`` (ml_dtypes' behaviour:
-    NaN becomes a zero).  torch tensors give torch integer tensors (int64 lanes for codes wider
-    than 31 bits) on the same device.
+    NaN becomes a zero).  torch tensors give torch tensors on the same device: uint8 for codes
+    of up to 8 bits, else int32/int64 lanes (torch's wide unsigned types lack arithmetic).
     """
     fmt = _options(fmt, rounding)
     if is_torch(x):
         _check_nan(x, fmt, nan)
-        res = _run_torch(x, fmt, rounding, saturate, subnormals, seed, "code")
-        return _torch_code_dtype(res, fmt)
+        if _torch_backend(x, backend, seed) == "torch":
+            res = _run_torch(x, fmt, rounding, saturate, subnormals, seed, "code")
+            return _torch_code_dtype(res, fmt)
+        import torch
+
+        codes = encode(_tensor_via_numpy(x), fmt, rounding=rounding, saturate=saturate,
+                       subnormals=subnormals, seed=seed, nan=nan)
+        wide = codes.astype(np.uint8 if fmt.bits <= 8 else np.int32 if fmt.bits <= 31 else np.int64)
+        return _torch_code_dtype(torch.from_numpy(wide), fmt)
     arr, _ = _as_array(x)
     _check_nan(arr, fmt, nan)
     work = _float_input(arr, fmt, rounding)
@@ -251,9 +292,7 @@ def _torch_code_dtype(codes: Any, fmt: Format) -> Any:
 
     if fmt.bits <= 8:
         return codes.to(torch.uint8)
-    if fmt.bits <= 16:
-        return codes.to(torch.int32).to(torch.uint16) if hasattr(torch, "uint16") else codes
-    return codes
+    return codes.to(torch.int32 if fmt.bits <= 31 else torch.int64)
 
 
 def decode(codes: Any, fmt: str | Format, *, dtype: Any = np.float64) -> Any:

@@ -171,7 +171,7 @@ def test_torch_path_is_bit_identical_to_numpy(dtype, name):
     t = (torch.randn(4096, generator=g) * torch.exp2(torch.randint(-20, 20, (4096,), generator=g))).to(dtype)
     t[:6] = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e30]).to(dtype)
     for mode in ("rne", "rtz", "rup", "rdown", "rna", "rto"):
-        q = fpsim.quantize(t, name, rounding=mode)
+        q = fpsim.quantize(t, name, rounding=mode, backend="torch")  # torch ops, not numpy
         assert q.dtype == dtype and q.device == t.device
         # numpy has no bfloat16: round the float32 copy, then cast the result as torch does
         ref = fpsim.quantize(t.float().numpy() if dtype == torch.bfloat16 else t.numpy(), name,
@@ -179,15 +179,25 @@ def test_torch_path_is_bit_identical_to_numpy(dtype, name):
         ref = torch.from_numpy(ref).to(dtype)
         same = (q == ref) | (torch.isnan(q) & torch.isnan(ref))
         assert bool(same.all()) and torch.equal(torch.signbit(q), torch.signbit(ref)), mode
-    c = fpsim.encode(t, name, nan="zero")
+    c = fpsim.encode(t, name, nan="zero", backend="torch")
     ref = fpsim.encode(t.float().numpy(), name, nan="zero")
+    assert torch.equal(c, fpsim.encode(t, name, nan="zero"))  # the default (numpy) driver too
     assert np.array_equal(c.numpy().astype(np.int64), ref.astype(np.int64))
 
 
 def test_torch_stochastic_is_reproducible_and_unbiased():
     x = torch.full((200_000,), 1 + 0.25 * 2**-7)
-    a = fpsim.quantize(x, "bf16", rounding="stochastic", seed=3)
-    b = fpsim.quantize(x, "bf16", rounding="stochastic", seed=3)
+    a = fpsim.quantize(x, "bf16", rounding="stochastic", seed=3, backend="torch")
+    b = fpsim.quantize(x, "bf16", rounding="stochastic", seed=3, backend="torch")
     assert torch.equal(a, b)
     p = (a > 1).double().mean().item()
     assert abs(p - 0.25) < 5 * math.sqrt(0.25 * 0.75 / x.numel())
+
+
+def test_backend_switch_is_checked():
+    x = torch.ones(3)
+    with pytest.raises(ValueError, match="backend"):
+        fpsim.quantize(x, "fp16", backend="cuda")
+    gen = torch.Generator().manual_seed(0)
+    a = fpsim.quantize(torch.full((1000,), 1.3), "e2m1", rounding="stochastic", seed=gen)
+    assert set(a.unique().tolist()) <= {1.0, 1.5}

@@ -109,7 +109,7 @@ def _compare_with_torch(name, x):
     bad = np.flatnonzero(keep & (codes != ref_codes))
     assert bad.size == 0, (name, x[bad[:5]], codes[bad[:5]], ref_codes[bad[:5]])
     # the torch path of fpsim gives the same codes on tensors
-    tcodes = fpsim.encode(t, fmt, saturate=sat)
+    tcodes = fpsim.encode(t, fmt, saturate=sat, backend="torch")
     assert np.array_equal(tcodes.numpy().astype(codes.dtype), codes)
 
 
@@ -123,7 +123,7 @@ def test_every_float16_input_matches_torch_casts(name):
     x = all_16bit(np.float16)
     tdt, sat = TORCH[name]
     ref = torch.from_numpy(x.astype(np.float32)).to(tdt)
-    got = fpsim.quantize(torch.from_numpy(x), name, saturate=sat)
+    got = fpsim.quantize(torch.from_numpy(x), name, saturate=sat, backend="torch")
     assert got.dtype == torch.float16
     want = ref.to(torch.float16)
     same = (got.view(torch.int16) == want.view(torch.int16)) | (torch.isnan(got) & torch.isnan(want))

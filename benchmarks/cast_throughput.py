@@ -1,0 +1,108 @@
+"""Cast throughput: fpsim.quantize / fpsim.encode from float32 beside ml_dtypes and torch.
+
+Prints a table of elements per second (best of --repeat runs) and writes JSON.  Every row is
+measured in the same run as its peers, so read the ratios, not the absolute numbers: these
+machines are shared and noisy.  Also reports fpsim's peak extra memory (tracemalloc) as a multiple
+of the input size, and the torch path of fpsim eager and under torch.compile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+import tracemalloc
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+import fpsim
+
+FORMATS = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "e4m3": ml_dtypes.float8_e4m3fn,
+           "e5m2": ml_dtypes.float8_e5m2, "e2m3": ml_dtypes.float6_e2m3fn,
+           "e2m1": ml_dtypes.float4_e2m1fn}
+TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "e4m3": "float8_e4m3fn",
+                "e5m2": "float8_e5m2"}
+
+
+def best_rate(fn, n: int, repeat: int) -> float:
+    fn()  # warm up (tables, compilation)
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return n / best
+
+
+def peak_extra_memory(fn) -> int:
+    tracemalloc.start()
+    fn()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--log2n", type=int, default=24)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile rows")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "cast_throughput.json"))
+    args = ap.parse_args()
+    n = 1 << args.log2n
+    x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    rows = []
+    try:
+        import torch
+        torch.set_num_threads(os.cpu_count() or 1)
+        tx = torch.from_numpy(x)
+    except ImportError:
+        torch = None
+
+    for name, md in FORMATS.items():
+        sat = name in ("e4m3",)  # torch saturates e4m3fn
+        r = {"format": name,
+             "ml_dtypes": best_rate(lambda: x.astype(md), n, args.repeat),
+             "fpsim.quantize": best_rate(lambda: fpsim.quantize(x, name), n, args.repeat),
+             "fpsim.encode": best_rate(lambda: fpsim.encode(x, name), n, args.repeat)}
+        r["encode_peak_mem_x_input"] = peak_extra_memory(lambda: fpsim.encode(x, name)) / x.nbytes
+        r["quantize_peak_mem_x_input"] = peak_extra_memory(lambda: fpsim.quantize(x, name)) / x.nbytes
+        if torch is not None:
+            if name in TORCH_DTYPES:
+                tdt = getattr(torch, TORCH_DTYPES[name])
+                r["torch .to()"] = best_rate(lambda: tx.to(tdt), n, args.repeat)
+            r["fpsim torch eager"] = best_rate(
+                lambda: fpsim.quantize(tx, name, saturate=sat), n, args.repeat)
+            if not args.no_compile:
+                compiled = torch.compile(lambda t: fpsim.quantize(t, name, saturate=sat),
+                                         dynamic=False)
+                r["fpsim torch.compile"] = best_rate(lambda: compiled(tx), n, args.repeat)
+        r["encode / ml_dtypes"] = r["fpsim.encode"] / r["ml_dtypes"]
+        rows.append(r)
+        print(name, {k: (round(v / 1e6, 1) if isinstance(v, float) and v > 1e3 else
+                         round(v, 2) if isinstance(v, float) else v) for k, v in r.items()},
+              flush=True)
+
+    cols = ["ml_dtypes", "fpsim.quantize", "fpsim.encode", "torch .to()", "fpsim torch eager",
+            "fpsim torch.compile"]
+    print(f"\nfloat32 -> format, {n:,} elements, M elements/s (best of {args.repeat})")
+    print(f"{'format':8}" + "".join(f"{c:>21}" for c in cols) + f"{'encode/ml_dtypes':>18}{'mem x in':>10}")
+    for r in rows:
+        cells = "".join(f"{r[c] / 1e6:21.1f}" if c in r else f"{'-':>21}" for c in cols)
+        print(f"{r['format']:8}{cells}{r['encode / ml_dtypes']:18.2f}"
+              f"{max(r['encode_peak_mem_x_input'], r['quantize_peak_mem_x_input']):10.2f}")
+    meta = {"elements": n, "repeat": args.repeat, "cpu_count": os.cpu_count(),
+            "machine": platform.machine(), "numpy": np.__version__,
+            "ml_dtypes": ml_dtypes.__version__, "torch": getattr(torch, "__version__", None),
+            "unit": "elements per second"}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
