@@ -3,7 +3,8 @@
 Prints a table of elements per second (best of --repeat runs) and writes JSON.  Every row is
 measured in the same run as its peers, so read the ratios, not the absolute numbers: these
 machines are shared and noisy.  Also reports fpsim's peak extra memory (tracemalloc) as a multiple
-of the input size, and the torch path of fpsim eager and under torch.compile.
+of the input size.  torch rows: a CPU tensor through fpsim's default driver (the NumPy one,
+zero-copy), and fpsim's torch-op path (what CUDA tensors run) eager and under torch.compile.
 """
 
 from __future__ import annotations
@@ -75,20 +76,22 @@ def main() -> None:
             if name in TORCH_DTYPES:
                 tdt = getattr(torch, TORCH_DTYPES[name])
                 r["torch .to()"] = best_rate(lambda: tx.to(tdt), n, args.repeat)
-            r["fpsim torch eager"] = best_rate(
+            r["fpsim tensor (auto)"] = best_rate(
                 lambda: fpsim.quantize(tx, name, saturate=sat), n, args.repeat)
+            r["fpsim torch ops eager"] = best_rate(
+                lambda: fpsim.quantize(tx, name, saturate=sat, backend="torch"), n, args.repeat)
             if not args.no_compile:
-                compiled = torch.compile(lambda t: fpsim.quantize(t, name, saturate=sat),
-                                         dynamic=False)
-                r["fpsim torch.compile"] = best_rate(lambda: compiled(tx), n, args.repeat)
+                compiled = torch.compile(
+                    lambda t: fpsim.quantize(t, name, saturate=sat, backend="torch"), dynamic=False)
+                r["fpsim torch ops compiled"] = best_rate(lambda: compiled(tx), n, args.repeat)
         r["encode / ml_dtypes"] = r["fpsim.encode"] / r["ml_dtypes"]
         rows.append(r)
         print(name, {k: (round(v / 1e6, 1) if isinstance(v, float) and v > 1e3 else
                          round(v, 2) if isinstance(v, float) else v) for k, v in r.items()},
               flush=True)
 
-    cols = ["ml_dtypes", "fpsim.quantize", "fpsim.encode", "torch .to()", "fpsim torch eager",
-            "fpsim torch.compile"]
+    cols = ["ml_dtypes", "fpsim.quantize", "fpsim.encode", "torch .to()", "fpsim tensor (auto)",
+            "fpsim torch ops eager", "fpsim torch ops compiled"]
     print(f"\nfloat32 -> format, {n:,} elements, M elements/s (best of {args.repeat})")
     print(f"{'format':8}" + "".join(f"{c:>21}" for c in cols) + f"{'encode/ml_dtypes':>18}{'mem x in':>10}")
     for r in rows:
