@@ -111,7 +111,8 @@ def _sign_split(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _run_numpy(x: np.ndarray, fmt: Format, rounding: str, saturate: bool, subnormals: bool,
                seed: Any, want: str, out_dtype: np.dtype) -> np.ndarray:
     src = _source_for(fmt, wide=x.dtype == np.float64)
-    work = x.astype(np.float64 if src is R.F64 else np.float32, copy=False)
+    with np.errstate(invalid="ignore"):  # NaN payloads of narrow floats widen silently
+        work = x.astype(np.float64 if src is R.F64 else np.float32, copy=False)
     flat = np.ascontiguousarray(work).reshape(-1)
     out = np.empty(flat.shape, dtype=out_dtype)
     itype = np.int64 if src is R.F64 else np.int32
@@ -251,7 +252,8 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
     out = _run_numpy(work, fmt, rounding, saturate, subnormals, seed, "value",
                      np.dtype(np.float64 if work.dtype == np.float64 else np.float32))
     if arr.dtype.kind not in "iub" and out.dtype != arr.dtype:
-        out = out.astype(arr.dtype)
+        with np.errstate(over="ignore"):  # beyond the input dtype's range: inf, as casts do
+            out = out.astype(arr.dtype)
     if scalar:
         return float(out)
     return out if arr.ndim else out.reshape(())

@@ -61,7 +61,8 @@ def test_modes_against_fraction_reference(name, saturate):
 def test_float32_inputs_against_reference(name):
     """float32 inputs take the 32-bit lanes (and the lookup table for narrow formats)."""
     fmt = fpsim.get_format(name)
-    xs = _inputs(fmt).astype(np.float32)
+    with np.errstate(over="ignore"):
+        xs = _inputs(fmt).astype(np.float32)
     for mode in MODES:
         got = fpsim.quantize(xs, fmt, rounding=mode)
         assert got.dtype == np.float32
