@@ -144,16 +144,14 @@ def round_bits(xp: Any, a: Any, neg: Any, src: Source, fmt: Format, mode: str, *
     if not saturate and (fmt.inf or fmt.has_nan) and mode not in ("rtz", "rto"):
         to_inf = {"rup": over & ~neg, "rdown": over & neg}.get(mode, over)
 
-    flush = None
+    code = xp.where(over, limit, code)
     if fmt.zero and not fmt.is_int and (not subnormals or not fmt.subnormals):
-        flush = code < (1 << m)                       # subnormal results become zero
+        code = xp.where(code < (1 << m), 0, code)     # subnormal results become zero
 
     bad_sign = (neg & ~is_nan) if not fmt.signed else None   # negative input, unsigned format
     if want == "value":
-        return _values(xp, src, fmt, a, neg, code, limit, over, to_inf, flush, special, is_nan,
-                       bad_sign, saturate)
-    return _codes(xp, fmt, code, limit, over, to_inf, flush, special, is_nan, neg, a, bad_sign,
-                  saturate)
+        return _values(xp, src, fmt, a, neg, code, to_inf, special, is_nan, bad_sign, saturate)
+    return _codes(xp, fmt, code, limit, to_inf, special, is_nan, neg, a, bad_sign, saturate)
 
 
 def _inf_input(fmt: Format, saturate: bool, inf: int, nan: int, big: int) -> int:
@@ -163,13 +161,11 @@ def _inf_input(fmt: Format, saturate: bool, inf: int, nan: int, big: int) -> int
     return nan if (fmt.has_nan and not saturate) else big
 
 
-def _codes(xp: Any, fmt: Format, code: Any, limit: Any, over: Any, to_inf: Any, flush: Any,
-           special: Any, is_nan: Any, neg: Any, a: Any, bad_sign: Any, saturate: bool) -> Any:
-    code = xp.where(over, limit, code)
+def _codes(xp: Any, fmt: Format, code: Any, limit: Any, to_inf: Any, special: Any,
+           is_nan: Any, neg: Any, a: Any, bad_sign: Any, saturate: bool) -> Any:
+    """Finish finite code magnitudes: overflow to inf/NaN, special inputs, sign."""
     if to_inf is not None:
         code = xp.where(to_inf, fmt.inf_code if fmt.inf else fmt.nan_code, code)
-    if flush is not None:
-        code = xp.where(flush, 0, code)
     inf_in = _inf_input(fmt, saturate, fmt.inf_code, fmt.nan_code, limit)
     nan_in = fmt.nan_code if fmt.has_nan else 0
     code = xp.where(is_nan, nan_in, xp.where(special, inf_in, code))
@@ -189,14 +185,10 @@ def _codes(xp: Any, fmt: Format, code: Any, limit: Any, over: Any, to_inf: Any, 
     return xp.where(bad_sign, fmt.nan_code, code)
 
 
-def _values(xp: Any, src: Source, fmt: Format, a: Any, neg: Any, code: Any, limit: Any,
-            over: Any, to_inf: Any, flush: Any, special: Any, is_nan: Any, bad_sign: Any,
-            saturate: bool) -> Any:
-    """Decode the rounded code magnitudes into the source's bits (sign included)."""
+def _values(xp: Any, src: Source, fmt: Format, a: Any, neg: Any, code: Any, to_inf: Any,
+            special: Any, is_nan: Any, bad_sign: Any, saturate: bool) -> Any:
+    """Decode finite code magnitudes into the source's bits, then specials and sign."""
     M, m = src.mbits, fmt.mbits
-    code = xp.where(over, limit, code)
-    if flush is not None:
-        code = xp.where(flush, 0, code)
     fdt = xp.float64 if src.width == 64 else xp.float32
     if fmt.is_int:
         val = xp.view(xp.astype(code, fdt), code.dtype)
