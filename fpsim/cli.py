@@ -86,8 +86,8 @@ def _print_gpu_notes(table: dict[str, Any], gpu: str) -> None:
     base, bw = g["tflops"]["fp32"], g["memory_bandwidth_tb_s"]
     print(f"\n{g['name']}: dense (no sparsity) tensor-core peaks; 'vs FP32' is the theoretical "
           f"speedup over FP32 without tensor cores ({base} TFLOPS). '-': no tensor-core path.")
-    print(f"Memory bandwidth ({bw} TB/s), not peak math, usually bounds real speed: a kernel reaches "
-          "a peak only if it does more than peak/bandwidth FLOPs per byte it moves "
+    print(f"Memory bandwidth ({bw} TB/s), not peak math, usually bounds real speed: a kernel "
+          "reaches a peak only if it does more than peak/bandwidth FLOPs per byte it moves "
           f"(BF16: {g['tflops']['bf16'] / bw:.0f} FLOPs/byte).")
     for s in g["sources"]:
         print(f"source: {s}")

@@ -48,12 +48,13 @@ def out_of_range(x: np.ndarray, fmt: Format) -> np.ndarray:
 
 
 def summarize(x: Any, q: Any, fmt: str | Format) -> ErrorSummary:
-    """Compare the input ``x`` with its quantized copy ``q`` (NumPy arrays or anything array-like)."""
+    """Compare the input ``x`` with its quantized copy ``q`` (arrays or anything array-like)."""
     fmt = get_format(fmt)
     x = np.asarray(x, dtype=np.float64).reshape(-1)
     q = np.asarray(q, dtype=np.float64).reshape(-1)
     if x.shape != q.shape:
-        raise ValueError(f"x has {x.size} elements but q has {q.size}: pass the quantized copy of x")
+        raise ValueError(f"x has {x.size} elements but q has {q.size}: pass the quantized copy "
+                         "of x")
     fin_x, fin_q = np.isfinite(x), np.isfinite(q)
     both = fin_x & fin_q
     xs, err = x[both], np.abs(q[both] - x[both])
