@@ -56,6 +56,9 @@ class Explanation:
         parts.append(f" = {_show(self.value)}" if sig else f"  = {_show(self.value)}")
         if self.kind not in ("nan",) and self.error == self.error:
             parts.append(f"  (error {self.error:+.3g})" if self.error else "  (exact)")
+        elif self.x != self.x and self.kind != "nan":
+            parts.append(f"  (NaN input: {self.fmt.name} has no NaN code; encode(nan='zero') "
+                         "gives 0)")
         return "".join(parts)
 
 

@@ -91,6 +91,13 @@ def test_explain_accepts_negative_and_hex_values(capsys):
     assert "= 0.1875  (exact)" in lines[2]
 
 
+def test_explain_nan_into_a_format_without_nan(capsys):
+    _, out, _ = run(capsys, "explain", "nan", "-f", "e2m1", "-f", "bf16")
+    first, second = out.splitlines()
+    assert "no NaN code" in first and first.split()[2:7] == ["0", "|", "00", "|", "0"]
+    assert second.endswith("= nan")
+
+
 def test_explain_saturate(capsys):
     _, out, _ = run(capsys, "explain", "1000", "-f", "e4m3", "--saturate")
     assert "= 448  (error -552)" in out
