@@ -1,0 +1,235 @@
+"""The Triton twin of :mod:`fpsim.rounding`: ``round_bits`` and its helpers, line for line.
+
+Diff this file against ``fpsim/rounding.py``: the lines are the same algorithm on float32 bits
+(the only source the kernels use), with ``xp.clamp_max`` spelled ``tl.minimum``, ``xp.where``
+``tl.where`` and ``xp.astype`` ``.to``.  Everything that depends on the format alone is a
+compile-time constant: the format arrives as the tuple :func:`format_spec` (a
+``tl.constexpr``), is rebuilt into the very :class:`fpsim.Format` on the host side of the
+compiler, and every ``if`` on it is resolved while compiling, so each format gets its own
+branch-free code from one source.  :func:`decode_bits` is the twin of ``fpsim.convert._decode``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from fpsim import rounding as R
+from fpsim.formats import Format
+
+
+def format_spec(fmt: Format) -> tuple:
+    """The fields that define ``fmt`` (not its name): the kernels' compile-time format key."""
+    return (fmt.ebits, fmt.mbits, fmt.bias, fmt.inf, fmt.nan, fmt.subnormals, fmt.signed,
+            fmt.zero)
+
+
+@triton.constexpr_function
+def _format(spec: tuple) -> Format:
+    return Format("kernel", *spec)
+
+
+@triton.constexpr_function
+def _f32() -> R.Source:
+    return R.F32
+
+
+_target_bias = triton.constexpr_function(R._target_bias)
+_inf_input = triton.constexpr_function(R._inf_input)
+_float_bits = triton.constexpr_function(R.F32.float_bits)
+
+
+@triton.jit
+def round_bits(a, neg, FMT: tl.constexpr, MODE: tl.constexpr, SATURATE: tl.constexpr,
+               SUBNORMALS: tl.constexpr, rand, WANT: tl.constexpr):
+    """Round float32 magnitude bits ``a`` (int32) with signs ``neg`` to the format ``FMT``.
+
+    Returns int32 codes (``WANT == "code"``) or float32 bits of the rounded values
+    (``WANT == "value"``), exactly as :func:`fpsim.rounding.round_bits` with ``src = F32``.
+    ``rand`` holds uniform 30-bit integers for ``MODE == "stochastic"`` (else unused).
+    """
+    fmt: tl.constexpr = _format(FMT)
+    src: tl.constexpr = _f32()
+    M: tl.constexpr = src.mbits
+    W: tl.constexpr = src.width
+    m: tl.constexpr = fmt.mbits
+    top_exp: tl.constexpr = 2**src.ebits - 1
+    exp_in = a >> M
+    special = exp_in == top_exp                       # inf or NaN input
+    is_nan = special & ((a & ((1 << M) - 1)) != 0)
+    nz = tl.minimum(exp_in, 1)
+    sig = (a & ((1 << M) - 1)) | (nz << M)            # significand with its implicit bit
+    e_eff = exp_in + (1 - nz)                         # biased exponent; subnormals count as 1
+
+    bias_t: tl.constexpr = _target_bias(fmt)
+    t = e_eff + (bias_t - src.bias)                   # target biased exponent, if unbounded
+    if ((top_exp + bias_t - src.bias + 2) << m) >= 2 ** (W - 2):
+        t = tl.minimum(t, fmt.max_biased_exp + 2)     # keep codes in range; still overflows
+    tt = tl.maximum(t, fmt.min_biased_exp)            # subnormal targets keep the least exponent
+    shift = (tt - t) + (M - m)                        # low significand bits to drop
+    if MODE == "stochastic":
+        excess = tl.maximum(shift - (W - 2), 0)       # past W-2 bits: probability exact to 2^-(W-2)
+        sig = sig >> excess
+        shift = shift - excess
+    else:
+        shift = tl.minimum(shift, W - 2)              # W-2 > M+1: dropping more changes nothing
+    mask = (1 << shift) - 1
+
+    if MODE == "rne":
+        q = (sig + ((mask >> 1) + ((sig >> shift) & mask & 1))) >> shift
+    elif MODE == "rna":
+        q = (sig + ((mask + 1) >> 1)) >> shift
+    elif MODE == "rtz" or MODE == "rto":
+        q = sig >> shift
+        if MODE == "rto":
+            q = q | ((sig & mask) != 0).to(q.dtype)
+    elif MODE == "rup":
+        q = (sig + tl.where(neg, 0, mask)) >> shift
+    elif MODE == "rdown":
+        q = (sig + tl.where(neg, mask, 0)) >> shift
+    else:
+        tl.static_assert(MODE == "stochastic", "unknown rounding mode")
+        q = (sig + (rand & mask)) >> shift
+
+    code = ((tt - 1) << m) + q                        # a carry in q moves into the exponent
+    if not fmt.zero:
+        code = tl.maximum(code, 0)                    # no zero: the least value absorbs underflow
+
+    # overflow beyond the largest finite value
+    limit = fmt.max_code
+    if fmt.is_int and fmt.signed:
+        limit = neg.to(code.dtype) + limit            # two's complement reaches -2^mbits
+    over = code > limit
+    to_inf = None                                     # overflows that leave the finite range
+    if not SATURATE and (fmt.inf or fmt.has_nan) and MODE != "rtz" and MODE != "rto":
+        if MODE == "rup":
+            to_inf = over & ~neg
+        elif MODE == "rdown":
+            to_inf = over & neg
+        else:
+            to_inf = over
+
+    flush = None
+    if fmt.zero and not fmt.is_int and (not SUBNORMALS or not fmt.subnormals):
+        flush = code < (1 << m)                       # subnormal results become zero
+
+    bad_sign = None
+    if not fmt.signed:
+        bad_sign = neg & ~is_nan                      # negative input, unsigned format
+    if WANT == "value":
+        res = _values(FMT, a, neg, code, limit, over, to_inf, flush, special, is_nan,
+                      bad_sign, SATURATE)
+    else:
+        res = _codes(FMT, code, limit, over, to_inf, flush, special, is_nan, neg, a, bad_sign,
+                     SATURATE)
+    return res
+
+
+@triton.jit
+def _codes(FMT: tl.constexpr, code, limit, over, to_inf, flush, special, is_nan, neg, a,
+           bad_sign, SATURATE: tl.constexpr):
+    fmt: tl.constexpr = _format(FMT)
+    code = tl.where(over, limit, code)
+    if to_inf is not None:
+        code = tl.where(to_inf, fmt.inf_code if fmt.inf else fmt.nan_code, code)
+    if flush is not None:
+        code = tl.where(flush, 0, code)
+    inf_in = _inf_input(fmt, SATURATE, fmt.inf_code, fmt.nan_code, None)
+    if inf_in is None:                                # None: the largest finite value
+        inf_in = limit
+    nan_in: tl.constexpr = fmt.nan_code if fmt.has_nan else 0
+    code = tl.where(is_nan, nan_in, tl.where(special, inf_in, code))
+    if fmt.is_int:
+        if fmt.signed:
+            code = tl.where(neg, ((1 << fmt.bits) - code) & ((1 << fmt.bits) - 1), code)
+        else:
+            code = tl.where(neg, 0, code)
+    elif fmt.signed:
+        sign = neg.to(code.dtype) << (fmt.bits - 1)
+        if fmt.nan == "fnuz":                         # no -0; the NaN code already has the sign bit
+            sign = tl.where((code == 0) | (code == fmt.nan_code), 0, sign)
+        code = code | sign
+    else:
+        if not fmt.zero:                              # E8M0: zero and negatives are NaN
+            code = tl.where(a == 0, fmt.nan_code, code)
+        code = tl.where(bad_sign, nan_in, code)
+    return code
+
+
+@triton.jit
+def _values(FMT: tl.constexpr, a, neg, code, limit, over, to_inf, flush, special, is_nan,
+            bad_sign, SATURATE: tl.constexpr):
+    """Decode the rounded code magnitudes into float32 bits (sign included)."""
+    fmt: tl.constexpr = _format(FMT)
+    src: tl.constexpr = _f32()
+    M: tl.constexpr = src.mbits
+    m: tl.constexpr = fmt.mbits
+    code = tl.where(over, limit, code)
+    if flush is not None:
+        code = tl.where(flush, 0, code)
+    if fmt.is_int:
+        val = code.to(tl.float32).to(code.dtype, bitcast=True)
+    else:
+        e = code >> m
+        frac = code & ((1 << m) - 1)
+        val = ((e + (src.bias - fmt.bias)) << M) | (frac << (M - m))
+        if fmt.zero:                                  # subnormal codes: one exact multiply
+            sub = (frac.to(tl.float32) * (2.0 ** (fmt.emin - m))).to(tl.float32)
+            val = tl.where(e == 0, sub.to(code.dtype, bitcast=True), val)
+    inf_bits: tl.constexpr = (2**src.ebits - 1) << M
+    nan_bits: tl.constexpr = inf_bits | (1 << (M - 1))
+    if to_inf is not None:
+        val = tl.where(to_inf, inf_bits if fmt.inf else nan_bits, val)
+    if not fmt.zero:
+        val = tl.where(a == 0, nan_bits, val)
+    inf_in = _inf_input(fmt, SATURATE, inf_bits, nan_bits, _float_bits(fmt.max))
+    if fmt.is_int and fmt.signed:
+        inf_in = inf_in + neg.to(val.dtype) * (_float_bits(-fmt.min) - inf_in)
+    val = tl.where(is_nan, nan_bits, tl.where(special, inf_in, val))
+    if bad_sign is not None:
+        val = tl.where(bad_sign, nan_bits if fmt.has_nan else 0, val)
+    else:
+        sign = neg.to(val.dtype) << (src.width - 1)
+        if fmt.nan == "fnuz":
+            sign = tl.where((val == 0) | (val == nan_bits), 0, sign)  # no -0; one unsigned NaN
+        elif fmt.is_int:
+            sign = tl.where(val == 0, 0, sign)        # no negative zero
+        val = val | sign
+    return val
+
+
+@triton.jit
+def decode_bits(c, FMT: tl.constexpr):
+    """Float32 bits (int32) of the int32 codes ``c``: the twin of ``fpsim.convert._decode``."""
+    fmt: tl.constexpr = _format(FMT)
+    src: tl.constexpr = _f32()
+    m: tl.constexpr = fmt.mbits
+    inf_bits: tl.constexpr = (2**src.ebits - 1) << src.mbits
+    nan_bits: tl.constexpr = inf_bits | (1 << (src.mbits - 1))
+    mag = c
+    if fmt.signed:
+        mag = c & ((1 << (fmt.bits - 1)) - 1)
+        neg = ((c >> (fmt.bits - 1)) & 1) != 0        # the sign bit (bit 31 included)
+    if fmt.is_int:
+        if fmt.signed:
+            mag = tl.where(neg, mag - (1 << (fmt.bits - 1)), mag)
+        return mag.to(tl.float32).to(tl.int32, bitcast=True)
+    else:
+        e = mag >> m
+        f = mag & ((1 << m) - 1)
+        normal_bits = ((e - fmt.bias + src.bias) << src.mbits) | (f << (src.mbits - m))
+        fbits = (f.to(tl.float32) * (2.0 ** (fmt.emin - m))).to(tl.float32)
+        if fmt.zero:
+            val = tl.where(e >= 1, tl.maximum(normal_bits, 0), fbits.to(tl.int32, bitcast=True))
+        else:
+            val = normal_bits
+        if fmt.nan == "ieee":
+            top = e == (2**fmt.ebits - 1)
+            val = tl.where(top, tl.where(f == 0, inf_bits, nan_bits), val)
+        elif fmt.nan == "fn":
+            val = tl.where(mag == fmt.nan_code, nan_bits, val)
+        if fmt.signed:
+            val = val | (neg.to(tl.int32) << (src.width - 1))
+        if fmt.nan == "fnuz":
+            val = tl.where(c == fmt.nan_code, nan_bits, val)
+        return val
