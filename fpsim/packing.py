@@ -1,0 +1,158 @@
+"""Bit packing of sub-byte codes into bytes: one little-endian bit stream.
+
+Code ``i`` of a ``bits``-wide stream occupies bits ``bits*i .. bits*i + bits - 1`` of the stream,
+and byte ``k`` holds stream bits ``8k .. 8k + 7`` (bit 0 is the least significant).  This single
+rule gives the layouts hardware and torchao use:
+
+* FP4 (4 bits): two codes per byte, the first in the low nibble (``torch.float4_e2m1fn_x2``);
+* FP6 (6 bits): four codes in three bytes; code ``i`` of a group is bits ``6i .. 6i+5`` of the
+  24-bit little-endian integer the three bytes spell;
+* FP8 / INT8 (8 bits): one code per byte, unchanged.
+
+A final partial byte is padded with zero bits.  NumPy arrays give NumPy arrays, torch tensors give
+torch tensors on the same device.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .backend import is_torch
+
+
+def packed_size(count: int, bits: int) -> int:
+    """Bytes that ``count`` codes of ``bits`` bits occupy."""
+    return (count * _check_bits(bits) + 7) // 8
+
+
+def _check_bits(bits: int) -> int:
+    if not isinstance(bits, (int, np.integer)) or isinstance(bits, bool) or not 1 <= bits <= 8:
+        raise ValueError(f"bits={bits!r}: packing handles codes of 1 to 8 bits "
+                         "(4 for FP4, 6 for FP6, 8 for FP8/INT8)")
+    return int(bits)
+
+
+def _group(bits: int) -> tuple[int, int]:
+    """(codes, bytes) of the smallest whole-byte group: lcm(bits, 8) bits."""
+    width = math.lcm(bits, 8)
+    return width // bits, width // 8
+
+
+def _lanes(codes: Any, width: int) -> Any:
+    """Integer dtype wide enough for a ``width``-bit group (torch: signed lanes suffice)."""
+    if is_torch(codes):
+        import torch
+
+        return torch.uint8 if width <= 8 else (torch.int32 if width <= 31 else torch.int64)
+    return np.uint8 if width <= 8 else (np.uint32 if width <= 32 else np.uint64)
+
+
+def pack_codes(codes: Any, bits: int) -> Any:
+    """Pack the codes of ``codes`` (flattened in C order) into a 1-D uint8 byte stream."""
+    bits = _check_bits(bits)
+    flat = _flat_uint8(codes, bits)
+    n_codes, n_bytes = _group(bits)
+    count = flat.shape[0]
+    groups = -(-count // n_codes)
+    padded = _pad_to(flat, groups * n_codes).reshape(groups, n_codes)
+    lanes = _lanes(flat, n_bytes * 8)
+    acc = _astype(padded[:, 0], lanes)
+    for j in range(1, n_codes):
+        acc = acc | (_astype(padded[:, j], lanes) << (bits * j))
+    if n_bytes == 1:
+        out = _astype(acc, "uint8")
+    else:
+        parts = [_astype((acc >> (8 * k)) & 0xFF, "uint8") for k in range(n_bytes)]
+        out = _stack(parts).reshape(-1)
+    return out[:packed_size(count, bits)]
+
+
+def unpack_codes(buf: Any, bits: int, count: int) -> Any:
+    """The first ``count`` codes of the byte stream ``buf``, as a 1-D uint8 array."""
+    bits = _check_bits(bits)
+    if not isinstance(count, (int, np.integer)) or count < 0:
+        raise ValueError(f"count={count!r}: pass the number of codes to unpack (>= 0)")
+    flat = _flat_bytes(buf)
+    need = packed_size(int(count), bits)
+    if flat.shape[0] < need:
+        raise ValueError(f"{flat.shape[0]} bytes hold fewer than {count} codes of {bits} bits "
+                         f"({need} bytes needed)")
+    n_codes, n_bytes = _group(bits)
+    groups = -(-int(count) // n_codes)
+    grouped = _pad_to(flat[:need], groups * n_bytes).reshape(groups, n_bytes)
+    lanes = _lanes(flat, n_bytes * 8)
+    acc = _astype(grouped[:, 0], lanes)
+    for k in range(1, n_bytes):
+        acc = acc | (_astype(grouped[:, k], lanes) << (8 * k))
+    mask = (1 << bits) - 1
+    parts = [_astype((acc >> (bits * j)) & mask, "uint8") for j in range(n_codes)]
+    return _stack(parts).reshape(-1)[:int(count)]
+
+
+# --------------------------------------------------------------------------------------------
+# NumPy / torch helpers
+# --------------------------------------------------------------------------------------------
+def _flat_uint8(codes: Any, bits: int) -> Any:
+    if is_torch(codes):
+        import torch
+
+        if codes.dtype.is_floating_point or codes.dtype == torch.bool or codes.is_complex():
+            raise TypeError(f"codes must be an integer tensor, got {codes.dtype}")
+        flat = codes.reshape(-1)
+        bad = bool(flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= (1 << bits)))
+        flat = flat.to(torch.uint8)
+    else:
+        flat = np.asarray(codes).reshape(-1)
+        if flat.dtype.kind not in "iu":
+            raise TypeError(f"codes must be integers, got dtype {flat.dtype}")
+        bad = bool(flat.size and (int(flat.min()) < 0 or int(flat.max()) >= (1 << bits)))
+        flat = flat.astype(np.uint8, copy=False)
+    if bad:
+        raise ValueError(f"codes out of range for {bits}-bit packing: each must lie in "
+                         f"[0, {(1 << bits) - 1}]")
+    return flat
+
+
+def _flat_bytes(buf: Any) -> Any:
+    if is_torch(buf):
+        import torch
+
+        if buf.dtype != torch.uint8:
+            raise TypeError(f"packed bytes must be a uint8 tensor, got {buf.dtype}")
+        return buf.reshape(-1)
+    if isinstance(buf, (bytes, bytearray, memoryview)):
+        return np.frombuffer(buf, dtype=np.uint8)
+    arr = np.asarray(buf)
+    if arr.dtype != np.uint8:
+        raise TypeError(f"packed bytes must be uint8, got dtype {arr.dtype}")
+    return arr.reshape(-1)
+
+
+def _pad_to(flat: Any, n: int) -> Any:
+    extra = n - flat.shape[0]
+    if extra == 0:
+        return flat
+    if is_torch(flat):
+        import torch
+
+        return torch.cat([flat, flat.new_zeros(extra)])
+    return np.concatenate([flat, np.zeros(extra, flat.dtype)])
+
+
+def _astype(a: Any, dtype: Any) -> Any:
+    if is_torch(a):
+        import torch
+
+        return a.to(torch.uint8 if dtype == "uint8" else dtype)
+    return a.astype(np.uint8 if dtype == "uint8" else dtype, copy=False)
+
+
+def _stack(parts: list) -> Any:
+    if is_torch(parts[0]):
+        import torch
+
+        return torch.stack(parts, dim=1)
+    return np.stack(parts, axis=1)
