@@ -4,6 +4,8 @@ from .convert import decode, encode, quantize, values
 from .explain import Explanation, explain
 from .formats import FORMATS, Format, get_format
 from .rounding import MODES
+from . import mx
 
 __all__ = ["FORMATS", "Explanation", "Format", "MODES", "explain", "decode", "encode", "get_format", "quantize", "values"]
+__all__ += ["mx"]
 __version__ = "0.1.0"
