@@ -5,7 +5,8 @@ from .explain import Explanation, explain
 from .formats import FORMATS, Format, get_format
 from .rounding import MODES
 from . import mx
+from .scaling import ScaledTensor, scaled_quantize
 
 __all__ = ["FORMATS", "Explanation", "Format", "MODES", "explain", "decode", "encode", "get_format", "quantize", "values"]
-__all__ += ["mx"]
+__all__ += ["ScaledTensor", "mx", "scaled_quantize"]
 __version__ = "0.1.0"

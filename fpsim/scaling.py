@@ -1,0 +1,251 @@
+"""Scaled quantization: one scale per tensor, per channel or per block, in any small format.
+
+``scaled_quantize`` divides each group of values by a scale chosen from the group's absolute
+maximum (absmax), rounds the quotients to the format with the core, and multiplies back, so the
+same data can be compared under per-tensor, per-channel and per-block scaling.
+
+Rules (fpsim's choices, each tested):
+
+* Symmetric (default): scale = amax / qmax, qmax being the format's largest value (FP) or
+  2^(bits-1) - 1 (integers, clamped symmetric: int8 uses -127..127, never -128).
+* Asymmetric (``symmetric=False``, integer formats only; PyTorch's MinMax observer): the range
+  [min(x_min, 0), max(x_max, 0)] maps onto all 2^bits codes: scale = range / (2^bits - 1),
+  zero_point = clamp(qmin - round(min / scale), qmin, qmax) (ties to even);
+  code = clamp(round(x / scale) + zero_point, qmin, qmax); value = (code - zero_point) * scale.
+* ``scale_dtype="fp32"``: the quotient above computed in the data's float type (float32 ops for
+  float32 data, as PyTorch's observers) and rounded to float32, times 2^margin, then kept
+  within float32's normal range [2^-126, max].  ``"e8m0"``: the smallest power of two with
+  amax / scale <= qmax (range / scale <= 2^bits - 1 when asymmetric), computed exactly, times
+  2^margin, clamped to E8M0's [2^-127, 2^127].
+* ``margin``: headroom in binades, as Transformer Engine's FP8 recipe: the scale is multiplied
+  by 2^margin (a positive margin leaves amax that many binades below the format's maximum).
+* A group of zeros has scale 1 (and zero point 0): no 0/0.  A group containing NaN or ±inf has a
+  NaN scale, codes 0 and NaN values throughout, like an MX block with a NaN scale.
+* Elements: x / scale rounded once to the data's float type (float32, or float64 for float64
+  data), then to the format with ``rounding`` and saturation to ±qmax.  Values are
+  decode(code) * scale in that float type.
+
+``granularity``: ``"tensor"`` (one scale), ``"channel"`` (one per index along ``axis``, default 0,
+e.g. a weight's output channels: scales keep that axis and have size 1 elsewhere) or
+``("block", n)`` (blocks of n along ``axis``, default -1, zero-padded; scales have the input's
+shape with ``axis`` holding the block count, as :mod:`fpsim.mx`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import blocks
+from . import rounding as R
+from .backend import is_torch, ops_for
+from .convert import decode, encode, quantize
+from .formats import Format, get_format
+from .mx import ceil_exponent
+
+SCALE_DTYPES = ("fp32", "e8m0")
+_WIDE_INT = Format("int16", 0, 15, inf=False, nan="none")   # rounds quotients to integers
+_FP32_MIN_NORMAL = 2.0**-126
+_FP32_MAX = float(np.finfo(np.float32).max)
+
+
+@dataclass
+class ScaledTensor:
+    """Result of :func:`scaled_quantize`: dequantized values, scales, zero points and codes."""
+
+    values: Any
+    codes: Any
+    scales: Any
+    zero_points: Any | None
+    fmt: Format
+    granularity: str | tuple[str, int]
+    axis: int | None
+
+
+def scaled_quantize(x: Any, fmt: str | Format, *, granularity: Any = "tensor",
+                    axis: int | None = None, scale_dtype: str = "fp32", margin: int = 0,
+                    symmetric: bool = True, rounding: str = "rne",
+                    seed: Any = None) -> ScaledTensor:
+    """Quantize ``x`` to ``fmt`` with absmax (or min/max) scales; see the module doc.
+
+    NumPy in, NumPy out; torch in, torch out, bit-identical (stochastic rounding aside).
+    """
+    fmt = _check_format(get_format(fmt), symmetric)
+    R.check_mode(rounding)
+    if scale_dtype not in SCALE_DTYPES:
+        raise ValueError(f"scale_dtype={scale_dtype!r}: choose 'fp32' or 'e8m0'")
+    if isinstance(margin, bool) or not isinstance(margin, (int, np.integer)) \
+            or not -127 <= margin <= 127:
+        raise ValueError(f"margin={margin!r}: pass a whole number of binades in [-127, 127]")
+    work = _float_input(x)
+    kind, axis, lay = _grouping(granularity, axis, tuple(work.shape))
+    rows = _to_rows(work, kind, axis, lay)
+    ops = ops_for(rows)
+    qmax = fmt.max if not fmt.is_int else float(2**fmt.mbits - 1)
+    if symmetric:
+        span, levels = _reduce(_abs(rows), "max"), qmax
+        bad = ~_isfinite(span)
+    else:
+        lo, hi = _reduce(rows, "min"), _reduce(rows, "max")   # both include 0; NaN propagates
+        with np.errstate(over="ignore"):                     # beyond float32: max scale
+            span, levels = hi - lo, float(2**fmt.bits - 1)
+        bad = ~(_isfinite(lo) & _isfinite(hi))
+    empty = span == 0
+    scale = _scale(ops.where(bad | empty, 1.0, span), levels, scale_dtype, int(margin))
+    scale = ops.where(bad, float("nan"), ops.where(empty, 1.0, scale))
+
+    t = ops.where(bad, 0.0, _divide(rows, scale))
+    zp = None
+    if fmt.is_int:
+        qmin = -(2**fmt.mbits)
+        clamp = (-qmax, qmax)
+        if not symmetric:
+            zp = qmin - _round_int(ops.where(bad, 0.0, _divide(lo, scale)))
+            zp = ops.where(bad | empty, 0.0, _clip(zp, qmin, qmax))
+            clamp = (qmin, qmax)
+        shift = 0.0 if zp is None else ops.astype(zp, t.dtype)
+        q = _clip(_round_int(t, rounding, seed) + shift, *clamp)
+        codes = encode(q, fmt)
+        vals = (q - shift) * ops.astype(scale, t.dtype)       # NaN scale: NaN values
+    else:
+        codes = encode(t, fmt, rounding=rounding, saturate=True, seed=seed, nan="zero")
+        vals = ops.astype(decode(codes, fmt), t.dtype) * ops.astype(scale, t.dtype)
+
+    shape = tuple(work.shape)
+    scales = _scales_out(ops.astype(scale, ops.float32), kind, axis, lay, shape)
+    if zp is not None:
+        zp = _scales_out(ops.astype(zp, ops.int32), kind, axis, lay, shape)
+    return ScaledTensor(_from_rows(vals, kind, axis, lay, shape),
+                        _from_rows(codes, kind, axis, lay, shape), scales, zp, fmt,
+                        granularity, axis)
+
+
+# --------------------------------------------------------------------------------------------
+# Pieces
+# --------------------------------------------------------------------------------------------
+def _check_format(fmt: Format, symmetric: bool) -> Format:
+    if not fmt.signed or not fmt.zero:
+        raise ValueError(f"{fmt.name} is unsigned: scaled quantization needs a signed format "
+                         "(int8 with symmetric=False gives an asymmetric zero-point scheme)")
+    if fmt.bits > 16:
+        raise ValueError(f"{fmt.name} has {fmt.bits} bits: scaled quantization targets formats "
+                         "of at most 16 bits (FP8, FP6, FP4, int8, int4, fp16, bf16)")
+    if not symmetric and not fmt.is_int:
+        raise ValueError(f"symmetric=False (a zero point) is defined for integer formats; "
+                         f"{fmt.name} is a float format: use symmetric=True")
+    return fmt
+
+
+def _float_input(x: Any) -> Any:
+    if is_torch(x):
+        import torch
+
+        if not x.is_floating_point():
+            raise TypeError(f"scaled_quantize takes floating-point data, got a {x.dtype} tensor:"
+                            " convert it with .float() first")
+        return x if x.dtype == torch.float64 else x.to(torch.float32)
+    arr = np.asarray(x)
+    if arr.dtype.kind == "f" or (arr.dtype.kind == "V" and arr.dtype.itemsize <= 2):
+        return arr if arr.dtype == np.float64 else arr.astype(np.float32, copy=False)
+    raise TypeError(f"scaled_quantize takes floating-point data, got dtype {arr.dtype}: "
+                    "convert it with .astype(np.float32) first")
+
+
+def _grouping(granularity: Any, axis: int | None,
+              shape: tuple[int, ...]) -> tuple[str, int | None, blocks.Layout | None]:
+    """(kind, resolved axis, block layout or None)."""
+    if granularity == "tensor":
+        if axis is not None:
+            raise ValueError("granularity='tensor' uses one scale for everything: leave axis None")
+        return "tensor", None, None
+    if granularity == "channel":
+        if not shape:
+            raise ValueError("granularity='channel' needs an array with at least one dimension")
+        lay = blocks.layout(shape, 0 if axis is None else axis, 1, pad=True)   # validates axis
+        return "channel", lay.axis, None
+    if (isinstance(granularity, tuple) and len(granularity) == 2 and granularity[0] == "block"):
+        lay = blocks.layout(shape, -1 if axis is None else axis, granularity[1], pad=True)
+        return "block", lay.axis, lay
+    raise ValueError(f"granularity={granularity!r}: choose 'tensor', 'channel' or ('block', n)")
+
+
+def _to_rows(work: Any, kind: str, axis: int | None, lay: blocks.Layout | None) -> Any:
+    """Each group as one row of a 2-D array: the tensor, channels, or blocks."""
+    if kind == "block":
+        return blocks.to_rows(work, lay)
+    if kind == "tensor":
+        return work.reshape(1, -1)
+    moved = work.movedim(axis, 0) if is_torch(work) else np.moveaxis(work, axis, 0)
+    return moved.reshape(moved.shape[0], -1)
+
+
+def _from_rows(rows: Any, kind: str, axis: int | None, lay: blocks.Layout | None,
+               shape: tuple[int, ...]) -> Any:
+    if kind == "block":
+        return blocks.from_rows(rows, lay)
+    if kind == "tensor":
+        return rows.reshape(shape)
+    moved = rows.reshape((shape[axis],) + shape[:axis] + shape[axis + 1:])
+    if is_torch(moved):
+        return moved.movedim(0, axis).contiguous()
+    return np.ascontiguousarray(np.moveaxis(moved, 0, axis))
+
+
+def _scales_out(col: Any, kind: str, axis: int | None, lay: blocks.Layout | None,
+                shape: tuple[int, ...]) -> Any:
+    """Per-group column (G, 1) shaped for the user (see the module doc)."""
+    if kind == "block":
+        return blocks.rows_to_scales(col, lay)
+    if kind == "tensor":
+        return col.reshape(())
+    return col.reshape(tuple(s if d == axis else 1 for d, s in enumerate(shape)))
+
+
+def _abs(a: Any) -> Any:
+    return a.abs() if is_torch(a) else np.abs(a)
+
+
+def _reduce(a: Any, how: str) -> Any:
+    """max/min of each row and 0 (a column), NaN-propagating; 0 for empty rows."""
+    if is_torch(a):
+        if a.shape[1] == 0:
+            return a.new_zeros((a.shape[0], 1))
+        r = (a.amax if how == "max" else a.amin)(dim=1, keepdim=True)
+        return r.clamp(min=0) if how == "max" else r.clamp(max=0)
+    return (np.max if how == "max" else np.min)(a, axis=1, keepdims=True, initial=0.0)
+
+
+def _isfinite(a: Any) -> Any:
+    return a.isfinite() if is_torch(a) else np.isfinite(a)
+
+
+def _scale(span: Any, levels: float, scale_dtype: str, margin: int) -> Any:
+    """float32-valued scales (in float64 lanes) for positive spans."""
+    ops = ops_for(span)
+    if scale_dtype == "e8m0":
+        k = ceil_exponent(ops, ops.astype(span, ops.float64), levels) + margin
+        return ops.view((ops.clamp_max(ops.clamp_min(k, -127), 127) + 1023) << 52, ops.float64)
+    s = ops.astype(ops.astype(_divide(span, levels), ops.float32), ops.float64) * 2.0**margin
+    return ops.clamp_max(ops.clamp_min(s, _FP32_MIN_NORMAL), _FP32_MAX)
+
+
+def _divide(t: Any, scale: Any) -> Any:
+    """t / scale rounded once to t's float type; a tensor divisor for torch, so that no kernel
+    multiplies by a rounded reciprocal instead."""
+    if is_torch(t):
+        import torch
+
+        d = scale if is_torch(scale) else torch.tensor([scale], dtype=torch.float64)
+        return t / d.to(dtype=t.dtype, device=t.device)
+    return t / (scale.astype(t.dtype) if isinstance(scale, np.ndarray) else t.dtype.type(scale))
+
+
+def _round_int(t: Any, rounding: str = "rne", seed: Any = None) -> Any:
+    """Round to integers with the core (saturating far beyond every clamp used here)."""
+    return quantize(t, _WIDE_INT, rounding=rounding, seed=seed)
+
+
+def _clip(a: Any, lo: float, hi: float) -> Any:
+    return a.clamp(lo, hi) if is_torch(a) else np.clip(a, lo, hi)
