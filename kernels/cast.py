@@ -26,10 +26,14 @@ from .rounding import decode_bits, format_spec, round_bits
 BLOCK = 4096        # elements per program: 16 float32 per thread at 8 warps, 128-bit accesses
 NUM_WARPS = 8
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
 _BF16 = tl.constexpr(format_spec(get_format("bf16")))
 _FP16 = tl.constexpr(format_spec(get_format("fp16")))
+
+
+@triton.constexpr_function
+def _bf16_holds(spec: tuple) -> bool:
+    """Every value of the format ``spec`` is exact in bfloat16."""
+    return R.Source(8, 7).holds(Format("", *spec))
 
 
 # --------------------------------------------------------------------------------------------
@@ -45,15 +49,35 @@ def load_bits(ptr, offs, mask):
 
 
 @triton.jit
-def store_bits(ptr, offs, bits, mask):
-    """Store float32 bits as the pointer's float type; narrower types round to nearest even."""
+def store_bits(ptr, offs, bits, mask, FMT: tl.constexpr):
+    """Store float32 bits of values of ``FMT`` as the pointer's float type.
+
+    Narrower types round to nearest even, unless every value of ``FMT`` is exact in bfloat16,
+    whose codes are then the top 16 bits.
+    """
     ty: tl.constexpr = ptr.dtype.element_ty
     if ty == tl.float32:
         tl.store(ptr + offs, bits.to(tl.float32, bitcast=True), mask=mask)
     else:
-        spec: tl.constexpr = _BF16 if ty == tl.bfloat16 else _FP16
-        code = round_bits(bits & 0x7FFFFFFF, bits < 0, spec, "rne", False, True, None, "code")
+        if ty == tl.bfloat16 and _bf16_holds(FMT):
+            code = bits >> 16
+        else:
+            spec: tl.constexpr = _BF16 if ty == tl.bfloat16 else _FP16
+            code = round_bits(bits & 0x7FFFFFFF, bits < 0, spec, "rne", False, True, None, "code")
         tl.store(ptr + offs, code.to(tl.int16).to(ty, bitcast=True), mask=mask)
+
+
+@triton.jit
+def random_bits(seed, BLOCK: tl.constexpr, PER: tl.constexpr):
+    """30 uniform bits per element of this program's ``[BLOCK // PER, PER]`` tile.
+
+    Element e draws word ``e % 4`` of Philox at counter ``e // 4``: one call serves four
+    elements, and the stream does not depend on the tiling.
+    """
+    q = tl.program_id(0).to(tl.int64) * (BLOCK // 4) + tl.arange(0, BLOCK // 4)
+    r0, r1, r2, r3 = tl.randint4x(seed, q)
+    r = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (BLOCK // PER, PER))
+    return (r >> 2).to(tl.int32)
 
 
 @triton.jit
@@ -96,21 +120,21 @@ def load_packed(ptr, rows, n_bytes, BITS: tl.constexpr, PER: tl.constexpr):
 # --------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["seed"])
 def _round_kernel(x_ptr, y_ptr, nan_ptr, n, n_bytes, seed, FMT: tl.constexpr,
-                  MODE: tl.constexpr, SATURATE: tl.constexpr, SUBNORMALS: tl.constexpr, WANT: tl.constexpr,
-                  COUNT_NAN: tl.constexpr, BITS: tl.constexpr, PER: tl.constexpr,
-                  BLOCK: tl.constexpr):
+                  MODE: tl.constexpr, SATURATE: tl.constexpr, SUBNORMALS: tl.constexpr,
+                  WANT: tl.constexpr, COUNT_NAN: tl.constexpr, BITS: tl.constexpr,
+                  PER: tl.constexpr, BLOCK: tl.constexpr):
     rows, idx = group_index(BLOCK, PER)
     inside = idx < n
     bits = load_bits(x_ptr, idx, inside)
     a = bits & 0x7FFFFFFF
     rand = None
     if MODE == "stochastic":
-        rand = (tl.randint(seed, idx) >> 2).to(tl.int32)  # 30 uniform bits, as fpsim draws
+        rand = random_bits(seed, BLOCK, PER)
     if COUNT_NAN:
         tl.atomic_add(nan_ptr, tl.sum((a > 0x7F800000).to(tl.int32)))
     res = round_bits(a, bits < 0, FMT, MODE, SATURATE, SUBNORMALS, rand, WANT)
     if WANT == "value":
-        store_bits(y_ptr, idx, res, inside)
+        store_bits(y_ptr, idx, res, inside, FMT)
     elif PER == 1:                                    # unsigned codes, as fpsim gives them
         tl.store(y_ptr + idx, res.to(tl.uint32, bitcast=True).to(y_ptr.dtype.element_ty),
                  mask=inside)
@@ -129,7 +153,7 @@ def _decode_kernel(c_ptr, y_ptr, n, n_bytes, FMT: tl.constexpr, BITS: tl.constex
         c = load_packed(c_ptr, rows, n_bytes, BITS, PER)
     if BITS < 32:
         c = c & ((1 << BITS) - 1)
-    store_bits(y_ptr, idx, decode_bits(c, FMT), inside)
+    store_bits(y_ptr, idx, decode_bits(c, FMT), inside, FMT)
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,8 +219,8 @@ def _round(x: torch.Tensor, y: torch.Tensor, fmt: Format, rounding: str, saturat
     nan_count = torch.zeros(1, dtype=torch.int32, device=x.device) if count_nan else y
     _round_kernel[_grid(x.numel())](
         x, y, nan_count, x.numel(), y.numel(), seed, FMT=format_spec(fmt),
-        MODE=R.check_mode(rounding), SATURATE=saturate, SUBNORMALS=subnormals, WANT=want, COUNT_NAN=count_nan,
-        BITS=fmt.bits, PER=per, BLOCK=BLOCK, num_warps=NUM_WARPS)
+        MODE=R.check_mode(rounding), SATURATE=saturate, SUBNORMALS=subnormals, WANT=want,
+        COUNT_NAN=count_nan, BITS=fmt.bits, PER=per, BLOCK=BLOCK, num_warps=NUM_WARPS)
     if count_nan and (count := int(nan_count.item())):
         raise ValueError(f"{count} NaN input(s) cannot be encoded: {fmt.name} has no NaN code. "
                          "Pass nan='zero' to map them to zero as ml_dtypes does.")
@@ -225,8 +249,9 @@ def encode(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne", saturat
     :func:`fpsim.packing.pack_codes` packs them: code i at bits ``bits*i ..`` of one
     little-endian bit stream (FP4: two codes a byte, the first in the low nibble; FP6: four codes
     in three bytes), a last partial byte zero-padded.  Other formats, or ``pack=False``, give
-    codes of ``x``'s shape: uint8, or int32/int64 lanes above 8 bits, as ``fpsim.encode``.  NaN into a format without
-    a NaN code raises ``ValueError`` unless ``nan="zero"`` (counted inside the kernel).
+    codes of ``x``'s shape: uint8, or int32/int64 lanes above 8 bits, as ``fpsim.encode``.
+    NaN into a format without a NaN code raises ``ValueError`` unless ``nan="zero"`` (counted
+    inside the kernel).
     """
     fmt, x = kernel_format(fmt), _float_input(x)
     count_nan = not fmt.has_nan and _nan_policy(nan) == "raise"
