@@ -255,12 +255,13 @@ def dequantize(mx: MXArray, dtype: Any = np.float32) -> Any:
 # --------------------------------------------------------------------------------------------
 # Argument handling
 # --------------------------------------------------------------------------------------------
-def _scale_mode(spec: MXFormat, scale_rounding: str | None) -> str:
+def _scale_mode(spec: MXFormat, scale_rounding: str | None) -> str | None:
+    """The MX scale rule (None for NVFP4, whose E4M3 scales round to nearest even)."""
     if not spec.is_mx:
         if scale_rounding is not None:
             raise ValueError(f"{spec.name} block scales are E4M3 values rounded to nearest even; "
                              "scale_rounding applies to MX (E8M0) formats only: leave it None")
-        return "nearest"
+        return None
     mode = _SCALE_ALIASES.get(scale_rounding or "floor", scale_rounding or "floor")
     if mode not in SCALE_ROUNDINGS:
         raise ValueError(f"unknown scale_rounding {scale_rounding!r}; choose one of "
@@ -399,14 +400,18 @@ def _keep_underflow(ops: Any, rows: Any, scaled: Any) -> Any:
     """Replace products that underflowed to ±0 by the least subnormal of the input's sign."""
     tiny = float(np.finfo(np.float64 if _is_wide(scaled) else np.float32).smallest_subnormal)
     lost = (scaled == 0) & (rows != 0)
-    return ops.where(lost, ops.where(rows < 0, -tiny, tiny), scaled)
+    return ops.where(lost, ops.astype(rows < 0, scaled.dtype) * (-2.0 * tiny) + tiny, scaled)
 
 
 def _nvfp4_tensor_scale(rows: Any) -> float:
     """torchao's amax / (448 * 6) in float32 over finite values, at least 2^-126."""
-    amax_bits = _row_amax_bits(rows)
-    ops = ops_for(amax_bits)
-    finite = ops.where(amax_bits < 0x7F800000, amax_bits, 0)
+    if is_torch(rows):
+        amax_bits = _row_amax_bits(rows)
+    else:                                               # by slices: no full-size temporary
+        step = max(1, CHUNK // rows.shape[1])
+        parts = [_row_amax_bits(rows[lo:lo + step]) for lo in range(0, rows.shape[0], step)]
+        amax_bits = np.concatenate(parts or [np.zeros(0, np.int32)])
+    finite = ops_for(amax_bits).where(amax_bits < 0x7F800000, amax_bits, 0)
     amax = finite.max() if finite.shape[0] else 0
     amax32 = np.array(int(amax), np.int32).view(np.float32)
     return float(max(amax32 / np.float32(448 * 6), np.float32(_NVFP4_MIN_TENSOR_SCALE)))

@@ -390,6 +390,17 @@ def test_torch_is_bit_identical(name):
             assert np.array_equal(ts.numpy(), ns) and np.array_equal(tp.numpy(), npk)
 
 
+@pytest.mark.parametrize("rounding", ["rup", "rdown", "rto", "rne"])
+def test_float64_underflow_of_x_over_scale(rounding):
+    """x / X below float64's subnormals still rounds by its sign in directed modes."""
+    x = np.r_[2.0**120, 1e-320, -1e-320, 5e-324, -5e-324, 1.0, np.zeros(26)]
+    ref_s, ref_c = ref_mx(x.tolist(), "mxfp8_e4m3", rounding=rounding)
+    for arr in (x, torch.from_numpy(x)):
+        got = mx.quantize(arr, "mxfp8_e4m3", rounding=rounding)
+        assert np.array_equal(np.asarray(got.codes), ref_c)
+        assert np.array_equal(np.asarray(got.scales), ref_s)
+
+
 def test_torch_float64_and_bfloat16_inputs():
     x = np.random.default_rng(5).standard_normal(96) * 1e3
     for name in ("mxfp8_e4m3", "mxint8"):
