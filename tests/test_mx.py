@@ -197,6 +197,19 @@ def test_codes_match_the_spec_reference(name, mode):
         assert bad.size == 0, (label, bad[:5], x[bad[:5]], got.codes[bad[:5]], ref_c[bad[:5]])
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(MX_NAMES), st.sampled_from(SCALE_MODES),
+       st.sampled_from(["rne", "rtz", "rup"]), st.sampled_from([np.float32, np.float64]),
+       st.lists(st.floats(width=64), min_size=1, max_size=40))
+def test_any_floats_match_the_reference(name, mode, rounding, dtype, values):
+    """Arbitrary values: NaN, ±inf, subnormals, float64 beyond float32's range."""
+    with np.errstate(over="ignore"):
+        x = np.array(values, dtype)
+    got = mx.quantize(x, name, scale_rounding=mode, rounding=rounding, block_size=8)
+    ref_s, ref_c = ref_mx(x.tolist(), name, mode, rounding, block=8)
+    assert np.array_equal(got.scales, ref_s) and np.array_equal(got.codes, ref_c)
+
+
 @pytest.mark.parametrize("name", MX_NAMES)
 @pytest.mark.parametrize("rounding", ["rna", "rtz", "rup", "rdown", "rto"])
 def test_element_rounding_modes_match_the_reference(name, rounding):

@@ -161,8 +161,10 @@ def test_edge_cases():
     assert float(big.scales) == np.finfo(np.float32).max
     wide = scaled_quantize(np.float32([3e38, -3e38]), "int8", symmetric=False)
     assert np.isfinite(wide.scales) and np.isfinite(wide.values).all()  # span overflows float32
-    sym = scaled_quantize(np.float32([-1.0, -0.99, 0.5]), "int8", rounding="rdown")
-    assert sym.codes.tolist()[0] == 0x81 and 0x80 not in sym.codes     # clamped to -127
+    a = np.float32(1.0030015)                        # a / fp32(a / 127) = 127.00001 in float32
+    sym = scaled_quantize(np.float32([-a, 0.5]), "int8", rounding="rdown")
+    assert sym.codes.tolist()[0] == 0x81                                # -127, not -128
+    assert scaled_quantize(np.float32([a, 0.5]), "int8", rounding="rup").codes[0] == 0x7F
 
 
 def test_e8m0_scales_are_the_least_powers_of_two_without_saturation():
