@@ -5,5 +5,6 @@ Importing this package imports torch and triton; ``import fpsim`` never does.  S
 """
 
 from .cast import decode, encode, quantize, supports
+from .mx import MXPacked, mx_dequantize, mx_quantize
 
-__all__ = ["decode", "encode", "quantize", "supports"]
+__all__ = ["MXPacked", "decode", "encode", "mx_dequantize", "mx_quantize", "quantize", "supports"]

@@ -41,11 +41,19 @@ def _bf16_holds(spec: tuple) -> bool:
 # --------------------------------------------------------------------------------------------
 @triton.jit
 def load_bits(ptr, offs, mask):
-    """Float32 bits (int32) of float32/float16/bfloat16 elements, exactly (integer widening)."""
+    """Float32 bits (int32) of float32/float16/bfloat16 elements: exact integer widening, NaN
+    signs included (a hardware conversion may canonicalise a NaN's sign)."""
     x = tl.load(ptr + offs, mask=mask, other=0)
-    if ptr.dtype.element_ty == tl.bfloat16:
-        return x.to(tl.int16, bitcast=True).to(tl.int32) << 16
-    return x.to(tl.float32).to(tl.int32, bitcast=True)
+    ty: tl.constexpr = ptr.dtype.element_ty
+    if ty == tl.float32:
+        bits = x.to(tl.int32, bitcast=True)
+    else:
+        half = x.to(tl.int16, bitcast=True).to(tl.int32)
+        if ty == tl.bfloat16:
+            bits = half << 16
+        else:
+            bits = decode_bits(half & 0xFFFF, _FP16)
+    return bits
 
 
 @triton.jit
@@ -68,15 +76,15 @@ def store_bits(ptr, offs, bits, mask, FMT: tl.constexpr):
 
 
 @triton.jit
-def random_bits(seed, BLOCK: tl.constexpr, PER: tl.constexpr):
-    """30 uniform bits per element of this program's ``[BLOCK // PER, PER]`` tile.
+def random_bits(seed, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """30 uniform bits per element of this program's ``[ROWS, COLS]`` tile (row-major).
 
-    Element e draws word ``e % 4`` of Philox at counter ``e // 4``: one call serves four
-    elements, and the stream does not depend on the tiling.
+    Element e (counted from 0 over all programs) draws word ``e % 4`` of Philox at counter
+    ``e // 4``: one call serves four elements, and the stream does not depend on the tiling.
     """
-    q = tl.program_id(0).to(tl.int64) * (BLOCK // 4) + tl.arange(0, BLOCK // 4)
+    q = tl.program_id(0).to(tl.int64) * (ROWS * COLS // 4) + tl.arange(0, ROWS * COLS // 4)
     r0, r1, r2, r3 = tl.randint4x(seed, q)
-    r = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (BLOCK // PER, PER))
+    r = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (ROWS, COLS))
     return (r >> 2).to(tl.int32)
 
 
@@ -129,7 +137,7 @@ def _round_kernel(x_ptr, y_ptr, nan_ptr, n, n_bytes, seed, FMT: tl.constexpr,
     a = bits & 0x7FFFFFFF
     rand = None
     if MODE == "stochastic":
-        rand = random_bits(seed, BLOCK, PER)
+        rand = random_bits(seed, BLOCK // PER, PER)
     if COUNT_NAN:
         tl.atomic_add(nan_ptr, tl.sum((a > 0x7F800000).to(tl.int32)))
     res = round_bits(a, bits < 0, FMT, MODE, SATURATE, SUBNORMALS, rand, WANT)
@@ -199,7 +207,7 @@ def _float_input(x: Any) -> torch.Tensor:
     return x.contiguous()
 
 
-def _seed(seed: Any) -> int:
+def philox_seed(seed: Any) -> int:
     """A Philox key: ``seed`` itself, or drawn from a torch generator (the global one for None)."""
     if seed is None or isinstance(seed, torch.Generator):
         return int(torch.randint(0, 2**62, (), generator=seed).item())
@@ -215,7 +223,7 @@ def _grid(n: int) -> tuple[int]:
 
 def _round(x: torch.Tensor, y: torch.Tensor, fmt: Format, rounding: str, saturate: bool,
            subnormals: bool, seed: Any, want: str, per: int, count_nan: bool) -> None:
-    seed = _seed(seed) if rounding == "stochastic" else 0
+    seed = philox_seed(seed) if rounding == "stochastic" else 0
     nan_count = torch.zeros(1, dtype=torch.int32, device=x.device) if count_nan else y
     _round_kernel[_grid(x.numel())](
         x, y, nan_count, x.numel(), y.numel(), seed, FMT=format_spec(fmt),

@@ -25,7 +25,9 @@ from triton.compiler import ASTSource
 
 from fpsim.formats import get_format
 
-from . import cast
+from fpsim import mx as fmx
+
+from . import cast, mx
 from .rounding import format_spec
 
 ALIGNED = [["tt.divisibility", 16]]
@@ -45,7 +47,7 @@ class Variant:
         sig = dict(self.types) | {k: "constexpr" for k in self.constexprs}
         names = list(self.kernel.arg_names)
         attrs = {(names.index(k),): ALIGNED for k, t in self.types.items()
-                 if t.startswith("*") or k in ("n", "n_bytes")}
+                 if t.startswith("*") or k in ("n", "n_bytes", "length")}
         src = ASTSource(fn=self.kernel, signature=sig, constexprs=self.constexprs, attrs=attrs)
         return triton.compile(src, target=GPUTarget("cuda", arch, 32),
                               options={"num_warps": cast.NUM_WARPS})
@@ -70,6 +72,30 @@ def _decode(name: str, fmt: str, y: str = "*fp32", pack: bool = False) -> Varian
     return Variant(name, cast._decode_kernel, types, cons, cast.BLOCK)
 
 
+def _mx(name: str, fmt: str, mode: str = "rne", scale_mode: str = "floor",
+        ragged: bool = False, x: str = "*fp32") -> Variant:
+    spec = fmx.get_mx_format(fmt)
+    types = {"x_ptr": x, "scale_ptr": "*u8", "elem_ptr": "*u8", "n_blocks": "i32",
+             "row_blocks": "i32", "length": "i32", "n_bytes": "i32", "seed": "i64",
+             "ts": "fp32"}
+    cons = dict(ELEM=format_spec(spec.elem), EMAX=spec.emax, MAX_BITS=fmx._f64_bits(spec.max),
+                MBITS=spec.mbits, ELEM_EXP=spec.elem_exp, SCALE_MODE=scale_mode, MODE=mode,
+                NV=not spec.is_mx, IS_INT=spec.elem.is_int, BITS=spec.elem.bits,
+                PER=cast.codes_per_group(spec.elem), BS=spec.block_size,
+                NB=mx.TILE // spec.block_size, RAGGED=ragged)
+    return Variant(name, mx._mx_quantize_kernel, types, cons, mx.TILE)
+
+
+def _mx_dequant(name: str, fmt: str) -> Variant:
+    spec = fmx.get_mx_format(fmt)
+    types = {"scale_ptr": "*u8", "elem_ptr": "*u8", "y_ptr": "*fp32", "n_blocks": "i32",
+             "row_blocks": "i32", "length": "i32", "n_bytes": "i32", "ts": "fp32"}
+    cons = dict(ELEM=format_spec(spec.elem), ELEM_EXP=spec.elem_exp, NV=not spec.is_mx,
+                BITS=spec.elem.bits, PER=cast.codes_per_group(spec.elem), BS=spec.block_size,
+                NB=mx.TILE // spec.block_size, RAGGED=False)
+    return Variant(name, mx._mx_dequantize_kernel, types, cons, mx.TILE)
+
+
 def variants() -> list[Variant]:
     return [
         _round("quantize fp32->e4m3->fp32", "fp8_e4m3fn"),
@@ -86,6 +112,15 @@ def variants() -> list[Variant]:
         _decode("decode e4m3->fp32", "fp8_e4m3fn"),
         _decode("decode e2m1 packed->bf16", "fp4_e2m1", y="*bf16", pack=True),
         _decode("decode e3m2 packed->fp32", "fp6_e3m2", pack=True),
+        _mx("mx_quantize mxfp8_e4m3", "mxfp8_e4m3"),
+        _mx("mx_quantize mxfp8_e4m3 bf16 in, ceil", "mxfp8_e4m3", scale_mode="ceil",
+            x="*bf16"),
+        _mx("mx_quantize mxfp4 ragged rows", "mxfp4", ragged=True),
+        _mx("mx_quantize mxfp6_e3m2 stochastic", "mxfp6_e3m2", mode="stochastic"),
+        _mx("mx_quantize mxint8 rup, even", "mxint8", mode="rup", scale_mode="even"),
+        _mx("mx_quantize nvfp4", "nvfp4"),
+        _mx_dequant("mx_dequantize mxfp4", "mxfp4"),
+        _mx_dequant("mx_dequantize nvfp4", "nvfp4"),
     ]
 
 

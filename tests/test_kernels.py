@@ -20,8 +20,12 @@ import fpsim
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 import kernels  # noqa: E402  (needs torch and triton)
-from fpsim.packing import pack_codes  # noqa: E402
+from fpsim import blocks  # noqa: E402
+from fpsim import mx as fmx  # noqa: E402
+from fpsim.packing import pack_codes, unpack_codes  # noqa: E402
 
+pytestmark = pytest.mark.filterwarnings(    # NumPy inside the interpreter: inf/NaN on purpose
+    "ignore::RuntimeWarning:triton.runtime.interpreter")
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICES = [
     pytest.param("cpu", marks=pytest.mark.skipif(
@@ -282,3 +286,115 @@ def test_kernels_compile_for_sm90_with_wide_accesses_and_no_ftz():
     for name, r in rows.items():
         if name.startswith(("quantize", "encode fp32->e4m3")):
             assert r["widest_load_bits"] == 128 and r["widest_store_bits"] == 128, r
+
+
+# --------------------------------------------------------------------------------------------
+# MX and NVFP4 block kernels against fpsim.mx
+# --------------------------------------------------------------------------------------------
+MX_NAMES = list(fmx.MX_FORMATS)
+
+
+def _mx_input(shape: tuple[int, int], seed: int = 0) -> np.ndarray:
+    """Blocks at every edge: a random binade per row (float32 subnormal to near max), a NaN,
+    an inf, an all-zero and a subnormal-only block, exact element ties, signed zeros."""
+    rng = np.random.default_rng(seed)
+    rows, cols = shape
+    with np.errstate(over="ignore"):
+        x = (rng.standard_normal(shape) * np.exp2(rng.integers(-150, 128, (rows, 1))))
+        x = x.astype(np.float32)
+    x[0, 1], x[1, 3], x[2, :] = np.nan, -np.inf, 0.0
+    x[3, :] = rng.integers(-(2**20), 2**20, cols).astype(np.float32) * np.float32(2.0**-149)
+    x[4, :] = np.float32(1.25) * rng.choice([-1, 1], cols)          # element ties
+    x[5, :] = rng.choice([0.0, -0.0, 3.4028235e38, -3.0e38, 1.5, 448.0, 480.0], cols)
+    return x
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", MX_NAMES)
+def test_mx_quantize_matches_fpsim_pack(fmt, device):
+    spec = fmx.get_mx_format(fmt)
+    scale_modes = fmx.SCALE_ROUNDINGS if spec.is_mx else (None,)
+    cases = [(_mx_input((12, 64)), -1), (_mx_input((72, 7), seed=1), 0)]   # regular, ragged
+    for x, axis in cases:
+        xt = torch.from_numpy(x).to(device)
+        for sr in scale_modes:
+            for mode in MODES:
+                with np.errstate(all="ignore"):
+                    ref = fmx.quantize(x, fmt, axis=axis, scale_rounding=sr, rounding=mode)
+                want_scales, want_elems = ref.pack()
+                got = kernels.mx_quantize(xt, fmt, axis=axis, scale_rounding=sr, rounding=mode)
+                what = f"axis={axis} scale={sr} {mode}"
+                _same(got.scales, want_scales, f"scales {what}")
+                _same(got.elements, want_elems, f"elements {what}")
+                assert got.tensor_scale == ref.tensor_scale
+    if not spec.is_mx:
+        got = kernels.mx_quantize(xt, fmt, axis=axis, tensor_scale=0.375)
+        want = fmx.quantize(x, fmt, axis=axis, tensor_scale=0.375).pack()
+        _same(got.elements, want[1], "given tensor_scale")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4", "nvfp4"])
+def test_mx_16bit_inputs_match_fpsim(fmt, device):
+    x = _mx_input((8, 64), seed=2)
+    for np_dt, t_dt in ((np.float16, torch.float16), (ml_dtypes.bfloat16, torch.bfloat16)):
+        with np.errstate(all="ignore"):
+            x16 = x.astype(np_dt)
+            want = fmx.quantize(x16.astype(np.float32), fmt).pack()
+        got = kernels.mx_quantize(torch.from_numpy(x16.view(np.int16)).view(t_dt).to(device), fmt)
+        _same(got.scales, want[0], f"{t_dt} scales")
+        _same(got.elements, want[1], f"{t_dt} elements")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", MX_NAMES)
+def test_mx_dequantize_matches_fpsim_on_every_byte(fmt, device):
+    """Random scale and element bytes (NaN scales and NaN element codes included)."""
+    spec = fmx.get_mx_format(fmt)
+    rng = np.random.default_rng(3)
+    shape, axis = (40, 3), 0                                         # ragged along axis 0
+    lay = blocks.layout(shape, axis, spec.block_size, pad=True)
+    scales = rng.integers(0, 256, lay.rows, dtype=np.uint8)
+    scales[:2] = (0xFF, 0x7F) if spec.is_mx else (0x7F, 0xFF)
+    codes = rng.integers(0, spec.elem.num_codes, lay.rows * lay.block_size, dtype=np.uint8)
+    elems = pack_codes(codes, spec.elem.bits)
+    ts = None if spec.is_mx else 0.0078125
+    with np.errstate(all="ignore"):
+        want = fmx.MXArray.unpack(scales, elems, fmt, shape, axis=axis,
+                                  tensor_scale=ts).dequantize()
+    got = kernels.mx_dequantize(torch.from_numpy(scales).to(device),
+                                torch.from_numpy(elems).to(device), fmt, shape, axis=axis,
+                                tensor_scale=ts)
+    _same(got, want, "dequantize")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4", "nvfp4"])
+def test_mx_stochastic_rounds_to_a_neighbour(fmt, device):
+    x = _mx_input((16, 64), seed=4)
+    x[:2] = 1.0                                                     # no NaN/inf blocks here
+    xt = torch.from_numpy(x).to(device)
+    got = kernels.mx_quantize(xt, fmt, rounding="stochastic", seed=9)
+    lo, hi = (fmx.quantize(x, fmt, rounding=m).pack() for m in ("rdown", "rup"))
+    _same(got.scales, lo[0], "scales do not depend on the element rounding")
+    bits = fmx.get_mx_format(fmt).elem.bits
+    codes = [unpack_codes(b, bits, x.size) for b in (got.elements, lo[1], hi[1])]
+    codes[0] = codes[0].cpu().numpy()
+    assert np.all((codes[0] == codes[1]) | (codes[0] == codes[2]))
+    assert np.any(codes[0] != codes[1]) and np.any(codes[0] != codes[2])
+    _same(kernels.mx_quantize(xt, fmt, rounding="stochastic", seed=9).elements, got.elements,
+          "same seed")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mx_errors(device):
+    x = torch.ones(4, 48, device=device)
+    with pytest.raises(NotImplementedError, match="power of two"):
+        kernels.mx_quantize(x, "mxfp8_e4m3", block_size=24)
+    with pytest.raises(TypeError):
+        kernels.mx_quantize(x.double(), "mxfp8_e4m3")
+    with pytest.raises(ValueError, match="scale_rounding"):
+        kernels.mx_quantize(x, "nvfp4", scale_rounding="floor")
+    with pytest.raises(ValueError, match="tensor_scale"):
+        kernels.mx_dequantize(torch.zeros(12, dtype=torch.uint8, device=device),
+                              torch.zeros(96, dtype=torch.uint8, device=device), "nvfp4", (4, 48))
