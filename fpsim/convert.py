@@ -200,20 +200,37 @@ def _run_torch(x: Any, fmt: Format, rounding: str, saturate: bool, subnormals: b
 # --------------------------------------------------------------------------------------------
 # Public API
 # --------------------------------------------------------------------------------------------
-BACKENDS = ("auto", "numpy", "torch")
+BACKENDS = ("auto", "numpy", "torch", "triton")
 
 
-def _torch_backend(x: Any, backend: str, seed: Any = None) -> str:
+def _torch_backend(x: Any, backend: str, fmt: Format, seed: Any = None) -> str:
     """Which driver runs a tensor: CPU tensors go through the (chunked, table-driven) NumPy
-    driver by default, zero-copy; CUDA tensors through torch ops; ``backend`` forces one."""
+    driver by default, zero-copy; CUDA tensors through the Triton kernels (package ``kernels``)
+    where they apply, else torch ops; ``backend`` forces one."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend == "auto":
+        if _kernels_apply(x, fmt, seed):
+            return "triton"
         gen = type(seed).__name__ == "Generator" and type(seed).__module__.startswith("torch")
         return "torch" if (x.device.type != "cpu" or gen) else "numpy"
     if backend == "numpy" and x.device.type != "cpu":
         raise ValueError("backend='numpy' needs a CPU tensor; move it with .cpu() or use 'torch'")
     return backend
+
+
+def _kernels_apply(x: Any, fmt: Format, seed: Any) -> bool:
+    """A CUDA float32/float16/bfloat16 tensor, a format the kernels round exactly through
+    float32, a seed they take (int, torch.Generator or None), and triton installed."""
+    import importlib.util
+
+    import torch
+
+    return (x.device.type == "cuda" and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+            and R.F32.holds(fmt) and (seed is None or isinstance(seed, (numbers.Integral,
+                                                                         torch.Generator)))
+            and importlib.util.find_spec("triton") is not None
+            and importlib.util.find_spec("kernels") is not None)
 
 
 def _tensor_via_numpy(x: Any) -> np.ndarray:
@@ -239,7 +256,13 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
     """
     fmt = _options(fmt, rounding)
     if is_torch(x):
-        if _torch_backend(x, backend, seed) == "torch":
+        route = _torch_backend(x, backend, fmt, seed)
+        if route == "triton":
+            import kernels
+
+            return kernels.quantize(x, fmt, rounding=rounding, saturate=saturate,
+                                    subnormals=subnormals, seed=seed)
+        if route == "torch":
             out = _run_torch(x, fmt, rounding, saturate, subnormals, seed, "value")
         else:
             import torch
@@ -271,8 +294,14 @@ def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool =
     """
     fmt = _options(fmt, rounding)
     if is_torch(x):
+        route = _torch_backend(x, backend, fmt, seed)
+        if route == "triton":                         # checks NaN inside the kernel
+            import kernels
+
+            return kernels.encode(x, fmt, rounding=rounding, saturate=saturate,
+                                  subnormals=subnormals, seed=seed, nan=nan, pack=False)
         _check_nan(x, fmt, nan)
-        if _torch_backend(x, backend, seed) == "torch":
+        if route == "torch":
             res = _run_torch(x, fmt, rounding, saturate, subnormals, seed, "code")
             return _torch_code_dtype(res, fmt)
         import torch
