@@ -210,7 +210,8 @@ def _float_input(x: Any) -> torch.Tensor:
 def philox_seed(seed: Any) -> int:
     """A Philox key: ``seed`` itself, or drawn from a torch generator (the global one for None)."""
     if seed is None or isinstance(seed, torch.Generator):
-        return int(torch.randint(0, 2**62, (), generator=seed).item())
+        device = "cpu" if seed is None else seed.device
+        return int(torch.randint(0, 2**62, (), generator=seed, device=device).item())
     seed = int(seed)
     if not 0 <= seed < 2**63:
         raise ValueError(f"seed must lie in [0, 2^63), got {seed}")

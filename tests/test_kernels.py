@@ -398,3 +398,43 @@ def test_mx_errors(device):
     with pytest.raises(ValueError, match="tensor_scale"):
         kernels.mx_dequantize(torch.zeros(12, dtype=torch.uint8, device=device),
                               torch.zeros(96, dtype=torch.uint8, device=device), "nvfp4", (4, 48))
+
+
+# --------------------------------------------------------------------------------------------
+# fpsim.quantize / fpsim.encode hand tensors to the kernels
+# --------------------------------------------------------------------------------------------
+def test_cuda_tensors_route_to_the_kernels_where_they_apply():
+    from types import SimpleNamespace
+
+    from fpsim.convert import _torch_backend
+
+    def tensor(dev: str = "cuda", dtype=torch.float32):
+        return SimpleNamespace(device=SimpleNamespace(type=dev), dtype=dtype)
+
+    e4m3 = fpsim.get_format("e4m3")
+    assert _torch_backend(tensor(), "auto", e4m3) == "triton"
+    assert _torch_backend(tensor(dtype=torch.bfloat16), "auto", e4m3, seed=3) == "triton"
+    assert _torch_backend(tensor(), "auto", e4m3, seed=torch.Generator()) == "triton"
+    assert _torch_backend(tensor(), "auto", fpsim.get_format("e8m0")) == "torch"  # float64 path
+    assert _torch_backend(tensor(dtype=torch.float64), "auto", e4m3) == "torch"
+    assert _torch_backend(tensor(), "auto", e4m3, seed=np.random.default_rng(0)) == "torch"
+    assert _torch_backend(tensor(), "torch", e4m3) == "torch"                     # the switch
+    assert _torch_backend(tensor("cpu"), "auto", e4m3) == "numpy"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fpsim_entry_points_run_the_kernels(device):
+    x = _probe("fp8_e4m3fn", n_random=500)
+    xt = torch.from_numpy(x).to(device)
+    backend = "auto" if device == "cuda" else "triton"
+    _same(fpsim.quantize(xt, "e4m3", backend=backend), fpsim.quantize(x, "e4m3"), "quantize")
+    _same(fpsim.quantize(xt, "e4m3", saturate=True, rounding="rup", backend=backend),
+          fpsim.quantize(x, "e4m3", saturate=True, rounding="rup"), "quantize rup")
+    for fmt in ("e4m3", "fp4_e2m1", "bf16"):
+        got = fpsim.encode(xt, fmt, nan="zero", backend=backend)
+        assert got.shape == xt.shape and got.device == xt.device
+        _same_codes(got, fpsim.encode(x, fmt, nan="zero"), f"encode {fmt}")
+    with pytest.raises(ValueError, match="NaN input"):
+        fpsim.encode(xt, "fp4_e2m1", backend=backend)
+    q = fpsim.quantize(xt, "e4m3", rounding="stochastic", seed=1, backend=backend)
+    _same(fpsim.quantize(xt, "e4m3", rounding="stochastic", seed=1, backend=backend), q, "seed")
