@@ -1,5 +1,6 @@
 """fpsim: bit-exact emulation of number formats, and what they do to neural-network arithmetic."""
 
+from .arith import dot, matmul
 from .convert import decode, encode, quantize, values
 from .explain import Explanation, explain
 from .formats import FORMATS, Format, get_format
@@ -7,6 +8,6 @@ from .rounding import MODES
 from . import mx
 from .scaling import ScaledTensor, scaled_quantize
 
-__all__ = ["FORMATS", "Explanation", "Format", "MODES", "explain", "decode", "encode", "get_format", "quantize", "values"]
+__all__ = ["FORMATS", "Explanation", "Format", "MODES", "explain", "decode", "dot", "encode", "get_format", "matmul", "quantize", "values"]
 __all__ += ["ScaledTensor", "mx", "scaled_quantize"]
 __version__ = "0.1.0"

@@ -1,0 +1,179 @@
+"""Rounded additions and the summation orders, vectorised over a tile of outputs.
+
+A correctly rounded sum RN_fmt(x + y) is computed without wide integers: the lanes' float sum
+``s`` and its exact error ``e`` (TwoSum, Knuth) give the exact value; where ``e`` is non-zero
+and ``s`` has an even last bit, ``s`` steps one unit toward ``e``, which makes ``s`` the sum
+rounded to odd.  Rounding to odd with at least two more bits than the target, followed by one
+rounding with :func:`fpsim.quantize`, equals rounding the exact sum once (Boldo & Melquiond,
+"Emulation of FMA and correctly rounded sums: proved algorithms using rounding to odd", IEEE
+Trans. Computers 57(4), 2008) for every directed and nearest mode.
+
+The loop bodies (:class:`Steps`) are pure functions of arrays, so that ``engine="compiled"``
+can fuse each into one kernel with ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..backend import ops_for
+from ..convert import quantize
+from ..formats import Format
+from .lanes import Lanes, lane_max
+
+#: Per-output statistics carried through a loop: (swamped, underflow, peak), or () when unused.
+Stats = tuple
+
+
+class Adder:
+    """``x + y`` rounded once to ``fmt`` with ``rounding``, elementwise in ``lanes``.
+
+    ``plain`` adds in the lanes' own arithmetic (``fmt`` is the lanes' float, round to nearest
+    even).  ``may_overflow`` guards sums beyond the lanes' range, which TwoSum cannot split.
+    """
+
+    def __init__(self, fmt: Format, rounding: str, lanes: Lanes, rng: Any, *, plain: bool,
+                 may_overflow: bool) -> None:
+        self.fmt, self.rounding, self.lanes, self.rng = fmt, rounding, lanes, rng
+        self.plain, self.may_overflow = plain, may_overflow
+        self.top = lanes.src.width - 1
+        self.big = lane_max(lanes.src)
+
+    def __call__(self, x: Any, y: Any) -> Any:
+        s = x + y
+        if self.plain:
+            return s
+        xp = self.lanes.xp
+        t = s - x
+        e = (x - (s - t)) + (y - t)                  # exact: x + y == s + e (NaN at inf)
+        if self.may_overflow:                        # a finite exact sum beyond the lanes:
+            out = xp.isinf(s) & xp.isfinite(x) & xp.isfinite(y)      # its round-to-odd is
+            s = xp.where(out, xp.clip(s, -self.big, self.big), s)      # +-max (odd)
+        sb, eb = self.lanes.bits(s), self.lanes.bits(e)
+        odd = (sb + ((eb ^ sb) >> self.top)) | 1     # toward e: |s|+1 or |s|-1, made odd
+        s = self.lanes.floats(xp.where(abs(e) > 0, odd, sb))
+        return quantize(s, self.fmt, rounding=self.rounding, seed=self.rng,
+                        backend=self.lanes.backend)
+
+
+def new_stats(lanes: Lanes, shape: tuple, wanted: bool) -> Stats:
+    if not wanted:
+        return ()
+    xp = lanes.xp
+    return (lanes.zeros(shape, xp.int64), lanes.zeros(shape, xp.int64),
+            lanes.zeros(shape, xp.float64))
+
+
+def counted(lanes: Lanes, acc: Any, y: Any, s: Any, st: Stats) -> Stats:
+    """After ``s = round(acc + y)``: was a non-zero ``y`` swallowed; how large did sums get."""
+    if not st:
+        return st
+    xp = lanes.xp
+    lost = lanes.count((y != 0) & (s == acc) & xp.isfinite(acc))
+    return st[0] + lost, st[1], xp.fmax(st[2], abs(s))
+
+
+def merged(lanes: Lanes, st: Stats, more: Stats) -> Stats:
+    if not st:
+        return st
+    return st[0] + more[0], st[1] + more[1], lanes.xp.fmax(st[2], more[2])
+
+
+class Steps:
+    """The loop bodies of every order, as pure functions of arrays and statistics."""
+
+    def __init__(self, add: Adder, product: Format | None, rounding: str, rng: Any,
+                 compiled: bool) -> None:
+        self.add, self.product, self.rounding, self.rng = add, product, rounding, rng
+        self.lanes = add.lanes
+        wrap = compile_step if compiled else (lambda f: f)
+        self.seq, self.pair = wrap(self._seq), wrap(self._pair)
+
+    def products(self, a: Any, b: Any, st: Stats) -> tuple[Any, Stats]:
+        """Exact products, rounded to the product format when there is one."""
+        p = a * b
+        if self.product is None:
+            return p, st
+        q = quantize(p, self.product, rounding=self.rounding, seed=self.rng,
+                     backend=self.lanes.backend)
+        if st:
+            miss = self.lanes.count((q == 0) & (p != 0))
+            st = st[0], st[1] + (miss.sum(0) if miss.ndim > st[1].ndim else miss), st[2]
+        return q, st
+
+    def _seq(self, acc: Any, a: Any, b: Any, st: Stats) -> tuple[Any, Stats]:
+        p, st = self.products(a, b, st)
+        s = self.add(acc, p)
+        return s, counted(self.lanes, acc, p, s, st)
+
+    def _pair(self, x: Any, y: Any, st: Stats) -> tuple[Any, Stats]:
+        """Additions stacked on axis 0, either operand possibly the one swallowed."""
+        s = self.add(x, y)
+        if not st:
+            return s, st
+        xp = self.lanes.xp
+        lost = ((y != 0) & (s == x) & xp.isfinite(x)) | ((x != 0) & (s == y) & xp.isfinite(y))
+        mag = abs(s)
+        peak = xp.amax(xp.where(mag == mag, mag, 0 * mag), 0)
+        return s, (st[0] + self.lanes.count(lost).sum(0), st[1], xp.fmax(st[2], peak))
+
+
+def compile_step(fn: Callable) -> Callable:
+    """``fn`` fused by torch.compile, its tensors' sizes symbolic from the first call on (so
+    tiles of any shape share one kernel; integers such as format fields stay constants)."""
+    import torch
+
+    ops_for(torch.zeros(0))          # create the core's torch ops now, not inside the trace
+    fused = torch.compile(fn, dynamic=None)
+
+    def run(*args: Any) -> Any:
+        for x in _tensors(args):
+            for d, n in enumerate(x.shape):
+                if n > 1:
+                    torch._dynamo.maybe_mark_dynamic(x, d)
+        return fused(*args)
+
+    return run
+
+
+def _tensors(args: Any) -> list:
+    out = []
+    for x in args:
+        out.extend(_tensors(x) if isinstance(x, tuple) else [x])
+    return out
+
+
+Operands = Callable[[int, int], tuple[Any, Any]]  # (k0, k1) -> (a, b) terms k0..k1-1, axis 0
+
+
+def sequential(operands: Operands, K: int, steps: Steps, st: Stats, shape: tuple,
+               chunk: int | None = None, promote: Callable | None = None) -> tuple[Any, Stats]:
+    """Left to right, one rounding per addition; with ``chunk``, the running sum restarts every
+    ``chunk`` terms after ``promote(outer, block_sum, st)`` folds it into an outer sum."""
+    lanes = steps.lanes
+    acc = lanes.full(shape, -0.0)                    # -0 + p == p exactly, signed zeros too
+    outer = None
+    for k in range(K):
+        if chunk and k and k % chunk == 0:
+            outer, st = promote(outer, acc, st)
+            acc = lanes.full(shape, -0.0)
+        a, b = operands(k, k + 1)
+        acc, st = steps.seq(acc, a[0], b[0], st)
+    return promote(outer, acc, st) if chunk else (acc, st)
+
+
+def pairwise(operands: Operands, K: int, steps: Steps, st: Stats,
+             shape: tuple) -> tuple[Any, Stats]:
+    """A balanced tree: neighbours are added level by level (an odd last term moves up as is),
+    so every product passes through at most ceil(log2 K) roundings."""
+    xp = steps.lanes.xp
+    a, b = operands(0, K)
+    level, st = steps.products(a, b, st)             # (K, *shape)
+    if K == 1:
+        s, st = steps.pair(steps.lanes.full((1,) + shape, -0.0), level, st)
+        return s[0], st
+    while level.shape[0] > 1:
+        n = level.shape[0]
+        s, st = steps.pair(level[0:n - 1:2], level[1:n:2], st)
+        level = xp.concatenate([s, level[n - 1:]]) if n % 2 else s
+    return level[0], st

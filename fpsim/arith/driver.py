@@ -1,0 +1,236 @@
+"""``fpsim.matmul`` and ``fpsim.dot``: matrix products with every rounding of the hardware.
+
+The driver brings the operands to float lanes that hold every product exactly
+(:mod:`fpsim.arith.lanes`) and walks the output in tiles: for each tile the loop runs over K in
+Python while every step is vectorised over the tile's outputs, so memory stays a few times a
+tile and no loop runs over M×N.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..convert import quantize
+from ..formats import Format
+from ..rounding import F32, F64
+from . import accumulate as acc_
+from . import tensor_core as tc_
+from .accumulate import Stats
+from .lanes import Lanes, Profile, guarded, holds, lane_max, profile
+from .operands import Operands, batched, deliver, prepare
+from .plan import FP32, Plan, make_plan
+
+TILE = 1 << 15          # outputs per tile: the K loop's temporaries stay in L2
+FUSED_TILE = 1 << 18    # compiled steps: fewer, larger calls (one fused pass, no temporaries)
+TREE = 1 << 21          # products held at once by the pairwise tree and tensor-core groups
+
+
+@dataclass
+class MatmulStats:
+    """Per-output statistics of an emulated product, arrays shaped like the result.
+
+    ``overflow``: the result is inf or NaN (the sum overflowed, or inf/NaN came in).
+    ``max_partial``: the largest magnitude any partial sum reached.
+    ``swamped``: additions that left the accumulator unchanged although the addend was non-zero.
+    ``underflow``: products rounded to zero by ``product`` although the exact product was not.
+    """
+
+    overflow: Any
+    max_partial: Any
+    swamped: Any
+    underflow: Any
+
+
+def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
+           order: str = "sequential", chunk: int | None = None, product: str | Format = "exact",
+           rounding: str = "rne", output: str | Format | None = None, return_stats: bool = False,
+           seed: Any = None, tensor_core: str | tc_.TensorCoreModel | None = None,
+           engine: str = "auto") -> Any:
+    """Matrix product ``a @ b`` (NumPy ``matmul`` semantics) with emulated arithmetic.
+
+    ``inputs``: format (or pair of formats for a and b) the operands are first rounded to
+    (nearest even, like a cast); None takes them as given.
+    ``product``: "exact" (as tensor cores and FMA form them), a format each product is rounded
+    to with ``rounding`` before it is added, or "fp64" (a float64 multiply).
+    ``accum``: accumulator format; every addition is rounded to it once with ``rounding``
+    (all of fpsim's modes, stochastic included).  "fp64" means float64's own additions.
+    ``order``: "sequential" (left to right), "pairwise" (a balanced tree), "chunked" (blocks of
+    ``chunk`` terms, default 128, summed in ``accum``, each block then added to an FP32 outer
+    accumulator rounded to nearest even: DeepSeek-V3's promotion), "fma" (sequential, product
+    and sum rounded once), or "tensor_core" with ``tensor_core=`` a preset name from
+    ``TENSOR_CORES`` or a ``TensorCoreModel`` (``chunk`` then promotes to FP32 every ``chunk``).
+    ``output``: format the result is finally rounded to (nearest even).
+    ``seed``: seed or generator for stochastic rounding (NumPy Generator / torch Generator).
+    ``engine``: "numpy", "torch" (any device), "compiled" (torch.compile fuses each loop step
+    into one kernel: several times faster once compiled, which takes seconds to a minute per
+    configuration; no stochastic rounding), or "auto" (torch for tensors, else NumPy).  Every
+    engine gives the same bits.
+
+    Returns an array of float32 when the result's format fits it, else float64 (a torch tensor
+    on the operands' device when either operand is one) and, with ``return_stats``, a
+    :class:`MatmulStats`.  A sum that is exactly zero is +0 (unless every term is -0).
+    """
+    plan = make_plan(inputs, accum, order, chunk, product, rounding, output, tensor_core, engine)
+    use_torch = engine in ("torch", "compiled") or (
+        engine == "auto" and any(type(x).__module__.startswith("torch") for x in (a, b)))
+    ops = prepare(a, b, use_torch)
+    fa, fb = plan.inputs
+    if fa is not None:
+        ops.a = quantize(ops.a, fa)
+    if fb is not None:
+        ops.b = quantize(ops.b, fb)
+    emins = tuple((f or g).emin if (f or g) else -1022 for f, g in zip(plan.inputs, ops.formats))
+    prod = _profile(ops.a).times(_profile(ops.b))
+    lanes = _lanes_for(plan, prod, ops.a if use_torch else None)
+    with np.errstate(invalid="ignore", over="ignore"):      # inf - inf inside TwoSum
+        out, stats = _run(plan, lanes, prod, ops, emins, seed, return_stats)
+    if plan.output is not None:
+        out = quantize(out, plan.output)
+    narrow = holds(F32, plan.result_format)
+    out = Lanes(F32 if narrow else F64, out if use_torch else None).cast(out)
+    out = deliver(out.reshape(ops.shape), ops.device)
+    if not return_stats:
+        return out
+    swamped, underflow, peak = (deliver(s.reshape(ops.shape), ops.device) for s in stats)
+    overflow = ~(out.isfinite() if ops.device is not None else np.isfinite(out))
+    return out, MatmulStats(overflow, peak, swamped, underflow)
+
+
+def dot(a: Any, b: Any, **options: Any) -> Any:
+    """Dot product of two vectors with emulated arithmetic; options as for :func:`matmul`.
+
+    Returns a 0-d array (or tensor), and statistics with ``return_stats=True``.
+    """
+    for x, which in ((a, "a"), (b, "b")):
+        if len(getattr(x, "shape", np.shape(x))) != 1:
+            raise ValueError(f"dot: operand {which} has shape {tuple(np.shape(x))}; dot takes "
+                             "two vectors (use matmul for matrices)")
+    return matmul(a, b, **options)
+
+
+def _profile(x: Any) -> Profile:
+    return profile(x.cpu().numpy() if hasattr(x, "cpu") else x)
+
+
+def _lanes_for(plan: Plan, prod: Profile, like: Any) -> Lanes:
+    """The narrowest lanes where products are exact and the accumulator has guard bits."""
+    if not plan.native_product and not prod.fits(F64):
+        raise ValueError(
+            f"products of these operands are not exact in float64 (they need {prod.sig} "
+            f"significant bits, exponents 2^{prod.low}..2^{prod.high}): quantize the operands "
+            "first (inputs='fp32' or narrower), or round each product as a float64 multiply "
+            "does (product='fp64')")
+    if plan.model is not None and prod.low < plan.model.frac_bits - 1022:
+        raise ValueError(f"products as small as 2^{prod.low} are beyond the tensor-core model's "
+                         "alignment in float64; scale the operands up")
+    compiled = plan.engine == "compiled"
+    if plan.model is None and not plan.plain and prod.fits(F32) and guarded(F32, plan.accum) \
+            and (plan.product is None or holds(F32, plan.product)):
+        return Lanes(F32, like, compiled)
+    return Lanes(F64, like, compiled)
+
+
+def _run(plan: Plan, lanes: Lanes, prod: Profile, ops: Operands, emins: tuple, seed: Any,
+         want_stats: bool) -> tuple[Any, Stats]:
+    """Walk the (batch, M, N) output in tiles; returns float64 results and statistics."""
+    a3, idx_a = batched(ops.a, ops.batch)
+    b3, idx_b = batched(ops.b, ops.batch)
+    B, (M, K, N) = len(idx_a), ops.mkn
+    wide = Lanes(F64, ops.a if lanes.torch else None, lanes.compiled)
+    out = wide.zeros((B, M, N))
+    stats = acc_.new_stats(wide, (B, M, N), want_stats)
+    if B * M * N == 0 or K == 0:
+        return out, stats
+    rng = _rng(lanes, seed) if plan.rounding == "stochastic" else None
+    steps, outer, group_step = _steps(plan, lanes, wide, prod, rng)
+
+    group = plan.model.group if plan.model else 1
+    budget = TREE // K if plan.order == "pairwise" else TREE // group
+    budget = max(1, min(budget, FUSED_TILE if lanes.compiled else TILE))
+    tn = min(N, budget)
+    tm = min(M, max(1, budget // tn))
+    bt = min(B, max(1, budget // (tm * tn)))
+    for b0 in range(0, B, bt):
+        ia, ib = idx_a[b0:b0 + bt], idx_b[b0:b0 + bt]
+        for i0 in range(0, M, tm):
+            A = _slab(lanes, a3, ia, slice(i0, i0 + tm), rows=True)
+            EA = tc_.exponents(lanes, A, emins[0]) if plan.model else None
+            for j0 in range(0, N, tn):
+                Bs = _slab(lanes, b3, ib, slice(j0, j0 + tn), rows=False)
+                EB = tc_.exponents(lanes, Bs, emins[1]) if plan.model else None
+                shape = (A.shape[1], A.shape[2], Bs.shape[3])
+                st = acc_.new_stats(wide, shape, want_stats)
+
+                def operands(k0: int, k1: int) -> tuple[Any, Any]:
+                    return A[k0:k1], Bs[k0:k1]
+
+                def promote(total: Any, block: Any, st: Stats) -> tuple[Any, Stats]:
+                    """Add a block's sum into the FP32 outer accumulator (as 1 * block)."""
+                    total = wide.full(shape, -0.0) if total is None else total
+                    return outer.seq(total, wide.cast(block), wide.full(shape, 1.0), st)
+
+                if plan.model is not None:
+                    res, st = tc_.run(operands, lambda k0, k1: (EA[k0:k1], EB[k0:k1]), K,
+                                      shape, group_step, st, plan.chunk, promote)
+                elif plan.order == "pairwise":
+                    res, st = acc_.pairwise(operands, K, steps, st, shape)
+                else:
+                    res, st = acc_.sequential(operands, K, steps, st, shape, plan.chunk, promote)
+                where = (slice(b0, b0 + bt), slice(i0, i0 + tm), slice(j0, j0 + tn))
+                out[where] = wide.cast(res)
+                for total, part in zip(stats, st):
+                    total[where] = part
+    return out, stats
+
+
+_COMPILED: dict[tuple, tuple] = {}
+
+
+def _steps(plan: Plan, lanes: Lanes, wide: Lanes, prod: Profile, rng: Any) -> tuple:
+    """Loop bodies for this plan: the inner accumulator's, the FP32 promotion's and the tensor
+    core's.  Compiled ones are kept per configuration, so torch.compile reuses its kernels."""
+    accum = plan.accum
+    big = 2 * max(accum.max, prod.bound if plan.product is None else plan.product.max)
+    may_overflow = big >= lane_max(lanes.src)
+    key = (plan.accum, plan.rounding, plan.product, plan.model, may_overflow, lanes.src,
+           str(lanes.device))
+    if lanes.compiled and key in _COMPILED:
+        return _COMPILED[key]
+    add = acc_.Adder(accum, plan.rounding, lanes, rng, plain=plan.plain,
+                     may_overflow=may_overflow)
+    steps = acc_.Steps(add, plan.product, plan.rounding, rng, lanes.compiled)
+    fp32 = acc_.Adder(FP32, "rne", wide, None, plain=False, may_overflow=False)
+    outer = acc_.Steps(fp32, None, "rne", None, lanes.compiled)
+    group = tc_.GroupStep(plan.model, steps, lanes.compiled) if plan.model else None
+    if lanes.compiled:
+        _COMPILED[key] = steps, outer, group
+    return steps, outer, group
+
+
+def _rng(lanes: Lanes, seed: Any) -> Any:
+    if not lanes.torch:
+        return np.random.default_rng(seed)
+    if isinstance(seed, lanes.xp.Generator):
+        return seed
+    gen = lanes.xp.Generator(device=lanes.device)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(int(seed))
+    return gen
+
+
+def _slab(lanes: Lanes, x3: Any, idx: np.ndarray, part: slice, rows: bool) -> Any:
+    """One tile's operand, K first: (K, bt, tm, 1) for a, (K, bt, 1, tn) for b."""
+    if lanes.torch:
+        sel = lanes.xp.from_numpy(np.array(idx)).to(x3.device)
+        s = x3[sel, part, :] if rows else x3[sel, :, part]
+        s = lanes.cast(s.permute(2, 0, 1) if rows else s.permute(1, 0, 2)).contiguous()
+    else:
+        s = x3[idx, part, :] if rows else x3[idx, :, part]
+        s = np.ascontiguousarray(lanes.cast(s.transpose(2, 0, 1) if rows else
+                                            s.transpose(1, 0, 2)))
+    return s[..., None] if rows else s[:, :, None, :]

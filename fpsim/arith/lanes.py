@@ -1,0 +1,126 @@
+"""Working lanes for emulated dot products: which float type holds the arithmetic exactly.
+
+Every rounding inside a dot product is done by :func:`fpsim.quantize` on the exact value of a
+product or sum.  Products are exact in float32 or float64 lanes when the operands' significands
+and exponents are small enough; this module measures that on the data (``Profile``) and picks
+the narrowest lanes that hold products exactly and leave two guard bits below the accumulator,
+which the round-to-odd sum in :mod:`fpsim.arith.accumulate` needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..formats import Format
+from ..rounding import F32, F64, Source
+
+_NONE = 1 << 20  # exponent sentinel of an operand without finite non-zero values
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Values with at most ``sig`` significant bits, multiples of 2^low, magnitudes < 2^(high+1)."""
+
+    sig: int
+    low: int
+    high: int
+
+    @property
+    def empty(self) -> bool:
+        return self.sig == 0
+
+    def times(self, other: Profile) -> Profile:
+        """Profile of the exact products of values of ``self`` and ``other``."""
+        if self.empty or other.empty:
+            return EMPTY
+        return Profile(self.sig + other.sig, self.low + other.low, self.high + other.high + 1)
+
+    def fits(self, src: Source) -> bool:
+        """Whether every such value is exactly a value of the float ``src``."""
+        return self.empty or (self.sig <= src.mbits + 1 and self.low >= src.emin - src.mbits
+                              and self.high <= src.emax)
+
+    @property
+    def bound(self) -> float:
+        """An upper bound on the magnitudes (inf when beyond float64)."""
+        return 0.0 if self.empty else (2.0 ** (self.high + 1) if self.high < 1023 else np.inf)
+
+
+EMPTY = Profile(0, _NONE, -_NONE)
+
+
+def profile(x: np.ndarray) -> Profile:
+    """Measure the finite non-zero values of a float32/float64 array (inf and NaN are exact)."""
+    v = np.abs(x[np.isfinite(x) & (x != 0)]).astype(np.float64)
+    if v.size == 0:
+        return EMPTY
+    mant, exp = np.frexp(v)                        # v = mant * 2^exp, 0.5 <= mant < 1
+    m = (mant * 2.0**53).astype(np.int64)          # the significand as an exact integer
+    tz = np.frexp((m & -m).astype(np.float64))[1] - 1
+    return Profile(int((53 - tz).max()), int((exp - 53 + tz).min()), int(exp.max()) - 1)
+
+
+def guarded(src: Source, fmt: Format) -> bool:
+    """Whether ``src`` holds ``fmt`` with two more bits everywhere (round-to-odd needs them)."""
+    lowest = fmt.emin - (fmt.mbits if fmt.subnormals else 0)
+    return (fmt.mbits + 2 <= src.mbits and lowest - 2 >= src.emin - src.mbits
+            and fmt.emax <= src.emax)
+
+
+def holds(src: Source, fmt: Format) -> bool:
+    """Whether every finite value of ``fmt`` is a value of ``src``."""
+    lowest = fmt.emin - (fmt.mbits if fmt.subnormals else 0)
+    return (fmt.mbits <= src.mbits and lowest >= src.emin - src.mbits and fmt.emax <= src.emax)
+
+
+def lane_max(src: Source) -> float:
+    return float(np.finfo(np.float32 if src is F32 else np.float64).max)
+
+
+class Lanes:
+    """The array library (NumPy or torch, any device) and float width of the inner loop."""
+
+    def __init__(self, src: Source, like: Any = None, compiled: bool = False) -> None:
+        self.src = src
+        self.torch = like is not None
+        self.compiled = compiled        # loop bodies fused by torch.compile
+        self.backend = "torch" if compiled else "auto"   # quantize's driver for tensors
+        if self.torch:
+            import torch
+
+            self.xp = torch
+            self.device = like.device
+            self.fdt, self.idt = ((torch.float32, torch.int32) if src is F32
+                                  else (torch.float64, torch.int64))
+        else:
+            self.xp = np
+            self.device = None
+            self.fdt, self.idt = ((np.dtype(np.float32), np.dtype(np.int32)) if src is F32
+                                  else (np.dtype(np.float64), np.dtype(np.int64)))
+
+    def full(self, shape: tuple, value: float) -> Any:
+        if self.torch:
+            return self.xp.full(shape, value, dtype=self.fdt, device=self.device)
+        return np.full(shape, value, dtype=self.fdt)
+
+    def zeros(self, shape: tuple, dtype: Any = None) -> Any:
+        if self.torch:
+            return self.xp.zeros(shape, dtype=dtype or self.fdt, device=self.device)
+        return np.zeros(shape, dtype=dtype or self.fdt)
+
+    def cast(self, x: Any) -> Any:
+        """``x`` in these lanes' float type (exact by construction of the lanes)."""
+        return x.to(self.fdt) if self.torch else x.astype(self.fdt, copy=False)
+
+    def bits(self, x: Any) -> Any:
+        return x.view(self.idt)
+
+    def floats(self, b: Any) -> Any:
+        return b.view(self.fdt)
+
+    def count(self, mask: Any) -> Any:
+        """A boolean mask as integers, for counting."""
+        return mask.to(self.xp.int64) if self.torch else mask.astype(np.int64)

@@ -1,0 +1,125 @@
+"""The options of an emulated matrix product, checked once and gathered in a :class:`Plan`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..formats import Format, get_format
+from ..rounding import check_mode
+from . import tensor_core as tc_
+
+ORDERS = ("sequential", "pairwise", "chunked", "fma", "tensor_core")
+ENGINES = ("auto", "numpy", "torch", "compiled")
+FP32, FP64 = get_format("fp32"), get_format("fp64")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to emulate: formats, order and roundings (see :func:`fpsim.matmul`)."""
+
+    inputs: tuple[Format | None, Format | None]
+    accum: Format
+    order: str
+    chunk: int | None
+    product: Format | None      # format products are rounded to; None: exact (or native fp64)
+    native_product: bool        # product="fp64": a float64 multiply
+    rounding: str
+    output: Format | None
+    model: tc_.TensorCoreModel | None
+    engine: str
+
+    @property
+    def plain(self) -> bool:
+        """fp64 accumulation: float64's own additions."""
+        return self.accum == FP64
+
+    @property
+    def result_format(self) -> Format:
+        """The format every result value belongs to."""
+        if self.output is not None:
+            return self.output
+        if self.chunk:
+            return FP32
+        return self.model.accum_format if self.model else self.accum
+
+
+def _fmt(value: Any, what: str) -> Format:
+    try:
+        return get_format(value)
+    except (ValueError, TypeError) as err:
+        raise type(err)(f"{what}: {err}") from None
+
+
+def _inputs(inputs: Any) -> tuple[Format | None, Format | None]:
+    if isinstance(inputs, (tuple, list)):
+        if len(inputs) != 2:
+            raise ValueError("inputs: give one format, or a pair (format of a, format of b)")
+        return tuple(None if f is None else _fmt(f, "inputs") for f in inputs)
+    return (None, None) if inputs is None else (_fmt(inputs, "inputs"),) * 2
+
+
+def _accum(accum: Any, rounding: str) -> Format:
+    acc = _fmt(accum, "accum")
+    if acc.is_int:
+        raise ValueError(f"accum {acc.name!r} is an integer format; choose a float format")
+    if acc == FP64 and rounding != "rne":
+        raise ValueError("accum='fp64' means float64's own additions (round to nearest even); "
+                         f"rounding={rounding!r} needs a narrower accumulator")
+    if acc != FP64 and acc.mbits > 50:
+        raise ValueError(f"accum {acc.name!r} has {acc.mbits} mantissa bits; at most 50 (or "
+                         "exactly 'fp64') can be emulated")
+    return acc
+
+
+def _chunk(chunk: Any, order: str, model: tc_.TensorCoreModel | None) -> int | None:
+    if order == "chunked" and chunk is None:
+        return 128
+    if chunk is None:
+        return None
+    if order not in ("chunked", "tensor_core"):
+        raise ValueError(f"chunk applies to order='chunked' or 'tensor_core', not {order!r}")
+    if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+        raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+    if model is not None and chunk % model.group:
+        raise ValueError(f"chunk={chunk} must be a multiple of the tensor core's group "
+                         f"({model.group}): promotion happens between instructions")
+    return int(chunk)
+
+
+def make_plan(inputs: Any, accum: Any, order: str, chunk: Any, product: Any, rounding: str,
+              output: Any, tensor_core: Any, engine: str) -> Plan:
+    """Check every option; errors name the problem and the fix."""
+    check_mode(rounding)
+    if order not in ORDERS:
+        raise ValueError(f"unknown order {order!r}: choose one of {', '.join(ORDERS)}")
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    if engine == "compiled" and rounding == "stochastic":
+        raise ValueError("engine='compiled' cannot draw random bits inside a compiled step; use "
+                         "engine='torch' or 'numpy' for stochastic rounding")
+    acc = _accum(accum, rounding)
+    exact = isinstance(product, str) and product == "exact"
+    native = not exact and _fmt(product, "product") == FP64
+    prod = None if (exact or native) else _fmt(product, "product")
+    model = None
+    if order == "tensor_core":
+        if tensor_core is None:
+            raise ValueError("order='tensor_core' needs tensor_core=: a preset name "
+                             f"({', '.join(tc_.TENSOR_CORES)}) or a TensorCoreModel")
+        model = tc_.get_model(tensor_core)
+        if acc != FP32 or rounding != "rne":
+            raise ValueError("order='tensor_core' takes its accumulator format and rounding from "
+                             "the TensorCoreModel (accum=, rounding=); leave accum and rounding "
+                             "at their defaults")
+        if not exact:
+            raise ValueError("tensor cores form products exactly: use product='exact'")
+    elif tensor_core is not None:
+        raise ValueError(f"tensor_core={tensor_core!r} needs order='tensor_core'")
+    if order == "fma" and not exact:
+        raise ValueError("order='fma' rounds product and sum once, so the product is exact: "
+                         "use product='exact', or order='sequential' to round products first")
+    return Plan(_inputs(inputs), acc, order, _chunk(chunk, order, model), prod, native,
+                rounding, None if output is None else _fmt(output, "output"), model, engine)

@@ -1,0 +1,457 @@
+"""fpsim.matmul / fpsim.dot against slow, independent references (plain loops over Fractions).
+
+The reference rounds every exact sum with its own rounding routine (``round_fraction``), not
+with fpsim's, and compares results bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fpsim
+from fpsim import Format, get_format
+from fpsim.arith import driver
+
+DIRECTED = ("rne", "rna", "rtz", "rup", "rdown", "rto")
+HALF = Fraction(1, 2)
+
+
+# ----------------------------------------------------------------------------------------------
+# The reference
+# ----------------------------------------------------------------------------------------------
+def round_fraction(x: Fraction, fmt: Format, mode: str) -> float:
+    """The non-zero exact value ``x`` rounded to ``fmt`` (with subnormals) under ``mode``."""
+    neg, m = x < 0, abs(x)
+    e = m.numerator.bit_length() - m.denominator.bit_length()
+    if Fraction(2) ** e > m:
+        e -= 1                                       # 2^e <= m < 2^(e+1)
+    q = Fraction(2) ** (max(e, fmt.emin) - fmt.mbits)
+    n = m / q
+    whole, rest = n.numerator // n.denominator, n - n.numerator // n.denominator
+    if rest:
+        up = {"rne": rest > HALF or (rest == HALF and whole % 2 == 1), "rna": rest >= HALF,
+              "rtz": False, "rup": not neg, "rdown": neg, "rto": whole % 2 == 0}[mode]
+        whole += up
+    v = whole * q
+    if v > Fraction(fmt.max):
+        to_inf = mode in ("rne", "rna") or (mode == "rup" and not neg) or (mode == "rdown" and neg)
+        val = (math.inf if fmt.inf else math.nan if fmt.has_nan else fmt.max) if to_inf \
+            else fmt.max
+    else:
+        val = float(v)
+    return -val if neg else val
+
+
+def exact_product(x: float, y: float) -> Fraction | float:
+    """x*y exactly; a float only where it is zero, inf or NaN (keeping IEEE's sign rules)."""
+    if math.isfinite(x) and math.isfinite(y) and x != 0 and y != 0:
+        return Fraction(x) * Fraction(y)
+    return x * y
+
+
+def add_rounded(acc: float, p: Fraction | float, fmt: Format, mode: str) -> float:
+    """acc + p rounded once; exact zeros are +0 unless both are -0 (as in round-to-nearest)."""
+    if not math.isfinite(acc) or (isinstance(p, float) and not math.isfinite(p)):
+        return acc + float(p)
+    exact = Fraction(acc) + Fraction(p)
+    if exact == 0:
+        both_neg = math.copysign(1, acc) < 0 and isinstance(p, float) and math.copysign(1, p) < 0
+        return -0.0 if both_neg else 0.0
+    return round_fraction(exact, fmt, mode)
+
+
+def ref_dot(xs, ys, accum, mode="rne", product=None) -> float:
+    """Left to right: each product exact (or rounded to ``product``), each sum rounded."""
+    acc, fmt = -0.0, get_format(accum)
+    for x, y in zip(xs, ys):
+        p = exact_product(float(x), float(y))
+        if product is not None and isinstance(p, Fraction):
+            p = round_fraction(p, get_format(product), mode)
+        acc = add_rounded(acc, p, fmt, mode)
+    return acc
+
+
+def ref_matmul(a, b, **kw) -> np.ndarray:
+    return np.array([[ref_dot(a[i], b[:, j], **kw) for j in range(b.shape[1])]
+                     for i in range(a.shape[0])])
+
+
+def same_bits(x, y) -> bool:
+    """Equal as float64 bit patterns (signed zeros distinct); any NaN equals any NaN."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    nan = np.isnan(x)
+    return x.shape == y.shape and bool(np.all(nan == np.isnan(y))) and bool(
+        np.all(x[~nan].view(np.uint64) == y[~nan].view(np.uint64)))
+
+
+def grid(fmt: str) -> np.ndarray:
+    """Every finite value of a format, both signs."""
+    v = fpsim.values(fmt)
+    return v
+
+
+def adversarial(fmt: str, K: int, rng: np.random.Generator, specials: bool = True) -> np.ndarray:
+    """A K-vector mixing ordinary, huge, tiny, cancelling and (optionally) special values."""
+    vals = grid(fmt)
+    f = get_format(fmt)
+    big = vals[np.abs(vals) >= f.max / 16]
+    tiny = vals[(vals != 0) & (np.abs(vals) <= 4 * f.min_normal)]
+    ordinary = vals[(np.abs(vals) > 0.25) & (np.abs(vals) < 4)]
+    pick = rng.integers(0, 10, K)
+    out = np.where(pick < 5, rng.choice(ordinary, K), np.where(pick < 7, rng.choice(big, K),
+                                                               rng.choice(tiny, K)))
+    half = K // 2
+    if K >= 4 and rng.random() < 0.5:                  # exact cancellation
+        out[half:half + half // 2] = -out[:half // 2]
+    if specials and rng.random() < 0.2:
+        out[rng.integers(K)] = rng.choice([np.inf, -np.inf, np.nan])
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Sequential accumulation, bit for bit
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("accum", ["fp16", "bf16"])
+@pytest.mark.parametrize("mode", DIRECTED)
+def test_sequential_matches_fraction_loop(accum, mode):
+    rng = np.random.default_rng(sum(map(ord, accum + mode)))
+    for trial in range(3):
+        K = int(rng.integers(1, 40))
+        a = np.stack([adversarial(accum, K, rng) for _ in range(3)])
+        b = np.stack([adversarial(accum, K, rng) for _ in range(4)], axis=1)
+        got = fpsim.matmul(a.astype(np.float32), b.astype(np.float32), accum=accum,
+                           rounding=mode)
+        assert same_bits(got, ref_matmul(a, b, accum=accum, mode=mode)), (trial, a, b, got)
+
+
+def test_sequential_full_precision_operands_use_wide_lanes():
+    """float32 operands (24-bit products need float64 lanes) into FP16 and FP32 accumulators."""
+    rng = np.random.default_rng(1)
+    a = (rng.standard_normal((3, 30)) * 100).astype(np.float32)
+    b = (rng.standard_normal((30, 2)) / 100).astype(np.float32)
+    a[0, :10] = 6e4
+    a[1, 5], b[5, :] = 1e-30, 1e-10
+    for accum in ("fp16", "fp32", "e8m13"):
+        for mode in ("rne", "rna", "rup"):
+            got = fpsim.matmul(a, b, accum=accum, rounding=mode)
+            assert same_bits(got, ref_matmul(a, b, accum=accum, mode=mode)), (accum, mode)
+
+
+@pytest.mark.parametrize("accum,m1,m2,bits", [("fp16", 1090, 1924, 10),
+                                               ("fp32", 8390641, 16773151, 23)])
+def test_double_rounding_traps(accum, m1, m2, bits):
+    """1 + x*y lies just above a midpoint of ``accum``, closer to it than the lanes resolve
+    (m1*m2 = 2^(2 bits + 1) + tiny): rounding the lanes' sum again would give 1, not 1 + ulp."""
+    x = math.ldexp(m1, -bits)
+    y = math.ldexp(m2, -2 * bits - 2)
+    assert Fraction(x) * Fraction(y) > Fraction(1, 2 ** (bits + 1))
+    dtype = np.float32 if accum == "fp16" else np.float64
+    got = fpsim.dot(np.array([1.0, x], dtype), np.array([1.0, y], dtype), accum=accum)
+    assert got == 1 + 2.0**-bits == ref_dot([1.0, x], [1.0, y], accum)
+
+
+def test_overflow_to_inf_and_nan_propagation():
+    a = np.array([[60000.0, 60000.0, -60000.0], [np.inf, 1.0, -np.inf], [np.nan, 0, 0]],
+                 np.float32)
+    b = np.ones((3, 1), np.float32)
+    got = fpsim.matmul(a, b, accum="fp16")[:, 0]
+    assert got[0] == np.inf and np.isnan(got[1]) and np.isnan(got[2])
+    # round toward zero never reaches inf: 60000 + 60000 stops at the largest FP16
+    assert fpsim.dot([60000.0, 60000.0], [1.0, 1.0], accum="fp16", rounding="rtz") == 65504
+    # a format without inf overflows to NaN (E4M3)
+    assert np.isnan(fpsim.dot([448.0, 448.0], [1.0, 1.0], accum="fp8_e4m3fn"))
+
+
+def test_bf16_sums_beyond_float32_lanes_overflow_correctly():
+    """Products that fit float32 lanes, sums that do not: the overflow guard must round."""
+    a = np.full(300, 2.0**60, np.float32)
+    for mode in ("rne", "rtz", "rdown", "rup"):
+        got = fpsim.dot(a, a, accum="bf16", rounding=mode)
+        assert same_bits(got, ref_dot(a, a, "bf16", mode)), mode
+
+
+values16 = st.sampled_from(list(grid("fp16")) + [np.inf, -np.inf, np.nan, -0.0])
+
+
+@settings(max_examples=150, deadline=None)
+@given(xs=st.lists(values16, min_size=1, max_size=12), data=st.data(),
+       mode=st.sampled_from(DIRECTED), accum=st.sampled_from(["fp16", "bf16", "e5m2", "e8m13"]))
+def test_dot_property_against_reference(xs, data, mode, accum):
+    ys = data.draw(st.lists(values16, min_size=len(xs), max_size=len(xs)))
+    got = fpsim.dot(np.array(xs, np.float32), np.array(ys, np.float32), accum=accum,
+                    rounding=mode)
+    assert same_bits(got, ref_dot(xs, ys, accum, mode))
+
+
+@pytest.mark.parametrize("product", ["fp16", "bf16", "e4m3"])
+def test_rounded_products(product):
+    rng = np.random.default_rng(7)
+    a = adversarial("fp16", 25, rng, specials=False)[None, :]
+    b = adversarial("fp16", 25, rng, specials=False)[:, None]
+    for mode in ("rne", "rtz", "rup"):
+        got = fpsim.matmul(a, b, accum="fp32", product=product, rounding=mode)
+        assert same_bits(got, ref_matmul(a, b, accum="fp32", mode=mode, product=product))
+
+
+def test_many_tiles_and_batches(monkeypatch):
+    """Tiny tiles force every tiling path (batch blocks, ragged edges) through the loop."""
+    rng = np.random.default_rng(3)
+    a = fpsim.quantize(rng.standard_normal((2, 3, 5, 9)), "fp16")
+    b = fpsim.quantize(rng.standard_normal((3, 9, 4)), "fp16")
+    whole = fpsim.matmul(a, b, accum="fp16", rounding="rtz")
+    for tile in (1, 3, 7, 45):
+        monkeypatch.setattr(driver, "TILE", tile)
+        assert same_bits(fpsim.matmul(a, b, accum="fp16", rounding="rtz"), whole)
+    ref = np.array([ref_matmul(a[i, j], b[j], accum="fp16", mode="rtz")
+                    for i in range(2) for j in range(3)]).reshape(whole.shape)
+    assert same_bits(whole, ref)
+
+
+# ----------------------------------------------------------------------------------------------
+# fp64, pairwise, chunked, fma
+# ----------------------------------------------------------------------------------------------
+def test_fp64_sequential_is_a_float64_loop():
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((4, 50)), rng.standard_normal((50, 3))
+
+    def loop(x, y):
+        s = 0.0
+        for u, v in zip(x, y):
+            s += u * v
+        return s
+
+    ref = np.array([[loop(a[i], b[:, j]) for j in range(3)] for i in range(4)])
+    # float64 operands: their products round, as in the loop
+    assert same_bits(fpsim.matmul(a, b, accum="fp64", product="fp64"), ref)
+    # exact products (float32 operands) are exact in the loop too
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    ref32 = np.array([[loop(a32[i].astype(float), b32[:, j].astype(float)) for j in range(3)]
+                      for i in range(4)])
+    assert same_bits(fpsim.matmul(a32, b32, accum="fp64"), ref32)
+
+
+def gamma(n: int, u: float) -> float:
+    return n * u / (1 - n * u)
+
+
+def test_fp64_pairwise_is_the_float64_tree_and_close_to_numpy():
+    rng = np.random.default_rng(5)
+    K = 37
+    a, b = rng.standard_normal((3, K)).astype(np.float32), rng.standard_normal((K, 2))
+    b = b.astype(np.float32)
+
+    def tree(terms):
+        while len(terms) > 1:
+            nxt = [terms[i] + terms[i + 1] for i in range(0, len(terms) - 1, 2)]
+            terms = nxt + terms[-1:] if len(terms) % 2 else nxt
+        return terms[0]
+
+    got = fpsim.matmul(a, b, accum="fp64", order="pairwise")
+    ref = np.array([[tree([float(x) * float(y) for x, y in zip(a[i], b[:, j])])
+                     for j in range(2)] for i in range(3)])
+    assert same_bits(got, ref)
+    # numpy's BLAS sums in its own order: only the error bound relates the two
+    bound = gamma(K, 2.0**-53) * (np.abs(a.astype(float)) @ np.abs(b.astype(float)))
+    assert np.all(np.abs(got - a.astype(float) @ b.astype(float)) <= 2 * bound)
+
+
+def test_fp32_pairwise_within_classical_bound():
+    rng = np.random.default_rng(6)
+    K = 1000
+    a, b = rng.standard_normal((2, K)).astype(np.float32), rng.standard_normal((K, 2))
+    b = b.astype(np.float32)
+    got = fpsim.matmul(a, b, accum="fp32", order="pairwise")
+    seq = fpsim.matmul(a, b, accum="fp32")
+    for i in range(2):
+        for j in range(2):
+            exact = sum(Fraction(float(x)) * Fraction(float(y)) for x, y in zip(a[i], b[:, j]))
+            scale = sum(abs(Fraction(float(x)) * Fraction(float(y)))
+                        for x, y in zip(a[i], b[:, j]))
+            bound = gamma(math.ceil(math.log2(K)), 2.0**-24) * float(scale)
+            assert abs(float(Fraction(float(got[i, j])) - exact)) <= bound
+            assert not same_bits(got[i, j], seq[i, j]) or i + j > 0   # orders do differ
+
+
+@pytest.mark.parametrize("accum", ["fp16", "bf16", "fp32"])
+def test_chunked_equals_sequential_when_chunk_covers_k(accum):
+    rng = np.random.default_rng(8)
+    a = fpsim.quantize(rng.standard_normal((3, 40)) * 30, accum).astype(np.float32)
+    b = fpsim.quantize(rng.standard_normal((40, 3)), accum).astype(np.float32)
+    seq = fpsim.matmul(a, b, accum=accum)
+    for chunk in (40, 41, 128):
+        assert same_bits(fpsim.matmul(a, b, accum=accum, order="chunked", chunk=chunk), seq)
+
+
+def test_chunked_promotes_blocks_into_fp32():
+    rng = np.random.default_rng(9)
+    a = fpsim.quantize(rng.random((2, 50)) * 40, "fp16")
+    b = fpsim.quantize(rng.random((50, 2)), "fp16")
+    got = fpsim.matmul(a, b, accum="fp16", order="chunked", chunk=16, rounding="rtz")
+    fp32 = get_format("fp32")
+    for i in range(2):
+        for j in range(2):
+            outer = -0.0
+            for k0 in range(0, 50, 16):
+                block = ref_dot(a[i, k0:k0 + 16], b[k0:k0 + 16, j], "fp16", "rtz")
+                outer = add_rounded(outer, Fraction(block), fp32, "rne")
+            assert same_bits(got[i, j], outer)
+    assert not same_bits(got, fpsim.matmul(a, b, accum="fp16", rounding="rtz"))
+
+
+def test_fma_is_sequential_with_exact_products():
+    rng = np.random.default_rng(10)
+    a = adversarial("bf16", 20, rng, specials=False)[None, :]
+    b = adversarial("bf16", 20, rng, specials=False)[:, None]
+    for mode in ("rne", "rdown"):
+        got = fpsim.matmul(a, b, accum="bf16", order="fma", rounding=mode)
+        assert same_bits(got, fpsim.matmul(a, b, accum="bf16", rounding=mode))
+        assert same_bits(got, ref_matmul(a, b, accum="bf16", mode=mode))
+    with pytest.raises(ValueError, match="product='exact'"):
+        fpsim.matmul(a, b, order="fma", product="fp16")
+
+
+# ----------------------------------------------------------------------------------------------
+# Statistics
+# ----------------------------------------------------------------------------------------------
+def test_stats_swamping_overflow_underflow():
+    r, s = fpsim.dot([2048.0, 1, 1, 1, 1], [1.0, 1, 1, 1, 1], accum="fp16", return_stats=True)
+    assert r == 2048 and s.swamped == 4 and s.max_partial == 2048 and not s.overflow
+    r, s = fpsim.dot([300.0, 300.0], [300.0, 300.0], accum="fp16", return_stats=True)
+    assert r == np.inf and s.overflow and s.max_partial == np.inf
+    tiny = np.float32(2.0**-13)
+    r, s = fpsim.dot(np.full(3, tiny), np.full(3, tiny), accum="fp32", product="fp16",
+                     return_stats=True)
+    assert r == 0 and s.underflow == 3 and s.swamped == 0
+    a = np.array([[1.0, 1e-4, 1e-4], [1.0, -1.0, 0.5]], np.float32)
+    r, s = fpsim.matmul(a, np.ones((3, 2), np.float32), accum="fp16", order="pairwise",
+                        return_stats=True)
+    assert s.swamped.shape == (2, 2) and list(s.swamped[:, 0]) == [2, 0]
+    assert list(s.max_partial[:, 1]) == [1.0, 0.5]
+
+
+# ----------------------------------------------------------------------------------------------
+# Shapes, kinds and errors
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("sa,sb", [((4,), (4,)), ((4,), (4, 3)), ((2, 4), (4,)), ((2, 4), (4, 3)),
+                                   ((5, 2, 4), (4, 3)), ((2, 4), (5, 4, 3)),
+                                   ((2, 1, 2, 4), (3, 4, 3)), ((0, 4), (4, 2)), ((2, 0), (0, 3))])
+def test_numpy_matmul_shapes(sa, sb):
+    rng = np.random.default_rng(11)
+    a, b = rng.integers(-8, 8, sa).astype(np.float32), rng.integers(-8, 8, sb).astype(np.float32)
+    got = fpsim.matmul(a, b, accum="fp64")
+    ref = np.matmul(a.astype(float), b.astype(float))    # small integers: every order exact
+    assert got.shape == ref.shape and np.array_equal(got, ref) and got.dtype == np.float64
+    assert fpsim.matmul(a, b, accum="fp16").dtype == np.float32
+
+
+def test_inputs_and_output_rounding():
+    rng = np.random.default_rng(12)
+    a, b = rng.standard_normal((3, 6)), rng.standard_normal((6, 2))
+    got = fpsim.matmul(a, b, inputs=("fp16", "e4m3"), accum="fp32", output="bf16")
+    qa, qb = fpsim.quantize(a, "fp16"), fpsim.quantize(b, "e4m3")
+    ref = fpsim.quantize(ref_matmul(qa, qb, accum="fp32"), "bf16")
+    assert same_bits(got, ref)
+
+
+def test_stochastic_rounding_is_seeded_and_brackets_the_sum():
+    a = np.array([1.0, 2.0**-11 + 2.0**-13], np.float32)
+    draws = {float(fpsim.dot(a, [1.0, 1.0], accum="fp16", rounding="stochastic", seed=s))
+             for s in range(40)}
+    assert draws == {1.0, 1.0 + 2.0**-10}
+    x = np.random.default_rng(0).standard_normal((3, 30)).astype(np.float32)
+    one = fpsim.matmul(x, x.T, accum="bf16", rounding="stochastic", seed=5)
+    assert same_bits(one, fpsim.matmul(x, x.T, accum="bf16", rounding="stochastic", seed=5))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(accum="fp17"), "accum: unknown format"),
+    (dict(accum="int8"), "integer format"),
+    (dict(order="random"), "unknown order"),
+    (dict(order="chunked", chunk=0), "positive integer"),
+    (dict(chunk=64), "chunk applies to"),
+    (dict(accum="fp64", rounding="rtz"), "float64's own additions"),
+    (dict(rounding="nearest"), "unknown rounding mode"),
+    (dict(order="tensor_core"), "needs tensor_core="),
+    (dict(tensor_core="hopper_fp8"), "needs order='tensor_core'"),
+    (dict(order="tensor_core", tensor_core="h100"), "unknown tensor_core"),
+    (dict(order="tensor_core", tensor_core="hopper_fp8", chunk=48), "multiple of"),
+    (dict(order="tensor_core", tensor_core="hopper_fp8", accum="fp16"), "from the TensorCore"),
+    (dict(engine="gpu"), "unknown engine"),
+    (dict(engine="compiled", rounding="stochastic"), "cannot draw random bits"),
+])
+def test_bad_options_name_the_fix(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        fpsim.matmul(np.ones((2, 3)), np.ones((3, 2)), **kwargs)
+
+
+def test_bad_operands_name_the_problem():
+    with pytest.raises(ValueError, match="a has 3 columns but b has 4 rows"):
+        fpsim.matmul(np.ones((2, 3)), np.ones((4, 2)))
+    with pytest.raises(ValueError, match="at least one dimension"):
+        fpsim.matmul(np.float32(2.0), np.ones(3))
+    with pytest.raises(ValueError, match="do not broadcast"):
+        fpsim.matmul(np.ones((2, 2, 3)), np.ones((3, 3, 2)))
+    with pytest.raises(ValueError, match="not exact in float64.*inputs='fp32'"):
+        fpsim.matmul(np.full((1, 2), 0.1), np.full((2, 1), 0.1))
+    with pytest.raises(TypeError, match="pass real numbers"):
+        fpsim.matmul(np.ones((2, 2), complex), np.ones((2, 2)))
+    with pytest.raises(ValueError, match="dot takes two vectors"):
+        fpsim.dot(np.ones((2, 2)), np.ones(2))
+
+
+# ----------------------------------------------------------------------------------------------
+# torch
+# ----------------------------------------------------------------------------------------------
+torch = pytest.importorskip("torch")
+
+CONFIGS = [dict(accum="fp16", rounding="rtz"), dict(accum="bf16", order="pairwise"),
+           dict(accum="fp16", order="chunked", chunk=8, inputs="e4m3"),
+           dict(accum="fp32", product="bf16", rounding="rup"),
+           dict(order="tensor_core", tensor_core="hopper_fp8", inputs="e5m2", chunk=32)]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_torch_tensors_give_the_numpy_bits(config):
+    rng = np.random.default_rng(13)
+    a = (rng.standard_normal((2, 5, 40)) * 8).astype(np.float32)
+    b = (rng.standard_normal((40, 3)) * 8).astype(np.float32)
+    ref, ref_stats = fpsim.matmul(a, b, return_stats=True, **config)
+    got, stats = fpsim.matmul(torch.from_numpy(a).to(torch.bfloat16), torch.from_numpy(b),
+                              return_stats=True, **config)
+    ref_bf = fpsim.matmul(torch.from_numpy(a).to(torch.bfloat16).float().numpy(), b, **config)
+    assert isinstance(got, torch.Tensor) and same_bits(got.numpy(), ref_bf)
+    got32, stats32 = fpsim.matmul(torch.from_numpy(a), torch.from_numpy(b), return_stats=True,
+                                  engine="torch", **config)
+    assert same_bits(got32.numpy(), ref)
+    for name in ("overflow", "max_partial", "swamped", "underflow"):
+        assert np.array_equal(getattr(stats32, name).numpy(), getattr(ref_stats, name)), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.parametrize("config", CONFIGS)
+def test_cuda_gives_the_cpu_bits(config):
+    rng = np.random.default_rng(14)
+    a, b = rng.standard_normal((4, 64)).astype(np.float32), rng.standard_normal((64, 5))
+    b = b.astype(np.float32)
+    got = fpsim.matmul(torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda(), **config)
+    assert got.device.type == "cuda"
+    assert same_bits(got.cpu().numpy(), fpsim.matmul(a, b, **config))
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit internals on import
+def test_compiled_engine_gives_the_same_bits():
+    """One configuration (compiling takes seconds): adversarial data, two tile shapes."""
+    rng = np.random.default_rng(15)
+    a = np.stack([adversarial("fp16", 30, rng) for _ in range(5)]).astype(np.float32)
+    b = np.stack([adversarial("fp16", 30, rng) for _ in range(4)], axis=1).astype(np.float32)
+    config = dict(accum="fp16", rounding="rtz")
+    for rows in (5, 2):
+        got = fpsim.matmul(a[:rows], b, engine="compiled", **config)
+        assert isinstance(got, np.ndarray)
+        assert same_bits(got, fpsim.matmul(a[:rows], b, **config))
