@@ -438,3 +438,22 @@ def test_fpsim_entry_points_run_the_kernels(device):
         fpsim.encode(xt, "fp4_e2m1", backend=backend)
     q = fpsim.quantize(xt, "e4m3", rounding="stochastic", seed=1, backend=backend)
     _same(fpsim.quantize(xt, "e4m3", rounding="stochastic", seed=1, backend=backend), q, "seed")
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the dry run uses the Triton interpreter on CPU")
+def test_benchmark_script_dry_run(tmp_path):
+    """benchmarks/kernels_bench.py needs a GPU to measure; its dry run checks every row."""
+    import json
+    import runpy
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "benchmarks", "kernels_bench.py")
+    runpy.run_path(path, run_name="kernels_bench")["main"](
+        ["--dry-run", "--out-dir", str(tmp_path)])
+    rows = json.loads((tmp_path / "kernels_dry_run.json").read_text())["rows"]
+    assert len(rows) >= 20 and not [r for r in rows if "error" in r]
+    assert {"copy", "torch", "kernels", "mx", "fusion", "shape"} == {r["group"] for r in rows}
+    eager = next(r for r in rows if "eager" in r["row"])
+    kernel = next(r for r in rows if r["row"] == "fake-quant e4m3: Triton kernel")
+    assert eager["bytes_moved"] > 10 * kernel["bytes_moved"]    # what fusion saves
+    assert (tmp_path / "kernels_dry_run.md").read_text().startswith("# Triton cast kernels")
