@@ -20,6 +20,7 @@ import triton.language as tl
 
 from fpsim import rounding as R
 from fpsim.formats import Format, get_format
+from fpsim.packing import packed_size
 
 from .rounding import decode_bits, format_spec, round_bits
 
@@ -188,11 +189,6 @@ def codes_per_group(fmt: Format) -> int:
     return 8 // math.gcd(fmt.bits, 8) if fmt.bits < 8 else 1
 
 
-def packed_size(count: int, fmt: Format) -> int:
-    """Bytes that ``count`` packed codes of ``fmt`` occupy."""
-    return (count * fmt.bits + 7) // 8
-
-
 def code_dtype(fmt: Format) -> torch.dtype:
     """Torch dtype of unpacked codes, as ``fpsim.encode`` gives them for tensors."""
     if fmt.bits <= 8:
@@ -268,7 +264,7 @@ def encode(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne", saturat
     if per == 1:
         y = torch.empty(x.shape, dtype=code_dtype(fmt), device=x.device)
     else:
-        y = torch.empty(packed_size(x.numel(), fmt), dtype=torch.uint8, device=x.device)
+        y = torch.empty(packed_size(x.numel(), fmt.bits), dtype=torch.uint8, device=x.device)
     _round(x, y, fmt, rounding, saturate, subnormals, seed, "code", per, count_nan)
     return y
 

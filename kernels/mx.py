@@ -24,8 +24,10 @@ from fpsim import blocks
 from fpsim import mx as fmx
 from fpsim import rounding as R
 
-from .cast import FLOAT_DTYPES, codes_per_group, load_bits, load_packed, packed_size, \
-    philox_seed, random_bits, store_packed
+from fpsim.packing import packed_size
+
+from .cast import FLOAT_DTYPES, codes_per_group, load_bits, load_packed, philox_seed, \
+    random_bits, store_packed
 from .rounding import decode_bits, format_spec, round_bits
 
 TILE = 4096                     # elements per program (NB = TILE // block_size blocks)
@@ -219,13 +221,15 @@ def _rows_last(x: torch.Tensor, lay: blocks.Layout) -> torch.Tensor:
 
 def mx_quantize(x: torch.Tensor, fmt: str | fmx.MXFormat, *, axis: int = -1,
                 block_size: int | None = None, scale_rounding: str | None = None,
-                rounding: str = "rne", seed: Any = None,
-                tensor_scale: float | None = None) -> MXPacked:
+                rounding: str = "rne", seed: Any = None, tensor_scale: float | None = None,
+                pack: bool = True) -> MXPacked:
     """``fpsim.mx.quantize(x, fmt, ...).pack()`` (plus NVFP4's tensor scale) in one kernel pass.
 
     Arguments as :func:`fpsim.mx.quantize` (padding always on); ``x`` a float32, float16 or
     bfloat16 tensor.  Stochastic rounding draws Philox bits (``seed`` as
-    :func:`kernels.quantize`), so its codes differ from fpsim's NumPy ones.
+    :func:`kernels.quantize`), so its codes differ from fpsim's NumPy ones.  ``pack=False``
+    gives one uint8 code per element instead, in the same order (padding included): the
+    ``blocks.to_rows`` view of ``MXArray.codes``, flattened.
     """
     spec = fmx.get_mx_format(fmt)
     if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_DTYPES:
@@ -237,9 +241,10 @@ def mx_quantize(x: torch.Tensor, fmt: str | fmx.MXFormat, *, axis: int = -1,
     if not spec.is_mx and ts is None:
         ts = fmx._nvfp4_tensor_scale(blocks.to_rows(x.float(), lay))
     elem = spec.elem
-    per = codes_per_group(elem)
+    per = codes_per_group(elem) if pack else 1
+    count = lay.rows * lay.block_size
     scales = torch.empty(lay.rows, dtype=torch.uint8, device=x.device)
-    elements = torch.empty(packed_size(lay.rows * lay.block_size, elem), dtype=torch.uint8,
+    elements = torch.empty(packed_size(count, elem.bits) if pack else count, dtype=torch.uint8,
                            device=x.device)
     args, grid = _shape_args(lay)
     seed = philox_seed(seed) if R.check_mode(rounding) == "stochastic" else 0
@@ -260,7 +265,7 @@ def mx_dequantize(scales: torch.Tensor, elements: torch.Tensor, fmt: str | fmx.M
     ts = fmx._tensor_scale_arg(spec, tensor_scale, unpacking=True)
     lay = _layout(tuple(shape), spec, axis, block_size)
     if scales.numel() != lay.rows or elements.numel() < packed_size(lay.rows * lay.block_size,
-                                                                     spec.elem):
+                                                                     spec.elem.bits):
         raise ValueError(f"{scales.numel()} scales and {elements.numel()} element bytes do not "
                          f"hold shape {lay.shape} in blocks of {lay.block_size}")
     moved = lay.outer + (lay.length,)

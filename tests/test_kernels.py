@@ -327,6 +327,9 @@ def test_mx_quantize_matches_fpsim_pack(fmt, device):
                 _same(got.scales, want_scales, f"scales {what}")
                 _same(got.elements, want_elems, f"elements {what}")
                 assert got.tensor_scale == ref.tensor_scale
+    unpacked = kernels.mx_quantize(xt, fmt, axis=axis, pack=False).elements
+    _same(unpacked, blocks.to_rows(fmx.quantize(x, fmt, axis=axis).codes, ref.layout).reshape(-1),
+          "pack=False")
     if not spec.is_mx:
         got = kernels.mx_quantize(xt, fmt, axis=axis, tensor_scale=0.375)
         want = fmx.quantize(x, fmt, axis=axis, tensor_scale=0.375).pack()
