@@ -2,9 +2,10 @@
 
 ``python -m kernels.ptx [--arch 90]`` compiles representative specialisations ahead of time with
 Triton's own compiler and bundled ptxas (no driver, no GPU needed) and prints, per variant: the
-widest global load and store, SASS instructions per element, registers, spills, and whether any
-flush-to-zero float instruction slipped in (it would break subnormals).  The Triton interpreter
-never runs this code generator, so this is the check that the GPU path compiles at all.
+widest global load and store, SASS instructions per element, registers, spills, and whether a
+flush-to-zero float instruction (it would break subnormals) or an inexact division slipped in.
+The Triton interpreter never runs this code generator: this is the check that the GPU path
+compiles at all.
 Run it without ``TRITON_INTERPRET=1`` (``@triton.jit`` then builds compilable functions).
 """
 
@@ -162,7 +163,8 @@ def report(v: Variant, arch: int) -> dict:
             "widest_store_bits": _widest(ptx, r"st\.global"),
             "sass_per_element": round(len(_sass(cubin)) * threads / v.elements, 1),
             "registers": res["REG"], "local_bytes": res["LOCAL"],
-            "ftz": bool(re.search(r"\.ftz", ptx))}
+            "ftz": bool(re.search(r"\.ftz", ptx)),
+            "approx_div": bool(re.search(r"div\.(approx|full)", ptx))}
 
 
 def main() -> None:
