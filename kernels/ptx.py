@@ -179,11 +179,11 @@ def main() -> None:
         print(json.dumps(rows))
         return
     print(f"{'variant':42}{'load':>6}{'store':>7}{'SASS/elem':>11}{'regs':>6}{'local':>7}"
-          f"{'ftz':>6}")
+          f"{'ftz':>6}{'~div':>6}")
     for r in rows:
         print(f"{r['variant']:42}{r['widest_load_bits']:6}{r['widest_store_bits']:7}"
               f"{r['sass_per_element']:11}{r['registers']:6}{r['local_bytes']:7}"
-              f"{str(r['ftz']):>6}")
+              f"{str(r['ftz']):>6}{str(r['approx_div']):>6}")
 
 
 if __name__ == "__main__":
