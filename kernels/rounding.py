@@ -7,6 +7,11 @@ compile-time constant: the format arrives as the tuple :func:`format_spec` (a
 ``tl.constexpr``), is rebuilt into the very :class:`fpsim.Format` on the host side of the
 compiler, and every ``if`` on it is resolved while compiling, so each format gets its own
 branch-free code from one source.  :func:`decode_bits` is the twin of ``fpsim.convert._decode``.
+
+Deliberate differences, forced by Triton: no ``return`` inside a compile-time ``if`` (the code
+generator keeps visiting what follows it), so tails are ``if``/``else``; the subnormal multiply
+ends in ``.to(tl.float32)`` (Triton makes a constant below 2^-126 a float64); a negative input to
+an unsigned format without NaN encodes as 0, where NumPy's ``where`` with ``None`` fails.
 """
 
 from __future__ import annotations
