@@ -84,8 +84,6 @@ class Recipe:
             get_format(self.output)
         if (self.order == "tensor_core") != (self.tensor_core is not None):
             raise ValueError(f"recipe {self.name!r}: order='tensor_core' goes with a tensor_core preset")
-        if self.accum == "fp64" and self.order is not None:
-            raise ValueError(f"recipe {self.name!r}: an FP64 accumulator is native only (order=None)")
 
     @property
     def emulated(self) -> bool:

@@ -1,0 +1,122 @@
+"""Experiment ``activations``: the largest magnitudes each site sees, and LayerNorm sums of squares vs FP16.
+
+On the whole captured windows: per site, the largest |value| of each operand and of the
+output, the median |value| of the activation operand, and where the largest activation sits
+(window, position, channel).  "Massive activations" (Sun et al., 2024, arXiv 2402.17762) are
+values above 100 and at least 1000 times the median magnitude of their layer's hidden state;
+the LayerNorm inputs are that hidden state (the residual stream).  LayerNorm's per-row sums
+of squares, both sum(x^2) and sum((x - mean)^2), are compared with FP16's largest value 65504.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fpsim import get_format
+
+from .capture import Site
+from .context import Context
+from .report import figure, num, save, table
+
+NAME = "activations"
+FP16_MAX = get_format("fp16").max
+MASSIVE_ABS, MASSIVE_RATIO = 100.0, 1000.0  # Sun et al.'s criterion
+
+
+def _where(t: Tensor) -> list[int]:
+    return [int(i) for i in torch.unravel_index(t.abs().argmax(), t.shape)]
+
+
+def site_magnitudes(site: Site) -> dict[str, Any]:
+    """Largest and median magnitudes of a site's operands and output, and where the largest activation is."""
+    a = site.a.abs()
+    out = {"kind": site.kind, "a_amax": float(a.max()), "a_median": float(a.median()),
+           "a_argmax": _where(site.a), "output_amax": float(site.output.abs().max())}
+    out["a_ratio"] = out["a_amax"] / out["a_median"] if out["a_median"] > 0 else float("inf")
+    if site.b is not None:
+        out["b_amax"] = float(site.b.abs().max())
+    if site.kind == "layernorm":
+        x = site.a.double()
+        raw = (x * x).sum(-1)
+        centred = site.output.double()
+        out |= {"sum_x2_max": float(raw.max()), "sum_centred_max": float(centred.max()),
+                "rows_x2_over_fp16": int((raw > FP16_MAX).sum()),
+                "rows_centred_over_fp16": int((centred > FP16_MAX).sum()), "rows": raw.numel()}
+    return out
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    """Magnitudes of every site on the whole captured windows."""
+    return {"sites": {n: site_magnitudes(s) for n, s in ctx.full_sites.items()}, "fp16_max": FP16_MAX,
+            "massive": {"abs": MASSIVE_ABS, "ratio": MASSIVE_RATIO}}
+
+
+def _ln(data: dict) -> dict[str, dict]:
+    return {n: s for n, s in data["sites"].items() if s["kind"] == "layernorm"}
+
+
+def conclusions(data: dict) -> list[str]:
+    """Largest activation, whether it is massive by Sun et al.'s criterion, and LayerNorm vs FP16."""
+    model = data["meta"]["model"]
+    ln = _ln(data)
+    name, top = max(ln.items(), key=lambda kv: kv[1]["a_amax"])
+    massive = top["a_amax"] > MASSIVE_ABS and top["a_ratio"] >= MASSIVE_RATIO
+    w, t, c = top["a_argmax"]
+    out = [f"On `{model}` the largest residual-stream value (LayerNorm input) is {num(top['a_amax'])} at "
+           f"{name} (window {w}, position {t}, channel {c}), {num(top['a_ratio'])}× the median magnitude "
+           f"there: {'massive' if massive else 'not massive'} by Sun et al.'s criterion (> {num(MASSIVE_ABS)} and "
+           f">= {num(MASSIVE_RATIO)}× the median)."]
+    big = max(ln.items(), key=lambda kv: kv[1]["sum_x2_max"])
+    over = sum(s["rows_x2_over_fp16"] for s in ln.values())
+    over_c = sum(s["rows_centred_over_fp16"] for s in ln.values())
+    rows = sum(s["rows"] for s in ln.values())
+    out.append(f"The largest LayerNorm sum of squares is {num(big[1]['sum_x2_max'])} (sum x², at {big[0]}), "
+               f"{num(big[1]['sum_x2_max'] / FP16_MAX)}× FP16's largest value 65504; {over} of {rows} "
+               f"LayerNorm rows have sum x² above it and {over_c} have sum (x - mean)² above it, so an FP16 "
+               f"sum of squares {'would overflow' if over_c or over else 'would not overflow'} on these windows.")
+    other = {n: s for n, s in data["sites"].items() if s["kind"] != "layernorm"}
+    name, top = max(other.items(), key=lambda kv: kv[1]["output_amax"])
+    out.append(f"The largest dot-product output is {num(top['output_amax'])} at {name}.")
+    return out
+
+
+def figures(data: dict, out: Path) -> list[str]:
+    """Largest operand and output magnitudes per site, log scale."""
+    names = list(data["sites"])
+    fig, axes = figure(1, 1, width=12, height=4.5)
+    ax = axes[0, 0]
+    x = range(len(names))
+    ax.semilogy(x, [data["sites"][n]["a_amax"] for n in names], "o", label="activation operand, max |a|")
+    ax.semilogy(x, [data["sites"][n]["a_median"] for n in names], ".", label="activation operand, median |a|")
+    ax.semilogy(x, [data["sites"][n]["output_amax"] for n in names], "s", mfc="none",
+                label="output, max |y| (LayerNorm: sum (x - mean)²)")
+    ax.axhline(FP16_MAX, ls="--", color="gray", label="FP16 max 65504")
+    ax.set_xticks(list(x), names, rotation=90, fontsize=7)
+    ax.set_ylabel("magnitude")
+    ax.set_title("largest magnitudes per site")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return [save(fig, out / "magnitudes.png")]
+
+
+def render(data: dict, out: Path) -> str:
+    """Figure and Markdown report."""
+    meta = data["meta"]
+    names = figures(data, out)
+    rows = []
+    for n, s in data["sites"].items():
+        rows.append([n, num(s["a_amax"]), num(s["a_median"]), num(s["a_ratio"]), num(s.get("b_amax")),
+                     num(s["output_amax"]), num(s.get("sum_x2_max")),
+                     "-" if "rows" not in s else f"{s['rows_x2_over_fp16']}/{s['rows']}"])
+    lines = [f"# Activation magnitudes ({meta['model']})", "",
+             f"All {meta['capture_tokens']} captured tokens of `{meta['model']}`. For LayerNorm sites the "
+             "output column is the per-row sum of squares about the mean.", "", "## Conclusions", ""]
+    lines += [f"- {c}" for c in conclusions(data)]
+    lines += ["", f"![magnitudes]({names[0]})", "",
+              table(["site", "max |a|", "median |a|", "max/median", "max |b|", "max |output|", "max sum x²",
+                     "rows with sum x² > 65504"], rows)]
+    return "\n".join(lines) + "\n"

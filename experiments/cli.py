@@ -1,0 +1,85 @@
+"""``fpsim experiment NAME [options]``: run an experiment and write ``OUT/NAME/``.
+
+Each experiment writes ``results.json`` (every number, with what it was measured on and how
+long it took), PNG figures and ``REPORT.md`` generated from the JSON.  ``all`` runs every
+experiment on one shared capture and writes ``OUT/REPORT.md`` with every conclusion.
+``--quick`` uses few tokens and subsampled sites.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from . import accumulation, activations, context, fp8, fp16_vs_bf16, histograms, range_vs_precision
+from .report import load_json, write_json
+
+EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (
+    activations, range_vs_precision, fp16_vs_bf16, fp8, accumulation, histograms)}
+DEFAULT_OUT = Path("results")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="fpsim experiment", description=__doc__.splitlines()[0])
+    p.add_argument("name", choices=[*EXPERIMENTS, "all"], help="experiment to run")
+    p.add_argument("--model", default=str(context.DEFAULT_MODEL),
+                   help="checkpoint directory or Hugging Face name in the offline cache "
+                        "(default: the tiny byte-level model)")
+    p.add_argument("--tokens", type=int, help="held-out tokens for end-to-end metrics "
+                                              f"(default {context.FULL.tokens}, --quick {context.QUICK.tokens})")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default results/)")
+    p.add_argument("--quick", action="store_true", help="few tokens and subsampled sites: a smoke run")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (the CPU is shared)")
+    p.add_argument("--render", action="store_true",
+                   help="only regenerate figures and REPORT.md from an existing results.json")
+    return p.parse_args(argv)
+
+
+def _render(module: ModuleType, out: Path) -> None:
+    (out / "REPORT.md").write_text(module.render(load_json(out / "results.json"), out))
+
+
+def index(out: Path, names: list[str]) -> str:
+    """``OUT/REPORT.md`` for ``all``: every experiment's conclusions, linked to its report."""
+    lines = ["# Experiment results", ""]
+    for name in names:
+        data = load_json(out / name / "results.json")
+        meta = data["meta"]
+        lines += [f"## [{name}]({name}/REPORT.md)", "",
+                  f"`{meta['model']}`, {meta['tokens']} tokens end to end, {meta['seconds']} s.", ""]
+        lines += [f"- {c}" for c in EXPERIMENTS[name].conclusions(data)] + [""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """Run (or re-render) the named experiment(s); returns the exit status."""
+    args = parse_args(argv)
+    names = list(EXPERIMENTS) if args.name == "all" else [args.name]
+    if args.render:
+        for name in names:
+            _render(EXPERIMENTS[name], args.out / name)
+        if args.name == "all":
+            (args.out / "REPORT.md").write_text(index(args.out, names))
+        return 0
+    torch.set_num_threads(args.threads)
+    sizes = context.QUICK if args.quick else context.FULL
+    if args.tokens:
+        sizes = dataclasses.replace(sizes, tokens=args.tokens)
+    ctx = context.build(args.model, sizes, args.quick)
+    for name in names:
+        start = time.perf_counter()
+        data = EXPERIMENTS[name].run(ctx)
+        data["meta"] = {**ctx.meta(), "seconds": round(time.perf_counter() - start, 1)}
+        out = args.out / name
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "results.json", data)
+        _render(EXPERIMENTS[name], out)
+        print(f"{name}: {out / 'REPORT.md'} ({data['meta']['seconds']} s)")
+    if args.name == "all":
+        (args.out / "REPORT.md").write_text(index(args.out, names))
+    return 0

@@ -1,0 +1,162 @@
+"""What every experiment shares: the model, held-out windows, captured sites and FP32 references.
+
+Built once per command line (``fpsim experiment all`` shares it between experiments).  The
+end-to-end metrics use ``Sizes.tokens`` held-out tokens.  The sites are captured on the first
+``Sizes.capture_windows`` windows; ``full_sites`` keeps them whole (activation statistics),
+``sites`` may subsample them for the per-site replay, and ``emulation_sites`` subsamples them
+further for recipes whose accumulator :func:`fpsim.matmul` emulates one addition at a time.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import platform
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydoc_data.topics import topics
+from torch import Tensor
+
+import fpsim
+
+from . import endtoend, replay
+from .capture import Site, capture
+from .gpt2.checkpoint import load_gpt2, resolve_checkpoint
+from .gpt2.data import heldout_bytes, split_topics, windows
+from .gpt2.model import GPT2
+from .gpt2.tokenizer import load_bpe
+from .recipes import FP32, Recipe
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL = REPO / "experiments" / "gpt2" / "tiny"
+BLOCK = 256  # tokens per window (at most the model's n_positions)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much data: end-to-end tokens, captured windows, and site subsamples (None: whole)."""
+
+    tokens: int
+    capture_windows: int
+    rows: int | None
+    cols: int | None
+    emulation_rows: int
+    emulation_cols: int
+
+
+FULL = Sizes(tokens=8192, capture_windows=4, rows=None, cols=None, emulation_rows=64, emulation_cols=64)
+QUICK = Sizes(tokens=512, capture_windows=1, rows=64, cols=128, emulation_rows=8, emulation_cols=16)
+
+
+def heldout_tokens(model: GPT2, checkpoint: Path) -> Tensor:
+    """Held-out text as token ids: bytes for a 256-token vocabulary, else the checkpoint's BPE."""
+    if model.config.vocab_size == 256:
+        return heldout_bytes()
+    text = "\n\n".join(topics[k] for k in split_topics()[1])
+    return torch.tensor(load_bpe(checkpoint).encode(text).ids, dtype=torch.long)
+
+
+def display_name(model: str | Path) -> str:
+    """``model`` as given, or relative to the repository when it is a path inside it."""
+    p = Path(model).resolve()
+    return str(p.relative_to(REPO)) if p.exists() and p.is_relative_to(REPO) else str(model)
+
+
+def _subsample(sites: dict[str, Site], rows: int | None, cols: int | None, seed: int) -> dict[str, Site]:
+    if rows is None:
+        return sites
+    gen = torch.Generator().manual_seed(seed)
+    return {n: s.subsample(rows, cols or rows, gen) for n, s in sites.items()}
+
+
+@dataclass
+class Context:
+    """Model, data, captured sites and references shared by the experiments."""
+
+    model: GPT2
+    model_name: str
+    wins: Tensor
+    full_sites: dict[str, Site]
+    sizes: Sizes
+    quick: bool
+    seed: int = 0
+    batch_size: int = 8
+    sites: dict[str, Site] = field(init=False)
+    emulation_sites: dict[str, Site] = field(init=False)
+    ref_logits: list[Tensor] = field(init=False)
+
+    def __post_init__(self) -> None:
+        s = self.sizes
+        self.sites = _subsample(self.full_sites, s.rows, s.cols, self.seed)
+        self.emulation_sites = _subsample(self.full_sites, s.emulation_rows, s.emulation_cols, self.seed)
+        self._refs = {id(self.sites): replay.references(self.sites),
+                      id(self.emulation_sites): replay.references(self.emulation_sites)}
+        self.ref_logits = endtoend.logits(self.model, self.wins, batch_size=self.batch_size)
+
+    @property
+    def tokens(self) -> int:
+        return self.wins.shape[0] * (self.wins.shape[1] - 1)
+
+    def refs(self, sites: dict[str, Site]) -> dict[str, Tensor]:
+        """FP64 references of ``sites`` (``sites`` or ``emulation_sites``)."""
+        return self._refs[id(sites)]
+
+    def end_to_end(self, recipe: Recipe | dict[str, Recipe]) -> dict[str, Any]:
+        """Loss, perplexity, KL from FP32, top-1 agreement and the sites with inf/NaN outputs under ``recipe``."""
+        ops = endtoend.RecipeOps(recipe)
+        metrics = endtoend.compare(self.model, self.wins, self.ref_logits, ops, self.batch_size)
+        return {**metrics, "nonfinite_sites": list(ops.nonfinite)}
+
+    def replay(self, recipe: Recipe) -> dict[str, dict]:
+        """Per-site statistics of ``recipe`` (on ``emulation_sites`` when its accumulator is emulated)."""
+        sites = self.emulation_sites if recipe.emulated else self.sites
+        return replay.replay(sites, recipe, self.refs(sites), cache={})
+
+    def run(self, recipe: Recipe, e2e: bool = True) -> dict[str, Any]:
+        """The recipe, its per-site statistics, their summary and (if ``e2e``) its end-to-end metrics."""
+        sites = self.replay(recipe)
+        out = {"recipe": recipe.to_json(), "summary": replay.summary(sites), "sites": sites}
+        return {**out, "e2e": self.end_to_end(recipe)} if e2e else out
+
+    @functools.cached_property
+    def baseline(self) -> dict[str, dict[str, float]]:
+        """End to end: the FP32 recipe, and the model run entirely in FP64 (both against plain FP32)."""
+        m64 = copy.deepcopy(self.model).double()
+        return {"fp32": self.end_to_end(FP32),
+                "fp64": endtoend.compare(m64, self.wins, self.ref_logits, None, self.batch_size)}
+
+    def meta(self) -> dict[str, Any]:
+        """What the numbers were measured on."""
+        def rows(sites: dict[str, Site]) -> int:
+            site = sites["lm_head"]
+            return int(site.a.reshape(-1, site.reduction).shape[0])
+
+        return {
+            "model": self.model_name,
+            "config": self.model.config.to_hf_dict(),
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "tokens": self.tokens,
+            "window": self.wins.shape[1] - 1,
+            "capture_tokens": rows(self.full_sites),
+            "replay_rows": rows(self.sites),
+            "emulation_rows": rows(self.emulation_sites),
+            "quick": self.quick,
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "fpsim": fpsim.__version__,
+            "machine": platform.machine(),
+        }
+
+
+def build(model: str | Path = DEFAULT_MODEL, sizes: Sizes = FULL, quick: bool = False, seed: int = 0) -> Context:
+    """Load the model and held-out data, capture the sites and compute the references."""
+    checkpoint = resolve_checkpoint(model)
+    net = load_gpt2(checkpoint, torch.float32)
+    block = min(BLOCK, net.config.n_positions)
+    wins = windows(heldout_tokens(net, checkpoint), block, max(1, sizes.tokens // block))
+    sites, _ = capture(net, wins[:sizes.capture_windows, :-1])
+    return Context(net, display_name(model), wins, sites, sizes, quick, seed)

@@ -1,0 +1,125 @@
+"""Experiment ``fp8``: 8-bit and smaller operand formats, with and without scaling.
+
+Scalar formats E5M2, E4M3 (OCP E4M3FN, max 448), E3M4 and INT8 with no scaling, per-tensor and
+per-channel amax scaling; block formats MXFP8 (E4M3, E5M2), MXFP6 (E2M3, E3M2), MXFP4, MXINT8
+(32 elements per E8M0 scale) and NVFP4 (16 E2M1 elements per E4M3 scale plus a tensor scale),
+blocks along the reduction axis.  FP32 accumulation and outputs.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from fpsim import get_format, mx
+
+from .context import Context
+from .recipes import Recipe
+from .report import figure, num, pct, ratio, save, table
+
+NAME = "fp8"
+SCALARS = ("e5m2", "e4m3", "e3m4", "int8")
+SCALAR_SCALINGS = ("none", "tensor", "channel")
+BLOCKS = ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "mxint8", "nvfp4")
+
+
+def recipes() -> list[Recipe]:
+    """Every scalar format under every scaling, then every block format."""
+    out = [Recipe(f"{f}/{s}", f, scaling=s) for f in SCALARS for s in SCALAR_SCALINGS]
+    return out + [Recipe(f"{f}/block", f, scaling="block") for f in BLOCKS]
+
+
+def bits_per_element(recipe: dict) -> float:
+    """Storage per element, block scales included."""
+    f = recipe["inputs"]
+    if recipe["scaling"] == "block":
+        spec = mx.get_mx_format(f)
+        return spec.elem.bits + spec.scale.bits / spec.block_size
+    return float(get_format(f).bits)
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    """End-to-end and per-site results of every recipe."""
+    runs = [ctx.run(r) for r in tqdm(recipes(), desc=NAME, unit="recipe")]
+    for r in runs:
+        r["bits"] = bits_per_element(r["recipe"])
+    return {"runs": runs, "baseline": ctx.baseline}
+
+
+def _kl(run: dict) -> float:
+    kl = run["e2e"]["kl"]
+    return kl if math.isfinite(kl) else math.inf
+
+
+def conclusions(data: dict) -> list[str]:
+    """Best format per scaling, what scaling does to each format, and the block formats by size."""
+    runs = {r["recipe"]["name"]: r for r in data["runs"]}
+    out = []
+    for s in SCALAR_SCALINGS:
+        ranked = sorted((runs[f"{f}/{s}"] for f in SCALARS), key=_kl)
+        out.append(f"{s} scaling: " + " < ".join(f"{r['recipe']['inputs']} ({num(r['e2e']['kl'])})" for r in ranked)
+                   + " (end-to-end KL).")
+    for f in SCALARS:
+        none, tensor, channel = (runs[f"{f}/{s}"] for s in SCALAR_SCALINGS)
+        out.append(f"{f}: per-tensor scaling changes KL by {ratio(_kl(tensor), _kl(none))} against no scaling, "
+                   f"per-channel by {ratio(_kl(channel), _kl(none))}"
+                   + (f"; without scaling inf/NaN first appears at {none['e2e']['nonfinite_sites'][0]}"
+                      if none["e2e"]["nonfinite_sites"] else "") + ".")
+    blocks = sorted((runs[f"{b}/block"] for b in BLOCKS), key=_kl)
+    out.append("Block formats by KL: " + " < ".join(
+        f"{r['recipe']['inputs']} ({num(r['e2e']['kl'])}, {num(r['bits'])} bits)" for r in blocks) + ".")
+    mx4, nv4 = runs["mxfp4/block"], runs["nvfp4/block"]
+    out.append(f"At 4 bits, NVFP4 (16-element blocks, E4M3 scales) reaches KL {num(nv4['e2e']['kl'])} and MXFP4 "
+               f"(32-element blocks, power-of-two scales) {num(mx4['e2e']['kl'])}: MXFP4/NVFP4 = "
+               f"{ratio(_kl(mx4), _kl(nv4))}.")
+    best = min(data["runs"], key=_kl)
+    out.append(f"Lowest KL overall: {best['recipe']['name']} ({num(best['e2e']['kl'])}, top-1 {pct(best['e2e']['top1'])}).")
+    return out
+
+
+def figures(data: dict, out: Path) -> list[str]:
+    """End-to-end KL of every recipe (log scale; non-finite drawn at the top)."""
+    runs = data["runs"]
+    finite = [_kl(r) for r in runs if math.isfinite(_kl(r))]
+    top = max(finite) * 10 if finite else 1.0
+    fig, axes = figure(1, 1, width=11, height=4.5)
+    ax = axes[0, 0]
+    colors = {"none": "tab:red", "tensor": "tab:blue", "channel": "tab:green", "block": "tab:purple"}
+    for i, r in enumerate(runs):
+        kl = _kl(r)
+        ax.bar(i, kl if math.isfinite(kl) else top, color=colors[r["recipe"]["scaling"]],
+               hatch=None if math.isfinite(kl) else "xx", alpha=0.8)
+    for s, c in colors.items():
+        ax.bar(0, 0, color=c, label=f"scaling: {s}")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(runs)), [r["recipe"]["name"] for r in runs], rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel("KL(FP32 ‖ recipe), nats/token")
+    ax.set_title("8-bit and smaller operands, FP32 accumulation (hatched at the top: NaN/inf logits)")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    return [save(fig, out / "kl.png")]
+
+
+def render(data: dict, out: Path) -> str:
+    """Figure and Markdown report."""
+    meta = data["meta"]
+    names = figures(data, out)
+    rows = [[r["recipe"]["inputs"], r["recipe"]["scaling"], num(r["bits"]), num(r["e2e"]["kl"]),
+             num(r["e2e"]["loss"], 4), pct(r["e2e"]["top1"]), (r["e2e"]["nonfinite_sites"] or ["-"])[0],
+             pct(r["summary"]["operand_overflow"]), pct(r["summary"]["operand_saturated"]),
+             pct(r["summary"]["operand_flushed"]), num(r["summary"]["snr_db_min"])] for r in data["runs"]]
+    lines = [f"# FP8, INT8 and block formats ({meta['model']})", "",
+             f"{meta['tokens']} held-out tokens end to end (FP32 loss {num(data['baseline']['fp32']['loss'], 4)}); "
+             f"per-site replay on {meta['replay_rows']} rows per site against FP64 on the same operands. "
+             "E4M3 is OCP E4M3FN (max 448, NaN, no inf); E5M2 and E3M4 are IEEE-style. Per-tensor and per-channel "
+             "scales are amax / format max in FP32 (fpsim.scaled_quantize); block formats use fpsim.mx.", "",
+             "## Conclusions", ""]
+    lines += [f"- {c}" for c in conclusions(data)]
+    lines += ["", f"![KL per recipe]({names[0]})", "",
+              table(["format", "scaling", "bits/element", "KL", "loss", "top-1", "first inf/NaN site",
+                     "worst operand overflow", "worst operand saturated", "mean operand flush",
+                     "worst site SNR dB"], rows)]
+    return "\n".join(lines) + "\n"

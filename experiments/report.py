@@ -1,0 +1,100 @@
+"""Writing experiment outputs: strict JSON, Markdown tables, figures and number formatting.
+
+Every experiment writes ``results.json`` (every number), PNG figures and a ``REPORT.md`` built
+from that JSON.  JSON has no inf/NaN, so non-finite floats are written as the strings
+``"inf"``, ``"-inf"`` and ``"nan"`` and read back as floats by :func:`load_json`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+_SPECIAL = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+def _strict(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {str(k): _strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_strict(v) for v in obj]
+    return obj
+
+
+def _loose(obj: Any) -> Any:
+    if isinstance(obj, str) and obj in _SPECIAL:
+        return _SPECIAL[obj]
+    if isinstance(obj, dict):
+        return {k: _loose(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_loose(v) for v in obj]
+    return obj
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write ``data`` as strict JSON (non-finite floats as strings)."""
+    path.write_text(json.dumps(_strict(data), indent=1, allow_nan=False) + "\n")
+
+
+def load_json(path: Path) -> dict:
+    """Read :func:`write_json` output, turning ``"inf"``/``"-inf"``/``"nan"`` back into floats."""
+    return _loose(json.loads(Path(path).read_text()))
+
+
+def num(v: float | None, digits: int = 3) -> str:
+    """A compact number for tables: 3 significant digits, ``-`` for None, ``NaN``/``inf`` spelled out."""
+    if v is None:
+        return "-"
+    if isinstance(v, float) and math.isnan(v):
+        return "NaN"
+    if isinstance(v, float) and math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if v == 0:
+        return "0"
+    return f"{v:.{digits}g}"
+
+
+def pct(v: float) -> str:
+    """A share as a percentage with 3 significant digits (``0`` stays ``0``)."""
+    return "0" if v == 0 else f"{100 * v:.3g}%"
+
+
+def ratio(a: float, b: float) -> str:
+    """``a / b`` as ``N×`` for conclusion sentences; NaN/inf values (diverged runs) are spelled out."""
+    if not math.isfinite(a):
+        return "non-finite (from finite)" if math.isfinite(b) else "non-finite"
+    if not math.isfinite(b):
+        return "finite (from non-finite)"
+    if b == 0:
+        return "∞×" if a > 0 else "1×"
+    return f"{a / b:.3g}×"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def figure(rows: int = 1, cols: int = 1, width: float = 6.0, height: float = 4.0) -> tuple[Any, Any]:
+    """A matplotlib figure and its axes (an array when more than one)."""
+    return plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+
+
+def save(fig: Any, path: Path) -> str:
+    """Save and close ``fig``; returns the file name for the report."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name

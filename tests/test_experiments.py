@@ -1,0 +1,124 @@
+"""``fpsim experiment all --quick`` on the default tiny model: files, keys, sites, formats and sane values."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments import cli, context
+from experiments.report import load_json
+from fpsim.cli import main as fpsim_main
+
+pytestmark = pytest.mark.skipif(not (context.DEFAULT_MODEL / "config.json").is_file(),
+                                reason="the tiny model experiments/gpt2/tiny is not trained yet")
+
+N_LAYER = 4
+SITES = {f"h{i}.{s}" for i in range(N_LAYER) for s in ("ln_1", "attn.c_attn", "attn.qk", "attn.av", "attn.c_proj",
+                                                       "ln_2", "mlp.c_fc", "mlp.c_proj")} | {"ln_f", "lm_head"}
+E2E = {"loss", "ppl", "kl", "top1", "finite", "nonfinite_sites"}
+SITE_STATS = {"outputs", "overflow", "saturated", "flushed", "rel_median", "rel_p99", "rel_max", "snr_db",
+              "a_overflow", "a_saturated", "a_flushed"}
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("results")
+    start = time.perf_counter()
+    assert fpsim_main(["experiment", "all", "--quick", "--out", str(d)]) == 0
+    print(f"fpsim experiment all --quick: {time.perf_counter() - start:.0f} s")
+    return d
+
+
+def data(out: Path, name: str) -> dict:
+    return load_json(out / name / "results.json")
+
+
+def test_every_experiment_writes_json_figures_and_a_report(out: Path) -> None:
+    for name in cli.EXPERIMENTS:
+        d = out / name
+        assert (d / "results.json").is_file() and (d / "REPORT.md").is_file(), name
+        pngs = list(d.glob("*.png"))
+        assert pngs and all(p.stat().st_size > 10_000 for p in pngs), name
+        for png in pngs:
+            assert f"]({png.name})" in (d / "REPORT.md").read_text(), (name, png.name)
+        meta = data(out, name)["meta"]
+        assert meta["model"] == "experiments/gpt2/tiny" and meta["quick"] and meta["tokens"] == 512
+    index = (out / "REPORT.md").read_text()
+    assert all(f"[{name}]({name}/REPORT.md)" in index for name in cli.EXPERIMENTS)
+
+
+def test_fp32_recipe_matches_the_model_and_fp64_is_close(out: Path) -> None:
+    base = data(out, "range-vs-precision")["baseline"]
+    assert base["fp32"]["kl"] == 0 and base["fp32"]["top1"] == 1.0 and base["fp32"]["nonfinite_sites"] == []
+    assert 0 <= base["fp64"]["kl"] < 1e-9 and base["fp64"]["top1"] > 0.99
+    assert 0.5 < base["fp32"]["loss"] < 3  # a trained byte-level model: nats per byte
+
+
+def test_range_vs_precision_covers_every_split(out: Path) -> None:
+    d = data(out, "range-vs-precision")
+    assert set(d["budgets"]) == {"8", "12", "16"}
+    b8 = d["budgets"]["8"]
+    assert b8["formats"] == ["e2m5", "e3m4", "e4m3", "e5m2", "e6m1", "e7m0"]
+    assert set(b8["skipped"]) == {"e0m7", "e1m6"}
+    assert {"e12m3", "e15m0"} <= set(d["budgets"]["16"]["skipped"]) and "e11m4" in d["budgets"]["16"]["formats"]
+    assert len(d["runs"]) == 2 * sum(len(b["formats"]) for b in d["budgets"].values())
+    for run in d["runs"]:
+        assert set(run["e2e"]) == E2E and set(run["sites"]) == SITES
+        for name, s in run["sites"].items():
+            assert SITE_STATS <= set(s) and 0 <= s["overflow"] <= 1 and 0 <= s["a_flushed"] <= 1, (run["recipe"], name)
+        if math.isfinite(run["e2e"]["kl"]):
+            assert run["e2e"]["kl"] >= 0 and 0 <= run["e2e"]["top1"] <= 1
+    runs = {(r["format"], r["scaling"]): r for r in d["runs"]}
+    e2m5 = runs["e2m5", "none"]
+    assert e2m5["summary"]["overflow_sites"] and e2m5["summary"]["operand_overflow"] > 0
+    assert not math.isfinite(e2m5["e2e"]["kl"]) and e2m5["e2e"]["nonfinite_sites"]
+    assert math.isfinite(runs["e2m5", "tensor"]["e2e"]["kl"])  # scaling brings it into range
+    assert runs["e5m10", "none"]["e2e"]["kl"] < runs["e5m6", "none"]["e2e"]["kl"] < runs["e5m2", "none"]["e2e"]["kl"]
+    report = (out / "range-vs-precision" / "REPORT.md").read_text()
+    assert all(f"## B = {b} bits" in report for b in (8, 12, 16)) and "the best split is" in report
+
+
+def test_fp16_vs_bf16_fp8_and_histograms(out: Path) -> None:
+    r = {x["recipe"]["name"]: x for x in data(out, "fp16-vs-bf16")["runs"]}
+    fp16, bf16 = r["fp16 in/out, fp32 acc"], r["bf16 in/out, fp32 acc"]
+    assert 0 < fp16["e2e"]["kl"] < bf16["e2e"]["kl"] < 1e-2
+    assert "e2e" not in r["fp16 in/out, fp16 acc (sequential)"]  # emulated accumulation: per site only
+    assert set(r["bf16 in/out, bf16 acc (sequential)"]["sites"]) == SITES
+    f8 = {x["recipe"]["name"]: x for x in data(out, "fp8")["runs"]}
+    assert {"e4m3/none", "e5m2/tensor", "int8/channel", "mxfp4/block", "nvfp4/block", "mxint8/block"} <= set(f8)
+    assert f8["mxfp8_e4m3/block"]["e2e"]["kl"] < f8["mxfp4/block"]["e2e"]["kl"]
+    assert f8["int8/channel"]["e2e"]["kl"] < f8["int8/none"]["e2e"]["kl"]
+    assert f8["mxfp4/block"]["bits"] == 4.25 and f8["nvfp4/block"]["bits"] == 4.5
+    h = data(out, "histograms")
+    assert {"fp16", "bf16", "mxfp4", "nvfp4"} <= set(h["histograms"])
+    for fmt, sites in h["histograms"].items():
+        assert set(sites) == SITES
+        assert all(len(s["counts"]) == len(h["edges"]) - 1 for s in sites.values())
+    assert h["histograms"]["fp16"]["lm_head"]["median"] < h["histograms"]["mxfp4"]["lm_head"]["median"]
+
+
+def test_accumulation_and_activations(out: Path) -> None:
+    acc = {x["recipe"]["name"]: x for x in data(out, "accumulation")["runs"]}
+    assert {"fp64 sequential", "fp32 sequential", "bf16 chunked", "fp16 pairwise", "tensor core (hopper_bf16)"} <= set(acc)
+    for run in acc.values():
+        assert set(run["sites"]) == SITES and "e2e" not in run
+        assert all("accum_swamped" in s for s in run["sites"].values())
+    med = {n: sorted(s["snr_db"] for s in r["sites"].values())[len(SITES) // 2] for n, r in acc.items()}
+    assert med["bf16 sequential"] < med["bf16 pairwise"] <= med["fp64 sequential"] + 0.5
+    assert med["fp16 sequential"] < med["fp32 sequential"]
+    act = data(out, "activations")["sites"]
+    assert set(act) == SITES
+    ln = act["ln_f"]
+    assert ln["rows"] == 256 and ln["sum_x2_max"] >= ln["sum_centred_max"] > 0 and len(ln["a_argmax"]) == 3
+    assert "FP16" in (out / "activations" / "REPORT.md").read_text()
+
+
+def test_render_rebuilds_reports_from_json(out: Path) -> None:
+    before = {n: (out / n / "REPORT.md").read_text() for n in cli.EXPERIMENTS}
+    for n in cli.EXPERIMENTS:
+        (out / n / "REPORT.md").unlink()
+    assert cli.main(["all", "--render", "--out", str(out)]) == 0
+    assert {n: (out / n / "REPORT.md").read_text() for n in cli.EXPERIMENTS} == before
