@@ -136,11 +136,12 @@ def _lanes_for(plan: Plan, prod: Profile, like: Any) -> Lanes:
 def _run(plan: Plan, lanes: Lanes, prod: Profile, ops: Operands, emins: tuple, seed: Any,
          want_stats: bool) -> tuple[Any, Stats]:
     """Walk the (batch, M, N) output in tiles; returns float64 results and statistics."""
-    a3, idx_a = batched(ops.a, ops.batch)
-    b3, idx_b = batched(ops.b, ops.batch)
+    a3, idx_a = batched(lanes.cast(ops.a), ops.batch)
+    b3, idx_b = batched(lanes.cast(ops.b), ops.batch)
     B, (M, K, N) = len(idx_a), ops.mkn
-    wide = Lanes(F64, ops.a if lanes.torch else None, lanes.compiled)
-    out = wide.zeros((B, M, N))
+    like = ops.a if lanes.torch else None
+    wide = Lanes(F64, like, lanes.compiled)
+    out = Lanes(F32 if holds(F32, plan.sum_format) else F64, like).zeros((B, M, N))
     stats = acc_.new_stats(wide, (B, M, N), want_stats)
     if B * M * N == 0 or K == 0:
         return out, stats
@@ -180,7 +181,7 @@ def _run(plan: Plan, lanes: Lanes, prod: Profile, ops: Operands, emins: tuple, s
                 else:
                     res, st = acc_.sequential(operands, K, steps, st, shape, plan.chunk, promote)
                 where = (slice(b0, b0 + bt), slice(i0, i0 + tm), slice(j0, j0 + tn))
-                out[where] = wide.cast(res)
+                out[where] = res
                 for total, part in zip(stats, st):
                     total[where] = part
     return out, stats
@@ -224,13 +225,15 @@ def _rng(lanes: Lanes, seed: Any) -> Any:
 
 
 def _slab(lanes: Lanes, x3: Any, idx: np.ndarray, part: slice, rows: bool) -> Any:
-    """One tile's operand, K first: (K, bt, tm, 1) for a, (K, bt, 1, tn) for b."""
-    if lanes.torch:
-        sel = lanes.xp.from_numpy(np.array(idx)).to(x3.device)
-        s = x3[sel, part, :] if rows else x3[sel, :, part]
-        s = lanes.cast(s.permute(2, 0, 1) if rows else s.permute(1, 0, 2)).contiguous()
+    """One tile's operand, K first: (K, bt, tm, 1) for a (made contiguous, so that a step reads
+    one block), (K, bt, 1, tn) for b (a view when the tile has one batch entry)."""
+    if len(idx) == 1:
+        s = x3[int(idx[0]):int(idx[0]) + 1]
     else:
-        s = x3[idx, part, :] if rows else x3[idx, :, part]
-        s = np.ascontiguousarray(lanes.cast(s.transpose(2, 0, 1) if rows else
-                                            s.transpose(1, 0, 2)))
+        s = x3[lanes.xp.from_numpy(np.array(idx)).to(x3.device) if lanes.torch else idx]
+    s = s[:, part, :] if rows else s[:, :, part]
+    if lanes.torch:
+        s = s.permute(2, 0, 1).contiguous() if rows else s.permute(1, 0, 2)
+    else:
+        s = np.ascontiguousarray(s.transpose(2, 0, 1)) if rows else s.transpose(1, 0, 2)
     return s[..., None] if rows else s[:, :, None, :]

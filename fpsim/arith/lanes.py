@@ -52,15 +52,23 @@ class Profile:
 EMPTY = Profile(0, _NONE, -_NONE)
 
 
-def profile(x: np.ndarray) -> Profile:
-    """Measure the finite non-zero values of a float32/float64 array (inf and NaN are exact)."""
-    v = np.abs(x[np.isfinite(x) & (x != 0)]).astype(np.float64)
-    if v.size == 0:
-        return EMPTY
-    mant, exp = np.frexp(v)                        # v = mant * 2^exp, 0.5 <= mant < 1
-    m = (mant * 2.0**53).astype(np.int64)          # the significand as an exact integer
-    tz = np.frexp((m & -m).astype(np.float64))[1] - 1
-    return Profile(int((53 - tz).max()), int((exp - 53 + tz).min()), int(exp.max()) - 1)
+def profile(x: np.ndarray, chunk: int = 1 << 16) -> Profile:
+    """Measure the finite non-zero values of a float32/float64 array (inf and NaN are exact),
+    a slice at a time so that memory stays small."""
+    flat = x.reshape(-1)
+    sig, low, high = 0, _NONE, -_NONE
+    for lo in range(0, flat.size, chunk):
+        part = flat[lo:lo + chunk]
+        v = np.abs(part[np.isfinite(part) & (part != 0)]).astype(np.float64)
+        if v.size == 0:
+            continue
+        mant, exp = np.frexp(v)                    # v = mant * 2^exp, 0.5 <= mant < 1
+        m = (mant * 2.0**53).astype(np.int64)      # the significand as an exact integer
+        tz = np.frexp((m & -m).astype(np.float64))[1] - 1
+        sig = max(sig, int((53 - tz).max()))
+        low = min(low, int((exp - 53 + tz).min()))
+        high = max(high, int(exp.max()) - 1)
+    return Profile(sig, low, high) if sig else EMPTY
 
 
 def guarded(src: Source, fmt: Format) -> bool:

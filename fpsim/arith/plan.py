@@ -37,13 +37,15 @@ class Plan:
         return self.accum == FP64
 
     @property
-    def result_format(self) -> Format:
-        """The format every result value belongs to."""
-        if self.output is not None:
-            return self.output
+    def sum_format(self) -> Format:
+        """The format of the finished sums, before ``output`` rounds them."""
         if self.chunk:
             return FP32
         return self.model.accum_format if self.model else self.accum
+
+    @property
+    def result_format(self) -> Format:
+        return self.sum_format if self.output is None else self.output
 
 
 def _fmt(value: Any, what: str) -> Format:
