@@ -319,11 +319,16 @@ def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool =
 
 
 def _torch_code_dtype(codes: Any, fmt: Format) -> Any:
+    """uint8 codes up to 8 bits, int32 up to 31, else int64 holding the unsigned code (64-bit
+    codes keep their two's complement bit pattern: torch has no arithmetic uint64)."""
     import torch
 
     if fmt.bits <= 8:
         return codes.to(torch.uint8)
-    return codes.to(torch.int32 if fmt.bits <= 31 else torch.int64)
+    if fmt.bits <= 31:
+        return codes.to(torch.int32)
+    wide = codes.to(torch.int64)
+    return wide & 0xFFFFFFFF if fmt.bits == 32 else wide
 
 
 def decode(codes: Any, fmt: str | Format, *, dtype: Any = np.float64) -> Any:

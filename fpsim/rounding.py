@@ -180,9 +180,9 @@ def _codes(xp: Any, fmt: Format, code: Any, limit: Any, to_inf: Any, special: An
         if fmt.nan == "fnuz":                         # no -0; the NaN code already has the sign bit
             sign = xp.where((code == 0) | (code == fmt.nan_code), 0, sign)
         return code | sign
-    if not fmt.zero:                                  # E8M0: zero and negatives are NaN
-        code = xp.where(a == 0, fmt.nan_code, code)
-    return xp.where(bad_sign, fmt.nan_code, code)
+    if not fmt.zero:                                  # E8M0: zero is NaN, as negatives are
+        code = xp.where(a == 0, nan_in, code)
+    return xp.where(bad_sign, nan_in, code)               # negative into an unsigned format
 
 
 def _values(xp: Any, src: Source, fmt: Format, a: Any, neg: Any, code: Any, to_inf: Any,
@@ -203,7 +203,7 @@ def _values(xp: Any, src: Source, fmt: Format, a: Any, neg: Any, code: Any, to_i
     nan_bits = inf_bits | (1 << (M - 1))
     if to_inf is not None:
         val = xp.where(to_inf, inf_bits if fmt.inf else nan_bits, val)
-    if not fmt.zero:
+    if not fmt.zero and fmt.has_nan:                  # no zero: 0 is NaN (else the least value)
         val = xp.where(a == 0, nan_bits, val)
     inf_in = _inf_input(fmt, saturate, inf_bits, nan_bits, src.float_bits(fmt.max))
     if fmt.is_int and fmt.signed:

@@ -74,6 +74,17 @@ def test_nan_into_format_without_nan():
     assert fpsim.encode(x, "e4m3")[1] == 0x7F
 
 
+def test_unsigned_formats_without_nan_take_negatives_to_zero():
+    u = fpsim.Format("ue3m3", 3, 3, inf=False, nan="none", signed=False)
+    x = np.array([-1.0, -0.0, 0.3, -np.inf], np.float32)
+    assert fpsim.encode(x, u).tolist() == [0, 0, int(fpsim.encode(0.3, u)), 0]
+    assert fpsim.quantize(x, u).tolist()[:2] == [0.0, 0.0]
+    z = fpsim.Format("ue3m0", 3, 0, inf=False, nan="none", signed=False, subnormals=False,
+                     zero=False)
+    assert fpsim.encode(np.array([0.0, -2.0]), z).tolist() == [0, 0]
+    assert fpsim.quantize(np.array([0.0]), z).tolist() == [z.min_normal]
+
+
 def test_decode_rejects_codes_out_of_range():
     with pytest.raises(ValueError, match="out of range"):
         fpsim.decode(np.array([16]), "e2m1")
@@ -192,6 +203,15 @@ def test_torch_stochastic_is_reproducible_and_unbiased():
     assert torch.equal(a, b)
     p = (a > 1).double().mean().item()
     assert abs(p - 0.25) < 5 * math.sqrt(0.25 * 0.75 / x.numel())
+
+
+def test_wide_codes_are_the_same_on_every_torch_driver():
+    x = torch.tensor([-1.0, 2.5, float("inf")])
+    for name in ("fp32", "tf32", "fp64"):
+        want = fpsim.encode(x.numpy().astype(np.float64), name).astype(np.uint64)
+        for backend in ("torch", "numpy"):
+            got = fpsim.encode(x, name, backend=backend).numpy().astype(np.int64).view(np.uint64)
+            assert np.array_equal(got, want), (name, backend)
 
 
 def test_backend_switch_is_checked():
