@@ -203,19 +203,24 @@ class MXArray:
 # --------------------------------------------------------------------------------------------
 def quantize(x: Any, fmt: str | MXFormat, *, axis: int = -1, block_size: int | None = None,
              scale_rounding: str | None = None, rounding: str = "rne", pad: bool = True,
-             seed: Any = None, tensor_scale: float | None = None) -> MXArray:
+             seed: Any = None, tensor_scale: float | None = None,
+             backend: str = "auto") -> MXArray:
     """Quantize ``x`` to a block format along ``axis``; see the module doc for the rules.
 
     ``scale_rounding`` (MX only; None means ``"floor"``) picks the scale rule, ``rounding`` any
     core rounding mode for the elements (``seed`` for ``"stochastic"``).  ``pad=False`` refuses
     an axis that is not a multiple of ``block_size``.  ``tensor_scale`` (NVFP4 only) replaces the
     computed per-tensor scale.  NumPy in, NumPy out; torch in, torch out (bit-identical, except
-    stochastic rounding, whose random bits differ).
+    stochastic rounding, whose random bits differ).  CUDA float32/float16/bfloat16 tensors run
+    the Triton kernel (``kernels.mx_quantize``) unless ``backend="torch"``; ``"triton"`` forces
+    it (on CPU tensors too, through Triton's interpreter).
     """
     spec = get_mx_format(fmt)
     mode = _scale_mode(spec, scale_rounding)
     R.check_mode(rounding)
     ts_arg = _tensor_scale_arg(spec, tensor_scale)
+    if _use_kernel(x, backend, pad):
+        return _quantize_kernel(x, spec, axis, block_size, scale_rounding, rounding, seed, ts_arg)
     work = _float_input(x, nvfp4=not spec.is_mx)
     lay = blocks.layout(tuple(work.shape), axis,
                         spec.block_size if block_size is None else block_size, pad)
@@ -230,6 +235,38 @@ def quantize(x: Any, fmt: str | MXFormat, *, axis: int = -1, block_size: int | N
             r, spec, ts, rounding, rng), seed)
     return MXArray(blocks.rows_to_scales(scales, lay), blocks.from_rows(codes, lay), spec,
                    lay.axis, lay.block_size, lay.shape, ts)
+
+
+def _use_kernel(x: Any, backend: str, pad: bool) -> bool:
+    if backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"unknown backend {backend!r}; choose 'auto', 'torch' or 'triton'")
+    if backend == "torch" or not is_torch(x):
+        return False
+    if backend == "triton":
+        return True
+    import importlib.util
+
+    import torch
+
+    return (pad and x.device.type == "cuda"
+            and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+            and importlib.util.find_spec("triton") is not None
+            and importlib.util.find_spec("kernels") is not None)
+
+
+def _quantize_kernel(x: Any, spec: MXFormat, axis: int, block_size: int | None,
+                     scale_rounding: str | None, rounding: str, seed: Any,
+                     ts: float | None) -> MXArray:
+    """The same result from the Triton kernel: one code per element in row order, unpacked."""
+    import kernels
+
+    size = spec.block_size if block_size is None else block_size
+    lay = blocks.layout(tuple(x.shape), axis, size, True)
+    out = kernels.mx_quantize(x, spec, axis=axis, block_size=size, scale_rounding=scale_rounding,
+                              rounding=rounding, seed=seed, tensor_scale=ts, pack=False)
+    codes = blocks.from_rows(out.elements.reshape(lay.rows, lay.block_size), lay)
+    return MXArray(blocks.rows_to_scales(out.scales, lay), codes, spec, lay.axis,
+                   lay.block_size, lay.shape, out.tensor_scale)
 
 
 def dequantize(mx: MXArray, dtype: Any = np.float32) -> Any:
