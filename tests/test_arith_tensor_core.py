@@ -28,7 +28,7 @@ def ref_tensor_core(xs, ys, model: TensorCoreModel, emin_a: int, emin_b: int,
     acc, outer = 0.0, -0.0
     for g0 in range(0, len(xs), model.group):
         if chunk and g0 and g0 % chunk == 0:
-            outer = add_rounded(outer, acc if acc == 0 else Fraction(acc), FP32, "rne")
+            outer = add_rounded(outer, acc, FP32, "rne")
             acc = 0.0
         terms = [(Fraction(float(x)) * Fraction(float(y)),
                   exponent(float(x), emin_a) + exponent(float(y), emin_b))
@@ -43,7 +43,7 @@ def ref_tensor_core(xs, ys, model: TensorCoreModel, emin_a: int, emin_b: int,
         else:
             acc = round_fraction(total, fmt, model.rounding) if total else 0.0
     if chunk:
-        return add_rounded(outer, acc if acc == 0 else Fraction(acc), FP32, "rne")
+        return add_rounded(outer, acc, FP32, "rne")
     return acc
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backend import is_torch
 from ..convert import quantize
 from ..formats import Format
 from ..rounding import F32, F64
@@ -75,7 +76,7 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     """
     plan = make_plan(inputs, accum, order, chunk, product, rounding, output, tensor_core, engine)
     use_torch = engine in ("torch", "compiled") or (
-        engine == "auto" and any(type(x).__module__.startswith("torch") for x in (a, b)))
+        engine == "auto" and (is_torch(a) or is_torch(b)))
     ops = prepare(a, b, use_torch)
     fa, fb = plan.inputs
     if fa is not None:
