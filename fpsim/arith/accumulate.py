@@ -73,12 +73,6 @@ def counted(lanes: Lanes, acc: Any, y: Any, s: Any, st: Stats) -> Stats:
     return st[0] + lost, st[1], xp.fmax(st[2], abs(s))
 
 
-def merged(lanes: Lanes, st: Stats, more: Stats) -> Stats:
-    if not st:
-        return st
-    return st[0] + more[0], st[1] + more[1], lanes.xp.fmax(st[2], more[2])
-
-
 class Steps:
     """The loop bodies of every order, as pure functions of arrays and statistics."""
 
