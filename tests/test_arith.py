@@ -181,7 +181,8 @@ values16 = st.sampled_from(list(grid("fp16")) + [np.inf, -np.inf, np.nan, -0.0])
 
 @settings(max_examples=150, deadline=None)
 @given(xs=st.lists(values16, min_size=1, max_size=12), data=st.data(),
-       mode=st.sampled_from(DIRECTED), accum=st.sampled_from(["fp16", "bf16", "e5m2", "e8m13"]))
+       mode=st.sampled_from(DIRECTED),
+       accum=st.sampled_from(["fp16", "bf16", "e5m2", "e8m13", "tf32"]))
 def test_dot_property_against_reference(xs, data, mode, accum):
     ys = data.draw(st.lists(values16, min_size=len(xs), max_size=len(xs)))
     got = fpsim.dot(np.array(xs, np.float32), np.array(ys, np.float32), accum=accum,
