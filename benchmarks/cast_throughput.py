@@ -13,38 +13,19 @@ import argparse
 import json
 import os
 import platform
-import time
-import tracemalloc
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 
 import fpsim
+from timing import best_times, peak_extra_memory
 
 FORMATS = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "e4m3": ml_dtypes.float8_e4m3fn,
            "e5m2": ml_dtypes.float8_e5m2, "e2m3": ml_dtypes.float6_e2m3fn,
            "e2m1": ml_dtypes.float4_e2m1fn}
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "e4m3": "float8_e4m3fn",
                 "e5m2": "float8_e5m2"}
-
-
-def best_rate(fn, n: int, repeat: int) -> float:
-    fn()  # warm up (tables, compilation)
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return n / best
-
-
-def peak_extra_memory(fn) -> int:
-    tracemalloc.start()
-    fn()
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    return peak
 
 
 def main() -> None:
@@ -66,24 +47,23 @@ def main() -> None:
 
     for name, md in FORMATS.items():
         sat = name in ("e4m3",)  # torch saturates e4m3fn
-        r = {"format": name,
-             "ml_dtypes": best_rate(lambda: x.astype(md), n, args.repeat),
-             "fpsim.quantize": best_rate(lambda: fpsim.quantize(x, name), n, args.repeat),
-             "fpsim.encode": best_rate(lambda: fpsim.encode(x, name), n, args.repeat)}
-        r["encode_peak_mem_x_input"] = peak_extra_memory(lambda: fpsim.encode(x, name)) / x.nbytes
-        r["quantize_peak_mem_x_input"] = peak_extra_memory(lambda: fpsim.quantize(x, name)) / x.nbytes
+        fns = {"ml_dtypes": lambda: x.astype(md),
+               "fpsim.quantize": lambda: fpsim.quantize(x, name),
+               "fpsim.encode": lambda: fpsim.encode(x, name)}
         if torch is not None:
             if name in TORCH_DTYPES:
                 tdt = getattr(torch, TORCH_DTYPES[name])
-                r["torch .to()"] = best_rate(lambda: tx.to(tdt), n, args.repeat)
-            r["fpsim tensor (auto)"] = best_rate(
-                lambda: fpsim.quantize(tx, name, saturate=sat), n, args.repeat)
-            r["fpsim torch ops eager"] = best_rate(
-                lambda: fpsim.quantize(tx, name, saturate=sat, backend="torch"), n, args.repeat)
+                fns["torch .to()"] = lambda: tx.to(tdt)
+            fns["fpsim tensor (auto)"] = lambda: fpsim.quantize(tx, name, saturate=sat)
+            fns["fpsim torch ops eager"] = lambda: fpsim.quantize(tx, name, saturate=sat,
+                                                                  backend="torch")
             if not args.no_compile:
                 compiled = torch.compile(
                     lambda t: fpsim.quantize(t, name, saturate=sat, backend="torch"), dynamic=False)
-                r["fpsim torch ops compiled"] = best_rate(lambda: compiled(tx), n, args.repeat)
+                fns["fpsim torch ops compiled"] = lambda: compiled(tx)
+        r = {"format": name, **{k: n / t for k, t in best_times(fns, args.repeat).items()}}
+        r["encode_peak_mem_x_input"] = peak_extra_memory(lambda: fpsim.encode(x, name)) / x.nbytes
+        r["quantize_peak_mem_x_input"] = peak_extra_memory(lambda: fpsim.quantize(x, name)) / x.nbytes
         r["encode / ml_dtypes"] = r["fpsim.encode"] / r["ml_dtypes"]
         rows.append(r)
         print(name, {k: (round(v / 1e6, 1) if isinstance(v, float) and v > 1e3 else
@@ -93,9 +73,9 @@ def main() -> None:
     cols = ["ml_dtypes", "fpsim.quantize", "fpsim.encode", "torch .to()", "fpsim tensor (auto)",
             "fpsim torch ops eager", "fpsim torch ops compiled"]
     print(f"\nfloat32 -> format, {n:,} elements, M elements/s (best of {args.repeat})")
-    print(f"{'format':8}" + "".join(f"{c:>21}" for c in cols) + f"{'encode/ml_dtypes':>18}{'mem x in':>10}")
+    print(f"{'format':8}" + "".join(f"{c:>26}" for c in cols) + f"{'encode/ml_dtypes':>18}{'mem x in':>10}")
     for r in rows:
-        cells = "".join(f"{r[c] / 1e6:21.1f}" if c in r else f"{'-':>21}" for c in cols)
+        cells = "".join(f"{r[c] / 1e6:26.1f}" if c in r else f"{'-':>26}" for c in cols)
         print(f"{r['format']:8}{cells}{r['encode / ml_dtypes']:18.2f}"
               f"{max(r['encode_peak_mem_x_input'], r['quantize_peak_mem_x_input']):10.2f}")
     meta = {"elements": n, "repeat": args.repeat, "cpu_count": os.cpu_count(),

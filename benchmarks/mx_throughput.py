@@ -14,37 +14,15 @@ import argparse
 import json
 import os
 import platform
-import time
-import tracemalloc
 from pathlib import Path
 
 import numpy as np
 
 import fpsim
 import fpsim.mx as mx
+from timing import best_times, peak_extra_memory
 
 FORMATS = ["mxfp8_e4m3", "mxfp4", "mxfp6_e2m3", "nvfp4"]
-
-
-def best_times(fns: dict, repeat: int) -> dict:
-    """Best wall time of each callable, the callables interleaved within each round."""
-    for fn in fns.values():
-        fn()                                    # warm up (lookup tables)
-    best = {k: float("inf") for k in fns}
-    for _ in range(repeat):
-        for k, fn in fns.items():
-            t = time.perf_counter()
-            fn()
-            best[k] = min(best[k], time.perf_counter() - t)
-    return best
-
-
-def peak_extra_memory(fn) -> int:
-    tracemalloc.start()
-    fn()
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    return peak
 
 
 def main() -> None:

@@ -262,6 +262,14 @@ def _from_spec(name: str) -> Format | None:
     return _ieee(name, e, m)
 
 
+def unknown_name_error(kind: str, name: str, known: list[str], extra: str = "") -> ValueError:
+    """The error for an unknown name: the closest known one and the full list."""
+    key = name.strip().lower() if isinstance(name, str) else str(name)
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.0)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return ValueError(f"unknown {kind} {name!r}.{hint} Known names: {', '.join(known)}{extra}")
+
+
 def known_names() -> list[str]:
     """Canonical names and aliases, sorted."""
     return sorted(set(FORMATS) | set(ALIASES))
@@ -280,7 +288,6 @@ def get_format(fmt: str | Format) -> Format:
     spec = _from_spec(key)
     if spec is not None:
         return spec
-    close = difflib.get_close_matches(key, known_names(), n=1, cutoff=0.0)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"unknown format {fmt!r}.{hint} Known names: {', '.join(known_names())}; "
-                     "or a spec string 'eXmY' (IEEE-style), 'eXmYfn' (no inf) or 'eXmYfnuz'.")
+    raise unknown_name_error("format", fmt, known_names(),
+                             "; or a spec string 'eXmY' (IEEE-style), 'eXmYfn' (no inf) or "
+                             "'eXmYfnuz'.")

@@ -50,7 +50,6 @@ bytes, little-endian; 8-bit: one per byte).  NVFP4's float32 tensor scale travel
 
 from __future__ import annotations
 
-import difflib
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -61,7 +60,7 @@ from . import blocks
 from . import rounding as R
 from .backend import is_torch, ops_for
 from .convert import decode, encode
-from .formats import Format, get_format
+from .formats import Format, get_format, unknown_name_error
 from .packing import pack_codes, unpack_codes
 
 CHUNK = 1 << 16                 # elements per NumPy slice: temporaries stay in cache
@@ -128,10 +127,7 @@ def get_mx_format(fmt: str | MXFormat) -> MXFormat:
     key = fmt.strip().lower().replace("-", "_")
     if key in MX_FORMATS:
         return MX_FORMATS[key]
-    close = difflib.get_close_matches(key, list(MX_FORMATS), n=1, cutoff=0.0)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"unknown block format {fmt!r}.{hint} Known block formats: "
-                     f"{', '.join(MX_FORMATS)}")
+    raise unknown_name_error("block format", fmt, list(MX_FORMATS))
 
 
 # --------------------------------------------------------------------------------------------

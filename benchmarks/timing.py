@@ -1,0 +1,30 @@
+"""Timing helpers shared by the CPU benchmarks: interleaved best-of-N and peak extra memory."""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+from typing import Callable
+
+
+def best_times(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+    """Best wall time of each callable, the callables interleaved within each round so that a
+    noisy neighbour slows every contender alike."""
+    for fn in fns.values():
+        fn()                                    # warm up (lookup tables, compilation)
+    best = {k: float("inf") for k in fns}
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            best[k] = min(best[k], time.perf_counter() - t)
+    return best
+
+
+def peak_extra_memory(fn: Callable[[], object]) -> int:
+    """Peak bytes allocated while ``fn`` runs (NumPy allocations are traced)."""
+    tracemalloc.start()
+    fn()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak
