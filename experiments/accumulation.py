@@ -83,16 +83,19 @@ def figures(data: dict, out: Path) -> list[str]:
     """SNR per site for each configuration, and the median over sites."""
     fig, axes = figure(1, 2, width=8, height=4.5)
     ax = axes[0, 0]
+    color = {"fp64": "black", "fp32": "tab:blue", "bf16": "tab:red", "fp16": "tab:green"}
+    style = {"sequential": "-", "chunked": "--", "pairwise": ":", "tensor_core": "-."}
     for run in data["runs"]:
+        rec = run["recipe"]
         names = list(run["sites"])
         snr = [run["sites"][n]["snr_db"] for n in names]
-        ax.plot(range(len(names)), [v if math.isfinite(v) else math.nan for v in snr], ".-", ms=4,
-                label=run["recipe"]["name"])
+        ax.plot(range(len(names)), [v if math.isfinite(v) else math.nan for v in snr], style[rec["order"]],
+                color="tab:purple" if rec["tensor_core"] else color[rec["accum"]], lw=1.2, label=rec["name"])
     ax.set_xticks(range(len(names)), names, rotation=90, fontsize=6)
     ax.set_ylabel("SNR against FP64 on FP32 operands, dB")
-    ax.set_title(f"{INPUTS.upper()} operands: SNR per site")
+    ax.set_title(f"{INPUTS.upper()} operands: SNR per site (colour: accumulator, line: order)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6)
+    ax.legend(fontsize=6, ncol=2)
     ax = axes[0, 1]
     labels = [r["recipe"]["name"] for r in data["runs"]]
     ax.barh(range(len(labels)), [_stats(r)["snr_median"] for r in data["runs"]])

@@ -17,7 +17,6 @@ from torch import Tensor
 from .gpt2.model import GPT2, TorchOps
 from .recipes import FP32, FP64, Recipe, layernorm_stats
 
-KINDS = ("linear", "matmul", "layernorm")
 NATIVE: dict[torch.dtype, Recipe] = {torch.float32: FP32, torch.float64: FP64}
 
 

@@ -47,6 +47,12 @@ def _render(module: ModuleType, out: Path) -> None:
 def index(out: Path, names: list[str]) -> str:
     """``OUT/REPORT.md`` for ``all``: every experiment's conclusions, linked to its report."""
     lines = ["# Experiment results", ""]
+    if range_vs_precision.NAME in names:
+        rvp = load_json(out / range_vs_precision.NAME / "results.json")
+        lines += [f"![range vs precision]({range_vs_precision.NAME}/range_vs_precision.png)", "",
+                  "End-to-end KL(FP32 ‖ format) in nats/token of every IEEE-style eXmY split of B bits "
+                  f"(`{rvp['meta']['model']}`, {rvp['meta']['tokens']} held-out tokens; NaN: inf/NaN logits):", "",
+                  range_vs_precision.headline(rvp), ""]
     for name in names:
         data = load_json(out / name / "results.json")
         meta = data["meta"]

@@ -159,4 +159,5 @@ def build(model: str | Path = DEFAULT_MODEL, sizes: Sizes = FULL, quick: bool = 
     block = min(BLOCK, net.config.n_positions)
     wins = windows(heldout_tokens(net, checkpoint), block, max(1, sizes.tokens // block))
     sites, _ = capture(net, wins[:sizes.capture_windows, :-1])
-    return Context(net, display_name(model), wins, sites, sizes, quick, seed)
+    batch = 8 if net.config.vocab_size <= 4096 else 1  # a GPT-2 vocabulary makes float64 logits large
+    return Context(net, display_name(model), wins, sites, sizes, quick, seed, batch)

@@ -67,6 +67,22 @@ def _best(series: list[dict]) -> dict | None:
     return min(finite, key=lambda r: r["e2e"]["kl"]) if finite else None
 
 
+def _same_mantissa(data: dict) -> list[str]:
+    """For each mantissa width, the narrowest and widest exponent whose KLs agree within 5% (no scaling)."""
+    out = []
+    runs = [r for r in data["runs"] if r["scaling"] == "none" and math.isfinite(r["e2e"]["kl"])]
+    for m in sorted({r["mbits"] for r in runs}):
+        group = sorted((r for r in runs if r["mbits"] == m), key=lambda r: r["ebits"])
+        for i, r in enumerate(group):
+            agree = [g for g in group[i + 1:] if abs(math.log(g["e2e"]["kl"] / r["e2e"]["kl"])) < math.log(1.05)]
+            if agree and r["e2e"]["kl"] > 0:
+                w = agree[-1]
+                out.append(f"{r['format']} (B={r['budget']}, KL {num(r['e2e']['kl'])}) and {w['format']} "
+                           f"(B={w['budget']}, KL {num(w['e2e']['kl'])})")
+                break
+    return out
+
+
 def _overflowed(run: dict) -> bool:
     """Whether any site overflowed in the replay or produced inf/NaN end to end."""
     return bool(run["summary"]["overflow_sites"] or run["e2e"]["nonfinite_sites"])
@@ -87,13 +103,13 @@ def _kl_or_inf(run: dict) -> float:
 
 def _plot_metric(ax: Any, data: dict, scaling: str, metric: str, log: bool) -> None:
     top = max((r["e2e"][metric] for r in data["runs"] if math.isfinite(r["e2e"][metric])), default=1.0)
-    for budget in BUDGETS:
+    for k, budget in enumerate(BUDGETS):
         s = _series(data, budget, scaling)
         x = [r["ebits"] for r in s]
         y = [r["e2e"][metric] for r in s]
         line, = ax.plot([a for a, b in zip(x, y) if math.isfinite(b)], [b for b in y if math.isfinite(b)],
                         "o-", label=f"B = {budget}")
-        bad = [a for a, b in zip(x, y) if not math.isfinite(b)]
+        bad = [a + 0.12 * (k - 1) for a, b in zip(x, y) if not math.isfinite(b)]  # side by side
         if bad:
             ax.plot(bad, [top * (3 if log else 1.05)] * len(bad), "x", ms=10, mew=2, color=line.get_color())
         best = _best(s)
@@ -104,7 +120,6 @@ def _plot_metric(ax: Any, data: dict, scaling: str, metric: str, log: bool) -> N
     ax.set_xlabel("exponent bits X (mantissa bits = B - 1 - X)")
     ax.set_title(f"{SCALING_LABEL[scaling]} (× = NaN/inf, ★ = lowest KL)")
     ax.grid(alpha=0.3)
-    ax.legend()
 
 
 def figures(data: dict, out: Path) -> list[str]:
@@ -116,6 +131,8 @@ def figures(data: dict, out: Path) -> list[str]:
         _plot_metric(axes[1, j], data, scaling, "loss", log=False)
         axes[1, j].set_ylabel("held-out loss, nats/token")
         axes[1, j].axhline(data["baseline"]["fp32"]["loss"], ls="--", color="gray", label="FP32")
+        for ax in axes[:, j]:
+            ax.legend()
     names = [save(fig, out / "range_vs_precision.png")]
     fig, axes = figure(1, 2)
     for budget in BUDGETS:
@@ -163,12 +180,33 @@ def conclusions(data: dict) -> list[str]:
             clean = [r["format"] for r in s if not _overflowed(r)]
             text += f". Narrowest split with no inf/NaN anywhere (replay or end to end): {clean[0] if clean else 'none'}."
             out.append(text)
+    same = _same_mantissa(data)
+    if same:
+        out.append("Without scaling, splits with the same mantissa width and different exponent widths give KL "
+                   "within 5% of each other: " + "; ".join(same) + ": beyond the narrower exponent, more exponent bits change nothing.")
     for budget in BUDGETS:
         none, tensor = _best(_series(data, budget, "none")), _best(_series(data, budget, "tensor"))
         if none and tensor:
             out.append(f"B={budget}: per-tensor scaling moves the best split from {none['format']} "
                        f"(KL {num(none['e2e']['kl'])}) to {tensor['format']} (KL {num(tensor['e2e']['kl'])}).")
     return out
+
+
+def headline(data: dict) -> str:
+    """KL of every split by exponent width: one row per X, a format and two KLs per budget."""
+    runs = {(r["budget"], r["ebits"], r["scaling"]): r for r in data["runs"]}
+    widths = sorted({r["ebits"] for r in data["runs"]})
+    rows = []
+    for x in widths:
+        row: list[Any] = [x]
+        for b in BUDGETS:
+            if (b, x, "none") in runs:
+                row += [runs[b, x, "none"]["format"]] + [num(runs[b, x, s]["e2e"]["kl"]) for s in SCALINGS]
+            else:
+                row += ["-", "-", "-"]
+        rows.append(row)
+    header = ["X"] + [h for b in BUDGETS for h in (f"B={b}", "KL no scaling", "KL per-tensor")]
+    return table(header, rows)
 
 
 def render(data: dict, out: Path) -> str:
@@ -182,7 +220,7 @@ def render(data: dict, out: Path) -> str:
              "KL is KL(P_FP32 ‖ P_format) of the next-token distribution, nats/token; loss in nats/token "
              f"(FP32 loss {num(data['baseline']['fp32']['loss'], 4)}, FP64 vs FP32 KL "
              f"{num(data['baseline']['fp64']['kl'])}).", "",
-             f"![KL and loss vs exponent bits]({names[0]})", "", "## Conclusions", ""]
+             f"![KL and loss vs exponent bits]({names[0]})", "", headline(data), "", "## Conclusions", ""]
     lines += [f"- {c}" for c in conclusions(data)]
     for budget in BUDGETS:
         b = data["budgets"][str(budget)]
