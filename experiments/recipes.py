@@ -203,9 +203,6 @@ def _emulated_matmul(a: Tensor, b: Tensor, recipe: Recipe, events: dict | None) 
     Products are exact; fills ``events["accum"]`` with the accumulator's overflow, largest
     partial sum and swamped additions when ``events`` is given.
     """
-    if not hasattr(fpsim, "matmul"):
-        raise RuntimeError(f"recipe {recipe.name!r} (accum={recipe.accum}, order={recipe.order}) "
-                           "needs fpsim.matmul, which this fpsim does not provide")
     y = fpsim.matmul(a, b, accum=recipe.accum, order=recipe.order or "sequential", chunk=recipe.chunk,
                      rounding=recipe.rounding, tensor_core=recipe.tensor_core, return_stats=events is not None)
     if events is None:

@@ -8,12 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments import cli, context
+from experiments import cli
 from experiments.report import load_json
 from fpsim.cli import main as fpsim_main
-
-pytestmark = pytest.mark.skipif(not (context.DEFAULT_MODEL / "config.json").is_file(),
-                                reason="the tiny model experiments/gpt2/tiny is not trained yet")
 
 N_LAYER = 4
 SITES = {f"h{i}.{s}" for i in range(N_LAYER) for s in ("ln_1", "attn.c_attn", "attn.qk", "attn.av", "attn.c_proj",
