@@ -22,7 +22,7 @@ Rules (fpsim's choices, each tested):
 * A group of zeros has scale 1 (and zero point 0): no 0/0.  A group containing NaN or ±inf has a
   NaN scale, codes 0 and NaN values throughout, like an MX block with a NaN scale.
 * Elements: x / scale rounded once to the data's float type (float32, or float64 for float64
-  data), then to the format with ``rounding`` and saturation to ±qmax.  Values are
+  data and for formats whose range float32 cannot hold, e.g. e9m2), then to the format with ``rounding`` and saturation to ±qmax.  Values are
   decode(code) * scale in that float type.
 
 ``granularity``: ``"tensor"`` (one scale), ``"channel"`` (one per index along ``axis``, default 0,
@@ -80,6 +80,8 @@ def scaled_quantize(x: Any, fmt: str | Format, *, granularity: Any = "tensor",
             or not -127 <= margin <= 127:
         raise ValueError(f"margin={margin!r}: pass a whole number of binades in [-127, 127]")
     work = _float_input(x)
+    if not R.F32.holds(fmt):             # quotients beyond float32's range: work in float64
+        work = work.double() if is_torch(work) else work.astype(np.float64)
     kind, axis, lay = _grouping(granularity, axis, tuple(work.shape))
     rows = _to_rows(work, kind, axis, lay)
     ops = ops_for(rows)

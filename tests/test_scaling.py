@@ -260,3 +260,13 @@ def test_rounding_modes_reach_the_elements(rounding):
 def test_bad_input_is_named(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call()
+
+
+def test_formats_wider_than_float32_scale_in_float64():
+    """Quotients by a 2^-126 scale overflow float32; such formats work in float64."""
+    x = np.array([1e5, 2.0, -3.0], np.float32)
+    for name in ("e9m2", "e11m0"):
+        r = fpsim.scaled_quantize(x, name)
+        assert r.values.dtype == np.float64
+        assert np.all(np.isfinite(r.values))
+        assert np.array_equal(r.values, fpsim.quantize(x.astype(np.float64) / r.scales.astype(np.float64), name) * r.scales.astype(np.float64))
