@@ -279,6 +279,8 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
             out = out.astype(arr.dtype)
     if scalar:
         return float(out)
+    if isinstance(x, np.generic):
+        return out.reshape(())[()]  # a NumPy scalar in, a NumPy scalar of its dtype out
     return out if arr.ndim else out.reshape(())
 
 
