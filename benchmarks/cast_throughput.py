@@ -50,6 +50,7 @@ def main() -> None:
         fns = {"ml_dtypes": lambda: x.astype(md),
                "fpsim.quantize": lambda: fpsim.quantize(x, name),
                "fpsim.encode": lambda: fpsim.encode(x, name)}
+        compiled_exact = None
         if torch is not None:
             if name in TORCH_DTYPES:
                 tdt = getattr(torch, TORCH_DTYPES[name])
@@ -61,7 +62,11 @@ def main() -> None:
                 compiled = torch.compile(
                     lambda t: fpsim.quantize(t, name, saturate=sat, backend="torch"), dynamic=False)
                 fns["fpsim torch ops compiled"] = lambda: compiled(tx)
+                same = compiled(tx).numpy().view(np.uint32) == \
+                    fpsim.quantize(x, name, saturate=sat).view(np.uint32)
+                compiled_exact = bool(same.all())
         r = {"format": name, **{k: n / t for k, t in best_times(fns, args.repeat).items()}}
+        r["compiled bit-identical to numpy"] = compiled_exact
         r["encode_peak_mem_x_input"] = peak_extra_memory(lambda: fpsim.encode(x, name)) / x.nbytes
         r["quantize_peak_mem_x_input"] = peak_extra_memory(lambda: fpsim.quantize(x, name)) / x.nbytes
         r["encode / ml_dtypes"] = r["fpsim.encode"] / r["ml_dtypes"]
@@ -84,6 +89,8 @@ def main() -> None:
             "unit": "elements per second"}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    print("torch.compile output bit-identical to the NumPy driver:",
+          {r["format"]: r["compiled bit-identical to numpy"] for r in rows})
     print(f"\nwrote {args.out}")
 
 
