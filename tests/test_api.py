@@ -221,3 +221,14 @@ def test_backend_switch_is_checked():
     gen = torch.Generator().manual_seed(0)
     a = fpsim.quantize(torch.full((1000,), 1.3), "e2m1", rounding="stochastic", seed=gen)
     assert set(a.unique().tolist()) <= {1.0, 1.5}
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16", "e4m3", "fp8_e4m3fnuz", "e2m1", "int8", "e8m0"])
+def test_torch_decode_of_every_code_matches_numpy(name):
+    n = fpsim.get_format(name).num_codes
+    got = fpsim.decode(torch.arange(n), name)
+    assert got.dtype == torch.float64
+    want = fpsim.decode(np.arange(n), name)
+    assert np.array_equal(got.numpy().view(np.uint64)[~np.isnan(want)],
+                          want.view(np.uint64)[~np.isnan(want)])
+    assert np.array_equal(np.isnan(got.numpy()), np.isnan(want))
