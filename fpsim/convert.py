@@ -1,10 +1,11 @@
 """Public conversions: quantize, encode, decode, values.
 
 This module only prepares inputs (types, dtypes, chunks, exact integer conversion) and hands the
-bits to the single rounding routine in :mod:`fpsim.rounding`.  For float32 inputs and formats of
-at most 6 mantissa bits the same routine is evaluated once on 2^17 representative inputs and the
-result used as a lookup table: rounding to such a format depends only on the top 16 bits of a
-float32 and on whether any of its low 16 bits is set.
+bits to the single rounding routine in :mod:`fpsim.rounding`.  For float32 inputs into formats
+of at most 10 mantissa bits (FP8/FP6/FP4, bf16, fp16, tf32, integers) the same routine is
+evaluated once on representative inputs and the result used as a lookup table: rounding to such
+a format depends only on the float32's high bits and on whether any of its low bits is set
+(2^17 entries for 8-bit formats, 2^18 for bf16, 2^21 for fp16 and tf32).
 """
 
 from __future__ import annotations
@@ -116,14 +117,16 @@ def _run_numpy(x: np.ndarray, fmt: Format, rounding: str, saturate: bool, subnor
     flat = np.ascontiguousarray(work).reshape(-1)
     out = np.empty(flat.shape, dtype=out_dtype)
     itype = np.int64 if src is R.F64 else np.int32
-    table = _lookup_table(fmt, rounding, saturate, subnormals, want) \
-        if (src is R.F32 and _table_ok(fmt, rounding)) else None
+    low = _table_low_bits(fmt, rounding) if src is R.F32 else 0
+    if low:
+        table = _lookup_table(fmt, rounding, saturate, subnormals, want, low)
+        high_mask, low_mask = np.uint32((0xFFFFFFFF >> (low - 1)) & ~1), np.uint32((1 << low) - 1)
     rng = np.random.default_rng(seed) if rounding == "stochastic" else None
     for lo in range(0, flat.size, CHUNK):
         chunk = flat[lo:lo + CHUNK]
-        if table is not None:
+        if low:
             u = chunk.view(np.uint32)
-            idx = ((u >> 15) & 0x1FFFE) | ((u & 0xFFFF) != 0)
+            idx = ((u >> (low - 1)) & high_mask) | ((u & low_mask) != 0)
             out[lo:lo + CHUNK] = table[idx]
             continue
         a, neg = _sign_split(chunk.view(itype))
@@ -137,19 +140,26 @@ def _run_numpy(x: np.ndarray, fmt: Format, rounding: str, saturate: bool, subnor
     return out.reshape(x.shape)
 
 
-def _table_ok(fmt: Format, rounding: str) -> bool:
-    """A 2^17-entry table is exact when every rounding point lies in the top 16 bits."""
-    if rounding == "stochastic" or fmt.bits > 16:
-        return False
+def _table_low_bits(fmt: Format, rounding: str) -> int:
+    """How many low float32 bits a lookup table may fold into one sticky bit (0: no table).
+
+    Rounding drops at least ``least_shift`` bits, so bits below the half-ulp bit only matter
+    through "any of them set": a table indexed by the high ``32 - low`` bits and that sticky bit
+    is exact when ``low < least_shift``.  Tables stay at or below 2^21 entries (fp16, tf32).
+    """
+    if rounding == "stochastic" or fmt.bits > 19:
+        return 0
     least_shift = R.F32.mbits - fmt.mbits + (1 if fmt.is_int else 0)
-    return least_shift >= 17
+    low = min(16, least_shift - 1)
+    return low if low >= 12 else 0
 
 
-@functools.lru_cache(maxsize=64)
-def _lookup_table(fmt: Format, rounding: str, saturate: bool, subnormals: bool,
-                  want: str) -> np.ndarray:
-    hi = np.arange(1 << 16, dtype=np.uint32) << 16
-    reps = np.stack([hi, hi | 1], axis=1).reshape(-1).view(np.int32)   # index = hi16 * 2 + sticky
+@functools.lru_cache(maxsize=16)  # at most 8 MB each (fp16 values)
+def _lookup_table(fmt: Format, rounding: str, saturate: bool, subnormals: bool, want: str,
+                  low: int) -> np.ndarray:
+    """The rounding routine evaluated once per (high bits, sticky): index = high * 2 + sticky."""
+    hi = np.arange(1 << (32 - low), dtype=np.uint32) << low
+    reps = np.stack([hi, hi | 1], axis=1).reshape(-1).view(np.int32)
     a, neg = _sign_split(reps)
     res = R.round_bits(_NP, a, neg, R.F32, fmt, rounding, saturate=saturate,
                        subnormals=subnormals, want=want)

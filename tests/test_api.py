@@ -232,3 +232,26 @@ def test_torch_decode_of_every_code_matches_numpy(name):
     assert np.array_equal(got.numpy().view(np.uint64)[~np.isnan(want)],
                           want.view(np.uint64)[~np.isnan(want)])
     assert np.array_equal(np.isnan(got.numpy()), np.isnan(want))
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16", "tf32", "e4m3", "e3m4", "int8", "int4", "e2m1",
+                                  "fp8_e4m3fnuz", "e6m9fn"])
+def test_lookup_tables_equal_the_rounding_routine(name):
+    """The float32 fast path (a table of the routine's results) against the routine itself."""
+    from fpsim import rounding as R
+    from fpsim.backend import NumpyOps
+    from fpsim.convert import _table_low_bits
+
+    fmt = fpsim.get_format(name)
+    assert _table_low_bits(fmt, "rne") >= 12  # these formats do take the table
+    bits = np.random.default_rng(9).integers(0, 2**32, 300_000, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    a, neg = (bits & 0x7FFFFFFF).view(np.int32), bits >= 2**31
+    for mode in ("rne", "rna", "rtz", "rup", "rdown", "rto"):
+        for sat in (False, True):
+            want = R.round_bits(NumpyOps(), a, neg, R.F32, fmt, mode, saturate=sat, want="code")
+            got = fpsim.encode(x, fmt, rounding=mode, saturate=sat, nan="zero")
+            assert np.array_equal(got, want.astype(got.dtype)), (mode, sat)
+            want_v = R.round_bits(NumpyOps(), a, neg, R.F32, fmt, mode, saturate=sat, want="value")
+            got_v = fpsim.quantize(x, fmt, rounding=mode, saturate=sat)
+            assert np.array_equal(got_v.view(np.int32), want_v.astype(np.int32)), (mode, sat)
