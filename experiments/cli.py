@@ -17,6 +17,8 @@ from types import ModuleType
 import torch
 
 from . import accumulation, activations, context, fp8, fp16_vs_bf16, histograms, range_vs_precision
+from fpsim.cli import OneLineParser
+
 from .report import load_json, write_json
 
 EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (
@@ -25,7 +27,7 @@ DEFAULT_OUT = Path("results")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="fpsim experiment", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="fpsim experiment", description=__doc__.splitlines()[0])
     p.add_argument("name", choices=[*EXPERIMENTS, "all"], help="experiment to run")
     p.add_argument("--model", default=str(context.DEFAULT_MODEL),
                    help="checkpoint directory or Hugging Face name in the offline cache "

@@ -22,7 +22,7 @@ class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """Bad arguments: one line on stderr and exit status 2, no traceback."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -216,8 +216,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="fpsim", description="Bit-exact number-format emulation.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser,
+    p = OneLineParser(prog="fpsim", description="Bit-exact number-format emulation.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser,
                            metavar="{formats,explain,values,quantize,experiment}")
     table = load_gpu_peaks()
 
@@ -289,8 +289,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (CliError, ValueError, TypeError) as exc:
-        print(f"fpsim: error: {exc}", file=sys.stderr)
+    except (CliError, ValueError, TypeError, OSError) as exc:
+        message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        print(f"fpsim: error: {message}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # e.g. `fpsim values e8m0 | head`
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit

@@ -60,8 +60,10 @@ def resolve_checkpoint(path_or_name: str | os.PathLike) -> Path:
         looked.append(f"{p} (exists but lacks config.json and one of {', '.join(WEIGHT_FILES)})")
     else:
         looked.append(f"{p} (no such directory)")
-    repo = "models--" + str(path_or_name).replace("/", "--")
-    for root in _hub_caches():
+    name = str(path_or_name)
+    hub_name = not (p.is_absolute() or name.startswith((".", "~")))  # paths are not hub names
+    repo = "models--" + name.replace("/", "--")
+    for root in _hub_caches() if hub_name else []:
         repo_dir = root / repo
         snap = _cached_snapshot(repo_dir) if repo_dir.is_dir() else None
         if snap is not None:
