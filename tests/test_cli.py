@@ -203,6 +203,17 @@ def test_experiment_missing_module_is_one_line(capsys, monkeypatch):
     assert code == 2 and err.count("\n") == 1 and "not available" in err
 
 
+def test_experiment_errors_are_one_line(capsys, tmp_path):
+    code, _, err = run(capsys, "experiment", "all", "--quick", "--model", str(tmp_path / "none"))
+    assert code == 2 and err.count("\n") == 1 and "not found" in err and "Traceback" not in err
+    try:
+        code = cli.main(["experiment", "no-such-experiment"])
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "invalid choice" in err
+
+
 # -- errors and help --------------------------------------------------------------------------
 @pytest.mark.parametrize("argv", [
     ["explain", "abc"], ["explain", "1", "-r", "nearest"], ["explain", "1", "-f", "fp7"],
