@@ -136,3 +136,15 @@ def test_unknown_name_lists_known_names_and_closest():
     assert "Did you mean 'fp8_e4m3fn'" in msg and "fp16" in msg and "e8m0" in msg
     with pytest.raises(TypeError):
         get_format(3)
+
+
+def test_core_import_needs_only_numpy():
+    import subprocess
+    import sys
+
+    code = ("import sys, fpsim, fpsim.mx, fpsim.scaling, fpsim.arith, fpsim.packing; "
+            "print(sorted(m for m in ('torch', 'triton', 'matplotlib', 'ml_dtypes', 'kernels') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
