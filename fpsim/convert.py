@@ -116,17 +116,18 @@ def _run_numpy(x: np.ndarray, fmt: Format, rounding: str, saturate: bool, subnor
         work = x.astype(np.float64 if src is R.F64 else np.float32, copy=False)
     flat = np.ascontiguousarray(work).reshape(-1)
     out = np.empty(flat.shape, dtype=out_dtype)
-    itype = np.int64 if src is R.F64 else np.int32
-    low = _table_low_bits(fmt, rounding) if src is R.F32 else 0
+    itype, utype = (np.int64, np.uint64) if src is R.F64 else (np.int32, np.uint32)
+    low = _table_low_bits(fmt, rounding, src)
     if low:
-        table = _lookup_table(fmt, rounding, saturate, subnormals, want, low)
-        high_mask, low_mask = np.uint32((0xFFFFFFFF >> (low - 1)) & ~1), np.uint32((1 << low) - 1)
+        table = _lookup_table(fmt, rounding, saturate, subnormals, want, low, src)
+        high_mask = utype(((1 << src.width) - 1 >> (low - 1)) & ~1)
+        low_mask = utype((1 << low) - 1)
     rng = np.random.default_rng(seed) if rounding == "stochastic" else None
     for lo in range(0, flat.size, CHUNK):
         chunk = flat[lo:lo + CHUNK]
         if low:
-            u = chunk.view(np.uint32)
-            idx = ((u >> (low - 1)) & high_mask) | ((u & low_mask) != 0)
+            u = chunk.view(utype)
+            idx = ((u >> utype(low - 1)) & high_mask) | ((u & low_mask) != 0)
             out[lo:lo + CHUNK] = table[idx]
             continue
         a, neg = _sign_split(chunk.view(itype))
@@ -140,30 +141,39 @@ def _run_numpy(x: np.ndarray, fmt: Format, rounding: str, saturate: bool, subnor
     return out.reshape(x.shape)
 
 
-def _table_low_bits(fmt: Format, rounding: str) -> int:
-    """How many low float32 bits a lookup table may fold into one sticky bit (0: no table).
+TABLE_BYTES = 1 << 23  # the largest lookup table (of values) kept per configuration: 8 MB
+
+
+def _table_low_bits(fmt: Format, rounding: str, src: R.Source) -> int:
+    """How many low source bits a lookup table may fold into one sticky bit (0: no table).
 
     Rounding drops at least ``least_shift`` bits, so bits below the half-ulp bit only matter
-    through "any of them set": a table indexed by the high ``32 - low`` bits and that sticky bit
-    is exact when ``low < least_shift``.  Tables stay at or below 2^21 entries (fp16, tf32).
+    through "any of them set": a table indexed by the high ``width - low`` bits and that sticky
+    bit is exact when ``low < least_shift``.  The largest such ``low`` is taken, and a table only
+    when it has at most TABLE_BYTES of values: float32 into fp16/tf32 (2^21 entries), bf16,
+    FP8/FP6/FP4 and integers (2^17-2^18); float64 into FP8/FP6/FP4, E8M0 and integers.
     """
     if rounding == "stochastic" or fmt.bits > 19:
         return 0
-    least_shift = R.F32.mbits - fmt.mbits + (1 if fmt.is_int else 0)
-    low = min(16, least_shift - 1)
-    return low if low >= 12 else 0
+    least_shift = src.mbits - fmt.mbits + (1 if fmt.is_int else 0)
+    low = min(src.width - 16, least_shift - 1)
+    entries = 2 ** (src.width - low + 1)
+    return low if entries * src.width // 8 <= TABLE_BYTES else 0
 
 
-@functools.lru_cache(maxsize=16)  # at most 8 MB each (fp16 values)
+@functools.lru_cache(maxsize=16)
 def _lookup_table(fmt: Format, rounding: str, saturate: bool, subnormals: bool, want: str,
-                  low: int) -> np.ndarray:
+                  low: int, src: R.Source) -> np.ndarray:
     """The rounding routine evaluated once per (high bits, sticky): index = high * 2 + sticky."""
-    hi = np.arange(1 << (32 - low), dtype=np.uint32) << low
-    reps = np.stack([hi, hi | 1], axis=1).reshape(-1).view(np.int32)
+    utype, itype = (np.uint64, np.int64) if src is R.F64 else (np.uint32, np.int32)
+    hi = np.arange(1 << (src.width - low), dtype=utype) << utype(low)
+    reps = np.stack([hi, hi | utype(1)], axis=1).reshape(-1).view(itype)
     a, neg = _sign_split(reps)
-    res = R.round_bits(_NP, a, neg, R.F32, fmt, rounding, saturate=saturate,
+    res = R.round_bits(_NP, a, neg, src, fmt, rounding, saturate=saturate,
                        subnormals=subnormals, want=want)
-    return res.view(np.float32) if want == "value" else res.astype(code_dtype(fmt))
+    if want == "value":
+        return res.view(np.float64 if src is R.F64 else np.float32)
+    return res.astype(code_dtype(fmt))
 
 
 def _check_nan(arr: Any, fmt: Format, nan: str) -> None:

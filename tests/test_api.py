@@ -234,24 +234,34 @@ def test_torch_decode_of_every_code_matches_numpy(name):
     assert np.array_equal(np.isnan(got.numpy()), np.isnan(want))
 
 
-@pytest.mark.parametrize("name", ["bf16", "fp16", "tf32", "e4m3", "e3m4", "int8", "int4", "e2m1",
-                                  "fp8_e4m3fnuz", "e6m9fn"])
-def test_lookup_tables_equal_the_rounding_routine(name):
-    """The float32 fast path (a table of the routine's results) against the routine itself."""
+@pytest.mark.parametrize("name, wide", [
+    ("bf16", False), ("fp16", False), ("tf32", False), ("e4m3", False), ("e3m4", False),
+    ("int8", False), ("int4", False), ("e2m1", False), ("fp8_e4m3fnuz", False), ("e6m9fn", False),
+    ("e4m3", True), ("e5m2", True), ("e2m1", True), ("int8", True), ("e8m0", True),
+    ("fp8_e5m2fnuz", True)])
+def test_lookup_tables_equal_the_rounding_routine(name, wide):
+    """The fast path (a table of the routine's results) against the routine itself, for
+    float32 and float64 inputs."""
     from fpsim import rounding as R
     from fpsim.backend import NumpyOps
     from fpsim.convert import _table_low_bits
 
     fmt = fpsim.get_format(name)
-    assert _table_low_bits(fmt, "rne") >= 12  # these formats do take the table
-    bits = np.random.default_rng(9).integers(0, 2**32, 300_000, dtype=np.uint64).astype(np.uint32)
-    x = bits.view(np.float32)
-    a, neg = (bits & 0x7FFFFFFF).view(np.int32), bits >= 2**31
+    src, ut, it = (R.F64, np.uint64, np.int64) if wide else (R.F32, np.uint32, np.int32)
+    assert _table_low_bits(fmt, "rne", src) > 0  # these formats do take the table
+    rng = np.random.default_rng(9)
+    bits = rng.integers(0, 2**63, 300_000, dtype=np.int64).astype(np.uint64)
+    bits = (bits << np.uint64(1)) | (bits >> np.uint64(62))   # all 64 bits random
+    bits = bits.astype(ut)                                      # (float32: the low 32)
+    bits[1::4] &= ~ut(2 ** (src.width // 2) - 1)                # low bits clear: ties, exact
+    bits[2::4] >>= ut(src.width // 2 - 4)                       # tiny values and subnormals
+    x = bits.view(np.float64 if wide else np.float32)
+    a, neg = (bits & ut(2 ** (src.width - 1) - 1)).view(it), bits >= ut(2 ** (src.width - 1))
     for mode in ("rne", "rna", "rtz", "rup", "rdown", "rto"):
         for sat in (False, True):
-            want = R.round_bits(NumpyOps(), a, neg, R.F32, fmt, mode, saturate=sat, want="code")
+            want = R.round_bits(NumpyOps(), a, neg, src, fmt, mode, saturate=sat, want="code")
             got = fpsim.encode(x, fmt, rounding=mode, saturate=sat, nan="zero")
             assert np.array_equal(got, want.astype(got.dtype)), (mode, sat)
-            want_v = R.round_bits(NumpyOps(), a, neg, R.F32, fmt, mode, saturate=sat, want="value")
+            want_v = R.round_bits(NumpyOps(), a, neg, src, fmt, mode, saturate=sat, want="value")
             got_v = fpsim.quantize(x, fmt, rounding=mode, saturate=sat)
-            assert np.array_equal(got_v.view(np.int32), want_v.astype(np.int32)), (mode, sat)
+            assert np.array_equal(got_v.view(it), want_v.astype(it)), (mode, sat)
