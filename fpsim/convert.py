@@ -1,11 +1,11 @@
 """Public conversions: quantize, encode, decode, values.
 
 This module only prepares inputs (types, dtypes, chunks, exact integer conversion) and hands the
-bits to the single rounding routine in :mod:`fpsim.rounding`.  For float32 inputs into formats
-of at most 10 mantissa bits (FP8/FP6/FP4, bf16, fp16, tf32, integers) the same routine is
-evaluated once on representative inputs and the result used as a lookup table: rounding to such
-a format depends only on the float32's high bits and on whether any of its low bits is set
-(2^17 entries for 8-bit formats, 2^18 for bf16, 2^21 for fp16 and tf32).
+bits to the single rounding routine in :mod:`fpsim.rounding`.  Where the dropped bits allow it
+(float32 into FP8/FP6/FP4, bf16, fp16, tf32 and integers; float64 into FP8/FP6/FP4, E8M0 and
+integers) the same routine is evaluated once on representative inputs and the result used as a
+lookup table: rounding to such a format depends only on the input's high bits and on whether
+any of its low bits is set (see ``_table_low_bits``).
 """
 
 from __future__ import annotations
