@@ -213,6 +213,7 @@ _NAMED = [
     _ieee("fp8_e5m2", 5, 2),
     Format("fp8_e4m3fnuz", 4, 3, bias=8, inf=False, nan="fnuz"),
     Format("fp8_e5m2fnuz", 5, 2, bias=16, inf=False, nan="fnuz"),
+    Format("fp8_e4m3b11fnuz", 4, 3, bias=11, inf=False, nan="fnuz"),  # Graphcore's, as ml_dtypes
     _ieee("fp8_e4m3", 4, 3),
     _ieee("fp8_e3m4", 3, 4),
     Format("e8m0", 8, 0, bias=127, inf=False, nan="fn", subnormals=False, signed=False,
@@ -237,6 +238,7 @@ ALIASES: dict[str, str] = {
     "e5m2": "fp8_e5m2", "float8_e5m2": "fp8_e5m2",
     "e4m3fnuz": "fp8_e4m3fnuz", "float8_e4m3fnuz": "fp8_e4m3fnuz",
     "e5m2fnuz": "fp8_e5m2fnuz", "float8_e5m2fnuz": "fp8_e5m2fnuz",
+    "e4m3b11fnuz": "fp8_e4m3b11fnuz", "float8_e4m3b11fnuz": "fp8_e4m3b11fnuz",
     "float8_e4m3": "fp8_e4m3", "e3m4": "fp8_e3m4", "float8_e3m4": "fp8_e3m4",
     "fp8_e8m0fnu": "e8m0", "float8_e8m0fnu": "e8m0", "e8m0fnu": "e8m0",
     "e2m3": "fp6_e2m3", "float6_e2m3fn": "fp6_e2m3",
