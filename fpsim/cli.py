@@ -289,13 +289,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:  # e.g. `fpsim values e8m0 | head`: an OSError, so caught first
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
+        return 0
     except (CliError, ValueError, TypeError, OSError) as exc:
         message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         print(f"fpsim: error: {message}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # e.g. `fpsim values e8m0 | head`
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
-        return 0
 
 
 if __name__ == "__main__":

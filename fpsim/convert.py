@@ -42,8 +42,10 @@ def _source_for(fmt: Format, wide: bool) -> R.Source:
                      f"(emin {fmt.emin}, emax {fmt.emax}, {fmt.mbits} mantissa bits)")
 
 
-def _options(fmt: Any, rounding: str) -> Format:
+def _options(fmt: Any, rounding: str, backend: str = "auto") -> Format:
     R.check_mode(rounding)
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     return get_format(fmt)
 
 
@@ -96,7 +98,7 @@ def _int_to_float64(arr: np.ndarray, fmt: Format, rounding: str) -> np.ndarray:
     back = np.minimum(fmag, 2.0**64 - 2048).astype(np.uint64)
     inexact = (back != mag) & big
     odd = (fmag.view(np.int64) & 1) == 1
-    toward = np.where(back > mag, 0.0, np.inf)
+    toward = np.where((fmag >= 2.0**64) | (back > mag), 0.0, np.inf)  # 2^64 is above any input
     fixed = np.where(inexact & ~odd, np.nextafter(fmag, toward), fmag)
     return np.copysign(fixed, f)
 
@@ -122,7 +124,7 @@ def _run_numpy(x: np.ndarray, fmt: Format, rounding: str, saturate: bool, subnor
         table = _lookup_table(fmt, rounding, saturate, subnormals, want, low, src)
         high_mask = utype(((1 << src.width) - 1 >> (low - 1)) & ~1)
         low_mask = utype((1 << low) - 1)
-    rng = np.random.default_rng(seed) if rounding == "stochastic" else None
+    rng = _numpy_rng(seed) if rounding == "stochastic" else None
     for lo in range(0, flat.size, CHUNK):
         chunk = flat[lo:lo + CHUNK]
         if low:
@@ -131,7 +133,7 @@ def _run_numpy(x: np.ndarray, fmt: Format, rounding: str, saturate: bool, subnor
             out[lo:lo + CHUNK] = table[idx]
             continue
         a, neg = _sign_split(chunk.view(itype))
-        rand = rng.integers(0, 1 << (src.width - 2), size=a.shape, dtype=itype) if rng else None
+        rand = _NP.random_bits(a.shape, src.width - 2, itype, rng) if rng else None
         res = R.round_bits(_NP, a, neg, src, fmt, rounding, saturate=saturate,
                            subnormals=subnormals, rand=rand, want=want)
         if want == "value":
@@ -142,6 +144,14 @@ def _run_numpy(x: np.ndarray, fmt: Format, rounding: str, saturate: bool, subnor
 
 
 TABLE_BYTES = 1 << 23  # the largest lookup table (of values) kept per configuration: 8 MB
+
+
+def _numpy_rng(seed: Any) -> np.random.Generator:
+    if seed is None or isinstance(seed, (numbers.Integral, np.random.Generator,
+                                         np.random.SeedSequence)):
+        return np.random.default_rng(seed)
+    raise TypeError(f"seed for NumPy input must be an int, a numpy Generator or None, not "
+                    f"{type(seed).__name__} (a torch.Generator works with torch tensors)")
 
 
 def _table_low_bits(fmt: Format, rounding: str, src: R.Source) -> int:
@@ -177,11 +187,9 @@ def _lookup_table(fmt: Format, rounding: str, saturate: bool, subnormals: bool, 
 
 
 def _check_nan(arr: Any, fmt: Format, nan: str) -> None:
-    if fmt.has_nan:
-        return
     if nan not in ("raise", "zero"):
         raise ValueError(f"nan={nan!r}: choose 'raise' or 'zero'")
-    if nan == "raise":
+    if nan == "raise" and not fmt.has_nan:
         count = int((arr != arr).sum())
         if count:
             raise ValueError(f"{count} NaN input(s) cannot be encoded: {fmt.name} has no NaN code. "
@@ -196,7 +204,7 @@ def _run_torch(x: Any, fmt: Format, rounding: str, saturate: bool, subnormals: b
     import torch
 
     ops = ops_for(x)
-    if not (x.is_floating_point() or x.dtype == torch.bool or not x.is_complex()):
+    if x.is_complex():
         raise TypeError(f"expected a real tensor, got dtype {x.dtype}")
     if not x.is_floating_point():
         work = torch.from_numpy(_int_to_float64(x.cpu().numpy(), fmt, rounding)).to(x.device)
@@ -274,7 +282,7 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
     no inf) unless ``saturate`` or the rounding direction says the largest finite value; NaN
     stays NaN.  ``backend`` picks the driver for torch tensors (see ``_torch_backend``).
     """
-    fmt = _options(fmt, rounding)
+    fmt = _options(fmt, rounding, backend)
     if is_torch(x):
         route = _torch_backend(x, backend, fmt, seed)
         if route == "triton":
@@ -314,7 +322,7 @@ def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool =
     NaN becomes a zero).  torch tensors give torch tensors on the same device: uint8 for codes
     of up to 8 bits, else int32/int64 lanes (torch's wide unsigned types lack arithmetic).
     """
-    fmt = _options(fmt, rounding)
+    fmt = _options(fmt, rounding, backend)
     if is_torch(x):
         route = _torch_backend(x, backend, fmt, seed)
         if route == "triton":                         # checks NaN inside the kernel
@@ -364,24 +372,33 @@ def decode(codes: Any, fmt: str | Format, *, dtype: Any = np.float64) -> Any:
     if is_torch(codes):
         import torch
 
-        out = _decode(ops_for(codes), codes.to(torch.int64), fmt)
+        if codes.is_floating_point() or codes.is_complex():
+            raise TypeError(f"codes must be integers, got dtype {codes.dtype}")
+        wide = codes.to(torch.int64)  # 64-bit codes arrive as int64 bit patterns: all valid
+        if fmt.bits < 64 and wide.numel():
+            _check_code_range(int(wide.min()), int(wide.max()), fmt)
+        out = _decode(ops_for(codes), wide, fmt)
         return out.to(dtype if isinstance(dtype, torch.dtype) else torch.float64)
     arr, scalar = _as_array(codes)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"codes must be integers, got dtype {arr.dtype}")
-    if arr.size and (arr.min() < 0 or int(arr.max()) >= fmt.num_codes):
-        raise ValueError(f"codes out of range for {fmt.name}: {fmt.bits}-bit codes lie in "
-                         f"[0, {fmt.num_codes - 1}]")
+    if arr.size:
+        _check_code_range(int(arr.min()), int(arr.max()), fmt)
     out = _decode(_NP, arr.astype(np.uint64).view(np.int64), fmt).astype(dtype)
     return float(out) if scalar else out
+
+
+def _check_code_range(lo: int, hi: int, fmt: Format) -> None:
+    if lo < 0 or hi >= fmt.num_codes:
+        raise ValueError(f"codes out of range for {fmt.name}: {fmt.bits}-bit codes lie in "
+                         f"[0, {fmt.num_codes - 1}] (got {lo}..{hi})")
 
 
 def _decode(xp: Any, c: Any, fmt: Format) -> Any:
     """Integer-only decode into float64 bits; subnormal codes via one exact multiply."""
     m = fmt.mbits
-    sign_bit = fmt.sign_mask
     mag = c & ((1 << (fmt.bits - 1)) - 1) if fmt.signed else c
-    neg = (c & sign_bit) != 0 if fmt.signed else (c < 0)
+    neg = ((c >> (fmt.bits - 1)) & 1) != 0 if fmt.signed else (c < 0)  # bit 63 too
     f64 = xp.int64
     if fmt.is_int:
         val = xp.astype(xp.where(neg, mag - (1 << (fmt.bits - 1)), mag), f64)

@@ -74,7 +74,7 @@ def _show(v: float) -> str:
     if v == 0:
         return "-0" if math.copysign(1.0, v) < 0 else "0"
     if v == int(v) and abs(v) < 2**53:
-        return str(int(v)) if abs(v) >= 1 or v == 0 else repr(v)
+        return str(int(v))
     return repr(v)
 
 

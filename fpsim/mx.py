@@ -21,7 +21,9 @@ MX scale (``scale_rounding``; the block's amax is read exactly from its float bi
 Choices where the spec leaves room, or where inputs are special (all documented and tested):
 
 * s is clamped to E8M0's range: below -127 becomes -127 (code 0x00, X = 2^-127; torchao instead
-  divides by 2^-126 there); above 127 (only float64 inputs reach it) gives the NaN scale.
+  divides by 2^-126 there); above 127 gives the NaN scale.  "floor" reaches it only from float64
+  inputs; the rounding-up rules also from float32 blocks near its largest value (e.g. MXINT8,
+  whose emax_elem is 0, with "ceil" at amax 3.4e38).
 * A block with any NaN or ±inf gets the NaN scale 0xFF (as microxcaling; the spec says a NaN
   scale makes the whole block NaN).  Its element codes are all 0; it dequantizes to NaN.
 * An all-zero block takes amax = 2^-126 (FP32's smallest normal), as microxcaling does: scale

@@ -17,14 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .formats import Format
+from .formats import Format, unknown_name_error
 
 MODES = ("rne", "rna", "rtz", "rup", "rdown", "rto", "stochastic")
 
 
 def check_mode(rounding: str) -> str:
     if rounding not in MODES:
-        raise ValueError(f"unknown rounding mode {rounding!r}; choose one of {', '.join(MODES)}")
+        raise unknown_name_error("rounding mode", rounding, list(MODES))
     return rounding
 
 

@@ -10,8 +10,7 @@ branch-free code from one source.  :func:`decode_bits` is the twin of ``fpsim.co
 
 Deliberate differences, forced by Triton: no ``return`` inside a compile-time ``if`` (the code
 generator keeps visiting what follows it), so tails are ``if``/``else``; the subnormal multiply
-ends in ``.to(tl.float32)`` (Triton makes a constant below 2^-126 a float64); a negative input to
-an unsigned format without NaN encodes as 0, where NumPy's ``where`` with ``None`` fails.
+ends in ``.to(tl.float32)`` (Triton makes a constant below 2^-126 a float64).
 """
 
 from __future__ import annotations
@@ -155,8 +154,8 @@ def _codes(FMT: tl.constexpr, code, limit, over, to_inf, flush, special, is_nan,
             sign = tl.where((code == 0) | (code == fmt.nan_code), 0, sign)
         code = code | sign
     else:
-        if not fmt.zero:                              # E8M0: zero and negatives are NaN
-            code = tl.where(a == 0, fmt.nan_code, code)
+        if not fmt.zero:                              # E8M0: zero is NaN, as negatives are
+            code = tl.where(a == 0, nan_in, code)
         code = tl.where(bad_sign, nan_in, code)
     return code
 
@@ -185,7 +184,7 @@ def _values(FMT: tl.constexpr, a, neg, code, limit, over, to_inf, flush, special
     nan_bits: tl.constexpr = inf_bits | (1 << (M - 1))
     if to_inf is not None:
         val = tl.where(to_inf, inf_bits if fmt.inf else nan_bits, val)
-    if not fmt.zero:
+    if not fmt.zero and fmt.has_nan:                  # no zero: 0 is NaN (else the least value)
         val = tl.where(a == 0, nan_bits, val)
     inf_in = _inf_input(fmt, SATURATE, inf_bits, nan_bits, _float_bits(fmt.max))
     if fmt.is_int and fmt.signed:

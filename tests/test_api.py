@@ -214,6 +214,15 @@ def test_wide_codes_are_the_same_on_every_torch_driver():
             assert np.array_equal(got, want), (name, backend)
 
 
+def test_torch_decode_checks_its_codes():
+    with pytest.raises(ValueError, match="out of range"):
+        fpsim.decode(torch.tensor([300, -1]), "e4m3")
+    with pytest.raises(TypeError, match="integers"):
+        fpsim.decode(torch.tensor([1.5]), "e4m3")
+    codes = fpsim.encode(torch.tensor([-2.0]), "fp64", backend="torch")  # int64 bit pattern
+    assert fpsim.decode(codes, "fp64").item() == -2.0
+
+
 def test_backend_switch_is_checked():
     x = torch.ones(3)
     with pytest.raises(ValueError, match="backend"):
@@ -265,3 +274,31 @@ def test_lookup_tables_equal_the_rounding_routine(name, wide):
             want_v = R.round_bits(NumpyOps(), a, neg, src, fmt, mode, saturate=sat, want="value")
             got_v = fpsim.quantize(x, fmt, rounding=mode, saturate=sat)
             assert np.array_equal(got_v.view(it), want_v.astype(it)), (mode, sat)
+
+
+def test_64_bit_formats_decode_and_round_trip():
+    x = np.array([1.5, -2.0, np.inf, -0.0, 5e-324, -1.7976931348623157e308])
+    for name in ("fp64", "e11m52"):
+        codes = fpsim.encode(x, name)
+        assert codes.dtype == np.uint64 and codes[1] == np.float64(-2.0).view(np.uint64)
+        assert np.array_equal(fpsim.decode(codes, name).view(np.uint64), x.view(np.uint64))
+    assert str(fpsim.explain(-0.1, "fp64")).startswith("1 | 01111111011 | ")
+
+
+def test_integers_at_the_top_of_uint64_round_down_when_asked():
+    top = np.array([2**64 - 1], np.uint64)
+    assert fpsim.quantize(top, "fp32", rounding="rtz")[0] == 2.0**64 - 2.0**40
+    assert fpsim.quantize(top, "fp32", rounding="rdown")[0] == 2.0**64 - 2.0**40
+    assert fpsim.quantize(top, "fp32", rounding="rup")[0] == 2.0**64
+    assert fpsim.quantize(top, "fp32")[0] == 2.0**64
+
+
+def test_options_are_checked_whatever_the_input():
+    with pytest.raises(ValueError, match="backend"):
+        fpsim.quantize([1.0], "e4m3", backend="bogus")
+    with pytest.raises(ValueError, match="nan="):
+        fpsim.encode([1.0], "e4m3", nan="ignore")  # e4m3 has a NaN code: still a bad option
+    with pytest.raises(ValueError, match="Did you mean 'rne'"):
+        fpsim.quantize([1.0], "e4m3", rounding="rnee")
+    with pytest.raises(TypeError, match="seed"):
+        fpsim.quantize(np.ones(3), "e4m3", rounding="stochastic", seed=object())

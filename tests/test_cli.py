@@ -243,3 +243,15 @@ def test_console_entry_point_runs_without_traceback():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "unknown format 'fp7'" in proc.stderr
+
+
+def test_a_closed_pipe_ends_quietly():
+    """`fpsim explain ... | head -1`: the reader leaves early; no error, status 0.  (The output,
+    about 300 kB, is larger than a pipe's buffer, so the writer does meet the closed pipe.)"""
+    values = [str(v) for v in range(3000)]
+    proc = subprocess.Popen([sys.executable, "-m", "fpsim.cli", "explain", *values, "-f", "bf16"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(timeout=60) == 0
+    assert proc.stderr.read() == b""

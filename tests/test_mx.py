@@ -577,3 +577,11 @@ def test_triton_backend_gives_the_numpy_result(monkeypatch):
     assert len(calls) == 4
     fpsim.mx.quantize(x, "mxfp4")  # a CPU tensor under "auto" stays off the kernel
     assert len(calls) == 4
+
+
+def test_rounded_up_scale_beyond_e8m0_is_nan_even_from_float32():
+    """The module doc's rule: a shared exponent above 127 gives the NaN scale."""
+    x = np.full((1, 32), 3.4e38, np.float32)
+    assert mx.quantize(x, "mxint8").scales[0, 0] == 127 + 127     # floor: 2^127, elements saturate
+    up = mx.quantize(x, "mxint8", scale_rounding="ceil")
+    assert up.scales[0, 0] == 0xFF and np.isnan(up.dequantize()).all()
