@@ -53,6 +53,7 @@ def index(out: Path, names: list[str]) -> str:
         rvp = load_json(out / range_vs_precision.NAME / "results.json")
         lines += [f"![range vs precision]({range_vs_precision.NAME}/range_vs_precision.png)", "",
                   "End-to-end KL(FP32 ‖ format) in nats/token of every IEEE-style eXmY split of B bits "
+                  "(inf/NaN in the all-ones exponent: e4m3 here has max 240, not OCP E4M3FN's 448) "
                   f"(`{rvp['meta']['model']}`, {rvp['meta']['tokens']} held-out tokens; NaN: inf/NaN logits):", "",
                   range_vs_precision.headline(rvp), ""]
     for name in names:

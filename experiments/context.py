@@ -27,7 +27,7 @@ from . import endtoend, replay
 from .capture import Site, capture
 from .gpt2.checkpoint import load_gpt2, resolve_checkpoint
 from .gpt2.data import heldout_bytes, split_topics, windows
-from .gpt2.model import GPT2
+from .gpt2.model import GPT2, site_order
 from .gpt2.tokenizer import load_bpe
 from .recipes import FP32, Recipe
 
@@ -109,7 +109,7 @@ class Context:
         """Loss, perplexity, KL from FP32, top-1 agreement and the sites with inf/NaN outputs under ``recipe``."""
         ops = endtoend.RecipeOps(recipe)
         metrics = endtoend.compare(self.model, self.wins, self.ref_logits, ops, self.batch_size)
-        return {**metrics, "nonfinite_sites": list(ops.nonfinite)}
+        return {**metrics, "nonfinite_sites": sorted(ops.nonfinite, key=site_order)}
 
     def replay(self, recipe: Recipe) -> dict[str, dict]:
         """Per-site statistics of ``recipe`` (on ``emulation_sites`` when its accumulator is emulated)."""

@@ -25,7 +25,7 @@ class RecipeOps:
     """GPT-2 ``ops`` computing every site under a recipe (one for all, or per site name; default FP32).
 
     ``cache`` holds quantized weights; share one between ops of the same model only.
-    ``nonfinite`` counts, per site, the outputs that were inf/NaN (sites in the order first seen).
+    ``nonfinite`` counts, per site, the outputs that were inf/NaN.
     """
 
     def __init__(self, recipe: Recipe | Mapping[str, Recipe], cache: dict | None = None) -> None:

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from .context import Context
 from .recipes import Recipe
-from .report import figure, num, pct, ratio, save, table
+from .report import figure, in_forward_order, num, pct, ratio, save, table
 
 NAME = "fp16-vs-bf16"
 FORMATS = ("fp16", "bf16")
@@ -97,7 +97,7 @@ def render(data: dict, out: Path) -> str:
     names = figures(data, out)
     r = _by_name(data)
     e2e = [[n, num(run["e2e"]["kl"]), num(run["e2e"]["loss"], 4), pct(run["e2e"]["top1"]),
-            ", ".join(run["e2e"]["nonfinite_sites"]) or "-"]
+            ", ".join(in_forward_order(run["e2e"]["nonfinite_sites"])) or "-"]
            for n, run in r.items() if "e2e" in run]
     order = list(r)
     site_rows = []

@@ -18,7 +18,7 @@ from fpsim import get_format, mx
 
 from .context import Context
 from .recipes import Recipe
-from .report import figure, num, pct, ratio, save, table
+from .report import figure, in_forward_order, num, pct, ratio, save, table
 
 NAME = "fp8"
 SCALARS = ("e5m2", "e4m3", "e3m4", "int8")
@@ -66,7 +66,7 @@ def conclusions(data: dict) -> list[str]:
         none, tensor, channel = (runs[f"{f}/{s}"] for s in SCALAR_SCALINGS)
         out.append(f"{f}: per-tensor scaling changes KL by {ratio(_kl(tensor), _kl(none))} against no scaling, "
                    f"per-channel by {ratio(_kl(channel), _kl(none))}"
-                   + (f"; without scaling inf/NaN first appears at {none['e2e']['nonfinite_sites'][0]}"
+                   + (f"; without scaling inf/NaN first appears at {in_forward_order(none['e2e']['nonfinite_sites'])[0]}"
                       if none["e2e"]["nonfinite_sites"] else "") + ".")
     blocks = sorted((runs[f"{b}/block"] for b in BLOCKS), key=_kl)
     out.append("Block formats by KL: " + " < ".join(
@@ -108,7 +108,7 @@ def render(data: dict, out: Path) -> str:
     meta = data["meta"]
     names = figures(data, out)
     rows = [[r["recipe"]["inputs"], r["recipe"]["scaling"], num(r["bits"]), num(r["e2e"]["kl"]),
-             num(r["e2e"]["loss"], 4), pct(r["e2e"]["top1"]), (r["e2e"]["nonfinite_sites"] or ["-"])[0],
+             num(r["e2e"]["loss"], 4), pct(r["e2e"]["top1"]), (in_forward_order(r["e2e"]["nonfinite_sites"]) or ["-"])[0],
              pct(r["summary"]["operand_overflow"]), pct(r["summary"]["operand_saturated"]),
              pct(r["summary"]["operand_flushed"]), num(r["summary"]["snr_db_min"])] for r in data["runs"]]
     lines = [f"# FP8, INT8 and block formats ({meta['model']})", "",

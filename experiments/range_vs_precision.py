@@ -18,7 +18,7 @@ from fpsim import Format
 
 from .context import Context
 from .recipes import Recipe
-from .report import figure, num, pct, ratio, save, table
+from .report import figure, in_forward_order, num, pct, ratio, save, table
 
 NAME = "range-vs-precision"
 BUDGETS = (8, 12, 16)
@@ -233,7 +233,7 @@ def render(data: dict, out: Path) -> str:
                          num(none["e2e"]["kl"]), num(tensor["e2e"]["kl"]),
                          num(none["e2e"]["loss"], 4), num(tensor["e2e"]["loss"], 4),
                          pct(none["e2e"]["top1"]), len(none["summary"]["overflow_sites"]),
-                         (none["e2e"]["nonfinite_sites"] or ["-"])[0],
+                         (in_forward_order(none["e2e"]["nonfinite_sites"]) or ["-"])[0],
                          pct(none["summary"]["operand_overflow"]), pct(none["summary"]["operand_flushed"]),
                          pct(tensor["summary"]["operand_flushed"])])
         lines.append(table(["format", "max", "min subnormal", "KL none", "KL tensor", "loss none",

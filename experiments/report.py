@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .gpt2.model import site_order
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -49,6 +51,11 @@ def write_json(path: Path, data: dict) -> None:
 def load_json(path: Path) -> dict:
     """Read :func:`write_json` output, turning ``"inf"``/``"-inf"``/``"nan"`` back into floats."""
     return _loose(json.loads(Path(path).read_text()))
+
+
+def in_forward_order(sites: Sequence[str]) -> list[str]:
+    """Site names sorted as the forward pass meets them: the first is where trouble starts."""
+    return sorted(sites, key=site_order)
 
 
 def num(v: float | None, digits: int = 3) -> str:

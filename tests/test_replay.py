@@ -199,3 +199,11 @@ def test_emulated_accumulators_go_through_fpsim_matmul(model: GPT2, wins: torch.
         assert (events["accum"]["swamped"] > 0) == (accum == "bf16")
     tc = Recipe("tc", "bf16", order="tensor_core", tensor_core="hopper_bf16")
     assert replay(small, tc)["lm_head"]["rel_median"] < 1e-2
+
+
+def test_sites_sort_in_forward_order():
+    from experiments.gpt2.model import site_order
+
+    seen = ["lm_head", "ln_f", "h3.ln_1", "h10.attn.qk", "h3.mlp.c_proj", "h3.attn.av"]
+    assert sorted(seen, key=site_order) == ["h3.ln_1", "h3.attn.av", "h3.mlp.c_proj",
+                                            "h10.attn.qk", "ln_f", "lm_head"]

@@ -55,6 +55,19 @@ class GPT2Config:
         }
 
 
+#: The dot-product sites of one block, in the order the forward pass calls them.
+BLOCK_SITES = ("ln_1", "attn.c_attn", "attn.qk", "attn.av", "attn.c_proj", "ln_2", "mlp.c_fc",
+               "mlp.c_proj")
+
+
+def site_order(name: str) -> tuple[int, int]:
+    """Sort key putting site names in forward-pass order: blocks first, then ln_f, lm_head."""
+    if name in ("ln_f", "lm_head"):
+        return (1 << 30, ("ln_f", "lm_head").index(name))
+    block, site = name[1:].split(".", 1)
+    return (int(block), BLOCK_SITES.index(site))
+
+
 class TorchOps:
     """Default arithmetic: plain torch ops in the tensors' own dtype.
 
