@@ -64,9 +64,10 @@ class QuantizedLayers:
     """What :func:`quantize_linear_layers` changed; ``restore()`` (or leaving a ``with`` block)
     gives the model back exactly as it was: same classes, same Parameter objects."""
 
-    def __init__(self, modules: dict[str, Any], hooks: list[Any]) -> None:
+    def __init__(self, modules: dict[str, Any], hooks: list[Any], weights: bool) -> None:
         self.modules = modules
         self._hooks = hooks
+        self._weights = weights     # whether this call added the weight parametrizations
         self._order = {name: list(m._parameters) for name, m in modules.items()}
 
     @property
@@ -75,13 +76,14 @@ class QuantizedLayers:
         return list(self.modules)
 
     def restore(self) -> None:
-        """Remove every weight quantizer and activation hook (a second call does nothing)."""
+        """Remove the weight quantizers and activation hooks this call added (a second call
+        does nothing; parametrizations registered by anyone else stay)."""
         from torch.nn.utils import parametrize
 
         for hook in self._hooks:
             hook.remove()
         for name, module in self.modules.items():
-            if parametrize.is_parametrized(module, "weight"):
+            if self._weights and parametrize.is_parametrized(module, "weight"):
                 parametrize.remove_parametrizations(module, "weight", leave_parametrized=False)
                 params = module._parameters      # put "weight" back in its original place
                 moved = [(k, params.pop(k)) for k in self._order[name] if k in params]
@@ -139,7 +141,7 @@ def quantize_linear_layers(model: Any, weights: str | Format | None = None,
     if wfmt is not None:
         for m in chosen.values():
             parametrize.register_parametrization(m, "weight", _round_weight()(wfmt, kw))
-    return QuantizedLayers(chosen, hooks)
+    return QuantizedLayers(chosen, hooks, wfmt is not None)
 
 
 @functools.lru_cache(maxsize=None)

@@ -95,6 +95,23 @@ def test_restore_gives_back_identical_modules_and_outputs():
     assert all(not mod._forward_pre_hooks for mod in m.modules())
 
 
+def test_restore_keeps_parametrizations_it_did_not_add():
+    from torch.nn.utils import parametrize
+
+    class Double(torch.nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    m, x = model(), torch.randn(5, 8)
+    first = next(mod for mod in m.modules() if isinstance(mod, torch.nn.Linear))
+    parametrize.register_parametrization(first, "weight", Double())
+    before = m(x)
+    with quantize_linear_layers(m, activations="e4m3"):
+        assert not torch.equal(m(x), before)
+    assert parametrize.is_parametrized(first, "weight")       # the user's own is still there
+    assert torch.equal(m(x), before)
+
+
 def test_training_updates_the_full_precision_weights():
     m, x = model(), torch.randn(5, 8)
     w = m[0].weight
