@@ -314,10 +314,12 @@ def _tensor_scale_arg(spec: MXFormat, tensor_scale: Any, unpacking: bool = False
             raise ValueError("nvfp4 needs its float32 tensor_scale to unpack: pass the "
                              "MXArray's tensor_scale")
         return None
-    value = float(tensor_scale)
-    if not (np.isfinite(value) and value > 0):
-        raise ValueError(f"tensor_scale={tensor_scale!r}: pass a finite positive number")
-    return float(np.float32(value))
+    with np.errstate(over="ignore"):
+        value = float(np.float32(float(tensor_scale)))   # checked as float32 holds it
+    if not (np.isfinite(value) and value >= 2.0**-126):
+        raise ValueError(f"tensor_scale={tensor_scale!r}: pass a finite positive number in float32's "
+                         "normal range [2^-126, 3.4e38], as the computed scale is")
+    return value
 
 
 def _float_input(x: Any, nvfp4: bool) -> Any:

@@ -487,3 +487,20 @@ def test_compiled_engine_gives_the_same_bits():
         got = fpsim.matmul(a[:rows], b, engine="compiled", **config)
         assert isinstance(got, np.ndarray)
         assert same_bits(got, fpsim.matmul(a[:rows], b, **config))
+
+
+def test_stochastic_accumulation_is_unbiased():
+    """Small addends into an FP16 sum: stochastic rounding keeps the mean exact (round-to-odd
+    first would round 2^-30 up as often as a quarter ulp)."""
+    tiny = np.tile(np.float32([1, 2**-30]), (100_000, 1))
+    up = fpsim.matmul(tiny, np.ones((2, 1), np.float32), accum="fp16", rounding="stochastic",
+                      seed=0)
+    assert (up > 1).sum() <= 3                         # expected 100000 * 2^-20 = 0.1
+    K, rows = 2000, 20_000
+    a = np.concatenate([[1.0], np.full(K, 2.0**-12)]).astype(np.float32)[None, :].repeat(rows, 0)
+    r = fpsim.matmul(a, np.ones((K + 1, 1), np.float32), accum="fp16", rounding="stochastic",
+                     seed=1)
+    exact = 1 + K * 2.0**-12
+    # each output is a sum of K independent steps of at most 2^-10 spread: sd <= 2^-10 sqrt(K)
+    assert abs(r.mean() - exact) < 5 * 2.0**-10 * np.sqrt(K / rows)
+    assert set(np.unique(fpsim.quantize(r, "fp16") == r)) == {True}  # results are FP16 values

@@ -17,8 +17,8 @@ FP32 = get_format("fp32")
 
 
 def exponent(x: float, emin: int) -> int:
-    """floor(log2|x|), clamped at the format's least normal exponent."""
-    return max(math.frexp(x)[1] - 1, emin)
+    """floor(log2|x|), clamped at the format's least normal exponent (zeros: that exponent)."""
+    return emin if x == 0 else max(math.frexp(x)[1] - 1, emin)
 
 
 def ref_tensor_core(xs, ys, model: TensorCoreModel, emin_a: int, emin_b: int,
@@ -32,8 +32,8 @@ def ref_tensor_core(xs, ys, model: TensorCoreModel, emin_a: int, emin_b: int,
             acc = 0.0
         terms = [(Fraction(float(x)) * Fraction(float(y)),
                   exponent(float(x), emin_a) + exponent(float(y), emin_b))
-                 for x, y in zip(xs[g0:g0 + model.group], ys[g0:g0 + model.group]) if x and y]
-        if model.align_accumulator and acc != 0:
+                 for x, y in zip(xs[g0:g0 + model.group], ys[g0:g0 + model.group])]
+        if model.align_accumulator:
             terms.append((Fraction(acc), exponent(acc, fmt.emin)))
         top = max((e for _, e in terms), default=0)
         quantum = Fraction(2) ** (top - f)
@@ -42,6 +42,8 @@ def ref_tensor_core(xs, ys, model: TensorCoreModel, emin_a: int, emin_b: int,
             acc = add_rounded(acc, total, fmt, model.rounding)
         else:
             acc = round_fraction(total, fmt, model.rounding) if total else 0.0
+            if abs(total) >= Fraction(2) ** (fmt.emax + 1):     # the exponent overflows: inf
+                acc = math.copysign(math.inf, total)
     if chunk:
         return add_rounded(outer, acc, FP32, "rne")
     return acc
@@ -71,6 +73,16 @@ def test_tensor_core_matches_reference(model, fmt, chunk):
     ref = [[ref_tensor_core(a[i], b[:, j], model, emin, emin, chunk) for j in range(2)]
            for i in range(3)]
     assert same_bits(got, np.array(ref))
+
+
+def test_tensor_core_zeros_and_overflow_follow_mma_sim():
+    """A zero times 2^127 still sets the alignment (MMA-Sim gives zeros the least exponent), and
+    a truncated FP32 result beyond FP32's range is inf, which the statistics report."""
+    a, b = np.float32([0, 2**-15]), np.float32([2**127, 2**-15])
+    assert fpsim.matmul(a, b, inputs="bf16", order="tensor_core", tensor_core="ampere_bf16") == 0
+    y, st = fpsim.matmul(np.float32([[1e20]]), np.float32([[1e20]]), inputs="bf16",
+                         order="tensor_core", tensor_core="hopper_bf16", return_stats=True)
+    assert np.isinf(y[0, 0]) and y[0, 0] > 0 and st.overflow[0, 0]
 
 
 def test_tensor_core_propagates_inf_and_nan():

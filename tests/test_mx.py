@@ -585,3 +585,9 @@ def test_rounded_up_scale_beyond_e8m0_is_nan_even_from_float32():
     assert mx.quantize(x, "mxint8").scales[0, 0] == 127 + 127     # floor: 2^127, elements saturate
     up = mx.quantize(x, "mxint8", scale_rounding="ceil")
     assert up.scales[0, 0] == 0xFF and np.isnan(up.dequantize()).all()
+
+
+def test_nvfp4_tensor_scale_is_checked_as_float32():
+    for bad in (1e-50, 1e39):                # 0 and inf once rounded to float32
+        with pytest.raises(ValueError, match="normal range"):
+            mx.quantize(np.ones(16, np.float32), "nvfp4", tensor_scale=bad)

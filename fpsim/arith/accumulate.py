@@ -38,6 +38,7 @@ class Adder:
         self.plain, self.may_overflow = plain, may_overflow
         self.top = lanes.src.width - 1
         self.big = lane_max(lanes.src)
+        self.top_ulp = 2.0 ** (fmt.emax - fmt.mbits)    # the step from max to inf, stochastically
 
     def __call__(self, x: Any, y: Any) -> Any:
         s = x + y
@@ -51,9 +52,26 @@ class Adder:
             s = xp.where(out, xp.clip(s, -self.big, self.big), s)      # +-max (odd)
         sb, eb = self.lanes.bits(s), self.lanes.bits(e)
         odd = (sb + ((eb ^ sb) >> self.top)) | 1     # toward e: |s|+1 or |s|-1, made odd
-        s = self.lanes.floats(xp.where(abs(e) > 0, odd, sb))
-        return quantize(s, self.fmt, rounding=self.rounding, seed=self.rng,
-                        backend=self.lanes.backend)
+        s_odd = self.lanes.floats(xp.where(abs(e) > 0, odd, sb))
+        if self.rounding == "stochastic":
+            return self._stochastic(s, e, s_odd)
+        return quantize(s_odd, self.fmt, rounding=self.rounding, backend=self.lanes.backend)
+
+    def _stochastic(self, s: Any, e: Any, s_odd: Any) -> Any:
+        """Stochastic rounding of the exact sum s + e.  Round-to-odd is exact only for the
+        deterministic modes, so the two neighbours come from it (``rdown``/``rup``) and the
+        probability of the upper one from the exact distance: (s - lo) + e over hi - lo.
+        ``s - lo`` and ``hi - lo`` are exact; the quotient carries one lane rounding."""
+        xp, lanes = self.lanes.xp, self.lanes
+        lo = quantize(s_odd, self.fmt, rounding="rdown", backend=lanes.backend)
+        hi = quantize(s_odd, self.fmt, rounding="rup", backend=lanes.backend)
+        width = xp.where(xp.isinf(hi) & xp.isfinite(lo), self.top_ulp, hi - lo)
+        width = xp.where(width == 0, 1.0, width)        # exact sums: lo == hi
+        if lanes.torch:
+            u = xp.rand(s.shape, generator=self.rng, device=lanes.device, dtype=lanes.fdt)
+        else:
+            u = self.rng.random(s.shape, dtype=lanes.fdt)
+        return xp.where(u < ((s - lo) + e) / width, hi, lo)
 
 
 def new_stats(lanes: Lanes, shape: tuple, wanted: bool) -> Stats:

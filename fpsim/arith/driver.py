@@ -53,15 +53,18 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     """Matrix product ``a @ b`` (NumPy ``matmul`` semantics) with emulated arithmetic.
 
     ``inputs``: format (or pair of formats for a and b) the operands are first rounded to
-    (nearest even, like a cast); None takes them as given.
+    (nearest even, like ``fpsim.quantize``: overflow gives inf, or NaN in E4M3FN, without
+    saturation; pre-scale or saturate operands yourself for torch's saturating FP8 cast); None
+    takes them as given.  With ``order="tensor_core"`` operand exponents are clamped at the
+    least normal exponent of ``inputs`` (or of the array's dtype when ``inputs`` is None).
     ``product``: "exact" (as tensor cores and FMA form them), a format each product is rounded
     to with ``rounding`` before it is added, or "fp64" (a float64 multiply).
     ``accum``: accumulator format; every addition is rounded to it once with ``rounding``
-    (all of fpsim's modes, stochastic included).  "fp64" means float64's own additions.
+    (all of fpsim's modes; stochastic rounding draws its probability from the exact sum).  "fp64" means float64's own additions.
     ``order``: "sequential" (left to right), "pairwise" (a balanced tree), "chunked" (blocks of
     ``chunk`` terms, default 128, summed in ``accum``, each block then added to an FP32 outer
     accumulator rounded to nearest even: DeepSeek-V3's promotion), "fma" (sequential, product
-    and sum rounded once), or "tensor_core" with ``tensor_core=`` a preset name from
+    and sum rounded once: with exact products this is "sequential" by another name), or "tensor_core" with ``tensor_core=`` a preset name from
     ``TENSOR_CORES`` or a ``TensorCoreModel`` (``chunk`` then promotes to FP32 every ``chunk``).
     ``output``: format the result is finally rounded to (nearest even).
     ``seed``: seed or generator for stochastic rounding (NumPy Generator / torch Generator).
@@ -84,8 +87,9 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     if fb is not None:
         ops.b = quantize(ops.b, fb)
     emins = tuple((f or g).emin if (f or g) else -1022 for f, g in zip(plan.inputs, ops.formats))
-    prod = _profile(ops.a).times(_profile(ops.b))
-    lanes = _lanes_for(plan, prod, ops.a if use_torch else None)
+    pa, pb = _profile(ops.a), _profile(ops.b)
+    prod = pa.times(pb)
+    lanes = _lanes_for(plan, prod, pa.fits(F32) and pb.fits(F32), ops.a if use_torch else None)
     with np.errstate(invalid="ignore", over="ignore"):      # inf - inf inside TwoSum
         out, stats = _run(plan, lanes, prod, ops, emins, seed, return_stats)
     if plan.output is not None:
@@ -116,8 +120,9 @@ def _profile(x: Any) -> Profile:
     return profile(x.cpu().numpy() if hasattr(x, "cpu") else x)
 
 
-def _lanes_for(plan: Plan, prod: Profile, like: Any) -> Lanes:
-    """The narrowest lanes where products are exact and the accumulator has guard bits."""
+def _lanes_for(plan: Plan, prod: Profile, operands_fit_f32: bool, like: Any) -> Lanes:
+    """The narrowest lanes that hold the operands and their exact products, with guard bits
+    below the accumulator."""
     if not plan.native_product and not prod.fits(F64):
         raise ValueError(
             f"products of these operands are not exact in float64 (they need {prod.sig} "
@@ -128,7 +133,8 @@ def _lanes_for(plan: Plan, prod: Profile, like: Any) -> Lanes:
         raise ValueError(f"products as small as 2^{prod.low} are beyond the tensor-core model's "
                          "alignment in float64; scale the operands up")
     compiled = plan.engine == "compiled"
-    if plan.model is None and not plan.plain and prod.fits(F32) and guarded(F32, plan.accum) \
+    if plan.model is None and not plan.plain and operands_fit_f32 and prod.fits(F32) \
+            and guarded(F32, plan.accum) \
             and (plan.product is None or holds(F32, plan.product)):
         return Lanes(F32, like, compiled)
     return Lanes(F64, like, compiled)

@@ -8,8 +8,11 @@ accumulator format.  This follows microsoft/MMA-Sim (Peichen Xie et al., "MMA-Si
 Reference Model of Tensor Cores and Matrix Cores", arXiv 2511.10909, ``nv_fused_dot_add``):
 
 * a product's exponent is the sum of its operands' exponents, each clamped at its format's
-  least normal exponent (so a product's significand lies in [1, 4)); zeros take no part;
-* FP32 results are truncated toward zero (FP16 results round to nearest even);
+  least normal exponent (so a product's significand lies in [1, 4)); a zero counts with that
+  least exponent, so a zero times a huge operand still sets the alignment, as in MMA-Sim;
+* FP32 results are truncated toward zero (FP16 results round to nearest even); a result whose
+  exponent exceeds the format's is ±inf, not the largest finite value (MMA-Sim truncates the
+  significand only);
 * fraction bits kept: Volta 23, Turing/Ampere/Ada 24, Hopper/Blackwell 25 for FP16/BF16/TF32;
   Ada and Hopper FP8 keep 13 and also truncate the FP32 result to 13 fraction bits (E8M13).
 
@@ -20,6 +23,8 @@ to promote partial sums to FP32 every N_C = 128 elements (``chunk=128`` here).
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -28,8 +33,6 @@ from ..formats import Format, get_format
 from ..rounding import check_mode
 from .accumulate import Adder, Operands, Stats, Steps, compile_step, counted
 from .lanes import Lanes
-
-ZERO_EXP = -(1 << 20)  # exponent of a zero term: below every real one
 
 
 @dataclass(frozen=True)
@@ -101,11 +104,11 @@ def get_model(model: str | TensorCoreModel) -> TensorCoreModel:
 
 def exponents(lanes: Lanes, x: Any, emin: int) -> Any:
     """floor(log2|x|) clamped at ``emin`` (the operand format's least normal exponent); zeros
-    get ZERO_EXP."""
+    get ``emin`` too (MMA-Sim's extract_significand_exponent)."""
     xp = lanes.xp
     e = xp.frexp(x)[1] - 1
     e = xp.maximum(e, xp.full_like(e, emin)) if lanes.torch else xp.maximum(e, emin)
-    return xp.where(x == 0, xp.full_like(e, ZERO_EXP), e)
+    return xp.where(x == 0, xp.full_like(e, emin), e)
 
 
 def _pow2(lanes: Lanes, n: Any) -> Any:
@@ -120,6 +123,7 @@ class GroupStep:
         self.model, self.steps, self.lanes = model, steps, steps.lanes
         f = model.frac_bits
         self.fmt = model.accum_format
+        self.beyond = 2.0 ** (self.fmt.emax + 1)   # the least value whose exponent overflows
         self.trunc = Format(f"int{f + 3}", 0, f + 2, inf=False, nan="none")  # |term| < 2^(f+2)
         self.unaligned = None if model.align_accumulator else Adder(
             self.fmt, model.rounding, self.lanes, None, plain=False, may_overflow=True)
@@ -131,7 +135,6 @@ class GroupStep:
         top = xp.amax(ea + eb, 0)
         if self.unaligned is None:
             top = xp.maximum(top, exponents(lanes, acc, self.fmt.emin))
-        top = xp.where(top < ZERO_EXP // 2, xp.zeros_like(top), top)  # all terms zero
         up, down = _pow2(lanes, f - top), _pow2(lanes, top - f)
         back = lanes.backend
         total = quantize(p * up, self.trunc, rounding="rtz", backend=back).sum(0)
@@ -141,8 +144,11 @@ class GroupStep:
         psum = p.sum(0)
         raw = psum + acc if self.unaligned is None else psum
         total = xp.where(xp.isfinite(raw), total, raw)               # inf and NaN propagate
-        new = (quantize(total, self.fmt, rounding=self.model.rounding, backend=back)
-               if self.unaligned is None else self.unaligned(acc, total))
+        if self.unaligned is None:
+            new = quantize(total, self.fmt, rounding=self.model.rounding, backend=back)
+            new = xp.where(abs(total) >= self.beyond, total * math.inf, new)  # exponent too big
+        else:
+            new = self.unaligned(acc, total)
         return new, counted(lanes, acc, psum, new, st)
 
 
