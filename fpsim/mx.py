@@ -183,6 +183,8 @@ class MXArray:
                tensor_scale: float | None = None) -> "MXArray":
         """Rebuild an MXArray from :meth:`pack`'s bytes and the original shape and axis."""
         spec = get_mx_format(fmt)
+        scales, packed = (np.frombuffer(b, np.uint8) if isinstance(b, (bytes, bytearray)) else b
+                          for b in (scales, packed))
         size = spec.block_size if block_size is None else block_size
         lay = blocks.layout(tuple(shape), axis, size, pad=True)
         n_scales = scales.reshape(-1).shape[0]
@@ -317,8 +319,8 @@ def _tensor_scale_arg(spec: MXFormat, tensor_scale: Any, unpacking: bool = False
     with np.errstate(over="ignore"):
         value = float(np.float32(float(tensor_scale)))   # checked as float32 holds it
     if not (np.isfinite(value) and value >= 2.0**-126):
-        raise ValueError(f"tensor_scale={tensor_scale!r}: pass a finite positive number in float32's "
-                         "normal range [2^-126, 3.4e38], as the computed scale is")
+        raise ValueError(f"tensor_scale={tensor_scale!r}: pass a finite positive number in "
+                         "float32's normal range [2^-126, 3.4e38], as the computed scale is")
     return value
 
 
