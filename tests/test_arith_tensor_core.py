@@ -120,3 +120,14 @@ def test_presets_follow_mma_sim():
     with pytest.raises(ValueError, match="product='exact'"):
         fpsim.matmul(np.ones((1, 2)), np.ones((2, 1)), order="tensor_core",
                      tensor_core="hopper_fp8", product="fp16")
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_stochastic_tensor_core_model_is_seeded(aligned):
+    model = TensorCoreModel(8, 10, "fp16", "stochastic", align_accumulator=aligned)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((16, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 16)).astype(np.float32)
+    x, y, z = (fpsim.matmul(a, b, inputs="e4m3", order="tensor_core", tensor_core=model, seed=s)
+               for s in (5, 5, 6))
+    assert np.array_equal(x, y) and not np.array_equal(x, z)

@@ -152,7 +152,8 @@ def _run(plan: Plan, lanes: Lanes, prod: Profile, ops: Operands, emins: tuple, s
     stats = acc_.new_stats(wide, (B, M, N), want_stats)
     if B * M * N == 0 or K == 0:
         return out, stats
-    rng = _rng(lanes, seed) if plan.rounding == "stochastic" else None
+    modes = (plan.rounding, plan.model.rounding if plan.model is not None else None)
+    rng = _rng(lanes, seed) if "stochastic" in modes else None
     steps, outer, group_step = _steps(plan, lanes, wide, prod, rng)
 
     group = plan.model.group if plan.model else 1

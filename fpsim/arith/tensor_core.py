@@ -126,7 +126,7 @@ class GroupStep:
         self.beyond = 2.0 ** (self.fmt.emax + 1)   # the least value whose exponent overflows
         self.trunc = Format(f"int{f + 3}", 0, f + 2, inf=False, nan="none")  # |term| < 2^(f+2)
         self.unaligned = None if model.align_accumulator else Adder(
-            self.fmt, model.rounding, self.lanes, None, plain=False, may_overflow=True)
+            self.fmt, model.rounding, self.lanes, steps.rng, plain=False, may_overflow=True)
         self.step = compile_step(self._step) if compiled else self._step
 
     def _step(self, acc: Any, a: Any, b: Any, ea: Any, eb: Any, st: Stats) -> tuple[Any, Stats]:
@@ -145,7 +145,8 @@ class GroupStep:
         raw = psum + acc if self.unaligned is None else psum
         total = xp.where(xp.isfinite(raw), total, raw)               # inf and NaN propagate
         if self.unaligned is None:
-            new = quantize(total, self.fmt, rounding=self.model.rounding, backend=back)
+            new = quantize(total, self.fmt, rounding=self.model.rounding, seed=self.steps.rng,
+                           backend=back)
             new = xp.where(abs(total) >= self.beyond, total * math.inf, new)  # exponent too big
         else:
             new = self.unaligned(acc, total)
