@@ -1,8 +1,11 @@
 """Experiment ``activations``: the largest magnitudes each site sees, and LayerNorm sums of squares vs FP16.
 
-On the whole captured windows: per site, the largest |value| of each operand and of the
-output, the median |value| of the activation operand, and where the largest activation sits
-(window, position, channel).  "Massive activations" (Sun et al., 2024, arXiv 2402.17762) are
+On every end-to-end window (the same held-out tokens as the end-to-end metrics of the other
+experiments, not only the windows the replay captures): per site, the largest |value| of each
+operand and of the output, the median |value| of the activation operand, and where the largest
+activation sits (window, position, channel).  Only the outputs the model uses count: the causal
+part of Q.K^T (before the 1/sqrt(d) scaling), and for attention.V the causal part of the
+attention probabilities (the masked zeros are not in the median).  "Massive activations" (Sun et al., 2024, arXiv 2402.17762) are
 values above 100 and at least 1000 times the median magnitude of their layer's hidden state;
 the LayerNorm inputs are that hidden state (the residual stream).  LayerNorm's per-row sums
 of squares, both sum(x^2) and sum((x - mean)^2), are compared with FP16's largest value 65504.
@@ -18,7 +21,8 @@ from torch import Tensor
 
 from fpsim import get_format
 
-from .capture import Site
+from . import replay
+from .capture import Site, capture
 from .context import Context
 from .report import figure, num, save, table
 
@@ -31,11 +35,20 @@ def _where(t: Tensor) -> list[int]:
     return [int(i) for i in torch.unravel_index(t.abs().argmax(), t.shape)]
 
 
+def _causal(t: Tensor) -> Tensor:
+    """The causal (lower-triangular) part of the last two axes of ``t``, flattened."""
+    keep = torch.ones(t.shape[-2], t.shape[-1], dtype=torch.bool).tril()
+    return t[keep.expand_as(t)]
+
+
 def site_magnitudes(site: Site) -> dict[str, Any]:
-    """Largest and median magnitudes of a site's operands and output, and where the largest activation is."""
-    a = site.a.abs()
+    """Largest and median magnitudes of a site's operands and output, and where the largest activation is.
+
+    Masked outputs (``site.mask``) and, for attention.V, the masked attention probabilities are left out.
+    """
+    a = (_causal(site.a) if site.name.endswith(".av") else site.a).abs()
     out = {"kind": site.kind, "a_amax": float(a.max()), "a_median": float(a.median()),
-           "a_argmax": _where(site.a), "output_amax": float(site.output.abs().max())}
+           "a_argmax": _where(site.a), "output_amax": float(replay.used(site.output, site).abs().max())}
     out["a_ratio"] = out["a_amax"] / out["a_median"] if out["a_median"] > 0 else float("inf")
     if site.b is not None:
         out["b_amax"] = float(site.b.abs().max())
@@ -50,9 +63,19 @@ def site_magnitudes(site: Site) -> dict[str, Any]:
 
 
 def run(ctx: Context) -> dict[str, Any]:
-    """Magnitudes of every site on the whole captured windows."""
-    return {"sites": {n: site_magnitudes(s) for n, s in ctx.full_sites.items()}, "fp16_max": FP16_MAX,
-            "massive": {"abs": MASSIVE_ABS, "ratio": MASSIVE_RATIO}}
+    """Magnitudes of every site on every end-to-end window (captured again here, all at once)."""
+    sites, _ = capture(ctx.model, ctx.wins[:, :-1])
+    return {"sites": {n: site_magnitudes(s) for n, s in sites.items()}, "fp16_max": FP16_MAX,
+            "massive": {"abs": MASSIVE_ABS, "ratio": MASSIVE_RATIO},
+            "windows": int(ctx.wins.shape[0]), "window_tokens": int(ctx.wins.shape[1] - 1)}
+
+
+def _over_windows(data: dict) -> str:
+    """How many windows and tokens the maxima are over (older JSON: the captured windows)."""
+    meta = data["meta"]
+    if "windows" in data:
+        return f"over all {data['windows']} end-to-end windows ({data['windows'] * data['window_tokens']} tokens)"
+    return f"over the {meta['capture_tokens']} captured tokens only"
 
 
 def _ln(data: dict) -> dict[str, dict]:
@@ -66,7 +89,8 @@ def conclusions(data: dict) -> list[str]:
     name, top = max(ln.items(), key=lambda kv: kv[1]["a_amax"])
     massive = top["a_amax"] > MASSIVE_ABS and top["a_ratio"] >= MASSIVE_RATIO
     w, t, c = top["a_argmax"]
-    out = [f"On `{model}` the largest residual-stream value (LayerNorm input) is {num(top['a_amax'])} at "
+    span = _over_windows(data)
+    out = [f"On `{model}`, {span}, the largest residual-stream value (LayerNorm input) is {num(top['a_amax'])} at "
            f"{name} (window {w}, position {t}, channel {c}), {num(top['a_ratio'])}× the median magnitude "
            f"there: {'massive' if massive else 'not massive'} by Sun et al.'s criterion (> {num(MASSIVE_ABS)} and "
            f">= {num(MASSIVE_RATIO)}× the median)."]
@@ -80,7 +104,11 @@ def conclusions(data: dict) -> list[str]:
                f"sum of squares {'would overflow' if over_c or over else 'would not overflow'} on these windows.")
     other = {n: s for n, s in data["sites"].items() if s["kind"] != "layernorm"}
     name, top = max(other.items(), key=lambda kv: kv[1]["output_amax"])
-    out.append(f"The largest dot-product output is {num(top['output_amax'])} at {name}.")
+    qk = max((kv for kv in other.items() if kv[0].endswith(".qk")), key=lambda kv: kv[1]["output_amax"])
+    out.append(f"The largest dot-product output is {num(top['output_amax'])} at {name}"
+               + (" (causal part, before the 1/sqrt(d) scaling)" if name.endswith(".qk") else
+                  f"; the largest causal Q.K^T (before the 1/sqrt(d) scaling) is {num(qk[1]['output_amax'])} at {qk[0]}")
+               + ".")
     return out
 
 
@@ -93,13 +121,14 @@ def figures(data: dict, out: Path) -> list[str]:
     ax.semilogy(x, [data["sites"][n]["a_amax"] for n in names], "o", label="activation operand, max |a|")
     ax.semilogy(x, [data["sites"][n]["a_median"] for n in names], ".", label="activation operand, median |a|")
     ax.semilogy(x, [data["sites"][n]["output_amax"] for n in names], "s", mfc="none",
-                label="output, max |y| (LayerNorm: sum (x - mean)²)")
+                label="output, max |y| (LayerNorm: sum (x - mean)²; Q.K^T: causal, before 1/sqrt(d))")
     ax.axhline(FP16_MAX, ls="--", color="gray", label="FP16 max 65504")
     ax.set_xticks(list(x), names, rotation=90, fontsize=7)
     ax.set_ylabel("magnitude")
-    ax.set_title("largest magnitudes per site")
+    ax.set_title(f"largest magnitudes per site, {_over_windows(data)}")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.set_ylim(top=FP16_MAX * 1e3)
+    ax.legend(fontsize=8, loc="upper center", ncol=2)
     return [save(fig, out / "magnitudes.png")]
 
 
@@ -113,8 +142,11 @@ def render(data: dict, out: Path) -> str:
                      num(s["output_amax"]), num(s.get("sum_x2_max")),
                      "-" if "rows" not in s else f"{s['rows_x2_over_fp16']}/{s['rows']}"])
     lines = [f"# Activation magnitudes ({meta['model']})", "",
-             f"All {meta['capture_tokens']} captured tokens of `{meta['model']}`. For LayerNorm sites the "
-             "output column is the per-row sum of squares about the mean.", "", "## Conclusions", ""]
+             f"Maxima and medians {_over_windows(data)} of `{meta['model']}`, the same tokens as the "
+             "end-to-end metrics of the other experiments. For LayerNorm sites the "
+             "output column is the per-row sum of squares about the mean; for Q.K^T sites it is the causal "
+             "part before the 1/sqrt(d) scaling, and attention.V's activation operand (the attention "
+             "probabilities) counts only its causal part.", "", "## Conclusions", ""]
     lines += [f"- {c}" for c in conclusions(data)]
     lines += ["", f"![magnitudes]({names[0]})", "",
               table(["site", "max |a|", "median |a|", "max/median", "max |b|", "max |output|", "max sum x²",

@@ -3,7 +3,8 @@
 Scalar formats E5M2, E4M3 (OCP E4M3FN, max 448), E3M4 and INT8 with no scaling, per-tensor and
 per-channel amax scaling; block formats MXFP8 (E4M3, E5M2), MXFP6 (E2M3, E3M2), MXFP4, MXINT8
 (32 elements per E8M0 scale) and NVFP4 (16 E2M1 elements per E4M3 scale plus a tensor scale),
-blocks along the reduction axis.  FP32 accumulation and outputs.
+blocks along the reduction axis.  FP32 accumulation and outputs.  Every site's operands are
+quantized, LayerNorm inputs (the residual stream) included.
 """
 
 from __future__ import annotations
@@ -67,10 +68,21 @@ def conclusions(data: dict) -> list[str]:
         out.append(f"{f}: per-tensor scaling changes KL by {ratio(_kl(tensor), _kl(none))} against no scaling, "
                    f"per-channel by {ratio(_kl(channel), _kl(none))}"
                    + (f"; without scaling inf/NaN first appears at {in_forward_order(none['e2e']['nonfinite_sites'])[0]}"
-                      if none["e2e"]["nonfinite_sites"] else "") + ".")
+                      f" end to end ({pct(none['e2e']['finite'])} of positions finite)"
+                      if none["e2e"]["nonfinite_sites"] else "")
+                   + (" while the per-site replay, on fewer tokens, saw no overflow"
+                      if none["e2e"]["nonfinite_sites"] and not none["summary"]["overflow_sites"] else "") + ".")
     blocks = sorted((runs[f"{b}/block"] for b in BLOCKS), key=_kl)
     out.append("Block formats by KL: " + " < ".join(
         f"{r['recipe']['inputs']} ({num(r['e2e']['kl'])}, {num(r['bits'])} bits)" for r in blocks) + ".")
+    mx8, e4 = runs["mxfp8_e4m3/block"], runs["e4m3/none"]
+    if _kl(mx8) > _kl(e4):
+        out.append(f"MXFP8 E4M3 (KL {num(mx8['e2e']['kl'])}) does worse than unscaled E4M3 ({num(e4['e2e']['kl'])}): "
+                   "the OCP scale rule, 2^(floor(log2 amax) - 8) (8: E4M3's largest exponent), maps a block's "
+                   "largest value into [256, 512), and values above E4M3's 448 saturate to 448: up to "
+                   f"{pct(mx8['summary']['operand_saturated'])} of an operand's elements (worst site) saturate, "
+                   f"against {pct(e4['summary']['operand_saturated'])} unscaled, a clipping error unscaled E4M3 "
+                   "does not make on this model.")
     mx4, nv4 = runs["mxfp4/block"], runs["nvfp4/block"]
     out.append(f"At 4 bits, NVFP4 (16-element blocks, E4M3 scales) reaches KL {num(nv4['e2e']['kl'])} and MXFP4 "
                f"(32-element blocks, power-of-two scales) {num(mx4['e2e']['kl'])}: MXFP4/NVFP4 = "
@@ -108,18 +120,21 @@ def render(data: dict, out: Path) -> str:
     meta = data["meta"]
     names = figures(data, out)
     rows = [[r["recipe"]["inputs"], r["recipe"]["scaling"], num(r["bits"]), num(r["e2e"]["kl"]),
-             num(r["e2e"]["loss"], 4), pct(r["e2e"]["top1"]), (in_forward_order(r["e2e"]["nonfinite_sites"]) or ["-"])[0],
+             num(r["e2e"]["loss"], 4), pct(r["e2e"]["top1"]), pct(r["e2e"]["finite"]), (in_forward_order(r["e2e"]["nonfinite_sites"]) or ["-"])[0],
              pct(r["summary"]["operand_overflow"]), pct(r["summary"]["operand_saturated"]),
              pct(r["summary"]["operand_flushed"]), num(r["summary"]["snr_db_min"])] for r in data["runs"]]
     lines = [f"# FP8, INT8 and block formats ({meta['model']})", "",
              f"{meta['tokens']} held-out tokens end to end (FP32 loss {num(data['baseline']['fp32']['loss'], 4)}); "
              f"per-site replay on {meta['replay_rows']} rows per site against FP64 on the same operands. "
              "E4M3 is OCP E4M3FN (max 448, NaN, no inf); E5M2 and E3M4 are IEEE-style. Per-tensor and per-channel "
-             "scales are amax / format max in FP32 (fpsim.scaled_quantize); block formats use fpsim.mx.", "",
+             "scales are amax / format max in FP32 (fpsim.scaled_quantize); block formats use fpsim.mx. "
+             "Every site's operands are quantized, LayerNorm inputs (the residual stream) included. "
+             "KL and top-1 are over all positions, including those with inf/NaN logits (a NaN KL); "
+             "\"finite\" is the share of positions whose logits are all finite.", "",
              "## Conclusions", ""]
     lines += [f"- {c}" for c in conclusions(data)]
     lines += ["", f"![KL per recipe]({names[0]})", "",
-              table(["format", "scaling", "bits/element", "KL", "loss", "top-1", "first inf/NaN site",
+              table(["format", "scaling", "bits/element", "KL", "loss", "top-1", "finite", "first inf/NaN site",
                      "worst operand overflow", "worst operand saturated", "mean operand flush",
                      "worst site SNR dB"], rows)]
     return "\n".join(lines) + "\n"

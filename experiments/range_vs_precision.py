@@ -3,7 +3,13 @@
 For each budget B in {8, 12, 16} every split of the B-1 non-sign bits into an IEEE-style
 eXmY (X exponent bits, Y = B-1-X mantissa bits, inf/NaN in the all-ones exponent, subnormals)
 is applied to both operands of every site, with no scaling and with per-tensor amax scaling;
-accumulation stays FP32.  Splits that are not valid formats are listed with the reason.
+accumulation stays FP32.  A third variant, end to end only, applies the unscaled format to every
+site except the LayerNorms (``*.ln_1``, ``*.ln_2``, ``ln_f``), whose inputs (the residual
+stream) stay FP32.  Splits that are not valid formats are listed with the reason.
+
+Per-tensor scales are FP32 (amax / format max, at least 2^-126): for a format whose largest value
+times 2^-126 exceeds FP32's largest value (9 or more exponent bits) every scale is 2^-126, a power
+of two that changes no rounding, so per-tensor scaling there is no scaling; the reports say so.
 """
 
 from __future__ import annotations
@@ -17,13 +23,18 @@ from tqdm import tqdm
 from fpsim import Format
 
 from .context import Context
-from .recipes import Recipe
+from .recipes import Recipe, rounding_limit
 from .report import figure, in_forward_order, num, pct, ratio, save, table
 
 NAME = "range-vs-precision"
 BUDGETS = (8, 12, 16)
 SCALINGS = ("none", "tensor")
-SCALING_LABEL = {"none": "no scaling", "tensor": "per-tensor scaling"}
+LN_FP32 = "none-ln-fp32"  # no scaling, LayerNorm inputs in FP32 (end to end only)
+VARIANTS = ("none", LN_FP32, "tensor")
+SCALING_LABEL = {"none": "no scaling", "tensor": "per-tensor scaling",
+                 LN_FP32: "no scaling, LayerNorm in FP32"}
+FP32_MAX = 3.4028234663852886e38
+CLAMPED = "= none (scale clamped at 2^-126)"
 
 
 def split_format(ebits: int, mbits: int) -> Format:
@@ -44,22 +55,40 @@ def splits(budget: int) -> tuple[list[Format], dict[str, str]]:
     return valid, skipped
 
 
+def scale_clamped(run: dict) -> bool:
+    """Whether every FP32 per-tensor scale of the run's format is the clamp 2^-126 (= no scaling)."""
+    return run["max"] * 2.0**-126 > FP32_MAX
+
+
 def run(ctx: Context) -> dict[str, Any]:
-    """End-to-end and per-site results of every split, budget and scaling."""
+    """End-to-end and per-site results of every split, budget and scaling, and the LayerNorm-in-FP32 variant."""
     plan = {b: splits(b) for b in BUDGETS}
     jobs = [(b, f, s) for b, (formats, _) in plan.items() for f in formats for s in SCALINGS]
-    runs = []
+    jobs += [(b, f, LN_FP32) for b, (formats, _) in plan.items() for f in formats]
+    runs, ln_runs = [], []
     for budget, fmt, scaling in tqdm(jobs, desc=NAME, unit="recipe"):
+        head = {"budget": budget, "format": fmt.name, "ebits": fmt.ebits, "mbits": fmt.mbits,
+                "max": fmt.max, "min_subnormal": fmt.min_subnormal, "scaling": scaling}
+        if scaling == LN_FP32:
+            recipe = Recipe(f"{fmt.name}/none, LayerNorm FP32", fmt)
+            per_site = {n: recipe for n, s in ctx.sites.items() if s.kind != "layernorm"}
+            ln_runs.append({**head, "recipe": recipe.to_json(), "fp32_sites": sorted(set(ctx.sites) - set(per_site)),
+                            "e2e": ctx.end_to_end(per_site)})
+            continue
         result = ctx.run(Recipe(f"{fmt.name}/{scaling}", fmt, scaling=scaling))
-        runs.append({"budget": budget, "format": fmt.name, "ebits": fmt.ebits, "mbits": fmt.mbits,
-                     "max": fmt.max, "min_subnormal": fmt.min_subnormal, "scaling": scaling, **result})
+        runs.append({**head, **result})
     return {"budgets": {str(b): {"formats": [f.name for f in fs], "skipped": sk} for b, (fs, sk) in plan.items()},
-            "scalings": list(SCALINGS), "baseline": ctx.baseline, "runs": runs}
+            "scalings": list(SCALINGS), "baseline": ctx.baseline, "runs": runs, "ln_fp32_runs": ln_runs}
+
+
+def _variants(data: dict) -> tuple[str, ...]:
+    return VARIANTS if data.get("ln_fp32_runs") else SCALINGS
 
 
 def _series(data: dict, budget: int, scaling: str) -> list[dict]:
-    return sorted((r for r in data["runs"] if r["budget"] == budget and r["scaling"] == scaling),
-                  key=lambda r: r["ebits"])
+    runs = data.get("ln_fp32_runs", []) if scaling == LN_FP32 else data["runs"]
+    return sorted((r for r in runs if r["budget"] == budget and r["scaling"] == scaling
+                   and not (scaling == "tensor" and scale_clamped(r))), key=lambda r: r["ebits"])
 
 
 def _best(series: list[dict]) -> dict | None:
@@ -84,8 +113,18 @@ def _same_mantissa(data: dict) -> list[str]:
 
 
 def _overflowed(run: dict) -> bool:
-    """Whether any site overflowed in the replay or produced inf/NaN end to end."""
-    return bool(run["summary"]["overflow_sites"] or run["e2e"]["nonfinite_sites"])
+    """Whether any site overflowed in the replay (when replayed) or produced inf/NaN end to end."""
+    return bool(run.get("summary", {}).get("overflow_sites") or run["e2e"]["nonfinite_sites"])
+
+
+def kl_cell(run: dict) -> str:
+    """KL for a table cell: NaN runs with their share of finite positions, clamped per-tensor runs marked."""
+    if run["scaling"] == "tensor" and scale_clamped(run):
+        return CLAMPED
+    kl = run["e2e"]["kl"]
+    if not math.isfinite(kl):
+        return f"NaN ({pct(run['e2e']['finite'])} finite)"
+    return num(kl)
 
 
 def _versus(run: dict, best_kl: float) -> str:
@@ -118,14 +157,16 @@ def _plot_metric(ax: Any, data: dict, scaling: str, metric: str, log: bool) -> N
     if log:
         ax.set_yscale("log")
     ax.set_xlabel("exponent bits X (mantissa bits = B - 1 - X)")
-    ax.set_title(f"{SCALING_LABEL[scaling]} (× = NaN/inf, ★ = lowest KL)")
+    ax.set_title(f"{SCALING_LABEL[scaling]} (× = NaN/inf, ★ = lowest KL)"
+                 + ("\n(9+ exponent bits left out: scale clamped, = no scaling)" if scaling == "tensor" else ""),
+                 fontsize=10)
     ax.grid(alpha=0.3)
 
 
 def figures(data: dict, out: Path) -> list[str]:
     """The headline figure (KL and loss vs exponent bits) and the overflow/flush figure."""
-    fig, axes = figure(2, len(SCALINGS))
-    for j, scaling in enumerate(SCALINGS):
+    fig, axes = figure(2, len(_variants(data)))
+    for j, scaling in enumerate(_variants(data)):
         _plot_metric(axes[0, j], data, scaling, "kl", log=True)
         axes[0, j].set_ylabel("KL(FP32 ‖ format), nats/token")
         _plot_metric(axes[1, j], data, scaling, "loss", log=False)
@@ -159,7 +200,7 @@ def conclusions(data: dict) -> list[str]:
     """Sentences that compare the numbers: best split, cost of one exponent vs one mantissa bit."""
     out = []
     for budget in BUDGETS:
-        for scaling in SCALINGS:
+        for scaling in _variants(data):
             s = _series(data, budget, scaling)
             best = _best(s)
             if best is None:
@@ -178,12 +219,41 @@ def conclusions(data: dict) -> list[str]:
                 side = "range (fewer exponent bits)" if a > b else "precision (fewer mantissa bits)"
                 text += f". The steeper side is {side}"
             clean = [r["format"] for r in s if not _overflowed(r)]
-            text += f". Narrowest split with no inf/NaN anywhere (replay or end to end): {clean[0] if clean else 'none'}."
+            where = "end to end" if scaling == LN_FP32 else "replay or end to end"
+            text += f". Narrowest split with no inf/NaN anywhere ({where}): {clean[0] if clean else 'none'}."
             out.append(text)
+    hidden = [r for r in data["runs"] if r["scaling"] == "none" and r["e2e"]["nonfinite_sites"]
+              and not r["summary"]["overflow_sites"]]
+    if hidden:
+        meta = data["meta"]
+        out.append(", ".join(f"{r['format']} (rounding limit {num(rounding_limit(split_format(r['ebits'], r['mbits'])), 4)}, "
+                             f"first inf/NaN at {in_forward_order(r['e2e']['nonfinite_sites'])[0]}, "
+                             f"{pct(r['e2e']['finite'])} of positions finite)" for r in hidden)
+                   + f" without scaling give inf/NaN end to end but overflow nowhere in the per-site replay: the "
+                   f"replay covers the {meta['capture_tokens']} captured tokens, the end-to-end run all "
+                   f"{meta['tokens']}, and the values past the rounding limit are only in the other windows "
+                   "(see the activations experiment).")
     same = _same_mantissa(data)
     if same:
         out.append("Without scaling, splits with the same mantissa width and different exponent widths give KL "
                    "within 5% of each other: " + "; ".join(same) + ": beyond the narrower exponent, more exponent bits change nothing.")
+    for budget in BUDGETS:
+        if LN_FP32 not in _variants(data):
+            break
+        none = {r["ebits"]: r for r in _series(data, budget, "none")}
+        ln = {r["ebits"]: r for r in _series(data, budget, LN_FP32)}
+        parts = []
+        for x in sorted(ln):
+            a, b = none[x]["e2e"], ln[x]["e2e"]
+            if not math.isfinite(a["kl"]) or not math.isfinite(b["kl"]):
+                first = in_forward_order(b["nonfinite_sites"])
+                parts.append(f"{ln[x]['format']} {'NaN' if not math.isfinite(a['kl']) else num(a['kl'])} "
+                             f"({pct(a['finite'])} finite) -> "
+                             + (num(b["kl"]) if math.isfinite(b["kl"]) else
+                                f"NaN ({pct(b['finite'])} finite, first inf/NaN at {first[0] if first else '?'})"))
+        if parts:
+            out.append(f"B={budget}, no scaling, LayerNorm inputs quantized -> kept in FP32 (every other site "
+                       "quantized): " + "; ".join(parts) + ".")
     for budget in BUDGETS:
         none, tensor = _best(_series(data, budget, "none")), _best(_series(data, budget, "tensor"))
         if none and tensor:
@@ -192,21 +262,34 @@ def conclusions(data: dict) -> list[str]:
     return out
 
 
+HEADER = {"none": "KL no scaling", LN_FP32: "KL no scaling, LN FP32", "tensor": "KL per-tensor"}
+
+
 def headline(data: dict) -> str:
-    """KL of every split by exponent width: one row per X, a format and two KLs per budget."""
-    runs = {(r["budget"], r["ebits"], r["scaling"]): r for r in data["runs"]}
+    """KL of every split by exponent width: one row per X, a format and a KL per variant and budget."""
+    variants = _variants(data)
+    runs = {(r["budget"], r["ebits"], r["scaling"]): r for r in data["runs"] + data.get("ln_fp32_runs", [])}
     widths = sorted({r["ebits"] for r in data["runs"]})
     rows = []
     for x in widths:
         row: list[Any] = [x]
         for b in BUDGETS:
             if (b, x, "none") in runs:
-                row += [runs[b, x, "none"]["format"]] + [num(runs[b, x, s]["e2e"]["kl"]) for s in SCALINGS]
+                row += [runs[b, x, "none"]["format"]] + [kl_cell(runs[b, x, s]) for s in variants]
             else:
-                row += ["-", "-", "-"]
+                row += ["-"] * (1 + len(variants))
         rows.append(row)
-    header = ["X"] + [h for b in BUDGETS for h in (f"B={b}", "KL no scaling", "KL per-tensor")]
-    return table(header, rows)
+    header = ["X"] + [h for b in BUDGETS for h in (f"B={b}", *(HEADER[v] for v in variants))]
+    notes = ["", "NaN: some positions have inf/NaN logits (the share of positions whose logits are all finite "
+             "in brackets); KL and top-1 are over all positions, so one such position makes KL NaN. "
+             f"{CLAMPED}: with 9 or more exponent bits every FP32 per-tensor scale is clamped at 2^-126, a power "
+             "of two, so the result is the no-scaling one (with 8, tensors whose amax is below max·2^-126, "
+             f"{num(runs[12, 8, 'none']['max'] * 2.0**-126) if (12, 8, 'none') in runs else '-'} for e8m3, "
+             "keep the clamped scale too)."]
+    if LN_FP32 in variants:
+        notes[-1] += (" LN FP32: every site quantized without scaling except the LayerNorms (ln_1, ln_2, ln_f), "
+                      "whose inputs, the residual stream, stay FP32.")
+    return table(header, rows) + "\n" + "\n".join(notes)
 
 
 def render(data: dict, out: Path) -> str:
@@ -217,7 +300,10 @@ def render(data: dict, out: Path) -> str:
              f"per-site replay on {data['meta']['replay_rows']} rows per site. Operands of every site "
              "(both sides of every matmul, LayerNorm inputs) in IEEE-style eXmY (inf/NaN, subnormals; "
              "note e4m3 here has max 240, unlike OCP E4M3FN), FP32 accumulation, FP32 outputs. "
-             "KL is KL(P_FP32 ‖ P_format) of the next-token distribution, nats/token; loss in nats/token "
+             "LayerNorm inputs are the residual stream, so without scaling they are quantized too; the "
+             "\"LN FP32\" variant (end to end only) keeps them in FP32. "
+             "KL is KL(P_FP32 ‖ P_format) of the next-token distribution, nats/token, over all positions "
+             "(including any with inf/NaN logits); loss in nats/token "
              f"(FP32 loss {num(data['baseline']['fp32']['loss'], 4)}, FP64 vs FP32 KL "
              f"{num(data['baseline']['fp64']['kl'])}).", "",
              f"![KL and loss vs exponent bits]({names[0]})", "", headline(data), "", "## Conclusions", ""]
@@ -228,17 +314,24 @@ def render(data: dict, out: Path) -> str:
         if b["skipped"]:
             lines += ["Skipped splits: " + "; ".join(f"{k} ({v})" for k, v in b["skipped"].items()), ""]
         rows = []
-        for none, tensor in zip(_series(data, budget, "none"), _series(data, budget, "tensor")):
+        runs = {(r["format"], r["scaling"]): r for r in data["runs"] + data.get("ln_fp32_runs", [])
+                if r["budget"] == budget}
+        for none in _series(data, budget, "none"):
+            tensor, ln = runs[none["format"], "tensor"], runs.get((none["format"], LN_FP32))
             rows.append([none["format"], num(none["max"]), num(none["min_subnormal"]),
-                         num(none["e2e"]["kl"]), num(tensor["e2e"]["kl"]),
+                         kl_cell(none), "-" if ln is None else kl_cell(ln), kl_cell(tensor),
                          num(none["e2e"]["loss"], 4), num(tensor["e2e"]["loss"], 4),
-                         pct(none["e2e"]["top1"]), len(none["summary"]["overflow_sites"]),
+                         pct(none["e2e"]["top1"]), pct(none["e2e"]["finite"]),
+                         "-" if ln is None else pct(ln["e2e"]["finite"]),
+                         len(none["summary"]["overflow_sites"]),
                          (in_forward_order(none["e2e"]["nonfinite_sites"]) or ["-"])[0],
+                         "-" if ln is None else (in_forward_order(ln["e2e"]["nonfinite_sites"]) or ["-"])[0],
                          pct(none["summary"]["operand_overflow"]), pct(none["summary"]["operand_flushed"]),
                          pct(tensor["summary"]["operand_flushed"])])
-        lines.append(table(["format", "max", "min subnormal", "KL none", "KL tensor", "loss none",
-                            "loss tensor", "top-1 none", "sites overflowing in replay (none)",
-                            "first inf/NaN site end to end (none)",
+        lines.append(table(["format", "max", "min subnormal", "KL none", "KL none, LN FP32", "KL tensor",
+                            "loss none", "loss tensor", "top-1 none", "finite positions (none)",
+                            "finite positions (none, LN FP32)", "sites overflowing in replay (none)",
+                            "first inf/NaN site end to end (none)", "first inf/NaN site (none, LN FP32)",
                             "worst operand overflow (none)", "mean operand flush (none)",
                             "mean operand flush (tensor)"], rows))
     lines += ["", f"![overflow and flush shares]({names[1]})", "",
