@@ -24,7 +24,7 @@ from tqdm import tqdm
 from . import replay
 from .context import Context
 from .recipes import Recipe
-from .report import figure, num, save, table
+from .report import figure, median_finite, num, save, table
 
 NAME = "accumulation"
 INPUTS = "bf16"
@@ -67,15 +67,10 @@ def run(ctx: Context) -> dict[str, Any]:
             "reference": "fp64 sum of the same bf16 operands"}
 
 
-def _median(run: dict, key: str) -> float:
-    vals = [s[key] for s in run["sites"].values() if not math.isnan(s[key])]
-    return statistics.median(vals) if vals else math.nan
-
-
 def _stats(run: dict) -> dict[str, Any]:
     sites = run["sites"]
-    return {"snr_median": _median(run, "snr_db"), "snr_min": run["summary"]["snr_db_min"],
-            "rel_p99_median": _median(run, "rel_p99"),
+    return {"snr_median": median_finite(run, "snr_db"), "snr_min": run["summary"]["snr_db_min"],
+            "rel_p99_median": median_finite(run, "rel_p99"),
             "overflow_sites": [n for n, s in sites.items() if s["accum_overflow"] > 0],
             "swamped": statistics.mean(s["accum_swamped"] for s in sites.values()),
             "max_partial": max(s["accum_max_partial"] for s in sites.values())}

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from .context import Context
 from .recipes import Recipe
-from .report import figure, in_forward_order, num, pct, ratio, save, table
+from .report import figure, in_forward_order, median_finite, num, pct, ratio, save, table
 
 NAME = "fp16-vs-bf16"
 FORMATS = ("fp16", "bf16")
@@ -44,10 +44,6 @@ def _by_name(data: dict) -> dict[str, dict]:
     return {r["recipe"]["name"]: r for r in data["runs"]}
 
 
-def _median_snr(run: dict) -> float:
-    return statistics.median(s["snr_db"] for s in run["sites"].values())
-
-
 def conclusions(data: dict) -> list[str]:
     """FP16 vs BF16 end to end and per site, and what their own accumulators add."""
     r = _by_name(data)
@@ -55,8 +51,8 @@ def conclusions(data: dict) -> list[str]:
     out = [f"With FP32 accumulation, end-to-end KL is {num(h['e2e']['kl'])} for FP16 and {num(b['e2e']['kl'])} "
            f"for BF16 (BF16/FP16 = {ratio(b['e2e']['kl'], h['e2e']['kl'])}); top-1 agreement "
            f"{pct(h['e2e']['top1'])} vs {pct(b['e2e']['top1'])}."]
-    out.append(f"Median site SNR: FP16 {num(_median_snr(h))} dB, BF16 {num(_median_snr(b))} dB "
-               f"({num(_median_snr(h) - _median_snr(b))} dB apart; 3 mantissa bits are 18.1 dB).")
+    out.append(f"Median site SNR: FP16 {num(median_finite(h, 'snr_db'))} dB, BF16 {num(median_finite(b, 'snr_db'))} dB "
+               f"({num(median_finite(h, 'snr_db') - median_finite(b, 'snr_db'))} dB apart; 3 mantissa bits are 18.1 dB).")
     for name, run in ((n, r[n]) for n in ("fp16 in/out, fp32 acc", "bf16 in/out, fp32 acc")):
         sites = run["summary"]["overflow_sites"] or run["e2e"]["nonfinite_sites"]
         out.append(f"{name}: inf/NaN at {', '.join(sites) if sites else 'no site'} "
@@ -65,9 +61,9 @@ def conclusions(data: dict) -> list[str]:
         acc = r[f"{f} in/out, {f} acc (sequential)"]
         ov = [n for n, s in acc["sites"].items() if s.get("accum_overflow", 0) > 0]
         sw = statistics.mean(s["accum_swamped"] for s in acc["sites"].values())
-        f32 = _median_snr(r[f"{f} in/out, fp32 acc (sequential)"])
+        f32 = median_finite(r[f"{f} in/out, fp32 acc (sequential)"], "snr_db")
         out.append(f"{f.upper()} accumulation (left to right, {data['meta']['emulation_rows']} rows per site): median "
-                   f"site SNR {num(_median_snr(acc))} dB against {num(f32)} dB with FP32 accumulation on the same "
+                   f"site SNR {num(median_finite(acc, 'snr_db'))} dB against {num(f32)} dB with FP32 accumulation on the same "
                    f"rows; partial sums overflowed at {len(ov)} sites"
                    f"{' (' + ', '.join(ov) + ')' if ov else ''}; on average {num(sw)} additions per output left "
                    "the accumulator unchanged (swamped).")

@@ -19,7 +19,7 @@ from fpsim import get_format, mx
 
 from .context import Context
 from .recipes import Recipe
-from .report import figure, in_forward_order, num, pct, ratio, save, table
+from .report import figure, in_forward_order, kl_or_inf, num, pct, ratio, save, table
 
 NAME = "fp8"
 SCALARS = ("e5m2", "e4m3", "e3m4", "int8")
@@ -50,33 +50,28 @@ def run(ctx: Context) -> dict[str, Any]:
     return {"runs": runs, "baseline": ctx.baseline}
 
 
-def _kl(run: dict) -> float:
-    kl = run["e2e"]["kl"]
-    return kl if math.isfinite(kl) else math.inf
-
-
 def conclusions(data: dict) -> list[str]:
     """Best format per scaling, what scaling does to each format, and the block formats by size."""
     runs = {r["recipe"]["name"]: r for r in data["runs"]}
     out = []
     for s in SCALAR_SCALINGS:
-        ranked = sorted((runs[f"{f}/{s}"] for f in SCALARS), key=_kl)
+        ranked = sorted((runs[f"{f}/{s}"] for f in SCALARS), key=kl_or_inf)
         out.append(f"{s} scaling: " + " < ".join(f"{r['recipe']['inputs']} ({num(r['e2e']['kl'])})" for r in ranked)
                    + " (end-to-end KL).")
     for f in SCALARS:
         none, tensor, channel = (runs[f"{f}/{s}"] for s in SCALAR_SCALINGS)
-        out.append(f"{f}: per-tensor scaling changes KL by {ratio(_kl(tensor), _kl(none))} against no scaling, "
-                   f"per-channel by {ratio(_kl(channel), _kl(none))}"
+        out.append(f"{f}: per-tensor scaling changes KL by {ratio(kl_or_inf(tensor), kl_or_inf(none))} against no scaling, "
+                   f"per-channel by {ratio(kl_or_inf(channel), kl_or_inf(none))}"
                    + (f"; without scaling inf/NaN first appears at {in_forward_order(none['e2e']['nonfinite_sites'])[0]}"
                       f" end to end ({pct(none['e2e']['finite'])} of positions finite)"
                       if none["e2e"]["nonfinite_sites"] else "")
                    + (" while the per-site replay, on fewer tokens, saw no overflow"
                       if none["e2e"]["nonfinite_sites"] and not none["summary"]["overflow_sites"] else "") + ".")
-    blocks = sorted((runs[f"{b}/block"] for b in BLOCKS), key=_kl)
+    blocks = sorted((runs[f"{b}/block"] for b in BLOCKS), key=kl_or_inf)
     out.append("Block formats by KL: " + " < ".join(
         f"{r['recipe']['inputs']} ({num(r['e2e']['kl'])}, {num(r['bits'])} bits)" for r in blocks) + ".")
     mx8, e4 = runs["mxfp8_e4m3/block"], runs["e4m3/none"]
-    if _kl(mx8) > _kl(e4):
+    if kl_or_inf(mx8) > kl_or_inf(e4):
         out.append(f"MXFP8 E4M3 (KL {num(mx8['e2e']['kl'])}) does worse than unscaled E4M3 ({num(e4['e2e']['kl'])}): "
                    "the OCP scale rule, 2^(floor(log2 amax) - 8) (8: E4M3's largest exponent), maps a block's "
                    "largest value into [256, 512), and values above E4M3's 448 saturate to 448: up to "
@@ -86,8 +81,8 @@ def conclusions(data: dict) -> list[str]:
     mx4, nv4 = runs["mxfp4/block"], runs["nvfp4/block"]
     out.append(f"At 4 bits, NVFP4 (16-element blocks, E4M3 scales) reaches KL {num(nv4['e2e']['kl'])} and MXFP4 "
                f"(32-element blocks, power-of-two scales) {num(mx4['e2e']['kl'])}: MXFP4/NVFP4 = "
-               f"{ratio(_kl(mx4), _kl(nv4))}.")
-    best = min(data["runs"], key=_kl)
+               f"{ratio(kl_or_inf(mx4), kl_or_inf(nv4))}.")
+    best = min(data["runs"], key=kl_or_inf)
     out.append(f"Lowest KL overall: {best['recipe']['name']} ({num(best['e2e']['kl'])}, top-1 {pct(best['e2e']['top1'])}).")
     return out
 
@@ -95,13 +90,13 @@ def conclusions(data: dict) -> list[str]:
 def figures(data: dict, out: Path) -> list[str]:
     """End-to-end KL of every recipe (log scale; non-finite drawn at the top)."""
     runs = data["runs"]
-    finite = [_kl(r) for r in runs if math.isfinite(_kl(r))]
+    finite = [kl_or_inf(r) for r in runs if math.isfinite(kl_or_inf(r))]
     top = max(finite) * 10 if finite else 1.0
     fig, axes = figure(1, 1, width=11, height=4.5)
     ax = axes[0, 0]
     colors = {"none": "tab:red", "tensor": "tab:blue", "channel": "tab:green", "block": "tab:purple"}
     for i, r in enumerate(runs):
-        kl = _kl(r)
+        kl = kl_or_inf(r)
         ax.bar(i, kl if math.isfinite(kl) else top, color=colors[r["recipe"]["scaling"]],
                hatch=None if math.isfinite(kl) else "xx", alpha=0.8)
     for s, c in colors.items():

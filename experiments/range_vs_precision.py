@@ -24,7 +24,7 @@ from fpsim import Format
 
 from .context import Context
 from .recipes import Recipe, rounding_limit
-from .report import figure, in_forward_order, num, pct, ratio, save, table
+from .report import figure, in_forward_order, kl_or_inf, num, pct, ratio, save, table
 
 NAME = "range-vs-precision"
 BUDGETS = (8, 12, 16)
@@ -134,12 +134,6 @@ def _versus(run: dict, best_kl: float) -> str:
     return f"gives KL {num(kl)}, {ratio(kl, best_kl)} the best"
 
 
-def _kl_or_inf(run: dict) -> float:
-    """KL with non-finite (NaN logits) read as infinitely bad."""
-    kl = run["e2e"]["kl"]
-    return kl if math.isfinite(kl) else math.inf
-
-
 def _plot_metric(ax: Any, data: dict, scaling: str, metric: str, log: bool) -> None:
     top = max((r["e2e"][metric] for r in data["runs"] if math.isfinite(r["e2e"][metric])), default=1.0)
     for k, budget in enumerate(BUDGETS):
@@ -215,7 +209,7 @@ def conclusions(data: dict) -> list[str]:
             if more:
                 text += f"; one mantissa bit fewer ({more['format']}) {_versus(more, kl)}"
             if less and more:
-                a, b = (_kl_or_inf(r) for r in (less, more))
+                a, b = (kl_or_inf(r) for r in (less, more))
                 side = "range (fewer exponent bits)" if a > b else "precision (fewer mantissa bits)"
                 text += f". The steeper side is {side}"
             clean = [r["format"] for r in s if not _overflowed(r)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,18 @@ def load_json(path: Path) -> dict:
 def in_forward_order(sites: Sequence[str]) -> list[str]:
     """Site names sorted as the forward pass meets them: the first is where trouble starts."""
     return sorted(sites, key=site_order)
+
+
+def kl_or_inf(run: dict) -> float:
+    """End-to-end KL with non-finite (NaN logits) read as infinitely bad, for ranking."""
+    kl = run["e2e"]["kl"]
+    return kl if math.isfinite(kl) else math.inf
+
+
+def median_finite(run: dict, key: str) -> float:
+    """Median of a per-site statistic over the sites where it is a number."""
+    vals = [s[key] for s in run["sites"].values() if not math.isnan(s[key])]
+    return statistics.median(vals) if vals else math.nan
 
 
 def num(v: float | None, digits: int = 3) -> str:

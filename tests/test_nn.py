@@ -122,7 +122,7 @@ def test_training_updates_the_full_precision_weights():
 
 
 def test_include_selects_layers_and_weights_only():
-    m, x = model(), torch.randn(5, 8)
+    m = model()
     with quantize_linear_layers(m, weights="e2m1", include=lambda n, _: n == "4") as h:
         assert h.names == ["4"]
         assert torch.equal(m[4].weight, q(m[4].parametrizations.weight.original, "e2m1"))

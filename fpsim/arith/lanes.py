@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..formats import Format
-from ..rounding import F32, F64, Source
+from ..rounding import F32, Source
 
 _NONE = 1 << 20  # exponent sentinel of an operand without finite non-zero values
 
