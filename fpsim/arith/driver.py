@@ -8,6 +8,9 @@ tile and no loop runs over M×N.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,36 +165,48 @@ def _run(plan: Plan, lanes: Lanes, prod: Profile, ops: Operands, emins: tuple, s
     tn = min(N, budget)
     tm = min(M, max(1, budget // tn))
     bt = min(B, max(1, budget // (tm * tn)))
-    for b0 in range(0, B, bt):
+
+    def tile(b0: int, i0: int, j0: int) -> None:
         ia, ib = idx_a[b0:b0 + bt], idx_b[b0:b0 + bt]
-        for i0 in range(0, M, tm):
-            A = _slab(lanes, a3, ia, slice(i0, i0 + tm), rows=True)
-            EA = tc_.exponents(lanes, A, emins[0]) if plan.model else None
-            for j0 in range(0, N, tn):
-                Bs = _slab(lanes, b3, ib, slice(j0, j0 + tn), rows=False)
-                EB = tc_.exponents(lanes, Bs, emins[1]) if plan.model else None
-                shape = (A.shape[1], A.shape[2], Bs.shape[3])
-                st = acc_.new_stats(wide, shape, want_stats)
+        A = _slab(lanes, a3, ia, slice(i0, i0 + tm), rows=True)
+        EA = tc_.exponents(lanes, A, emins[0]) if plan.model else None
+        Bs = _slab(lanes, b3, ib, slice(j0, j0 + tn), rows=False)
+        EB = tc_.exponents(lanes, Bs, emins[1]) if plan.model else None
+        shape = (A.shape[1], A.shape[2], Bs.shape[3])
+        st = acc_.new_stats(wide, shape, want_stats)
 
-                def operands(k0: int, k1: int) -> tuple[Any, Any]:
-                    return A[k0:k1], Bs[k0:k1]
+        def operands(k0: int, k1: int) -> tuple[Any, Any]:
+            return A[k0:k1], Bs[k0:k1]
 
-                def promote(total: Any, block: Any, st: Stats) -> tuple[Any, Stats]:
-                    """Add a block's sum into the FP32 outer accumulator (as 1 * block)."""
-                    total = wide.full(shape, -0.0) if total is None else total
-                    return outer.seq(total, wide.cast(block), wide.full(shape, 1.0), st)
+        def promote(total: Any, block: Any, st: Stats) -> tuple[Any, Stats]:
+            """Add a block's sum into the FP32 outer accumulator (as 1 * block)."""
+            total = wide.full(shape, -0.0) if total is None else total
+            return outer.seq(total, wide.cast(block), wide.full(shape, 1.0), st)
 
-                if plan.model is not None:
-                    res, st = tc_.run(operands, lambda k0, k1: (EA[k0:k1], EB[k0:k1]), K,
-                                      shape, group_step, st, plan.chunk, promote)
-                elif plan.order == "pairwise":
-                    res, st = acc_.pairwise(operands, K, steps, st, shape)
-                else:
-                    res, st = acc_.sequential(operands, K, steps, st, shape, plan.chunk, promote)
-                where = (slice(b0, b0 + bt), slice(i0, i0 + tm), slice(j0, j0 + tn))
-                out[where] = res
-                for total, part in zip(stats, st):
-                    total[where] = part
+        if plan.model is not None:
+            res, st = tc_.run(operands, lambda k0, k1: (EA[k0:k1], EB[k0:k1]), K,
+                              shape, group_step, st, plan.chunk, promote)
+        elif plan.order == "pairwise":
+            res, st = acc_.pairwise(operands, K, steps, st, shape)
+        else:
+            res, st = acc_.sequential(operands, K, steps, st, shape, plan.chunk, promote)
+        where = (slice(b0, b0 + bt), slice(i0, i0 + tm), slice(j0, j0 + tn))
+        out[where] = res
+        for total, part in zip(stats, st):
+            total[where] = part
+
+    tiles = [(b0, i0, j0) for b0 in range(0, B, bt) for i0 in range(0, M, tm)
+             for j0 in range(0, N, tn)]
+    workers = min(len(tiles), os.cpu_count() or 1)
+    if workers > 1 and rng is None and not lanes.torch:
+        # tiles are independent and NumPy releases the GIL inside its loops: one per core
+        # (stochastic rounding stays in one thread so that a seed gives one answer)
+        with ThreadPoolExecutor(workers) as pool:
+            for done in [pool.submit(tile, *t) for t in tiles]:
+                done.result()
+    else:
+        for t in tiles:
+            tile(*t)
     return out, stats
 
 
