@@ -73,7 +73,8 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     ``seed``: seed or generator for stochastic rounding (NumPy Generator / torch Generator).
     ``engine``: "numpy", "torch" (any device), "compiled" (torch.compile fuses each loop step
     into one kernel: several times faster once compiled, which takes seconds to a minute per
-    configuration; no stochastic rounding), or "auto" (torch for tensors, else NumPy).  Every
+    configuration; no stochastic rounding), or "auto" (torch for GPU tensors or a torch.Generator
+    seed, else NumPy, whose tiles run on every core; CPU tensors come back as tensors).  Every
     engine gives the same bits.
 
     Returns an array of float32 when the result's format fits it, else float64 (a torch tensor
@@ -81,8 +82,8 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     :class:`MatmulStats`.  A sum that is exactly zero is +0 (unless every term is -0).
     """
     plan = make_plan(inputs, accum, order, chunk, product, rounding, output, tensor_core, engine)
-    use_torch = engine in ("torch", "compiled") or (
-        engine == "auto" and (is_torch(a) or is_torch(b)))
+    use_torch = engine in ("torch", "compiled") or (engine == "auto" and (
+        any(is_torch(x) and x.device.type != "cpu" for x in (a, b)) or _torch_generator(seed)))
     ops = prepare(a, b, use_torch)
     fa, fb = plan.inputs
     if fa is not None:
@@ -105,6 +106,10 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     swamped, underflow, peak = (deliver(s.reshape(ops.shape), ops.device) for s in stats)
     overflow = ~(out.isfinite() if ops.device is not None else np.isfinite(out))
     return out, MatmulStats(overflow, peak, swamped, underflow)
+
+
+def _torch_generator(seed: Any) -> bool:
+    return type(seed).__name__ == "Generator" and type(seed).__module__.startswith("torch")
 
 
 def dot(a: Any, b: Any, **options: Any) -> Any:
