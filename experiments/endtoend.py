@@ -34,7 +34,11 @@ class RecipeOps:
         self.nonfinite: dict[str, int] = {}
 
     def _watch(self, name: str, y: Tensor) -> Tensor:
-        bad = int((~torch.isfinite(y)).sum())
+        bad = ~torch.isfinite(y)
+        if name.endswith(".qk"):                     # the causal mask discards the upper triangle
+            T = y.shape[-1]
+            bad = bad & torch.ones(T, T, dtype=torch.bool, device=y.device).tril()
+        bad = int(bad.sum())
         if bad:
             self.nonfinite[name] = self.nonfinite.get(name, 0) + bad
         return y

@@ -207,3 +207,18 @@ def test_sites_sort_in_forward_order():
     seen = ["lm_head", "ln_f", "h3.ln_1", "h10.attn.qk", "h3.mlp.c_proj", "h3.attn.av"]
     assert sorted(seen, key=site_order) == ["h3.ln_1", "h3.attn.av", "h3.mlp.c_proj",
                                             "h10.attn.qk", "ln_f", "lm_head"]
+
+
+def test_inf_in_the_masked_half_of_qk_is_not_counted():
+    import torch
+
+    from experiments.endtoend import RecipeOps
+
+    ops = RecipeOps({})
+    y = torch.zeros(1, 1, 4, 4)
+    y[0, 0, 0, 3] = float("inf")                   # above the diagonal: masked away
+    ops._watch("h0.attn.qk", y)
+    assert ops.nonfinite == {}
+    y[0, 0, 3, 0] = float("inf")                   # a position the model uses
+    ops._watch("h0.attn.qk", y)
+    assert ops.nonfinite == {"h0.attn.qk": 1}
