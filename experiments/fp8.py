@@ -122,7 +122,9 @@ def render(data: dict, out: Path) -> str:
              f"{meta['tokens']} held-out tokens end to end (FP32 loss {num(data['baseline']['fp32']['loss'], 4)}); "
              f"per-site replay on {meta['replay_rows']} rows per site against FP64 on the same operands. "
              "E4M3 is OCP E4M3FN (max 448, NaN, no inf); E5M2 and E3M4 are IEEE-style. Per-tensor and per-channel "
-             "scales are amax / format max in FP32 (fpsim.scaled_quantize); block formats use fpsim.mx. "
+             "scales are amax / format max in FP32 (fpsim.scaled_quantize); per-channel means one scale per "
+             "row of the left operand (per token for activations) and per column of the right one "
+             "(per output channel for weights), along the reduction axis; block formats use fpsim.mx. "
              "Every site's operands are quantized, LayerNorm inputs (the residual stream) included. "
              "KL and top-1 are over all positions, including those with inf/NaN logits (a NaN KL); "
              "\"finite\" is the share of positions whose logits are all finite.", "",
