@@ -113,7 +113,9 @@ def render(data: dict, out: Path) -> str:
         rows.append([site] + [num(data["histograms"][f][site]["median"]) for f in fmts])
     lines = [f"# Relative-error histograms ({meta['model']})", "",
              f"Per-site replay on {meta['replay_rows']} rows per site, FP32 accumulation, against FP64 on the "
-             "same operands. Bins of 0.25 in log10; errors below 1e-10 or above 100 are counted in the end bins.",
+             "same operands. Operands are quantized (e4m3 is OCP E4M3FN, max 448), outputs stay FP32 "
+             "(unlike the fp16-vs-bf16 experiment, which rounds outputs too). Bins of 0.25 in log10; "
+             "errors below 1e-10 or above 100 are counted in the end bins.",
              "", "## Conclusions", ""]
     lines += [f"- {c}" for c in conclusions(data)]
     lines += ["", f"![histograms]({names[0]})", "", "Median relative error per site:", "",
