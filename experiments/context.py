@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydoc_data.topics import topics
 from torch import Tensor
 
 import fpsim
@@ -26,7 +25,7 @@ import fpsim
 from . import endtoend, replay
 from .capture import Site, capture
 from .gpt2.checkpoint import load_gpt2, resolve_checkpoint
-from .gpt2.data import heldout_bytes, split_topics, windows
+from .gpt2.data import heldout_bytes, heldout_text, windows
 from .gpt2.model import GPT2, site_order
 from .gpt2.tokenizer import load_bpe
 from .recipes import FP32, Recipe
@@ -56,8 +55,7 @@ def heldout_tokens(model: GPT2, checkpoint: Path) -> Tensor:
     """Held-out text as token ids: bytes for a 256-token vocabulary, else the checkpoint's BPE."""
     if model.config.vocab_size == 256:
         return heldout_bytes()
-    text = "\n\n".join(topics[k] for k in split_topics()[1])
-    return torch.tensor(load_bpe(checkpoint).encode(text).ids, dtype=torch.long)
+    return torch.tensor(load_bpe(checkpoint).encode(heldout_text()).ids, dtype=torch.long)
 
 
 def display_name(model: str | Path) -> str:

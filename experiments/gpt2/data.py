@@ -24,18 +24,23 @@ def split_topics() -> tuple[list[str], list[str]]:
     return [k for k in keys if k not in held], held
 
 
-def _corpus(keys: list[str]) -> Tensor:
-    return encode_bytes("\n\n".join(topics[k] for k in keys))
+def _text(keys: list[str]) -> str:
+    return "\n\n".join(topics[k] for k in keys)
 
 
 def train_bytes() -> Tensor:
     """Training text as a 1-D int64 byte tensor."""
-    return _corpus(split_topics()[0])
+    return encode_bytes(_text(split_topics()[0]))
+
+
+def heldout_text() -> str:
+    """The held-out topics' text (tokenized as bytes here, or with a checkpoint's BPE)."""
+    return _text(split_topics()[1])
 
 
 def heldout_bytes() -> Tensor:
     """Held-out text as a 1-D int64 byte tensor."""
-    return _corpus(split_topics()[1])
+    return encode_bytes(heldout_text())
 
 
 def windows(data: Tensor, block_size: int, limit: int | None = None) -> Tensor:
