@@ -270,7 +270,7 @@ def _tensor_via_numpy(x: Any) -> np.ndarray:
     return x.float().numpy()  # float16/bfloat16: exact in float32
 
 
-def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool = False,
+def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool | str = False,
              subnormals: bool = True, seed: Any = None, backend: str = "auto") -> Any:
     """Round every element of ``x`` to the nearest value of ``fmt`` under ``rounding``.
 
@@ -280,9 +280,11 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
     the format is finer than the input dtype, e.g. bfloat16 input to fp16, the result is cast
     back to the input dtype like any cast.)  Overflow gives inf (or NaN for formats with NaN and
     no inf) unless ``saturate`` or the rounding direction says the largest finite value; NaN
-    stays NaN.  ``backend`` picks the driver for torch tensors (see ``_torch_backend``).
+    stays NaN.  ``saturate="finite"`` also sends infinite inputs to +-max (P3109's SatFinite;
+    ``True`` is its SatPropagate, ``False`` its SatNone).  ``backend`` picks the driver for
+    torch tensors (see ``_torch_backend``).
     """
-    fmt = _options(fmt, rounding, backend)
+    fmt, saturate = _options(fmt, rounding, backend), R.check_saturate(saturate)
     if is_torch(x):
         route = _torch_backend(x, backend, fmt, seed)
         if route == "triton":
@@ -312,7 +314,7 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
     return out if arr.ndim else out.reshape(())
 
 
-def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool = False,
+def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool | str = False,
            subnormals: bool = True, seed: Any = None, nan: str = "raise",
            backend: str = "auto") -> Any:
     """The bit codes of ``quantize(x, fmt, ...)``, in the smallest unsigned dtype that holds them.
@@ -322,7 +324,7 @@ def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool =
     NaN becomes a zero).  torch tensors give torch tensors on the same device: uint8 for codes
     of up to 8 bits, else int32/int64 lanes (torch's wide unsigned types lack arithmetic).
     """
-    fmt = _options(fmt, rounding, backend)
+    fmt, saturate = _options(fmt, rounding, backend), R.check_saturate(saturate)
     if is_torch(x):
         route = _torch_backend(x, backend, fmt, seed)
         if route == "triton":                         # checks NaN inside the kernel
@@ -417,6 +419,8 @@ def _decode(xp: Any, c: Any, fmt: Format) -> Any:
         val = xp.where(top, xp.where(f == 0, inf, nan), val)
     elif fmt.nan == "fn":
         val = xp.where(mag == fmt.nan_code, nan, val)
+    if fmt.inf and fmt.nan != "ieee":                 # P3109 extended: inf on the top code
+        val = xp.where(mag == fmt.inf_code, inf, val)
     if fmt.signed:
         val = xp.where(neg, -val, val)
     if fmt.nan == "fnuz":

@@ -24,7 +24,12 @@ class Format:
     is inf), ``"fn"`` (only the all-ones code S.1..1.1..1 is NaN, no inf: OCP E4M3), ``"fnuz"``
     (the code of negative zero is the single NaN; no -0, no inf) or ``"none"``.
     ``zero=False`` marks formats without a zero whose exponent field 0 is an ordinary binade
-    (OCP E8M0).
+    (OCP E8M0).  ``inf=True`` with ``nan="fn"`` or ``"fnuz"`` puts +-inf at the top magnitude
+    code below the NaN (IEEE P3109's extended formats).  ``p3109=True`` takes the P3109 draft's
+    rounding rules: ties-to-even and round-to-odd look at the last bit of the *code* (not of the
+    significand: they differ only without fraction bits, P=1), and round-to-odd overflows like
+    the nearest modes; unsigned formats with a zero treat negative results as an overflow
+    below 0.  See :func:`p3109`.
     """
 
     name: str = field(compare=False)
@@ -36,6 +41,7 @@ class Format:
     subnormals: bool = True
     signed: bool = True
     zero: bool = field(default=True)
+    p3109: bool = False
 
     def __post_init__(self) -> None:
         if self.bias is None:
@@ -73,8 +79,8 @@ class Format:
         if self.nan == "ieee":
             return all_ones - 2**self.mbits  # the all-ones exponent holds inf and NaN
         if self.nan == "fn":
-            return all_ones - 1  # S.1..1.1..1 is NaN
-        return all_ones
+            return all_ones - 1 - self.inf  # S.1..1.1..1 is NaN (and inf just below: P3109)
+        return all_ones - self.inf  # fnuz/none: every magnitude, or inf on top (P3109)
 
     @property
     def max_biased_exp(self) -> int:
@@ -83,7 +89,8 @@ class Format:
 
     @property
     def inf_code(self) -> int | None:
-        return (2**self.ebits - 1) << self.mbits if self.inf else None
+        """Code magnitude of +inf: the one just above the largest finite value."""
+        return self.max_code + 1 if self.inf else None
 
     @property
     def nan_code(self) -> int | None:
@@ -172,8 +179,8 @@ def _validate(f: Format) -> None:
             why = "integer formats need at least one magnitude bit"
         elif f.mbits > 62:
             why = "integer formats wider than 63 bits are not supported"
-    elif f.inf and f.nan != "ieee":
-        why = "only nan='ieee' formats can have inf (inf is the all-ones exponent)"
+    elif f.inf and f.nan == "none":
+        why = "inf needs a NaN convention: nan='ieee', or 'fn'/'fnuz' (inf on the top code)"
     elif f.nan == "ieee" and f.ebits < 2:
         why = f"an IEEE-style format needs ebits >= 2 (e{f.ebits} leaves no normal binade)"
     elif f.nan == "fnuz" and not f.signed:
@@ -249,6 +256,42 @@ ALIASES: dict[str, str] = {
 _SPEC = re.compile(r"^e(\d+)m(\d+)(fn|fnuz)?$")
 
 
+def p3109(k: int, p: int, signed: bool = True, extended: bool = True) -> Format:
+    """The IEEE P3109 draft's format binary{k}p{p}: ``k`` bits, precision ``p`` (implicit bit
+    included), named ``p3109_k{k}p{p}`` + ``s``/``u`` (signed/unsigned) + ``e``/``f``
+    (extended: with +-inf; finite: without).
+
+    Exponent bias 2^(w-1) for a w-bit exponent field; one NaN and no -0: signed formats keep
+    NaN at the code of -0 (0x80 for k=8, as ``fnuz``), unsigned ones at the top code (as
+    ``fn``); extended formats put +inf at the top finite code (-inf at its negative twin).
+    """
+    if not (isinstance(k, int) and isinstance(p, int) and k >= 3 and 1 <= p <= k - signed):
+        raise ValueError(f"P3109 format k={k}, p={p}: needs k >= 3 and 1 <= p <= k-1 (signed) "
+                         "or 1 <= p <= k (unsigned)")
+    ebits = k - p + (not signed)
+    name = f"p3109_k{k}p{p}{'s' if signed else 'u'}{'e' if extended else 'f'}"
+    return Format(name, ebits, p - 1, bias=2 ** (ebits - 1), inf=extended,
+                  nan="fnuz" if signed else "fn", signed=signed, p3109=True)
+
+
+#: The P3109 formats of 3 to 8 bits, every precision, signed and unsigned, extended and finite.
+P3109_FORMATS: dict[str, Format] = {
+    f.name: f for f in (p3109(k, p, s, e) for k in range(3, 9) for s in (True, False)
+                        for p in range(1, k + (not s)) for e in (True, False))}
+
+_P3109 = re.compile(r"^(?:p3109_k(\d+)p(\d+)|binary(\d+)p(\d+))(?:([su])([ef]))?$")
+
+
+def _from_p3109(name: str) -> Format | None:
+    """``p3109_k8p3se`` and the draft's spelling ``binary8p3se``; without the suffix, the
+    signed extended format (``binary8p3`` is ``p3109_k8p3se``)."""
+    match = _P3109.match(name)
+    if not match:
+        return None
+    k, p = int(match[1] or match[3]), int(match[2] or match[4])
+    return p3109(k, p, signed=match[5] != "u", extended=match[6] != "f")
+
+
 def _from_spec(name: str) -> Format | None:
     match = _SPEC.match(name)
     if not match:
@@ -278,7 +321,8 @@ def known_names() -> list[str]:
 
 
 def get_format(fmt: str | Format) -> Format:
-    """Resolve a name, alias or ``eXmY`` / ``eXmYfn`` / ``eXmYfnuz`` spec string to a Format."""
+    """Resolve a name, alias, ``eXmY`` / ``eXmYfn`` / ``eXmYfnuz`` spec string or P3109 name
+    (``p3109_k8p3se``, ``binary8p3se``: see :func:`p3109`) to a Format."""
     if isinstance(fmt, Format):
         return fmt
     if not isinstance(fmt, str):
@@ -287,9 +331,10 @@ def get_format(fmt: str | Format) -> Format:
     key = ALIASES.get(key, key)
     if key in FORMATS:
         return FORMATS[key]
-    spec = _from_spec(key)
+    spec = _from_spec(key) or _from_p3109(key)
     if spec is not None:
         return spec
     raise unknown_name_error("format", fmt, known_names(),
                              "; or a spec string 'eXmY' (IEEE-style), 'eXmYfn' (no inf) or "
-                             "'eXmYfnuz'.")
+                             "'eXmYfnuz'; or an IEEE P3109 format 'p3109_kKpP' + s|u + e|f "
+                             "(e.g. 'p3109_k8p3se', alias 'binary8p3se').")

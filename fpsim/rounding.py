@@ -28,6 +28,17 @@ def check_mode(rounding: str) -> str:
     return rounding
 
 
+def check_saturate(saturate: bool | str) -> bool | str:
+    """``saturate=``: False (overflow to inf/NaN, P3109's SatNone), True (finite overflow to
+    +-max, inf stays inf: SatPropagate) or ``"finite"`` (inf inputs to +-max too: SatFinite)."""
+    if isinstance(saturate, str) and saturate.strip().lower() == "finite":
+        return "finite"
+    if saturate in (False, True) and not isinstance(saturate, str):
+        return bool(saturate)
+    raise ValueError(f"saturate={saturate!r}: choose False (overflow to inf/NaN), True (to the "
+                     "largest finite value; inf stays inf) or 'finite' (inf too)")
+
+
 @dataclass(frozen=True)
 class Source:
     """The IEEE binary float whose bits are rounded: float32 (int32 lanes) or float64."""
@@ -113,15 +124,18 @@ def round_bits(xp: Any, a: Any, neg: Any, src: Source, fmt: Format, mode: str, *
     else:
         shift = xp.clamp_max(shift, W - 2)            # W-2 > M+1: dropping more changes nothing
     mask = (1 << shift) - 1
+    low = sig >> shift                                # kept bits: the last one is "odd"/"even"
+    if fmt.p3109 and m == 0:
+        low = low + (tt - 1)                          # P3109, P=1: the code's last bit decides
 
     if mode == "rne":
-        q = (sig + ((mask >> 1) + ((sig >> shift) & mask & 1))) >> shift
+        q = (sig + ((mask >> 1) + (low & mask & 1))) >> shift
     elif mode == "rna":
         q = (sig + ((mask + 1) >> 1)) >> shift
     elif mode in ("rtz", "rto"):
         q = sig >> shift
         if mode == "rto":
-            q = q | xp.astype((sig & mask) != 0, q.dtype)
+            q = q + (xp.astype((sig & mask) != 0, q.dtype) & ~low & 1)  # inexact: make odd
     elif mode == "rup":
         q = (sig + xp.where(neg, 0, mask)) >> shift
     elif mode == "rdown":
@@ -141,7 +155,8 @@ def round_bits(xp: Any, a: Any, neg: Any, src: Source, fmt: Format, mode: str, *
         limit = xp.astype(neg, code.dtype) + limit    # two's complement reaches -2^mbits
     over = code > limit
     to_inf = None                                     # overflows that leave the finite range
-    if not saturate and (fmt.inf or fmt.has_nan) and mode not in ("rtz", "rto"):
+    if (not saturate and (fmt.inf or fmt.has_nan) and mode != "rtz"
+            and (mode != "rto" or fmt.p3109)):       # P3109: round-to-odd overflows
         to_inf = {"rup": over & ~neg, "rdown": over & neg}.get(mode, over)
 
     code = xp.where(over, limit, code)
@@ -149,14 +164,20 @@ def round_bits(xp: Any, a: Any, neg: Any, src: Source, fmt: Format, mode: str, *
         code = xp.where(code < (1 << m), 0, code)     # subnormal results become zero
 
     bad_sign = (neg & ~is_nan) if not fmt.signed else None   # negative input, unsigned format
+    if bad_sign is not None and fmt.zero and not fmt.is_int:  # P3109: an overflow below 0
+        bad_sign = bad_sign & ((code != 0) | special)          # -0, what rounds to 0: +0
+        if saturate or mode in ("rtz", "rup") or (mode == "rto" and not fmt.p3109):
+            zero = bad_sign if saturate else bad_sign & ~special   # saturates to 0
+            code, special, bad_sign = xp.where(zero, 0, code), special & ~zero, bad_sign & ~zero
     if want == "value":
         return _values(xp, src, fmt, a, neg, code, to_inf, special, is_nan, bad_sign, saturate)
     return _codes(xp, fmt, code, limit, to_inf, special, is_nan, neg, a, bad_sign, saturate)
 
 
 def _inf_input(fmt: Format, saturate: bool, inf: int, nan: int, big: int) -> int:
-    """What an infinite input becomes: inf, else NaN unless saturating, else the largest value."""
-    if fmt.inf:
+    """What an infinite input becomes: inf (unless ``saturate="finite"``), else NaN unless
+    saturating, else the largest value."""
+    if fmt.inf and saturate != "finite":
         return inf
     return nan if (fmt.has_nan and not saturate) else big
 

@@ -232,7 +232,8 @@ def _round(x: torch.Tensor, y: torch.Tensor, fmt: Format, rounding: str, saturat
 
 
 def quantize(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne",
-             saturate: bool = False, subnormals: bool = True, seed: Any = None) -> torch.Tensor:
+             saturate: bool | str = False, subnormals: bool = True,
+             seed: Any = None) -> torch.Tensor:
     """``fpsim.quantize`` for float32/float16/bfloat16 tensors: same dtype, same bits.
 
     16-bit inputs are rounded once to ``fmt`` and the result to the input's dtype (to nearest
@@ -240,12 +241,14 @@ def quantize(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne",
     keys the Philox stream of stochastic rounding.
     """
     fmt, x = kernel_format(fmt), _float_input(x)
+    saturate = R.check_saturate(saturate)
     y = torch.empty_like(x)
     _round(x, y, fmt, rounding, saturate, subnormals, seed, "value", 1, False)
     return y
 
 
-def encode(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne", saturate: bool = False,
+def encode(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne",
+           saturate: bool | str = False,
            subnormals: bool = True, seed: Any = None, nan: str = "raise",
            pack: bool = True) -> torch.Tensor:
     """The codes of ``quantize(x, fmt, ...)``, as ``fpsim.encode`` gives them.
@@ -259,6 +262,7 @@ def encode(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne", saturat
     inside the kernel).
     """
     fmt, x = kernel_format(fmt), _float_input(x)
+    saturate = R.check_saturate(saturate)
     count_nan = not fmt.has_nan and _nan_policy(nan) == "raise"
     per = codes_per_group(fmt) if pack else 1
     if per == 1:

@@ -25,7 +25,7 @@ from fpsim.formats import Format
 def format_spec(fmt: Format) -> tuple:
     """The fields that define ``fmt`` (not its name): the kernels' compile-time format key."""
     return (fmt.ebits, fmt.mbits, fmt.bias, fmt.inf, fmt.nan, fmt.subnormals, fmt.signed,
-            fmt.zero)
+            fmt.zero, fmt.p3109)
 
 
 @triton.constexpr_function
@@ -78,15 +78,18 @@ def round_bits(a, neg, FMT: tl.constexpr, MODE: tl.constexpr, SATURATE: tl.const
     else:
         shift = tl.minimum(shift, W - 2)              # W-2 > M+1: dropping more changes nothing
     mask = (1 << shift) - 1
+    low = sig >> shift                                # kept bits: the last one is "odd"/"even"
+    if fmt.p3109 and m == 0:
+        low = low + (tt - 1)                          # P3109, P=1: the code's last bit decides
 
     if MODE == "rne":
-        q = (sig + ((mask >> 1) + ((sig >> shift) & mask & 1))) >> shift
+        q = (sig + ((mask >> 1) + (low & mask & 1))) >> shift
     elif MODE == "rna":
         q = (sig + ((mask + 1) >> 1)) >> shift
     elif MODE == "rtz" or MODE == "rto":
         q = sig >> shift
         if MODE == "rto":
-            q = q | ((sig & mask) != 0).to(q.dtype)
+            q = q + (((sig & mask) != 0).to(q.dtype) & ~low & 1)  # inexact: make odd
     elif MODE == "rup":
         q = (sig + tl.where(neg, 0, mask)) >> shift
     elif MODE == "rdown":
@@ -105,7 +108,8 @@ def round_bits(a, neg, FMT: tl.constexpr, MODE: tl.constexpr, SATURATE: tl.const
         limit = neg.to(code.dtype) + limit            # two's complement reaches -2^mbits
     over = code > limit
     to_inf = None                                     # overflows that leave the finite range
-    if not SATURATE and (fmt.inf or fmt.has_nan) and MODE != "rtz" and MODE != "rto":
+    if (not SATURATE and (fmt.inf or fmt.has_nan) and MODE != "rtz"
+            and (MODE != "rto" or fmt.p3109)):       # P3109: round-to-odd overflows
         if MODE == "rup":
             to_inf = over & ~neg
         elif MODE == "rdown":
@@ -120,6 +124,19 @@ def round_bits(a, neg, FMT: tl.constexpr, MODE: tl.constexpr, SATURATE: tl.const
     bad_sign = None
     if not fmt.signed:
         bad_sign = neg & ~is_nan                      # negative input, unsigned format
+        if fmt.zero and not fmt.is_int:               # P3109: an overflow below 0
+            nonzero = code != 0
+            if flush is not None:
+                nonzero = nonzero & ~flush
+            bad_sign = bad_sign & (nonzero | special)  # -0, what rounds to 0: +0
+            if SATURATE or MODE == "rtz" or MODE == "rup" or (MODE == "rto" and not fmt.p3109):
+                zero = bad_sign
+                if not SATURATE:
+                    zero = bad_sign & ~special        # saturates to 0
+                code = tl.where(zero, 0, code)
+                over = over & ~zero
+                special = special & ~zero
+                bad_sign = bad_sign & ~zero
     if WANT == "value":
         res = _values(FMT, a, neg, code, limit, over, to_inf, flush, special, is_nan,
                       bad_sign, SATURATE)
@@ -232,6 +249,8 @@ def decode_bits(c, FMT: tl.constexpr):
             val = tl.where(top, tl.where(f == 0, inf_bits, nan_bits), val)
         elif fmt.nan == "fn":
             val = tl.where(mag == fmt.nan_code, nan_bits, val)
+        if fmt.inf and fmt.nan != "ieee":             # P3109 extended: inf on the top code
+            val = tl.where(mag == fmt.inf_code, inf_bits, val)
         if fmt.signed:
             val = val | (neg.to(tl.int32) << (src.width - 1))
         if fmt.nan == "fnuz":
