@@ -159,6 +159,37 @@ def test_unsigned_negatives_overflow_below_zero():
 
 
 # --------------------------------------------------------------------------------------------
+# The Triton twin (interpreter on CPU, or the GPU)
+# --------------------------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
+@pytest.mark.parametrize("name", ["p3109_k8p1se", "p3109_k8p2ue", "p3109_k8p3se", "p3109_k8p4sf",
+                                  "p3109_k8p3ue", "p3109_k8p5uf", "p3109_k8p8uf", "p3109_k3p1sf",
+                                  "p3109_k6p2ue"])
+def test_triton_kernels_match(name):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    import kernels
+    from test_kernels import _probe, _ref_codes, _same, _same_codes
+
+    # every P3109 format fits float32 lanes except p3109_k8p1u*: 2^-127 (as E8M0), float64 only
+    assert [n for n in P3109_FORMATS if not kernels.supports(n)] == ["p3109_k8p1ue",
+                                                                     "p3109_k8p1uf"]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x = _probe(name, n_random=300)
+    xt = torch.from_numpy(x).to(device)
+    for mode in P3109_MODES:
+        for saturate in P3109_SATURATION.values():
+            kw = dict(rounding=mode, saturate=saturate)
+            _same(kernels.quantize(xt, name, **kw), fpsim.quantize(x, name, **kw), f"{kw}")
+            _same_codes(kernels.encode(xt, name, nan="zero", **kw), _ref_codes(x, name, **kw),
+                        f"encode {kw}")
+    codes = np.arange(P3109_FORMATS[name].num_codes)
+    tcodes = torch.from_numpy(codes).to(device).to(torch.uint8)
+    _same(kernels.decode(tcodes, name, packed=False), fpsim.decode(codes, name, dtype=np.float32),
+          "decode")
+
+
+# --------------------------------------------------------------------------------------------
 # Tools
 # --------------------------------------------------------------------------------------------
 def test_explain_and_values_show_the_specials(capsys):
