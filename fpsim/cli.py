@@ -189,7 +189,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise CliError(f"cannot write {args.output}: {exc}") from None
     print(f"{x.size} values ({x.dtype}) -> {fmt.name}, rounding {args.rounding}"
-          f"{', saturating' if args.saturate else ''}: wrote {args.output}")
+          f"{', saturating' if args.saturate else ''}"
+          f"{' (inf too)' if args.saturate == 'finite' else ''}: wrote {args.output}")
     for line in summarize(x, q, fmt).lines():
         print(f"  {line}")
     return 0
@@ -277,6 +278,8 @@ def _rounding_options(s: argparse.ArgumentParser) -> None:
                    help=f"rounding mode: {', '.join(MODES)} (default rne)")
     s.add_argument("--saturate", action="store_true",
                    help="clamp overflow to the largest finite value instead of inf/NaN")
+    s.add_argument("--saturate-finite", dest="saturate", action="store_const", const="finite",
+                   help="as --saturate, and infinite inputs too (P3109's SatFinite)")
 
 
 def _color_option(s: argparse.ArgumentParser) -> None:

@@ -203,6 +203,10 @@ def test_explain_and_values_show_the_specials(capsys):
     assert lines["0x80"].split()[-2:] == ["nan", "nan"]
     assert lines["0xFF"].split()[-2:] == ["-inf", "inf"]
     assert lines["0x7E"].split()[-2:] == ["49152", "normal"]
+    assert main(["explain", "inf", "-f", "binary8p3", "--saturate-finite", "--color", "never"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("= 49152")
+    assert main(["explain", "inf", "-f", "binary8p3", "--saturate", "--color", "never"]) == 0
+    assert "+inf" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------------------------
