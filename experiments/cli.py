@@ -17,12 +17,13 @@ from types import ModuleType
 import torch
 
 from . import accumulation, activations, context, fp8, fp16_vs_bf16, histograms, range_vs_precision
+from . import deepseek
 from fpsim.cli import OneLineParser
 
 from .report import load_json, write_json
 
 EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (
-    activations, range_vs_precision, fp16_vs_bf16, fp8, accumulation, histograms)}
+    activations, range_vs_precision, fp16_vs_bf16, fp8, accumulation, histograms, deepseek)}
 DEFAULT_OUT = Path("results")
 
 
