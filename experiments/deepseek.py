@@ -8,8 +8,9 @@ exponent and truncated to 13 fraction bits, the result truncated to E8M13, a 14-
 gives 7% on uniform [0, 1) inputs.  This experiment measures where the two differ:
 
 * synthetic operands: uniform [0, 1) and normal(r, 1) for several mean/std ratios r, rounded to
-  E4M3FN; K = 128 … 8192; ``hopper_fp8`` keeping 12 … 16 fraction bits (E8M<bits> result), with
-  and without promotion to FP32 every 128 products;
+  E4M3FN; K = 128 … 8192 (a smaller K sums the leading part of the same operands);
+  ``hopper_fp8`` keeping 12 … 16 fraction bits (E8M<bits> result), with and without promotion
+  to FP32 every 128 products;
 * the tiny GPT-2's linear layers on captured operands under DeepSeek-V3's fine-grained scaling:
   1×128 activation tiles and 128×128 weight blocks of E4M3FN elements with FP32 scales
   (amax / 448).  The tensor core sums each 128-long block of raw elements; the CUDA cores multiply
@@ -174,7 +175,8 @@ def summarize(stats: np.ndarray) -> dict[str, Any]:
 
 
 def _parallel(jobs: dict[Any, Callable[[], Any]], workers: int) -> dict[Any, Any]:
-    """Run independent jobs (NumPy releases the GIL), longest first; results keyed as ``jobs``."""
+    """Run independent jobs on ``workers`` threads (NumPy releases the GIL), in the order given
+    (put the longest first); results keyed as ``jobs``."""
     with ThreadPoolExecutor(max(1, workers)) as pool:
         futures = {key: pool.submit(job) for key, job in jobs.items()}
         return {key: f.result() for key, f in futures.items()}
@@ -600,9 +602,10 @@ def render(data: dict, out: Path) -> str:
              f"`{PRESET.name}` model: groups of {PRESET.group} exact products and the running sum "
              "aligned to the largest exponent, truncated to the given number of fraction bits, "
              f"summed, truncated to E8M<bits> (the preset keeps {hw}). Synthetic inputs: "
-             f"{s['trials']} independent {TRIAL}×K by K×{TRIAL} GEMMs per distribution, operands "
-             f"rounded to {ELEMENTS.upper()}. GPT-2: DeepSeek-V3's fine-grained scaling (1×{BLOCK} "
-             f"activation tiles, {BLOCK}×{BLOCK} weight blocks, {ELEMENTS.upper()}, FP32 scales); "
+             f"{s['trials']} independent {TRIAL}×K by K×{TRIAL} GEMMs per distribution (a smaller "
+             f"K takes the leading part of the same operands), rounded to {ELEMENTS.upper()}. "
+             f"GPT-2: DeepSeek-V3's fine-grained scaling (1×{BLOCK} activation tiles, "
+             f"{BLOCK}×{BLOCK} weight blocks, {ELEMENTS.upper()}, FP32 scales); "
              "the no-promotion comparison uses power-of-two scales (exact scaled products). "
              "Errors are against the FP64 product of the same quantized operands. max: the "
              "largest relative error over 64 outputs, averaged over trials (GPT-2: token rows); "
