@@ -18,7 +18,7 @@ import torch
 
 from . import accumulation, activations, context, fp8, fp16_vs_bf16, histograms, range_vs_precision
 from . import deepseek
-from fpsim.cli import OneLineParser
+from fpsim.cliparse import OneLineParser
 
 from .report import load_json, write_json
 

@@ -92,7 +92,7 @@ def model(frac_bits: int) -> TensorCoreModel:
 def tensor_core(a: np.ndarray, b: np.ndarray, tc: TensorCoreModel,
                 inputs: str | None = ELEMENTS) -> np.ndarray:
     """``a @ b`` summed by the tensor core over the whole K (no promotion), as float64."""
-    y = fpsim.matmul(a, b, inputs=inputs, order="tensor_core", tensor_core=tc, engine="numpy")
+    y = fpsim.matmul(a, b, inputs=inputs, order="tensor_core", tensor_core=tc, backend="numpy")
     return np.asarray(y, dtype=np.float64)
 
 
@@ -116,7 +116,7 @@ def promoted(a: np.ndarray, b: np.ndarray, tc: TensorCoreModel,
     tensor_core=tc, chunk=BLOCK)`` for every K at once."""
     ab, bb = blocks(a, b)
     part = np.moveaxis(np.asarray(fpsim.matmul(ab, bb, inputs=ELEMENTS, order="tensor_core",
-                                               tensor_core=tc, engine="numpy"), np.float32), -3, 0)
+                                               tensor_core=tc, backend="numpy"), np.float32), -3, 0)
     if scale is not None:
         part = np.moveaxis(scale.astype(np.float32), -3, 0) * part
     out = np.empty_like(part)

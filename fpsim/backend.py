@@ -1,13 +1,15 @@
-"""The few array operations the rounding algorithm needs beyond Python operators.
+"""The backend shim: everything NumPy and torch spell differently, in one place.
 
-NumPy and torch share the algorithm in :mod:`fpsim.rounding`; arithmetic, shifts, masks and
-comparisons are written with operators, which both libraries implement the same way.  What they
-spell differently (``where`` with scalars, clamping, bit casts, dtype changes) lives here, so the
-algorithm itself stays backend-free.  torch is imported only when a tensor arrives.
+NumPy and torch share the algorithms of fpsim; arithmetic, shifts, masks and comparisons are
+written with operators, which both libraries implement the same way.  What they spell
+differently (``where`` with scalars, clamping, bit casts, dtype changes, exact division, input
+dtypes, code dtypes, generators) lives here, so the algorithms stay backend-free.  torch is
+imported only when a tensor arrives.  The ``backend=`` keyword's values are checked here too.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -84,10 +86,11 @@ class TorchOps:
     def view(a: Any, dtype: Any) -> Any:
         return a.view(dtype)
 
-    def random_bits(self, shape: tuple, nbits: int, dtype: Any, seed: Any, device: Any = None) -> Any:
+    def random_bits(self, shape: tuple, nbits: int, dtype: Any, seed: Any,
+                    device: Any = None) -> Any:
         gen = None
         if seed is not None:
-            gen = seed if isinstance(seed, self.torch.Generator) else \
+            gen = seed if is_torch_generator(seed) else \
                 self.torch.Generator(device=device).manual_seed(int(seed))
         return self.torch.randint(0, 1 << nbits, shape, dtype=dtype, generator=gen, device=device)
 
@@ -107,3 +110,113 @@ def ops_for(x: Any) -> NumpyOps | TorchOps:
             _TORCH_OPS = TorchOps()
         return _TORCH_OPS
     return NumpyOps()
+
+
+# --------------------------------------------------------------------------------------------
+# The backend= keyword
+# --------------------------------------------------------------------------------------------
+#: Every value of the ``backend=`` keyword; each function accepts those that apply to it.
+BACKENDS = ("auto", "numpy", "torch", "compiled", "triton")
+
+
+def check_backend(backend: str, allowed: tuple[str, ...]) -> str:
+    """The canonical backend name, or a ValueError naming the values this function takes."""
+    from .names import resolve
+
+    name = resolve("backend", backend, {b: b for b in allowed})
+    return name
+
+
+def is_torch_generator(seed: Any) -> bool:
+    """A ``torch.Generator``, recognised without importing torch."""
+    return type(seed).__name__ == "Generator" and type(seed).__module__.startswith("torch")
+
+
+# --------------------------------------------------------------------------------------------
+# Small exact helpers for either backend
+# --------------------------------------------------------------------------------------------
+def float_input(x: Any, who: str, keep_float64: bool = True) -> Any:
+    """float32 (or float64 when ``keep_float64``) NumPy array / torch tensor with the input's
+    exact values; ``who`` names the function in the error for non-float input."""
+    if is_torch(x):
+        import torch
+
+        if not x.is_floating_point():
+            raise TypeError(f"{who} floating-point data, got a {x.dtype} tensor: convert it "
+                            "with .float() first")
+        return x if (x.dtype == torch.float64 and keep_float64) else x.to(torch.float32)
+    arr = np.asarray(x)
+    if arr.dtype.kind == "f" or (arr.dtype.kind == "V" and arr.dtype.itemsize <= 2):
+        if arr.dtype == np.float64 and keep_float64:
+            return arr
+        return arr.astype(np.float32, copy=False)
+    raise TypeError(f"{who} floating-point data, got dtype {arr.dtype}: convert it with "
+                    ".astype(np.float32) first")
+
+
+def to_uint8(a: Any) -> Any:
+    """``a`` as uint8 (codes of at most 8 bits)."""
+    return a.to(ops_for(a).torch.uint8) if is_torch(a) else a.astype(np.uint8)
+
+
+def is_wide(a: Any) -> bool:
+    """float64 (or int64) lanes."""
+    return (a.element_size() if is_torch(a) else a.dtype.itemsize) == 8
+
+
+def _constant(a: Any, v: Any) -> Any:
+    """``v`` in ``a``'s float type: a 1-element tensor for torch (so that no kernel replaces a
+    division by a multiplication with the reciprocal), a NumPy scalar or array otherwise."""
+    if is_torch(a):
+        d = v if is_torch(v) else ops_for(a).torch.tensor([v], dtype=a.dtype)
+        return d.to(dtype=a.dtype, device=a.device)
+    return v.astype(a.dtype) if isinstance(v, np.ndarray) else a.dtype.type(v)
+
+
+def divide(a: Any, v: Any) -> Any:
+    """``a / v`` rounded once to ``a``'s float type (``v`` a number or an array)."""
+    return a / _constant(a, v)
+
+
+def multiply(a: Any, v: Any) -> Any:
+    """``a * v`` rounded once to ``a``'s float type."""
+    return a * _constant(a, v)
+
+
+def clip(a: Any, lo: float, hi: float) -> Any:
+    """``a`` clamped to [lo, hi], in ``a``'s dtype."""
+    if is_torch(a):
+        return a.clamp(lo, hi)
+    return np.clip(a, a.dtype.type(lo), a.dtype.type(hi))
+
+
+def float64_bits(v: float) -> int:
+    """The bit pattern of the float64 ``v`` as a Python int (signed)."""
+    return int(np.array(v, np.float64).view(np.int64))
+
+
+def code_dtype(fmt: Any, torch: bool = False) -> Any:
+    """Dtype of codes of ``fmt`` (a format, or a width in bits): NumPy's smallest unsigned
+    integer type that holds them, or for torch uint8 up to 8 bits, int32 up to 31, else int64
+    (torch's wide unsigned types lack arithmetic; int64 lanes hold a 64-bit code's two's
+    complement bit pattern).  The one rule for encode, the kernels and packing."""
+    bits = getattr(fmt, "bits", fmt)
+    if torch:
+        import torch as t
+
+        return t.uint8 if bits <= 8 else t.int32 if bits <= 31 else t.int64
+    for dt in (np.uint8, np.uint16, np.uint32, np.uint64):
+        if bits <= np.dtype(dt).itemsize * 8:
+            return np.dtype(dt)
+    raise AssertionError(fmt)
+
+
+def on_nan_keyword(on_nan: str, deprecated: dict[str, Any], who: str) -> str:
+    """``on_nan``, or the deprecated ``nan=`` keyword of ``who`` with a DeprecationWarning."""
+    if "nan" in deprecated:
+        warnings.warn(f"{who}(nan=...) is now {who}(on_nan=...)", DeprecationWarning,
+                      stacklevel=3)
+        on_nan = deprecated.pop("nan")
+    if deprecated:
+        raise TypeError(f"{who}() got an unexpected keyword argument {next(iter(deprecated))!r}")
+    return on_nan

@@ -11,27 +11,9 @@ import sys
 from importlib import resources
 from typing import Any, Sequence
 
+from .cliparse import CliError, OneLineParser
 from .formats import FORMATS, Format, get_format
 from .rounding import MODES
-
-#: Floats argparse must take as values, not options: -1, -.5, -1e-3, -inf, -nan, -0x1p-3.
-_NEGATIVE = re.compile(r"^-(\d|\.\d|inf|nan|0x)", re.IGNORECASE)
-
-
-class CliError(Exception):
-    """A user error: printed as one line, exit status 2."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Bad arguments: one line on stderr and exit status 2, no traceback."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._negative_number_matcher = _NEGATIVE
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
 
 # --------------------------------------------------------------------------------------------
 # fpsim formats [--gpu NAME]

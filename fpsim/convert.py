@@ -16,37 +16,31 @@ from typing import Any
 
 import numpy as np
 
-from . import rounding as R
-from .backend import NumpyOps, is_torch, ops_for
+from . import dispatch
+from . import rounding
+from .backend import NumpyOps, check_backend, code_dtype, is_torch, on_nan_keyword, ops_for
+from .dispatch import CONVERT_BACKENDS as BACKENDS
 from .formats import Format, get_format
+from .rounding import F32, F64, Source, check_saturate, decode_bits, round_bits
 
 CHUNK = 1 << 16  # elements per slice: temporaries stay in cache, memory stays near the output's
 _NP = NumpyOps()
 
 
-def code_dtype(fmt: Format) -> np.dtype:
-    """Smallest unsigned integer dtype that holds the format's codes."""
-    for dt in (np.uint8, np.uint16, np.uint32, np.uint64):
-        if fmt.bits <= np.dtype(dt).itemsize * 8:
-            return np.dtype(dt)
-    raise AssertionError(fmt)
-
-
-def _source_for(fmt: Format, wide: bool) -> R.Source:
+def _source_for(fmt: Format, wide: bool) -> Source:
     """float32 lanes when they hold the format exactly, else float64 lanes."""
-    if not wide and R.F32.holds(fmt):
-        return R.F32
-    if R.F64.holds(fmt):
-        return R.F64
+    if not wide and F32.holds(fmt):
+        return F32
+    if F64.holds(fmt):
+        return F64
     raise ValueError(f"format {fmt.name!r} cannot be rounded exactly through float64 "
                      f"(emin {fmt.emin}, emax {fmt.emax}, {fmt.mbits} mantissa bits)")
 
 
-def _options(fmt: Any, rounding: str, backend: str = "auto") -> Format:
-    R.check_mode(rounding)
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    return get_format(fmt)
+def _options(fmt: Any, mode: str, backend: str = "auto") -> tuple[Format, str, str]:
+    """The resolved format, rounding mode and backend (names as every resolver reads them)."""
+    mode = rounding.check_mode(mode)
+    return get_format(fmt), mode, check_backend(backend, BACKENDS)
 
 
 # --------------------------------------------------------------------------------------------
@@ -115,10 +109,10 @@ def _run_numpy(x: np.ndarray, fmt: Format, rounding: str, saturate: bool, subnor
                seed: Any, want: str, out_dtype: np.dtype) -> np.ndarray:
     src = _source_for(fmt, wide=x.dtype == np.float64)
     with np.errstate(invalid="ignore"):  # NaN payloads of narrow floats widen silently
-        work = x.astype(np.float64 if src is R.F64 else np.float32, copy=False)
+        work = x.astype(np.float64 if src is F64 else np.float32, copy=False)
     flat = np.ascontiguousarray(work).reshape(-1)
     out = np.empty(flat.shape, dtype=out_dtype)
-    itype, utype = (np.int64, np.uint64) if src is R.F64 else (np.int32, np.uint32)
+    itype, utype = (np.int64, np.uint64) if src is F64 else (np.int32, np.uint32)
     low = _table_low_bits(fmt, rounding, src)
     if low:
         table = _lookup_table(fmt, rounding, saturate, subnormals, want, low, src)
@@ -134,7 +128,7 @@ def _run_numpy(x: np.ndarray, fmt: Format, rounding: str, saturate: bool, subnor
             continue
         a, neg = _sign_split(chunk.view(itype))
         rand = _NP.random_bits(a.shape, src.width - 2, itype, rng) if rng else None
-        res = R.round_bits(_NP, a, neg, src, fmt, rounding, saturate=saturate,
+        res = round_bits(_NP, a, neg, src, fmt, rounding, saturate=saturate,
                            subnormals=subnormals, rand=rand, want=want)
         if want == "value":
             out[lo:lo + CHUNK] = res.view(work.dtype)
@@ -154,7 +148,7 @@ def _numpy_rng(seed: Any) -> np.random.Generator:
                     f"{type(seed).__name__} (a torch.Generator works with torch tensors)")
 
 
-def _table_low_bits(fmt: Format, rounding: str, src: R.Source) -> int:
+def _table_low_bits(fmt: Format, rounding: str, src: Source) -> int:
     """How many low source bits a lookup table may fold into one sticky bit (0: no table).
 
     Rounding drops at least ``least_shift`` bits, so bits below the half-ulp bit only matter
@@ -173,27 +167,27 @@ def _table_low_bits(fmt: Format, rounding: str, src: R.Source) -> int:
 
 @functools.lru_cache(maxsize=16)
 def _lookup_table(fmt: Format, rounding: str, saturate: bool, subnormals: bool, want: str,
-                  low: int, src: R.Source) -> np.ndarray:
+                  low: int, src: Source) -> np.ndarray:
     """The rounding routine evaluated once per (high bits, sticky): index = high * 2 + sticky."""
-    utype, itype = (np.uint64, np.int64) if src is R.F64 else (np.uint32, np.int32)
+    utype, itype = (np.uint64, np.int64) if src is F64 else (np.uint32, np.int32)
     hi = np.arange(1 << (src.width - low), dtype=utype) << utype(low)
     reps = np.stack([hi, hi | utype(1)], axis=1).reshape(-1).view(itype)
     a, neg = _sign_split(reps)
-    res = R.round_bits(_NP, a, neg, src, fmt, rounding, saturate=saturate,
+    res = round_bits(_NP, a, neg, src, fmt, rounding, saturate=saturate,
                        subnormals=subnormals, want=want)
     if want == "value":
-        return res.view(np.float64 if src is R.F64 else np.float32)
+        return res.view(np.float64 if src is F64 else np.float32)
     return res.astype(code_dtype(fmt))
 
 
-def _check_nan(arr: Any, fmt: Format, nan: str) -> None:
-    if nan not in ("raise", "zero"):
-        raise ValueError(f"nan={nan!r}: choose 'raise' or 'zero'")
-    if nan == "raise" and not fmt.has_nan:
+def _check_nan(arr: Any, fmt: Format, on_nan: str) -> None:
+    if on_nan not in ("raise", "zero"):
+        raise ValueError(f"on_nan={on_nan!r}: choose 'raise' or 'zero'")
+    if on_nan == "raise" and not fmt.has_nan:
         count = int((arr != arr).sum())
         if count:
             raise ValueError(f"{count} NaN input(s) cannot be encoded: {fmt.name} has no NaN code. "
-                             "Pass nan='zero' to map them to zero as ml_dtypes does.")
+                             "Pass on_nan='zero' to map them to zero as ml_dtypes does.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,14 +205,14 @@ def _run_torch(x: Any, fmt: Format, rounding: str, saturate: bool, subnormals: b
     else:
         work = x
     src = _source_for(fmt, wide=work.dtype == torch.float64)
-    fdt, itype = (torch.float64, torch.int64) if src is R.F64 else (torch.float32, torch.int32)
+    fdt, itype = (torch.float64, torch.int64) if src is F64 else (torch.float32, torch.int32)
     work = work.to(fdt).contiguous()
     bits = work.view(itype)
     neg = bits < 0
     a = bits & torch.iinfo(itype).max
     rand = ops.random_bits(tuple(a.shape), src.width - 2, itype, seed, device=a.device) \
         if rounding == "stochastic" else None
-    res = R.round_bits(ops, a, neg, src, fmt, rounding, saturate=saturate, subnormals=subnormals,
+    res = round_bits(ops, a, neg, src, fmt, rounding, saturate=saturate, subnormals=subnormals,
                        rand=rand, want=want)
     if want == "value":
         return res.view(fdt)
@@ -228,39 +222,6 @@ def _run_torch(x: Any, fmt: Format, rounding: str, saturate: bool, subnormals: b
 # --------------------------------------------------------------------------------------------
 # Public API
 # --------------------------------------------------------------------------------------------
-BACKENDS = ("auto", "numpy", "torch", "triton")
-
-
-def _torch_backend(x: Any, backend: str, fmt: Format, seed: Any = None) -> str:
-    """Which driver runs a tensor: CPU tensors go through the (chunked, table-driven) NumPy
-    driver by default, zero-copy; CUDA tensors through the Triton kernels (package ``kernels``)
-    where they apply, else torch ops; ``backend`` forces one."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    if backend == "auto":
-        if _kernels_apply(x, fmt, seed):
-            return "triton"
-        gen = type(seed).__name__ == "Generator" and type(seed).__module__.startswith("torch")
-        return "torch" if (x.device.type != "cpu" or gen) else "numpy"
-    if backend == "numpy" and x.device.type != "cpu":
-        raise ValueError("backend='numpy' needs a CPU tensor; move it with .cpu() or use 'torch'")
-    return backend
-
-
-def _kernels_apply(x: Any, fmt: Format, seed: Any) -> bool:
-    """A CUDA float32/float16/bfloat16 tensor, a format the kernels round exactly through
-    float32, a seed they take (int, torch.Generator or None), and triton installed."""
-    import importlib.util
-
-    import torch
-
-    return (x.device.type == "cuda" and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
-            and R.F32.holds(fmt) and (seed is None or isinstance(seed, (numbers.Integral,
-                                                                         torch.Generator)))
-            and importlib.util.find_spec("triton") is not None
-            and importlib.util.find_spec("kernels") is not None)
-
-
 def _tensor_via_numpy(x: Any) -> np.ndarray:
     import torch
 
@@ -282,16 +243,16 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
     no inf) unless ``saturate`` or the rounding direction says the largest finite value; NaN
     stays NaN.  ``saturate="finite"`` also sends infinite inputs to +-max (P3109's SatFinite;
     ``True`` is its SatPropagate, ``False`` its SatNone).  ``backend`` picks the driver for
-    torch tensors (see ``_torch_backend``).
+    torch tensors (see :func:`fpsim.dispatch.route`): ``"auto"``, ``"numpy"``, ``"torch"`` or
+    ``"triton"``.
     """
-    fmt, saturate = _options(fmt, rounding, backend), R.check_saturate(saturate)
+    fmt, rounding, backend = _options(fmt, rounding, backend)
+    saturate = check_saturate(saturate)
     if is_torch(x):
-        route = _torch_backend(x, backend, fmt, seed)
+        route = dispatch.route(x, backend, fmt, seed)
         if route == "triton":
-            import kernels
-
-            return kernels.quantize(x, fmt, rounding=rounding, saturate=saturate,
-                                    subnormals=subnormals, seed=seed)
+            return dispatch.quantize(x, fmt, rounding=rounding, saturate=saturate,
+                                     subnormals=subnormals, seed=seed)
         if route == "torch":
             out = _run_torch(x, fmt, rounding, saturate, subnormals, seed, "value")
         else:
@@ -315,52 +276,48 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
 
 
 def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool | str = False,
-           subnormals: bool = True, seed: Any = None, nan: str = "raise",
-           backend: str = "auto") -> Any:
+           subnormals: bool = True, seed: Any = None, on_nan: str = "raise",
+           backend: str = "auto", **deprecated: Any) -> Any:
     """The bit codes of ``quantize(x, fmt, ...)``, in the smallest unsigned dtype that holds them.
 
     Sub-byte codes sit in the low bits; integer formats use two's complement.  NaN inputs into a
-    format without a NaN code raise ``ValueError`` unless ``nan="zero"`` (ml_dtypes' behaviour:
-    NaN becomes a zero).  torch tensors give torch tensors on the same device: uint8 for codes
-    of up to 8 bits, else int32/int64 lanes (torch's wide unsigned types lack arithmetic).
+    format without a NaN code raise ``ValueError`` unless ``on_nan="zero"`` (ml_dtypes'
+    behaviour: NaN becomes a zero; the old keyword ``nan=`` still works with a warning).
+    torch tensors give torch tensors on the same device, in :func:`fpsim.backend.code_dtype`'s
+    torch dtype: uint8 for codes of up to 8 bits, else int32/int64 lanes.
     """
-    fmt, saturate = _options(fmt, rounding, backend), R.check_saturate(saturate)
+    on_nan = on_nan_keyword(on_nan, deprecated, "encode")
+    fmt, rounding, backend = _options(fmt, rounding, backend)
+    saturate = check_saturate(saturate)
     if is_torch(x):
-        route = _torch_backend(x, backend, fmt, seed)
+        route = dispatch.route(x, backend, fmt, seed)
         if route == "triton":                         # checks NaN inside the kernel
-            import kernels
-
-            return kernels.encode(x, fmt, rounding=rounding, saturate=saturate,
-                                  subnormals=subnormals, seed=seed, nan=nan, pack=False)
-        _check_nan(x, fmt, nan)
+            return dispatch.encode(x, fmt, rounding=rounding, saturate=saturate,
+                                   subnormals=subnormals, seed=seed, on_nan=on_nan)
+        _check_nan(x, fmt, on_nan)
         if route == "torch":
             res = _run_torch(x, fmt, rounding, saturate, subnormals, seed, "code")
-            return _torch_code_dtype(res, fmt)
-        import torch
+        else:
+            import torch
 
-        codes = encode(_tensor_via_numpy(x), fmt, rounding=rounding, saturate=saturate,
-                       subnormals=subnormals, seed=seed, nan=nan)
-        wide = codes.astype(np.uint8 if fmt.bits <= 8 else np.int32 if fmt.bits <= 31 else np.int64)
-        return _torch_code_dtype(torch.from_numpy(wide), fmt)
+            res = torch.from_numpy(encode(_tensor_via_numpy(x), fmt, rounding=rounding,
+                                          saturate=saturate, subnormals=subnormals, seed=seed,
+                                          on_nan=on_nan).astype(np.int64, copy=False)
+                                   .view(np.int64))
+        return _torch_codes(res, fmt)
     arr, _ = _as_array(x)
-    _check_nan(arr, fmt, nan)
+    _check_nan(arr, fmt, on_nan)
     work = _float_input(arr, fmt, rounding)
     cdt = code_dtype(fmt)
     out = _run_numpy(work, fmt, rounding, saturate, subnormals, seed, "code", cdt)
     return out if arr.ndim else out.reshape(())
 
 
-def _torch_code_dtype(codes: Any, fmt: Format) -> Any:
-    """uint8 codes up to 8 bits, int32 up to 31, else int64 holding the unsigned code (64-bit
-    codes keep their two's complement bit pattern: torch has no arithmetic uint64)."""
-    import torch
-
-    if fmt.bits <= 8:
-        return codes.to(torch.uint8)
-    if fmt.bits <= 31:
-        return codes.to(torch.int32)
-    wide = codes.to(torch.int64)
-    return wide & 0xFFFFFFFF if fmt.bits == 32 else wide
+def _torch_codes(codes: Any, fmt: Format) -> Any:
+    """Codes in :func:`fpsim.backend.code_dtype`'s torch dtype; int64 lanes hold the unsigned
+    code (64-bit codes keep their two's complement bit pattern)."""
+    out = codes.to(code_dtype(fmt, torch=True))
+    return out & 0xFFFFFFFF if fmt.bits == 32 else out
 
 
 def decode(codes: Any, fmt: str | Format, *, dtype: Any = np.float64) -> Any:
@@ -379,14 +336,16 @@ def decode(codes: Any, fmt: str | Format, *, dtype: Any = np.float64) -> Any:
         wide = codes.to(torch.int64)  # 64-bit codes arrive as int64 bit patterns: all valid
         if fmt.bits < 64 and wide.numel():
             _check_code_range(int(wide.min()), int(wide.max()), fmt)
-        out = _decode(ops_for(codes), wide, fmt)
+        ops = ops_for(codes)
+        out = ops.view(decode_bits(ops, wide, F64, fmt), torch.float64)
         return out.to(dtype if isinstance(dtype, torch.dtype) else torch.float64)
     arr, scalar = _as_array(codes)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"codes must be integers, got dtype {arr.dtype}")
     if arr.size:
         _check_code_range(int(arr.min()), int(arr.max()), fmt)
-    out = _decode(_NP, arr.astype(np.uint64).view(np.int64), fmt).astype(dtype)
+    bits = decode_bits(_NP, arr.astype(np.uint64).view(np.int64), F64, fmt)
+    out = bits.view(np.float64).astype(dtype)
     return float(out) if scalar else out
 
 
@@ -394,46 +353,6 @@ def _check_code_range(lo: int, hi: int, fmt: Format) -> None:
     if lo < 0 or hi >= fmt.num_codes:
         raise ValueError(f"codes out of range for {fmt.name}: {fmt.bits}-bit codes lie in "
                          f"[0, {fmt.num_codes - 1}] (got {lo}..{hi})")
-
-
-def _decode(xp: Any, c: Any, fmt: Format) -> Any:
-    """Integer-only decode into float64 bits; subnormal codes via one exact multiply."""
-    m = fmt.mbits
-    mag = c & ((1 << (fmt.bits - 1)) - 1) if fmt.signed else c
-    neg = ((c >> (fmt.bits - 1)) & 1) != 0 if fmt.signed else (c < 0)  # bit 63 too
-    f64 = xp.int64
-    if fmt.is_int:
-        val = xp.astype(xp.where(neg, mag - (1 << (fmt.bits - 1)), mag), f64)
-        return _to_float(xp, val)
-    e = mag >> m
-    f = mag & ((1 << m) - 1)
-    normal_bits = ((e - fmt.bias + 1023) << 52) | (f << (52 - m))
-    fbits = _to_float(xp, f) * (2.0 ** (fmt.emin - m))
-    if fmt.zero:
-        val = xp.where(e >= 1, xp.view(xp.clamp_min(normal_bits, 0), _float64(xp)), fbits)
-    else:
-        val = xp.view(normal_bits, _float64(xp))
-    inf, nan = float("inf"), float("nan")
-    if fmt.nan == "ieee":
-        top = e == (2 ** fmt.ebits - 1)
-        val = xp.where(top, xp.where(f == 0, inf, nan), val)
-    elif fmt.nan == "fn":
-        val = xp.where(mag == fmt.nan_code, nan, val)
-    if fmt.inf and fmt.nan != "ieee":                 # P3109 extended: inf on the top code
-        val = xp.where(mag == fmt.inf_code, inf, val)
-    if fmt.signed:
-        val = xp.where(neg, -val, val)
-    if fmt.nan == "fnuz":
-        val = xp.where(c == fmt.nan_code, nan, val)
-    return val
-
-
-def _float64(xp: Any) -> Any:
-    return np.float64 if xp.name == "numpy" else xp.torch.float64
-
-
-def _to_float(xp: Any, a: Any) -> Any:
-    return xp.astype(a, _float64(xp))
 
 
 def values(fmt: str | Format) -> np.ndarray:

@@ -57,7 +57,7 @@ class Explanation:
         if self.kind not in ("nan",) and self.error == self.error:
             parts.append(f"  (error {self.error:+.3g})" if self.error else "  (exact)")
         elif self.x != self.x and self.kind != "nan":
-            parts.append(f"  (NaN input: {self.fmt.name} has no NaN code; encode(nan='zero') "
+            parts.append(f"  (NaN input: {self.fmt.name} has no NaN code; encode(on_nan='zero') "
                          "gives 0)")
         return "".join(parts)
 
@@ -82,7 +82,7 @@ def explain(x: Any, fmt: str | Format, rounding: str = "rne", **options: Any) ->
     """Round the scalar ``x`` to ``fmt`` and describe the result field by field."""
     fmt = get_format(fmt)
     xv = float(x)
-    code = int(encode(xv, fmt, rounding=rounding, nan="zero", **options))
+    code = int(encode(xv, fmt, rounding=rounding, on_nan="zero", **options))
     return _describe(code, fmt, xv)
 
 

@@ -8,10 +8,11 @@ those fields, so there is no second table to drift out of sync.  Integer formats
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from dataclasses import dataclass, field
+
+from .names import register, resolve, unknown_name_error  # noqa: F401 (its old home)
 
 NAN_CONVENTIONS = ("ieee", "fn", "fnuz", "none")
 
@@ -241,6 +242,8 @@ ALIASES: dict[str, str] = {
     "float32": "fp32", "float": "fp32", "single": "fp32",
     "bfloat16": "bf16",
     "float16": "fp16", "half": "fp16",
+    # e4m3 is the well-known OCP name (E4M3FN, max 448), an alias, not the eXmY grammar's
+    # IEEE-style format (max 240): spell that one e4m3_ieee (or fp8_e4m3)
     "e4m3": "fp8_e4m3fn", "e4m3fn": "fp8_e4m3fn", "float8_e4m3fn": "fp8_e4m3fn",
     "e5m2": "fp8_e5m2", "float8_e5m2": "fp8_e5m2",
     "e4m3fnuz": "fp8_e4m3fnuz", "float8_e4m3fnuz": "fp8_e4m3fnuz",
@@ -253,7 +256,7 @@ ALIASES: dict[str, str] = {
     "e2m1": "fp4_e2m1", "fp4": "fp4_e2m1", "float4_e2m1fn": "fp4_e2m1",
 }
 
-_SPEC = re.compile(r"^e(\d+)m(\d+)(fn|fnuz)?$")
+_SPEC = re.compile(r"^e(\d+)m(\d+)(fn|fnuz|_ieee)?$")
 
 
 def p3109(k: int, p: int, signed: bool = True, extended: bool = True) -> Format:
@@ -293,6 +296,9 @@ def _from_p3109(name: str) -> Format | None:
 
 
 def _from_spec(name: str) -> Format | None:
+    """A format from the grammar: ``eXmY`` and ``eXmY_ieee`` (inf/NaN in the all-ones exponent),
+    ``eXmYfn`` (no inf, one NaN code), ``eXmYfnuz`` (NaN at negative zero).  The names of
+    :data:`ALIASES` come first: ``e4m3`` is OCP E4M3FN, ``e4m3_ieee`` the IEEE-style one."""
     match = _SPEC.match(name)
     if not match:
         return None
@@ -307,14 +313,6 @@ def _from_spec(name: str) -> Format | None:
     return _ieee(name, e, m)
 
 
-def unknown_name_error(kind: str, name: str, known: list[str], extra: str = "") -> ValueError:
-    """The error for an unknown name: the closest known one and the full list."""
-    key = name.strip().lower() if isinstance(name, str) else str(name)
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.0)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    return ValueError(f"unknown {kind} {name!r}.{hint} Known names: {', '.join(known)}{extra}")
-
-
 def known_names() -> list[str]:
     """Canonical names and aliases, sorted."""
     return sorted(set(FORMATS) | set(ALIASES))
@@ -327,14 +325,24 @@ def get_format(fmt: str | Format) -> Format:
         return fmt
     if not isinstance(fmt, str):
         raise TypeError(f"format must be a name or an fpsim.Format, not {type(fmt).__name__}")
-    key = fmt.strip().lower().replace("-", "_")
-    key = ALIASES.get(key, key)
-    if key in FORMATS:
-        return FORMATS[key]
-    spec = _from_spec(key) or _from_p3109(key)
-    if spec is not None:
-        return spec
-    raise unknown_name_error("format", fmt, known_names(),
-                             "; or a spec string 'eXmY' (IEEE-style), 'eXmYfn' (no inf) or "
-                             "'eXmYfnuz'; or an IEEE P3109 format 'p3109_kKpP' + s|u + e|f "
-                             "(e.g. 'p3109_k8p3se', alias 'binary8p3se').")
+    return resolve("format", fmt, FORMATS, ALIASES, fallback=_from_grammar, known=known_names(),
+                   extra="; or a spec string 'eXmY' / 'eXmY_ieee' (IEEE-style), 'eXmYfn' "
+                   "(no inf) or 'eXmYfnuz'; or an IEEE P3109 format 'p3109_kKpP' + s|u + e|f "
+                   "(e.g. 'p3109_k8p3se', alias 'binary8p3se').")
+
+
+def _from_grammar(key: str) -> Format | None:
+    """A format spelled by a grammar: ``eXmY...`` or a P3109 name (None: neither)."""
+    return _from_spec(key) or _from_p3109(key)
+
+
+def _is_format_name(key: str) -> bool:
+    try:
+        return bool(key) and (key in FORMATS or ALIASES.get(key) in FORMATS
+                              or _from_grammar(key) is not None)
+    except ValueError:
+        return False
+
+
+register("format", _is_format_name, "use fpsim.quantize / fpsim.encode (element formats: "
+         "fpsim.FORMATS)")

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import is_torch
+from .backend import code_dtype, is_torch, ops_for, to_uint8
 
 
 def packed_size(count: int, bits: int) -> int:
@@ -41,15 +41,6 @@ def _group(bits: int) -> tuple[int, int]:
     return width // bits, width // 8
 
 
-def _lanes(codes: Any, width: int) -> Any:
-    """Integer dtype wide enough for a ``width``-bit group (torch: signed lanes suffice)."""
-    if is_torch(codes):
-        import torch
-
-        return torch.uint8 if width <= 8 else (torch.int32 if width <= 31 else torch.int64)
-    return np.uint8 if width <= 8 else (np.uint32 if width <= 32 else np.uint64)
-
-
 def pack_codes(codes: Any, bits: int) -> Any:
     """Pack the codes of ``codes`` (flattened in C order) into a 1-D uint8 byte stream."""
     bits = _check_bits(bits)
@@ -58,14 +49,14 @@ def pack_codes(codes: Any, bits: int) -> Any:
     count = flat.shape[0]
     groups = -(-count // n_codes)
     padded = _pad_to(flat, groups * n_codes).reshape(groups, n_codes)
-    lanes = _lanes(flat, n_bytes * 8)
-    acc = _astype(padded[:, 0], lanes)
+    ops, lanes = ops_for(flat), code_dtype(n_bytes * 8, torch=is_torch(flat))
+    acc = ops.astype(padded[:, 0], lanes)
     for j in range(1, n_codes):
-        acc = acc | (_astype(padded[:, j], lanes) << (bits * j))
+        acc = acc | (ops.astype(padded[:, j], lanes) << (bits * j))
     if n_bytes == 1:
-        out = _astype(acc, "uint8")
+        out = to_uint8(acc)
     else:
-        parts = [_astype((acc >> (8 * k)) & 0xFF, "uint8") for k in range(n_bytes)]
+        parts = [to_uint8((acc >> (8 * k)) & 0xFF) for k in range(n_bytes)]
         out = _stack(parts).reshape(-1)
     return out[:packed_size(count, bits)]
 
@@ -83,12 +74,12 @@ def unpack_codes(buf: Any, bits: int, count: int) -> Any:
     n_codes, n_bytes = _group(bits)
     groups = -(-int(count) // n_codes)
     grouped = _pad_to(flat[:need], groups * n_bytes).reshape(groups, n_bytes)
-    lanes = _lanes(flat, n_bytes * 8)
-    acc = _astype(grouped[:, 0], lanes)
+    ops, lanes = ops_for(flat), code_dtype(n_bytes * 8, torch=is_torch(flat))
+    acc = ops.astype(grouped[:, 0], lanes)
     for k in range(1, n_bytes):
-        acc = acc | (_astype(grouped[:, k], lanes) << (8 * k))
+        acc = acc | (ops.astype(grouped[:, k], lanes) << (8 * k))
     mask = (1 << bits) - 1
-    parts = [_astype((acc >> (bits * j)) & mask, "uint8") for j in range(n_codes)]
+    parts = [to_uint8((acc >> (bits * j)) & mask) for j in range(n_codes)]
     return _stack(parts).reshape(-1)[:int(count)]
 
 
@@ -140,14 +131,6 @@ def _pad_to(flat: Any, n: int) -> Any:
 
         return torch.cat([flat, flat.new_zeros(extra)])
     return np.concatenate([flat, np.zeros(extra, flat.dtype)])
-
-
-def _astype(a: Any, dtype: Any) -> Any:
-    if is_torch(a):
-        import torch
-
-        return a.to(torch.uint8 if dtype == "uint8" else dtype)
-    return a.astype(np.uint8 if dtype == "uint8" else dtype, copy=False)
 
 
 def _stack(parts: list) -> Any:

@@ -39,11 +39,11 @@ from typing import Any
 import numpy as np
 
 from . import blocks
-from . import rounding as R
-from .backend import is_torch, ops_for
+from .backend import clip, divide, float_input, is_torch, ops_for
+from .blockrules import ceil_exponent
 from .convert import decode, encode, quantize
 from .formats import Format, get_format
-from .mx import ceil_exponent
+from .rounding import F32, check_mode
 
 SCALE_DTYPES = ("fp32", "e8m0")
 _WIDE_INT = Format("int16", 0, 15, inf=False, nan="none")   # rounds quotients to integers
@@ -73,14 +73,14 @@ def scaled_quantize(x: Any, fmt: str | Format, *, granularity: Any = "tensor",
     NumPy in, NumPy out; torch in, torch out, bit-identical (stochastic rounding aside).
     """
     fmt = _check_format(get_format(fmt), symmetric)
-    R.check_mode(rounding)
+    rounding = check_mode(rounding)
     if scale_dtype not in SCALE_DTYPES:
         raise ValueError(f"scale_dtype={scale_dtype!r}: choose 'fp32' or 'e8m0'")
     if isinstance(margin, bool) or not isinstance(margin, (int, np.integer)) \
             or not -127 <= margin <= 127:
         raise ValueError(f"margin={margin!r}: pass a whole number of binades in [-127, 127]")
-    work = _float_input(x)
-    if not R.F32.holds(fmt):             # quotients beyond float32's range: work in float64
+    work = float_input(x, "scaled_quantize takes")
+    if not F32.holds(fmt):             # quotients beyond float32's range: work in float64
         work = work.double() if is_torch(work) else work.astype(np.float64)
     kind, axis, lay = _grouping(granularity, axis, tuple(work.shape))
     rows = _to_rows(work, kind, axis, lay)
@@ -98,21 +98,21 @@ def scaled_quantize(x: Any, fmt: str | Format, *, granularity: Any = "tensor",
     scale = _scale(ops.where(bad | empty, 1.0, span), levels, scale_dtype, int(margin))
     scale = ops.where(bad, float("nan"), ops.where(empty, 1.0, scale))
 
-    t = ops.where(bad, 0.0, _divide(rows, scale))
+    t = ops.where(bad, 0.0, divide(rows, scale))
     zp = None
     if fmt.is_int:
         qmin = -(2**fmt.mbits)
         clamp = (-qmax, qmax)
         if not symmetric:
-            zp = qmin - _round_int(ops.where(bad, 0.0, _divide(lo, scale)))
-            zp = ops.where(bad | empty, 0.0, _clip(zp, qmin, qmax))
+            zp = qmin - _round_int(ops.where(bad, 0.0, divide(lo, scale)))
+            zp = ops.where(bad | empty, 0.0, clip(zp, qmin, qmax))
             clamp = (qmin, qmax)
         shift = 0.0 if zp is None else ops.astype(zp, t.dtype)
-        q = _clip(_round_int(t, rounding, seed) + shift, *clamp)
+        q = clip(_round_int(t, rounding, seed) + shift, *clamp)
         codes = encode(q, fmt)
         vals = (q - shift) * ops.astype(scale, t.dtype)       # NaN scale: NaN values
     else:
-        codes = encode(t, fmt, rounding=rounding, saturate=True, seed=seed, nan="zero")
+        codes = encode(t, fmt, rounding=rounding, saturate=True, seed=seed, on_nan="zero")
         vals = ops.astype(decode(codes, fmt), t.dtype) * ops.astype(scale, t.dtype)
 
     shape = tuple(work.shape)
@@ -138,21 +138,6 @@ def _check_format(fmt: Format, symmetric: bool) -> Format:
         raise ValueError(f"symmetric=False (a zero point) is defined for integer formats; "
                          f"{fmt.name} is a float format: use symmetric=True")
     return fmt
-
-
-def _float_input(x: Any) -> Any:
-    if is_torch(x):
-        import torch
-
-        if not x.is_floating_point():
-            raise TypeError(f"scaled_quantize takes floating-point data, got a {x.dtype} tensor:"
-                            " convert it with .float() first")
-        return x if x.dtype == torch.float64 else x.to(torch.float32)
-    arr = np.asarray(x)
-    if arr.dtype.kind == "f" or (arr.dtype.kind == "V" and arr.dtype.itemsize <= 2):
-        return arr if arr.dtype == np.float64 else arr.astype(np.float32, copy=False)
-    raise TypeError(f"scaled_quantize takes floating-point data, got dtype {arr.dtype}: "
-                    "convert it with .astype(np.float32) first")
 
 
 def _grouping(granularity: Any, axis: int | None,
@@ -229,25 +214,10 @@ def _scale(span: Any, levels: float, scale_dtype: str, margin: int) -> Any:
     if scale_dtype == "e8m0":
         k = ceil_exponent(ops, ops.astype(span, ops.float64), levels) + margin
         return ops.view((ops.clamp_max(ops.clamp_min(k, -127), 127) + 1023) << 52, ops.float64)
-    s = ops.astype(ops.astype(_divide(span, levels), ops.float32), ops.float64) * 2.0**margin
+    s = ops.astype(ops.astype(divide(span, levels), ops.float32), ops.float64) * 2.0**margin
     return ops.clamp_max(ops.clamp_min(s, _FP32_MIN_NORMAL), _FP32_MAX)
-
-
-def _divide(t: Any, scale: Any) -> Any:
-    """t / scale rounded once to t's float type; a tensor divisor for torch, so that no kernel
-    multiplies by a rounded reciprocal instead."""
-    if is_torch(t):
-        import torch
-
-        d = scale if is_torch(scale) else torch.tensor([scale], dtype=torch.float64)
-        return t / d.to(dtype=t.dtype, device=t.device)
-    return t / (scale.astype(t.dtype) if isinstance(scale, np.ndarray) else t.dtype.type(scale))
 
 
 def _round_int(t: Any, rounding: str = "rne", seed: Any = None) -> Any:
     """Round to integers with the core (saturating far beyond every clamp used here)."""
     return quantize(t, _WIDE_INT, rounding=rounding, seed=seed)
-
-
-def _clip(a: Any, lo: float, hi: float) -> Any:
-    return a.clamp(lo, hi) if is_torch(a) else np.clip(a, lo, hi)

@@ -18,8 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from fpsim import rounding as R
+from fpsim.backend import code_dtype, on_nan_keyword
 from fpsim.formats import Format, get_format
+from fpsim.rounding import F32, Source, check_mode, check_saturate
 from fpsim.packing import packed_size
 
 from .rounding import decode_bits, format_spec, round_bits
@@ -34,7 +35,7 @@ _FP16 = tl.constexpr(format_spec(get_format("fp16")))
 @triton.constexpr_function
 def _bf16_holds(spec: tuple) -> bool:
     """Every value of the format ``spec`` is exact in bfloat16."""
-    return R.Source(8, 7).holds(Format("", *spec))
+    return Source(8, 7).holds(Format("", *spec))
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,7 +171,7 @@ def _decode_kernel(c_ptr, y_ptr, n, n_bytes, FMT: tl.constexpr, BITS: tl.constex
 # --------------------------------------------------------------------------------------------
 def supports(fmt: str | Format) -> bool:
     """Whether the kernels round to ``fmt``: its values and the rounding fit float32's bits."""
-    return R.F32.holds(get_format(fmt))
+    return F32.holds(get_format(fmt))
 
 
 def kernel_format(fmt: str | Format) -> Format:
@@ -187,13 +188,6 @@ def kernel_format(fmt: str | Format) -> Format:
 def codes_per_group(fmt: Format) -> int:
     """Codes that fill whole bytes when packed: ``lcm(bits, 8) / bits`` below 8 bits, else 1."""
     return 8 // math.gcd(fmt.bits, 8) if fmt.bits < 8 else 1
-
-
-def code_dtype(fmt: Format) -> torch.dtype:
-    """Torch dtype of unpacked codes, as ``fpsim.encode`` gives them for tensors."""
-    if fmt.bits <= 8:
-        return torch.uint8
-    return torch.int32 if fmt.bits <= 31 else torch.int64
 
 
 def _float_input(x: Any) -> torch.Tensor:
@@ -220,15 +214,16 @@ def _grid(n: int) -> tuple[int]:
 
 def _round(x: torch.Tensor, y: torch.Tensor, fmt: Format, rounding: str, saturate: bool,
            subnormals: bool, seed: Any, want: str, per: int, count_nan: bool) -> None:
+    rounding = check_mode(rounding)
     seed = philox_seed(seed) if rounding == "stochastic" else 0
     nan_count = torch.zeros(1, dtype=torch.int32, device=x.device) if count_nan else y
     _round_kernel[_grid(x.numel())](
         x, y, nan_count, x.numel(), y.numel(), seed, FMT=format_spec(fmt),
-        MODE=R.check_mode(rounding), SATURATE=saturate, SUBNORMALS=subnormals, WANT=want,
+        MODE=rounding, SATURATE=saturate, SUBNORMALS=subnormals, WANT=want,
         COUNT_NAN=count_nan, BITS=fmt.bits, PER=per, BLOCK=BLOCK, num_warps=NUM_WARPS)
     if count_nan and (count := int(nan_count.item())):
         raise ValueError(f"{count} NaN input(s) cannot be encoded: {fmt.name} has no NaN code. "
-                         "Pass nan='zero' to map them to zero as ml_dtypes does.")
+                         "Pass on_nan='zero' to map them to zero as ml_dtypes does.")
 
 
 def quantize(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne",
@@ -241,16 +236,15 @@ def quantize(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne",
     keys the Philox stream of stochastic rounding.
     """
     fmt, x = kernel_format(fmt), _float_input(x)
-    saturate = R.check_saturate(saturate)
+    saturate = check_saturate(saturate)
     y = torch.empty_like(x)
     _round(x, y, fmt, rounding, saturate, subnormals, seed, "value", 1, False)
     return y
 
 
 def encode(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne",
-           saturate: bool | str = False,
-           subnormals: bool = True, seed: Any = None, nan: str = "raise",
-           pack: bool = True) -> torch.Tensor:
+           saturate: bool | str = False, subnormals: bool = True, seed: Any = None,
+           on_nan: str = "raise", pack: bool = True, **deprecated: Any) -> torch.Tensor:
     """The codes of ``quantize(x, fmt, ...)``, as ``fpsim.encode`` gives them.
 
     With ``pack`` (default), formats under 8 bits come packed into a flat uint8 tensor, as
@@ -258,25 +252,26 @@ def encode(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne",
     little-endian bit stream (FP4: two codes a byte, the first in the low nibble; FP6: four codes
     in three bytes), a last partial byte zero-padded.  Other formats, or ``pack=False``, give
     codes of ``x``'s shape: uint8, or int32/int64 lanes above 8 bits, as ``fpsim.encode``.
-    NaN into a format without a NaN code raises ``ValueError`` unless ``nan="zero"`` (counted
-    inside the kernel).
+    NaN into a format without a NaN code raises ``ValueError`` unless ``on_nan="zero"`` (counted
+    inside the kernel; the old keyword ``nan=`` warns).
     """
+    on_nan = on_nan_keyword(on_nan, deprecated, "kernels.encode")
     fmt, x = kernel_format(fmt), _float_input(x)
-    saturate = R.check_saturate(saturate)
-    count_nan = not fmt.has_nan and _nan_policy(nan) == "raise"
+    saturate = check_saturate(saturate)
+    count_nan = not fmt.has_nan and _nan_policy(on_nan) == "raise"
     per = codes_per_group(fmt) if pack else 1
     if per == 1:
-        y = torch.empty(x.shape, dtype=code_dtype(fmt), device=x.device)
+        y = torch.empty(x.shape, dtype=code_dtype(fmt, torch=True), device=x.device)
     else:
         y = torch.empty(packed_size(x.numel(), fmt.bits), dtype=torch.uint8, device=x.device)
     _round(x, y, fmt, rounding, saturate, subnormals, seed, "code", per, count_nan)
     return y
 
 
-def _nan_policy(nan: str) -> str:
-    if nan not in ("raise", "zero"):
-        raise ValueError(f"nan={nan!r}: choose 'raise' or 'zero'")
-    return nan
+def _nan_policy(on_nan: str) -> str:
+    if on_nan not in ("raise", "zero"):
+        raise ValueError(f"on_nan={on_nan!r}: choose 'raise' or 'zero'")
+    return on_nan
 
 
 def decode(codes: torch.Tensor, fmt: str | Format, *, count: int | None = None,

@@ -3,10 +3,12 @@
 Each program owns ``NB`` consecutive blocks of ``BS`` elements (a ``[NB, BS]`` tile in
 registers): it loads them once, reduces each block's amax on the integer bits, derives the
 block scale, scales, rounds and packs the elements, and writes the scale bytes and element bytes
-of :meth:`fpsim.mx.MXArray.pack`.  The block rules are line-for-line twins of ``fpsim.mx``
-(``shared_exponents``, ``ceil_exponent``, ``_mx_rows``, ``_nvfp4_rows``, ``_scale_values``);
+of :meth:`fpsim.mx.MXArray.pack`.  The block rules are line-for-line twins of
+:mod:`fpsim.blockrules` (``shared_exponents``, ``ceil_exponent``, ``mx_scale_rows``,
+``nvfp4_scale_rows``, ``scale_values``), whose public functions the host side calls too;
 elements are rounded by :func:`kernels.rounding.round_bits`.  NVFP4's per-tensor scale needs the
-whole tensor's amax first: it is computed by ``fpsim.mx`` (one extra read) unless given.
+whole tensor's amax first: it is computed by ``fpsim.blockrules.nvfp4_tensor_scale`` (one extra
+read) unless given.
 
 Blocks run along the last axis of a contiguous tensor; another ``axis`` is moved there first
 (a copy).  A ragged last block is zero-padded in registers, as ``fpsim.mx`` pads it.
@@ -21,10 +23,11 @@ import triton
 import triton.language as tl
 
 from fpsim import blocks
-from fpsim import mx as fmx
-from fpsim import rounding as R
-
+from fpsim.backend import float64_bits
+from fpsim.blockrules import (BLOCK_FORMATS, BlockFormat, check_tensor_scale, get_block_format,
+                              nvfp4_tensor_scale, scale_rule)
 from fpsim.packing import packed_size
+from fpsim.rounding import check_mode
 
 from .cast import FLOAT_DTYPES, codes_per_group, load_bits, load_packed, philox_seed, \
     random_bits, store_packed
@@ -33,7 +36,7 @@ from .rounding import decode_bits, format_spec, round_bits
 TILE = 4096                     # elements per program (NB = TILE // block_size blocks)
 NUM_WARPS = 8
 _FRAC = tl.constexpr((1 << 52) - 1)                 # float64 fraction field
-_E4M3 = tl.constexpr(format_spec(fmx.MX_FORMATS["nvfp4"].scale))
+_E4M3 = tl.constexpr(format_spec(BLOCK_FORMATS["nvfp4"].scale))
 
 
 class MXPacked(NamedTuple):
@@ -45,7 +48,7 @@ class MXPacked(NamedTuple):
 
 
 # --------------------------------------------------------------------------------------------
-# Device code: twins of fpsim.mx
+# Device code: twins of fpsim.blockrules
 # --------------------------------------------------------------------------------------------
 @triton.jit
 def shared_exponents(amax, EMAX: tl.constexpr, MAX_BITS: tl.constexpr, MBITS: tl.constexpr,
@@ -81,7 +84,8 @@ def ceil_exponent(v, LIM: tl.constexpr):
 def _mx_blocks(x, amax_bits, rand, ELEM: tl.constexpr, EMAX: tl.constexpr,
                MAX_BITS: tl.constexpr, MBITS: tl.constexpr, ELEM_EXP: tl.constexpr,
                SCALE_MODE: tl.constexpr, MODE: tl.constexpr, IS_INT: tl.constexpr):
-    """Scale codes ``[NB]`` and element codes ``[NB, BS]``: the twin of ``fpsim.mx._mx_rows``."""
+    """Scale codes ``[NB]`` and element codes ``[NB, BS]``: the twin of
+    ``blockrules.mx_scale_rows`` (and the core's rounding, ``mx_element_codes``)."""
     amax = amax_bits.to(tl.float32, bitcast=True).to(tl.float64)
     s, nan = shared_exponents(amax, EMAX, MAX_BITS, MBITS, SCALE_MODE)
     factor = ((1023 - s) << 52).to(tl.float64, bitcast=True).to(tl.float32)   # 2^-s, exact
@@ -89,7 +93,7 @@ def _mx_blocks(x, amax_bits, rand, ELEM: tl.constexpr, EMAX: tl.constexpr,
     if ELEM_EXP != 0:
         scaled = scaled * 2.0**-ELEM_EXP              # |scaled| <= 2: exact (NaN blocks aside)
     sbits = scaled.to(tl.int32, bitcast=True)
-    if MODE == "rup" or MODE == "rdown" or MODE == "rto":   # _keep_underflow: ±2^-149
+    if MODE == "rup" or MODE == "rdown" or MODE == "rto":   # keep_underflow: ±2^-149
         lost = (scaled == 0) & (x != 0)
         sbits = tl.where(lost, tl.where(x < 0, -0x7FFFFFFF, 1), sbits)
     sbits = tl.where(nan[:, None], 0, sbits)
@@ -101,7 +105,8 @@ def _mx_blocks(x, amax_bits, rand, ELEM: tl.constexpr, EMAX: tl.constexpr,
 
 @triton.jit
 def _nvfp4_blocks(x, amax_bits, rand, ts, ELEM: tl.constexpr, MODE: tl.constexpr):
-    """Scale and element codes: the twin of ``fpsim.mx._nvfp4_rows`` (float32, each op RN)."""
+    """Scale and element codes: the twin of ``blockrules.nvfp4_scale_rows`` (float32, each
+    op rounded to nearest)."""
     amax = amax_bits.to(tl.float32, bitcast=True)
     nan = amax_bits >= 0x7F800000
     amax = tl.where(nan, 0.0, amax)
@@ -179,7 +184,7 @@ def _mx_dequantize_kernel(scale_ptr, elem_ptr, y_ptr, n_blocks, row_blocks, leng
     if ELEM_EXP != 0:
         vals = vals * 2.0**ELEM_EXP
     sc = tl.load(scale_ptr + t, mask=live, other=0).to(tl.int32)
-    if NV:                                            # _scale_values: fp32(scale) * ts
+    if NV:                                            # scale_values: fp32(scale) * ts
         factor = decode_bits(sc, _E4M3).to(tl.float32, bitcast=True) * ts
         scale_nan = sc == 0x7F
     else:                                             # 2^(s-127), NaN for 0xFF
@@ -196,7 +201,7 @@ def _mx_dequantize_kernel(scale_ptr, elem_ptr, y_ptr, n_blocks, row_blocks, leng
 # --------------------------------------------------------------------------------------------
 # Host side
 # --------------------------------------------------------------------------------------------
-def _layout(shape: tuple[int, ...], spec: fmx.MXFormat, axis: int,
+def _layout(shape: tuple[int, ...], spec: BlockFormat, axis: int,
             block_size: int | None) -> blocks.Layout:
     lay = blocks.layout(shape, axis, spec.block_size if block_size is None else block_size,
                         pad=True)
@@ -219,7 +224,7 @@ def _rows_last(x: torch.Tensor, lay: blocks.Layout) -> torch.Tensor:
     return x.movedim(lay.axis, -1).contiguous()
 
 
-def mx_quantize(x: torch.Tensor, fmt: str | fmx.MXFormat, *, axis: int = -1,
+def mx_quantize(x: torch.Tensor, fmt: str | BlockFormat, *, axis: int = -1,
                 block_size: int | None = None, scale_rounding: str | None = None,
                 rounding: str = "rne", seed: Any = None, tensor_scale: float | None = None,
                 pack: bool = True) -> MXPacked:
@@ -231,15 +236,15 @@ def mx_quantize(x: torch.Tensor, fmt: str | fmx.MXFormat, *, axis: int = -1,
     gives one uint8 code per element instead, in the same order (padding included): the
     ``blocks.to_rows`` view of ``MXArray.codes``, flattened.
     """
-    spec = fmx.get_mx_format(fmt)
+    spec = get_block_format(fmt)
     if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_DTYPES:
         raise TypeError("expected a float32, float16 or bfloat16 torch tensor")
-    mode = fmx._scale_mode(spec, scale_rounding)
-    ts = fmx._tensor_scale_arg(spec, tensor_scale)
+    mode = scale_rule(spec, scale_rounding)
+    ts = check_tensor_scale(spec, tensor_scale)
     lay = _layout(tuple(x.shape), spec, axis, block_size)
     work = _rows_last(x, lay)
     if not spec.is_mx and ts is None:
-        ts = fmx._nvfp4_tensor_scale(blocks.to_rows(x.float(), lay))
+        ts = nvfp4_tensor_scale(blocks.to_rows(x.float(), lay))
     elem = spec.elem
     per = codes_per_group(elem) if pack else 1
     count = lay.rows * lay.block_size
@@ -247,22 +252,23 @@ def mx_quantize(x: torch.Tensor, fmt: str | fmx.MXFormat, *, axis: int = -1,
     elements = torch.empty(packed_size(count, elem.bits) if pack else count, dtype=torch.uint8,
                            device=x.device)
     args, grid = _shape_args(lay)
-    seed = philox_seed(seed) if R.check_mode(rounding) == "stochastic" else 0
+    rounding = check_mode(rounding)
+    seed = philox_seed(seed) if rounding == "stochastic" else 0
     _mx_quantize_kernel[grid](
         work, scales, elements, n_bytes=elements.numel(), seed=seed,
         ts=1.0 if ts is None else ts, ELEM=format_spec(elem), EMAX=spec.emax,
-        MAX_BITS=fmx._f64_bits(spec.max), MBITS=spec.mbits, ELEM_EXP=spec.elem_exp,
+        MAX_BITS=float64_bits(spec.max), MBITS=spec.mbits, ELEM_EXP=spec.elem_exp,
         SCALE_MODE=mode if spec.is_mx else "floor", MODE=rounding, NV=not spec.is_mx,
         IS_INT=elem.is_int, BITS=elem.bits, PER=per, **args)
     return MXPacked(scales, elements, ts)
 
 
-def mx_dequantize(scales: torch.Tensor, elements: torch.Tensor, fmt: str | fmx.MXFormat,
+def mx_dequantize(scales: torch.Tensor, elements: torch.Tensor, fmt: str | BlockFormat,
                   shape: tuple[int, ...], *, axis: int = -1, block_size: int | None = None,
                   tensor_scale: float | None = None) -> torch.Tensor:
     """float32 values of packed MX/NVFP4 bytes: ``fpsim.mx.MXArray.unpack(...).dequantize()``."""
-    spec = fmx.get_mx_format(fmt)
-    ts = fmx._tensor_scale_arg(spec, tensor_scale, unpacking=True)
+    spec = get_block_format(fmt)
+    ts = check_tensor_scale(spec, tensor_scale, unpacking=True)
     lay = _layout(tuple(shape), spec, axis, block_size)
     if scales.numel() != lay.rows or elements.numel() < packed_size(lay.rows * lay.block_size,
                                                                      spec.elem.bits):

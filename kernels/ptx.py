@@ -26,7 +26,8 @@ from triton.compiler import ASTSource
 
 from fpsim.formats import get_format
 
-from fpsim import mx as fmx
+from fpsim.backend import float64_bits
+from fpsim.blockrules import get_block_format
 
 from . import cast, mx
 from .rounding import format_spec
@@ -75,11 +76,11 @@ def _decode(name: str, fmt: str, y: str = "*fp32", pack: bool = False) -> Varian
 
 def _mx(name: str, fmt: str, mode: str = "rne", scale_mode: str = "floor",
         ragged: bool = False, x: str = "*fp32") -> Variant:
-    spec = fmx.get_mx_format(fmt)
+    spec = get_block_format(fmt)
     types = {"x_ptr": x, "scale_ptr": "*u8", "elem_ptr": "*u8", "n_blocks": "i32",
              "row_blocks": "i32", "length": "i32", "n_bytes": "i32", "seed": "i64",
              "ts": "fp32"}
-    cons = dict(ELEM=format_spec(spec.elem), EMAX=spec.emax, MAX_BITS=fmx._f64_bits(spec.max),
+    cons = dict(ELEM=format_spec(spec.elem), EMAX=spec.emax, MAX_BITS=float64_bits(spec.max),
                 MBITS=spec.mbits, ELEM_EXP=spec.elem_exp, SCALE_MODE=scale_mode, MODE=mode,
                 NV=not spec.is_mx, IS_INT=spec.elem.is_int, BITS=spec.elem.bits,
                 PER=cast.codes_per_group(spec.elem), BS=spec.block_size,
@@ -88,7 +89,7 @@ def _mx(name: str, fmt: str, mode: str = "rne", scale_mode: str = "floor",
 
 
 def _mx_dequant(name: str, fmt: str) -> Variant:
-    spec = fmx.get_mx_format(fmt)
+    spec = get_block_format(fmt)
     types = {"scale_ptr": "*u8", "elem_ptr": "*u8", "y_ptr": "*fp32", "n_blocks": "i32",
              "row_blocks": "i32", "length": "i32", "n_bytes": "i32", "ts": "fp32"}
     cons = dict(ELEM=format_spec(spec.elem), ELEM_EXP=spec.elem_exp, NV=not spec.is_mx,

@@ -6,10 +6,12 @@ Diff this file against ``fpsim/rounding.py``: the lines are the same algorithm o
 compile-time constant: the format arrives as the tuple :func:`format_spec` (a
 ``tl.constexpr``), is rebuilt into the very :class:`fpsim.Format` on the host side of the
 compiler, and every ``if`` on it is resolved while compiling, so each format gets its own
-branch-free code from one source.  :func:`decode_bits` is the twin of ``fpsim.convert._decode``.
+branch-free code from one source.  :func:`decode_bits` is the twin of
+``fpsim.rounding.decode_bits``; both files number their steps alike (``# 1.`` .. ``# 7.``,
+``# D1.`` .. ``# D5.``).
 
-Deliberate differences, forced by Triton: no ``return`` inside a compile-time ``if`` (the code
-generator keeps visiting what follows it), so tails are ``if``/``else``; the subnormal multiply
+Deliberate differences, forced by Triton: ``_inf_input`` cannot take a tensor, so both twins
+pass None for "the largest finite value" and substitute ``limit`` after; the subnormal multiply
 ends in ``.to(tl.float32)`` (Triton makes a constant below 2^-126 a float64).
 """
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fpsim import rounding as R
+from fpsim import rounding
 from fpsim.formats import Format
 
 
@@ -34,13 +36,13 @@ def _format(spec: tuple) -> Format:
 
 
 @triton.constexpr_function
-def _f32() -> R.Source:
-    return R.F32
+def _f32() -> rounding.Source:
+    return rounding.F32
 
 
-_target_bias = triton.constexpr_function(R._target_bias)
-_inf_input = triton.constexpr_function(R._inf_input)
-_float_bits = triton.constexpr_function(R.F32.float_bits)
+_target_bias = triton.constexpr_function(rounding.target_bias)
+_inf_input = triton.constexpr_function(rounding.inf_input)
+_float_bits = triton.constexpr_function(rounding.F32.float_bits)
 
 
 @triton.jit
@@ -52,6 +54,7 @@ def round_bits(a, neg, FMT: tl.constexpr, MODE: tl.constexpr, SATURATE: tl.const
     (``WANT == "value"``), exactly as :func:`fpsim.rounding.round_bits` with ``src = F32``.
     ``rand`` holds uniform 30-bit integers for ``MODE == "stochastic"`` (else unused).
     """
+    # 1. split the source bits: exponent, significand with its implicit bit, specials
     fmt: tl.constexpr = _format(FMT)
     src: tl.constexpr = _f32()
     M: tl.constexpr = src.mbits
@@ -65,6 +68,7 @@ def round_bits(a, neg, FMT: tl.constexpr, MODE: tl.constexpr, SATURATE: tl.const
     sig = (a & ((1 << M) - 1)) | (nz << M)            # significand with its implicit bit
     e_eff = exp_in + (1 - nz)                         # biased exponent; subnormals count as 1
 
+    # 2. the target exponent and how many low bits to drop
     bias_t: tl.constexpr = _target_bias(fmt)
     t = e_eff + (bias_t - src.bias)                   # target biased exponent, if unbounded
     if ((top_exp + bias_t - src.bias + 2) << m) >= 2 ** (W - 2):
@@ -82,6 +86,7 @@ def round_bits(a, neg, FMT: tl.constexpr, MODE: tl.constexpr, SATURATE: tl.const
     if fmt.p3109 and m == 0:
         low = low + (tt - 1)                          # P3109, P=1: the code's last bit decides
 
+    # 3. round: the mode's bias added before the shift
     if MODE == "rne":
         q = (sig + ((mask >> 1) + (low & mask & 1))) >> shift
     elif MODE == "rna":
@@ -98,11 +103,12 @@ def round_bits(a, neg, FMT: tl.constexpr, MODE: tl.constexpr, SATURATE: tl.const
         tl.static_assert(MODE == "stochastic", "unknown rounding mode")
         q = (sig + (rand & mask)) >> shift
 
-    code = ((tt - 1) << m) + q                        # a carry in q moves into the exponent
+    # 4. the code magnitude: a carry in q moves into the exponent
+    code = ((tt - 1) << m) + q
     if not fmt.zero:
         code = tl.maximum(code, 0)                    # no zero: the least value absorbs underflow
 
-    # overflow beyond the largest finite value
+    # 5. overflow beyond the largest finite value
     limit = fmt.max_code
     if fmt.is_int and fmt.signed:
         limit = neg.to(code.dtype) + limit            # two's complement reaches -2^mbits
@@ -116,50 +122,47 @@ def round_bits(a, neg, FMT: tl.constexpr, MODE: tl.constexpr, SATURATE: tl.const
             to_inf = over & neg
         else:
             to_inf = over
+    code = tl.where(over, limit, code)
 
-    flush = None
+    # 6. subnormal results become zero when the format or the caller has none
     if fmt.zero and not fmt.is_int and (not SUBNORMALS or not fmt.subnormals):
-        flush = code < (1 << m)                       # subnormal results become zero
+        code = tl.where(code < (1 << m), 0, code)
 
+    # 7. finish: specials and sign, as codes or as values
     bad_sign = None
     if not fmt.signed:
         bad_sign = neg & ~is_nan                      # negative input, unsigned format
         if fmt.zero and not fmt.is_int:               # P3109: an overflow below 0
-            nonzero = code != 0
-            if flush is not None:
-                nonzero = nonzero & ~flush
-            bad_sign = bad_sign & (nonzero | special)  # -0, what rounds to 0: +0
+            bad_sign = bad_sign & ((code != 0) | special)  # -0, what rounds to 0: +0
             if SATURATE or MODE == "rtz" or MODE == "rup" or (MODE == "rto" and not fmt.p3109):
                 zero = bad_sign
                 if not SATURATE:
                     zero = bad_sign & ~special        # saturates to 0
                 code = tl.where(zero, 0, code)
-                over = over & ~zero
                 special = special & ~zero
                 bad_sign = bad_sign & ~zero
     if WANT == "value":
-        res = _values(FMT, a, neg, code, limit, over, to_inf, flush, special, is_nan,
-                      bad_sign, SATURATE)
+        res = _values(FMT, a, neg, code, to_inf, special, is_nan, bad_sign, SATURATE)
     else:
-        res = _codes(FMT, code, limit, over, to_inf, flush, special, is_nan, neg, a, bad_sign,
-                     SATURATE)
+        res = _codes(FMT, code, limit, to_inf, special, is_nan, neg, a, bad_sign, SATURATE)
     return res
 
 
 @triton.jit
-def _codes(FMT: tl.constexpr, code, limit, over, to_inf, flush, special, is_nan, neg, a,
-           bad_sign, SATURATE: tl.constexpr):
+def _codes(FMT: tl.constexpr, code, limit, to_inf, special, is_nan, neg, a, bad_sign,
+           SATURATE: tl.constexpr):
+    """Finish finite code magnitudes: overflow to inf/NaN, special inputs, sign."""
     fmt: tl.constexpr = _format(FMT)
-    code = tl.where(over, limit, code)
+    # 7c.1 overflow to inf (or NaN)
     if to_inf is not None:
         code = tl.where(to_inf, fmt.inf_code if fmt.inf else fmt.nan_code, code)
-    if flush is not None:
-        code = tl.where(flush, 0, code)
+    # 7c.2 inf and NaN inputs
     inf_in = _inf_input(fmt, SATURATE, fmt.inf_code, fmt.nan_code, None)
     if inf_in is None:                                # None: the largest finite value
         inf_in = limit
     nan_in: tl.constexpr = fmt.nan_code if fmt.has_nan else 0
     code = tl.where(is_nan, nan_in, tl.where(special, inf_in, code))
+    # 7c.3 the sign
     if fmt.is_int:
         if fmt.signed:
             code = tl.where(neg, ((1 << fmt.bits) - code) & ((1 << fmt.bits) - 1), code)
@@ -173,21 +176,19 @@ def _codes(FMT: tl.constexpr, code, limit, over, to_inf, flush, special, is_nan,
     else:
         if not fmt.zero:                              # E8M0: zero is NaN, as negatives are
             code = tl.where(a == 0, nan_in, code)
-        code = tl.where(bad_sign, nan_in, code)
+        code = tl.where(bad_sign, nan_in, code)       # negative into an unsigned format
     return code
 
 
 @triton.jit
-def _values(FMT: tl.constexpr, a, neg, code, limit, over, to_inf, flush, special, is_nan,
-            bad_sign, SATURATE: tl.constexpr):
-    """Decode the rounded code magnitudes into float32 bits (sign included)."""
+def _values(FMT: tl.constexpr, a, neg, code, to_inf, special, is_nan, bad_sign,
+            SATURATE: tl.constexpr):
+    """Decode finite code magnitudes into the source's bits, then specials and sign."""
     fmt: tl.constexpr = _format(FMT)
     src: tl.constexpr = _f32()
     M: tl.constexpr = src.mbits
     m: tl.constexpr = fmt.mbits
-    code = tl.where(over, limit, code)
-    if flush is not None:
-        code = tl.where(flush, 0, code)
+    # 7v.1 the finite value's bits
     if fmt.is_int:
         val = code.to(tl.float32).to(code.dtype, bitcast=True)
     else:
@@ -197,16 +198,19 @@ def _values(FMT: tl.constexpr, a, neg, code, limit, over, to_inf, flush, special
         if fmt.zero:                                  # subnormal codes: one exact multiply
             sub = (frac.to(tl.float32) * (2.0 ** (fmt.emin - m))).to(tl.float32)
             val = tl.where(e == 0, sub.to(code.dtype, bitcast=True), val)
+    # 7v.2 overflow to inf (or NaN)
     inf_bits: tl.constexpr = (2**src.ebits - 1) << M
     nan_bits: tl.constexpr = inf_bits | (1 << (M - 1))
     if to_inf is not None:
         val = tl.where(to_inf, inf_bits if fmt.inf else nan_bits, val)
     if not fmt.zero and fmt.has_nan:                  # no zero: 0 is NaN (else the least value)
         val = tl.where(a == 0, nan_bits, val)
+    # 7v.3 inf and NaN inputs
     inf_in = _inf_input(fmt, SATURATE, inf_bits, nan_bits, _float_bits(fmt.max))
     if fmt.is_int and fmt.signed:
         inf_in = inf_in + neg.to(val.dtype) * (_float_bits(-fmt.min) - inf_in)
     val = tl.where(is_nan, nan_bits, tl.where(special, inf_in, val))
+    # 7v.4 the sign
     if bad_sign is not None:
         val = tl.where(bad_sign, nan_bits if fmt.has_nan else 0, val)
     else:
@@ -221,7 +225,9 @@ def _values(FMT: tl.constexpr, a, neg, code, limit, over, to_inf, flush, special
 
 @triton.jit
 def decode_bits(c, FMT: tl.constexpr):
-    """Float32 bits (int32) of the int32 codes ``c``: the twin of ``fpsim.convert._decode``."""
+    """Float32 bits (int32) of the int32 codes ``c``: the twin of ``fpsim.rounding.decode_bits``
+    with ``src = F32``."""
+    # D1. sign and magnitude
     fmt: tl.constexpr = _format(FMT)
     src: tl.constexpr = _f32()
     m: tl.constexpr = fmt.mbits
@@ -230,12 +236,14 @@ def decode_bits(c, FMT: tl.constexpr):
     mag = c
     if fmt.signed:
         mag = c & ((1 << (fmt.bits - 1)) - 1)
-        neg = ((c >> (fmt.bits - 1)) & 1) != 0        # the sign bit (bit 31 included)
+        neg = ((c >> (fmt.bits - 1)) & 1) != 0        # the sign bit (the top lane bit included)
+    # D2. integers: the value itself
     if fmt.is_int:
         if fmt.signed:
             mag = tl.where(neg, mag - (1 << (fmt.bits - 1)), mag)
-        return mag.to(tl.float32).to(tl.int32, bitcast=True)
+        val = mag.to(tl.float32).to(tl.int32, bitcast=True)
     else:
+        # D3. floats: normal codes by moving the fields, subnormal ones by one exact multiply
         e = mag >> m
         f = mag & ((1 << m) - 1)
         normal_bits = ((e - fmt.bias + src.bias) << src.mbits) | (f << (src.mbits - m))
@@ -244,6 +252,7 @@ def decode_bits(c, FMT: tl.constexpr):
             val = tl.where(e >= 1, tl.maximum(normal_bits, 0), fbits.to(tl.int32, bitcast=True))
         else:
             val = normal_bits
+        # D4. inf and NaN codes
         if fmt.nan == "ieee":
             top = e == (2**fmt.ebits - 1)
             val = tl.where(top, tl.where(f == 0, inf_bits, nan_bits), val)
@@ -251,8 +260,9 @@ def decode_bits(c, FMT: tl.constexpr):
             val = tl.where(mag == fmt.nan_code, nan_bits, val)
         if fmt.inf and fmt.nan != "ieee":             # P3109 extended: inf on the top code
             val = tl.where(mag == fmt.inf_code, inf_bits, val)
+        # D5. the sign (FNUZ: the negative-zero code is the one NaN)
         if fmt.signed:
             val = val | (neg.to(tl.int32) << (src.width - 1))
         if fmt.nan == "fnuz":
             val = tl.where(c == fmt.nan_code, nan_bits, val)
-        return val
+    return val

@@ -410,7 +410,7 @@ def test_mx_errors(device):
 def test_cuda_tensors_route_to_the_kernels_where_they_apply():
     from types import SimpleNamespace
 
-    from fpsim.convert import _torch_backend
+    from fpsim.dispatch import route as _torch_backend
 
     def tensor(dev: str = "cuda", dtype=torch.float32):
         return SimpleNamespace(device=SimpleNamespace(type=dev), dtype=dtype)

@@ -8,7 +8,7 @@ rounding with :func:`fpsim.quantize`, equals rounding the exact sum once (Boldo 
 "Emulation of FMA and correctly rounded sums: proved algorithms using rounding to odd", IEEE
 Trans. Computers 57(4), 2008) for every directed and nearest mode.
 
-The loop bodies (:class:`Steps`) are pure functions of arrays, so that ``engine="compiled"``
+The loop bodies (:class:`Steps`) are pure functions of arrays, so that ``backend="compiled"``
 can fuse each into one kernel with ``torch.compile``.
 """
 

@@ -9,6 +9,7 @@ tile and no loop runs over M×N.
 from __future__ import annotations
 
 import os
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 from dataclasses import dataclass
@@ -16,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import is_torch
+from ..backend import is_torch, is_torch_generator
 from ..convert import quantize
 from ..formats import Format
 from ..rounding import F32, F64
-from . import accumulate as acc_
-from . import tensor_core as tc_
+from . import accumulate
+from .tensor_core import GroupStep, TensorCoreModel, exponents, run as run_tensor_core
 from .accumulate import Stats
 from .lanes import Lanes, Profile, guarded, holds, lane_max, profile
 from .operands import Operands, batched, deliver, prepare
@@ -51,8 +52,8 @@ class MatmulStats:
 def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
            order: str = "sequential", chunk: int | None = None, product: str | Format = "exact",
            rounding: str = "rne", output: str | Format | None = None, return_stats: bool = False,
-           seed: Any = None, tensor_core: str | tc_.TensorCoreModel | None = None,
-           engine: str = "auto") -> Any:
+           seed: Any = None, tensor_core: str | TensorCoreModel | None = None,
+           backend: str = "auto", engine: str | None = None) -> Any:
     """Matrix product ``a @ b`` (NumPy ``matmul`` semantics) with emulated arithmetic.
 
     ``inputs``: format (or pair of formats for a and b) the operands are first rounded to
@@ -71,19 +72,25 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     ``TENSOR_CORES`` or a ``TensorCoreModel`` (``chunk`` then promotes to FP32 every ``chunk``).
     ``output``: format the result is finally rounded to (nearest even).
     ``seed``: seed or generator for stochastic rounding (NumPy Generator / torch Generator).
-    ``engine``: "numpy", "torch" (any device), "compiled" (torch.compile fuses each loop step
+    ``backend``: "numpy", "torch" (any device), "compiled" (torch.compile fuses each loop step
     into one kernel: several times faster once compiled, which takes seconds to a minute per
     configuration; no stochastic rounding), or "auto" (torch for GPU tensors or a torch.Generator
     seed, else NumPy, whose tiles run on every core; CPU tensors come back as tensors).  Every
-    engine gives the same bits.
+    backend gives the same bits.  ``engine`` is its old name (a DeprecationWarning).
 
     Returns an array of float32 when the result's format fits it, else float64 (a torch tensor
     on the operands' device when either operand is one) and, with ``return_stats``, a
     :class:`MatmulStats`.  A sum that is exactly zero is +0 (unless every term is -0).
     """
-    plan = make_plan(inputs, accum, order, chunk, product, rounding, output, tensor_core, engine)
-    use_torch = engine in ("torch", "compiled") or (engine == "auto" and (
-        any(is_torch(x) and x.device.type != "cpu" for x in (a, b)) or _torch_generator(seed)))
+    keyword = "backend"
+    if engine is not None:
+        warnings.warn("matmul(engine=...) is now matmul(backend=...)", DeprecationWarning,
+                      stacklevel=2)
+        backend, keyword = engine, "engine"
+    plan = make_plan(inputs, accum, order, chunk, product, rounding, output, tensor_core, backend,
+                     keyword)
+    use_torch = plan.backend in ("torch", "compiled") or (plan.backend == "auto" and (
+        any(is_torch(x) and x.device.type != "cpu" for x in (a, b)) or is_torch_generator(seed)))
     ops = prepare(a, b, use_torch)
     fa, fb = plan.inputs
     if fa is not None:
@@ -106,10 +113,6 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     swamped, underflow, peak = (deliver(s.reshape(ops.shape), ops.device) for s in stats)
     overflow = ~(out.isfinite() if ops.device is not None else np.isfinite(out))
     return out, MatmulStats(overflow, peak, swamped, underflow)
-
-
-def _torch_generator(seed: Any) -> bool:
-    return type(seed).__name__ == "Generator" and type(seed).__module__.startswith("torch")
 
 
 def dot(a: Any, b: Any, **options: Any) -> Any:
@@ -140,7 +143,7 @@ def _lanes_for(plan: Plan, prod: Profile, operands_fit_f32: bool, like: Any) -> 
     if plan.model is not None and prod.low < plan.model.frac_bits - 1022:
         raise ValueError(f"products as small as 2^{prod.low} are beyond the tensor-core model's "
                          "alignment in float64; scale the operands up")
-    compiled = plan.engine == "compiled"
+    compiled = plan.backend == "compiled"
     if plan.model is None and not plan.plain and operands_fit_f32 and prod.fits(F32) \
             and guarded(F32, plan.accum) \
             and (plan.product is None or holds(F32, plan.product)):
@@ -157,7 +160,7 @@ def _run(plan: Plan, lanes: Lanes, prod: Profile, ops: Operands, emins: tuple, s
     like = ops.a if lanes.torch else None
     wide = Lanes(F64, like, lanes.compiled)
     out = Lanes(F32 if holds(F32, plan.sum_format) else F64, like).zeros((B, M, N))
-    stats = acc_.new_stats(wide, (B, M, N), want_stats)
+    stats = accumulate.new_stats(wide, (B, M, N), want_stats)
     if B * M * N == 0 or K == 0:
         return out, stats
     modes = (plan.rounding, plan.model.rounding if plan.model is not None else None)
@@ -174,11 +177,11 @@ def _run(plan: Plan, lanes: Lanes, prod: Profile, ops: Operands, emins: tuple, s
     def tile(b0: int, i0: int, j0: int) -> None:
         ia, ib = idx_a[b0:b0 + bt], idx_b[b0:b0 + bt]
         A = _slab(lanes, a3, ia, slice(i0, i0 + tm), rows=True)
-        EA = tc_.exponents(lanes, A, emins[0]) if plan.model else None
+        EA = exponents(lanes, A, emins[0]) if plan.model else None
         Bs = _slab(lanes, b3, ib, slice(j0, j0 + tn), rows=False)
-        EB = tc_.exponents(lanes, Bs, emins[1]) if plan.model else None
+        EB = exponents(lanes, Bs, emins[1]) if plan.model else None
         shape = (A.shape[1], A.shape[2], Bs.shape[3])
-        st = acc_.new_stats(wide, shape, want_stats)
+        st = accumulate.new_stats(wide, shape, want_stats)
 
         def operands(k0: int, k1: int) -> tuple[Any, Any]:
             return A[k0:k1], Bs[k0:k1]
@@ -189,12 +192,12 @@ def _run(plan: Plan, lanes: Lanes, prod: Profile, ops: Operands, emins: tuple, s
             return outer.seq(total, wide.cast(block), wide.full(shape, 1.0), st)
 
         if plan.model is not None:
-            res, st = tc_.run(operands, lambda k0, k1: (EA[k0:k1], EB[k0:k1]), K,
+            res, st = run_tensor_core(operands, lambda k0, k1: (EA[k0:k1], EB[k0:k1]), K,
                               shape, group_step, st, plan.chunk, promote)
         elif plan.order == "pairwise":
-            res, st = acc_.pairwise(operands, K, steps, st, shape)
+            res, st = accumulate.pairwise(operands, K, steps, st, shape)
         else:
-            res, st = acc_.sequential(operands, K, steps, st, shape, plan.chunk, promote)
+            res, st = accumulate.sequential(operands, K, steps, st, shape, plan.chunk, promote)
         where = (slice(b0, b0 + bt), slice(i0, i0 + tm), slice(j0, j0 + tn))
         out[where] = res
         for total, part in zip(stats, st):
@@ -228,12 +231,12 @@ def _steps(plan: Plan, lanes: Lanes, wide: Lanes, prod: Profile, rng: Any) -> tu
            str(lanes.device))
     if lanes.compiled and key in _COMPILED:
         return _COMPILED[key]
-    add = acc_.Adder(accum, plan.rounding, lanes, rng, plain=plan.plain,
+    add = accumulate.Adder(accum, plan.rounding, lanes, rng, plain=plan.plain,
                      may_overflow=may_overflow)
-    steps = acc_.Steps(add, plan.product, plan.rounding, rng, lanes.compiled)
-    fp32 = acc_.Adder(FP32, "rne", wide, None, plain=False, may_overflow=False)
-    outer = acc_.Steps(fp32, None, "rne", None, lanes.compiled)
-    group = tc_.GroupStep(plan.model, steps, lanes.compiled) if plan.model else None
+    steps = accumulate.Steps(add, plan.product, plan.rounding, rng, lanes.compiled)
+    fp32 = accumulate.Adder(FP32, "rne", wide, None, plain=False, may_overflow=False)
+    outer = accumulate.Steps(fp32, None, "rne", None, lanes.compiled)
+    group = GroupStep(plan.model, steps, lanes.compiled) if plan.model else None
     if lanes.compiled:
         _COMPILED[key] = steps, outer, group
     return steps, outer, group

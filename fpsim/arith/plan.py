@@ -8,11 +8,14 @@ from typing import Any
 import numpy as np
 
 from ..formats import Format, get_format
+from ..names import resolve
 from ..rounding import check_mode
-from . import tensor_core as tc_
+from .tensor_core import TENSOR_CORES, TensorCoreModel, get_model
 
 ORDERS = ("sequential", "pairwise", "chunked", "fma", "tensor_core")
-ENGINES = ("auto", "numpy", "torch", "compiled")
+#: ``backend=`` values of matmul and dot.
+MATMUL_BACKENDS = ("auto", "numpy", "torch", "compiled")
+ENGINES = MATMUL_BACKENDS          # the old name
 FP32, FP64 = get_format("fp32"), get_format("fp64")
 
 
@@ -28,8 +31,8 @@ class Plan:
     native_product: bool        # product="fp64": a float64 multiply
     rounding: str
     output: Format | None
-    model: tc_.TensorCoreModel | None
-    engine: str
+    model: TensorCoreModel | None
+    backend: str
 
     @property
     def plain(self) -> bool:
@@ -76,7 +79,7 @@ def _accum(accum: Any, rounding: str) -> Format:
     return acc
 
 
-def _chunk(chunk: Any, order: str, model: tc_.TensorCoreModel | None) -> int | None:
+def _chunk(chunk: Any, order: str, model: TensorCoreModel | None) -> int | None:
     if order == "chunked" and chunk is None:
         return 128
     if chunk is None:
@@ -92,16 +95,16 @@ def _chunk(chunk: Any, order: str, model: tc_.TensorCoreModel | None) -> int | N
 
 
 def make_plan(inputs: Any, accum: Any, order: str, chunk: Any, product: Any, rounding: str,
-              output: Any, tensor_core: Any, engine: str) -> Plan:
-    """Check every option; errors name the problem and the fix."""
-    check_mode(rounding)
+              output: Any, tensor_core: Any, backend: str, keyword: str = "backend") -> Plan:
+    """Check every option; errors name the problem and the fix (``keyword``: the name the
+    caller used for ``backend``, "engine" being the deprecated one)."""
+    rounding = check_mode(rounding)
     if order not in ORDERS:
         raise ValueError(f"unknown order {order!r}: choose one of {', '.join(ORDERS)}")
-    if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
-    if engine == "compiled" and rounding == "stochastic":
-        raise ValueError("engine='compiled' cannot draw random bits inside a compiled step; use "
-                         "engine='torch' or 'numpy' for stochastic rounding")
+    backend = resolve(keyword, backend, {b: b for b in MATMUL_BACKENDS})
+    if backend == "compiled" and rounding == "stochastic":
+        raise ValueError(f"{keyword}='compiled' cannot draw random bits inside a compiled step; "
+                         f"use {keyword}='torch' or 'numpy' for stochastic rounding")
     acc = _accum(accum, rounding)
     exact = isinstance(product, str) and product == "exact"
     native = not exact and _fmt(product, "product") == FP64
@@ -110,8 +113,8 @@ def make_plan(inputs: Any, accum: Any, order: str, chunk: Any, product: Any, rou
     if order == "tensor_core":
         if tensor_core is None:
             raise ValueError("order='tensor_core' needs tensor_core=: a preset name "
-                             f"({', '.join(tc_.TENSOR_CORES)}) or a TensorCoreModel")
-        model = tc_.get_model(tensor_core)
+                             f"({', '.join(TENSOR_CORES)}) or a TensorCoreModel")
+        model = get_model(tensor_core)
         if acc != FP32 or rounding != "rne":
             raise ValueError("order='tensor_core' takes its accumulator format and rounding from "
                              "the TensorCoreModel (accum=, rounding=); leave accum and rounding "
@@ -124,4 +127,4 @@ def make_plan(inputs: Any, accum: Any, order: str, chunk: Any, product: Any, rou
         raise ValueError("order='fma' rounds product and sum once, so the product is exact: "
                          "use product='exact', or order='sequential' to round products first")
     return Plan(_inputs(inputs), acc, order, _chunk(chunk, order, model), prod, native,
-                rounding, None if output is None else _fmt(output, "output"), model, engine)
+                rounding, None if output is None else _fmt(output, "output"), model, backend)
