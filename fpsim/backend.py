@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from .names import resolve
+
 
 class NumpyOps:
     """Backend for NumPy arrays."""
@@ -48,6 +50,19 @@ class NumpyOps:
     @staticmethod
     def view(a: Any, dtype: Any) -> Any:
         return a.view(dtype)
+
+    @staticmethod
+    def moveaxis(a: Any, source: int, destination: int) -> Any:
+        """``a`` with an axis moved, contiguous."""
+        return np.ascontiguousarray(np.moveaxis(a, source, destination))
+
+    @staticmethod
+    def abs(a: Any) -> Any:
+        return np.abs(a)
+
+    @staticmethod
+    def isfinite(a: Any) -> Any:
+        return np.isfinite(a)
 
     @staticmethod
     def random_bits(shape: tuple, nbits: int, dtype: Any, seed: Any) -> Any:
@@ -86,6 +101,19 @@ class TorchOps:
     def view(a: Any, dtype: Any) -> Any:
         return a.view(dtype)
 
+    @staticmethod
+    def moveaxis(a: Any, source: int, destination: int) -> Any:
+        """``a`` with an axis moved, contiguous."""
+        return a.movedim(source, destination).contiguous()
+
+    @staticmethod
+    def abs(a: Any) -> Any:
+        return a.abs()
+
+    @staticmethod
+    def isfinite(a: Any) -> Any:
+        return a.isfinite()
+
     def random_bits(self, shape: tuple, nbits: int, dtype: Any, seed: Any,
                     device: Any = None) -> Any:
         gen = None
@@ -121,10 +149,7 @@ BACKENDS = ("auto", "numpy", "torch", "compiled", "triton")
 
 def check_backend(backend: str, allowed: tuple[str, ...]) -> str:
     """The canonical backend name, or a ValueError naming the values this function takes."""
-    from .names import resolve
-
-    name = resolve("backend", backend, {b: b for b in allowed})
-    return name
+    return resolve("backend", backend, {b: b for b in allowed})
 
 
 def is_torch_generator(seed: Any) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import is_torch
+from .backend import is_torch, ops_for
 
 
 @dataclass(frozen=True)
@@ -101,17 +101,13 @@ def to_rows(x: Any, lay: Layout) -> Any:
 def from_rows(rows: Any, lay: Layout) -> Any:
     """Inverse of :func:`to_rows`: strip the padding and move the axis back (contiguous)."""
     moved = rows.reshape(lay.outer + (lay.padded,))[..., :lay.length]
-    if is_torch(rows):
-        return moved.movedim(-1, lay.axis).contiguous()
-    return np.ascontiguousarray(np.moveaxis(moved, -1, lay.axis))
+    return ops_for(rows).moveaxis(moved, -1, lay.axis)
 
 
 def rows_to_scales(vec: Any, lay: Layout) -> Any:
     """One value per block (row order) as an array of ``lay.scale_shape``."""
     moved = vec.reshape(lay.outer + (lay.nblocks,))
-    if is_torch(vec):
-        return moved.movedim(-1, lay.axis).contiguous()
-    return np.ascontiguousarray(np.moveaxis(moved, -1, lay.axis))
+    return ops_for(vec).moveaxis(moved, -1, lay.axis)
 
 
 def scales_to_rows(scales: Any, lay: Layout) -> Any:
@@ -119,6 +115,4 @@ def scales_to_rows(scales: Any, lay: Layout) -> Any:
     if tuple(scales.shape) != lay.scale_shape:
         raise ValueError(f"scales of shape {tuple(scales.shape)} do not match {lay.scale_shape} "
                          f"(shape {lay.shape}, blocks of {lay.block_size} along axis {lay.axis})")
-    if is_torch(scales):
-        return scales.movedim(lay.axis, -1).reshape(-1)
-    return np.ascontiguousarray(np.moveaxis(scales, lay.axis, -1)).reshape(-1)
+    return ops_for(scales).moveaxis(scales, lay.axis, -1).reshape(-1)

@@ -81,19 +81,19 @@ def scaled_quantize(x: Any, fmt: str | Format, *, granularity: Any = "tensor",
         raise ValueError(f"margin={margin!r}: pass a whole number of binades in [-127, 127]")
     work = float_input(x, "scaled_quantize takes")
     if not F32.holds(fmt):             # quotients beyond float32's range: work in float64
-        work = work.double() if is_torch(work) else work.astype(np.float64)
+        work = ops_for(work).astype(work, ops_for(work).float64)
     kind, axis, lay = _grouping(granularity, axis, tuple(work.shape))
     rows = _to_rows(work, kind, axis, lay)
     ops = ops_for(rows)
     qmax = fmt.max if not fmt.is_int else float(2**fmt.mbits - 1)
     if symmetric:
-        span, levels = _reduce(_abs(rows), "max"), qmax
-        bad = ~_isfinite(span)
+        span, levels = _reduce(ops.abs(rows), "max"), qmax
+        bad = ~ops.isfinite(span)
     else:
         lo, hi = _reduce(rows, "min"), _reduce(rows, "max")   # both include 0; NaN propagates
         with np.errstate(over="ignore"):                     # beyond float32: max scale
             span, levels = hi - lo, float(2**fmt.bits - 1)
-        bad = ~(_isfinite(lo) & _isfinite(hi))
+        bad = ~(ops.isfinite(lo) & ops.isfinite(hi))
     empty = span == 0
     scale = _scale(ops.where(bad | empty, 1.0, span), levels, scale_dtype, int(margin))
     scale = ops.where(bad, float("nan"), ops.where(empty, 1.0, scale))
@@ -164,7 +164,7 @@ def _to_rows(work: Any, kind: str, axis: int | None, lay: blocks.Layout | None) 
         return blocks.to_rows(work, lay)
     if kind == "tensor":
         return work.reshape(1, -1)
-    moved = work.movedim(axis, 0) if is_torch(work) else np.moveaxis(work, axis, 0)
+    moved = ops_for(work).moveaxis(work, axis, 0)
     return moved.reshape(moved.shape[0], -1)
 
 
@@ -175,9 +175,7 @@ def _from_rows(rows: Any, kind: str, axis: int | None, lay: blocks.Layout | None
     if kind == "tensor":
         return rows.reshape(shape)
     moved = rows.reshape((shape[axis],) + shape[:axis] + shape[axis + 1:])
-    if is_torch(moved):
-        return moved.movedim(0, axis).contiguous()
-    return np.ascontiguousarray(np.moveaxis(moved, 0, axis))
+    return ops_for(moved).moveaxis(moved, 0, axis)
 
 
 def _scales_out(col: Any, kind: str, axis: int | None, lay: blocks.Layout | None,
@@ -190,10 +188,6 @@ def _scales_out(col: Any, kind: str, axis: int | None, lay: blocks.Layout | None
     return col.reshape(tuple(s if d == axis else 1 for d, s in enumerate(shape)))
 
 
-def _abs(a: Any) -> Any:
-    return a.abs() if is_torch(a) else np.abs(a)
-
-
 def _reduce(a: Any, how: str) -> Any:
     """max/min of each row and 0 (a column), NaN-propagating; 0 for empty rows."""
     if is_torch(a):
@@ -202,10 +196,6 @@ def _reduce(a: Any, how: str) -> Any:
         r = (a.amax if how == "max" else a.amin)(dim=1, keepdim=True)
         return r.clamp(min=0) if how == "max" else r.clamp(max=0)
     return (np.max if how == "max" else np.min)(a, axis=1, keepdims=True, initial=0.0)
-
-
-def _isfinite(a: Any) -> Any:
-    return a.isfinite() if is_torch(a) else np.isfinite(a)
 
 
 def _scale(span: Any, levels: float, scale_dtype: str, margin: int) -> Any:

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fpsim.backend import code_dtype, on_nan_keyword
+from fpsim.backend import code_dtype as fpsim_code_dtype, on_nan_keyword
 from fpsim.formats import Format, get_format
 from fpsim.rounding import F32, Source, check_mode, check_saturate
 from fpsim.packing import packed_size
@@ -190,6 +190,12 @@ def codes_per_group(fmt: Format) -> int:
     return 8 // math.gcd(fmt.bits, 8) if fmt.bits < 8 else 1
 
 
+def code_dtype(fmt: Format) -> torch.dtype:
+    """Torch dtype of unpacked codes, as ``fpsim.encode`` gives them for tensors (the one rule,
+    :func:`fpsim.backend.code_dtype`)."""
+    return fpsim_code_dtype(fmt, torch=True)
+
+
 def _float_input(x: Any) -> torch.Tensor:
     if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_DTYPES:
         what = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
@@ -261,7 +267,7 @@ def encode(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne",
     count_nan = not fmt.has_nan and _nan_policy(on_nan) == "raise"
     per = codes_per_group(fmt) if pack else 1
     if per == 1:
-        y = torch.empty(x.shape, dtype=code_dtype(fmt, torch=True), device=x.device)
+        y = torch.empty(x.shape, dtype=code_dtype(fmt), device=x.device)
     else:
         y = torch.empty(packed_size(x.numel(), fmt.bits), dtype=torch.uint8, device=x.device)
     _round(x, y, fmt, rounding, saturate, subnormals, seed, "code", per, count_nan)
