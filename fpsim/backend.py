@@ -45,7 +45,7 @@ class NumpyOps:
 
     @staticmethod
     def astype(a: Any, dtype: Any) -> Any:
-        return a.astype(dtype)
+        return a.astype(dtype, copy=False)             # as torch's .to: no copy when it is one
 
     @staticmethod
     def view(a: Any, dtype: Any) -> Any:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backend import NumpyOps, ops_for
 from ..formats import Format
 from ..rounding import F32, Source
 
@@ -89,39 +90,34 @@ def lane_max(src: Source) -> float:
 
 
 class Lanes:
-    """The array library (NumPy or torch, any device) and float width of the inner loop."""
+    """The array library (NumPy or torch, any device) and float width of the inner loop.
+
+    The NumPy/torch differences are the backend shim's (:mod:`fpsim.backend`); this adds the
+    float width and the device.
+    """
 
     def __init__(self, src: Source, like: Any = None, compiled: bool = False) -> None:
         self.src = src
         self.torch = like is not None
         self.compiled = compiled        # loop bodies fused by torch.compile
         self.backend = "torch" if compiled else "auto"   # quantize's driver for tensors
-        if self.torch:
-            import torch
-
-            self.xp = torch
-            self.device = like.device
-            self.fdt, self.idt = ((torch.float32, torch.int32) if src is F32
-                                  else (torch.float64, torch.int64))
-        else:
-            self.xp = np
-            self.device = None
-            self.fdt, self.idt = ((np.dtype(np.float32), np.dtype(np.int32)) if src is F32
-                                  else (np.dtype(np.float64), np.dtype(np.int64)))
+        self.ops = ops_for(like) if self.torch else NumpyOps()
+        self.xp = self.ops.torch if self.torch else np
+        self.device = like.device if self.torch else None
+        self._on = {"device": self.device} if self.torch else {}
+        wide = src is not F32
+        self.fdt = self.ops.float64 if wide else self.ops.float32
+        self.idt = self.ops.int64 if wide else self.ops.int32
 
     def full(self, shape: tuple, value: float) -> Any:
-        if self.torch:
-            return self.xp.full(shape, value, dtype=self.fdt, device=self.device)
-        return np.full(shape, value, dtype=self.fdt)
+        return self.xp.full(shape, value, dtype=self.fdt, **self._on)
 
     def zeros(self, shape: tuple, dtype: Any = None) -> Any:
-        if self.torch:
-            return self.xp.zeros(shape, dtype=dtype or self.fdt, device=self.device)
-        return np.zeros(shape, dtype=dtype or self.fdt)
+        return self.xp.zeros(shape, dtype=dtype or self.fdt, **self._on)
 
     def cast(self, x: Any) -> Any:
         """``x`` in these lanes' float type (exact by construction of the lanes)."""
-        return x.to(self.fdt) if self.torch else x.astype(self.fdt, copy=False)
+        return self.ops.astype(x, self.fdt)
 
     def bits(self, x: Any) -> Any:
         return x.view(self.idt)
@@ -131,4 +127,4 @@ class Lanes:
 
     def count(self, mask: Any) -> Any:
         """A boolean mask as integers, for counting."""
-        return mask.to(self.xp.int64) if self.torch else mask.astype(np.int64)
+        return self.ops.astype(mask, self.ops.int64)

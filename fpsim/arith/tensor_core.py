@@ -113,7 +113,7 @@ def exponents(lanes: Lanes, x: Any, emin: int) -> Any:
 
 def _pow2(lanes: Lanes, n: Any) -> Any:
     """2**n exactly, for integer n in [-1022, 1023], built from float64 bits."""
-    return lanes.floats((n.to(lanes.idt) if lanes.torch else n.astype(lanes.idt)) + 1023 << 52)
+    return lanes.floats(lanes.ops.astype(n, lanes.idt) + 1023 << 52)
 
 
 class GroupStep:
