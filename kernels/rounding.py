@@ -10,7 +10,7 @@ branch-free code from one source.  :func:`decode_bits` is the twin of
 ``fpsim.rounding.decode_bits``; both files number their steps alike (``# 1.`` .. ``# 7.``,
 ``# D1.`` .. ``# D5.``).
 
-Deliberate differences, forced by Triton: ``_inf_input`` cannot take a tensor, so both twins
+Deliberate differences, forced by Triton: ``inf_input`` cannot take a tensor, so both twins
 pass None for "the largest finite value" and substitute ``limit`` after; the subnormal multiply
 ends in ``.to(tl.float32)`` (Triton makes a constant below 2^-126 a float64).
 """
