@@ -8,11 +8,36 @@ gives it back unchanged on ``restore()``.  torch is imported only when these are
 from __future__ import annotations
 
 import functools
+import math
 import warnings
+from dataclasses import dataclass
 from typing import Any, Callable
+
+import numpy as np
 
 from .convert import quantize
 from .formats import Format, get_format
+
+
+Rounder = Callable[[Any], Any]
+
+
+def rounder(fmt: str | Format, *, rounding: str = "rne", saturate: bool = False,
+            subnormals: bool = True, seed: Any = None) -> Rounder:
+    """``fpsim.quantize`` with these options as a one-argument function (format checked now)."""
+    f = get_format(fmt)
+    return functools.partial(quantize, fmt=f, rounding=rounding, saturate=saturate,
+                             subnormals=subnormals, seed=seed)
+
+
+def round_through(x: Any, forward: Rounder | None, backward: Rounder | None) -> Any:
+    """``forward(x)`` whose gradient is the incoming gradient passed through ``backward``.
+
+    ``None`` on either side is the identity: ``round_through(y, None, r)`` leaves a layer's
+    output alone and rounds the gradient arriving at it.  The building block of every
+    rounding in this module.
+    """
+    return _straight_through().apply(x, forward, backward)
 
 
 def fake_quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool = False,
@@ -23,11 +48,10 @@ def fake_quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate:
     The backward pass hands the incoming gradient through unchanged, or rounded to ``grad_fmt``
     (with ``grad_rounding`` / ``grad_saturate``) when given.
     """
-    opts = {"rounding": rounding, "saturate": saturate, "subnormals": subnormals, "seed": seed}
-    grad = None
-    if grad_fmt is not None:
-        grad = (get_format(grad_fmt), {"rounding": grad_rounding, "saturate": grad_saturate})
-    return _straight_through().apply(x, get_format(fmt), opts, grad)
+    fwd = rounder(fmt, rounding=rounding, saturate=saturate, subnormals=subnormals, seed=seed)
+    bwd = None if grad_fmt is None else rounder(grad_fmt, rounding=grad_rounding,
+                                                saturate=grad_saturate)
+    return round_through(x, fwd, bwd)
 
 
 @functools.lru_cache(maxsize=None)
@@ -37,18 +61,42 @@ def _straight_through() -> Any:
 
     class StraightThrough(torch.autograd.Function):
         @staticmethod
-        def forward(ctx: Any, x: Any, fmt: Format, opts: dict, grad: tuple | None) -> Any:
-            ctx.grad = grad
-            return quantize(x, fmt, **opts)
+        def forward(ctx: Any, x: Any, fwd: Rounder | None, bwd: Rounder | None) -> Any:
+            ctx.bwd = bwd
+            return x.clone() if fwd is None else fwd(x)
 
         @staticmethod
         def backward(ctx: Any, g: Any) -> tuple:
-            if ctx.grad is not None:
-                fmt, opts = ctx.grad
-                g = quantize(g, fmt, **opts)
-            return g, None, None, None
+            return (g if ctx.bwd is None else ctx.bwd(g)), None, None
 
     return StraightThrough
+
+
+@dataclass(frozen=True)
+class GradFormats:
+    """Formats of the backward pass, per tensor class.
+
+    ``activation``: gradients flowing between layers (the gradient arriving at a layer's output
+    and the one it sends back to its input); ``weight``: gradients of the weights.  ``None``
+    leaves that class in the working precision.  ``saturate`` clamps overflow to the largest
+    value instead of giving inf (what loss scaling detects).
+    """
+
+    activation: str | Format | None = None
+    weight: str | Format | None = None
+    rounding: str = "rne"
+    saturate: bool = False
+
+    def rounders(self) -> tuple[Rounder | None, Rounder | None]:
+        """(activation-gradient rounder, weight-gradient rounder); None where not rounded."""
+        kw = {"rounding": self.rounding, "saturate": self.saturate}
+        return tuple(None if f is None else rounder(f, **kw)        # type: ignore[return-value]
+                     for f in (self.activation, self.weight))
+
+    @classmethod
+    def of(cls, grad: "str | Format | GradFormats | None") -> "GradFormats":
+        """A format for every gradient, or a ``GradFormats`` as given (None: nothing rounded)."""
+        return grad if isinstance(grad, GradFormats) else cls(grad, grad)
 
 
 def is_matmul_layer(module: Any) -> bool:
@@ -99,49 +147,63 @@ class QuantizedLayers:
 
 def quantize_linear_layers(model: Any, weights: str | Format | None = None,
                            activations: str | Format | None = None, *, rounding: str = "rne",
-                           saturate: bool = False, grad_fmt: str | Format | None = None,
+                           saturate: bool = False, grad: str | Format | GradFormats | None = None,
                            include: Callable[[str, Any], bool] | None = None) -> QuantizedLayers:
-    """Fake-quantize the weights and/or input activations of every ``nn.Linear`` and ``Conv1D``.
+    """Fake-quantize the weights, input activations and gradients of every ``nn.Linear`` and
+    ``Conv1D``.
 
     Weights are rounded on every access through a ``torch.nn.utils.parametrize`` parametrization
-    (training still updates the original full-precision Parameter, gradients straight through);
-    activations are rounded by a forward pre-hook on the layer's first input, so layers that only
-    hold parameters for someone else's matmul get their weights quantized but not their inputs.
+    (training still updates the original full-precision Parameter); activations are rounded by a
+    forward pre-hook on the layer's first input, so layers that only hold parameters for someone
+    else's matmul get their weights quantized but not their inputs.  ``grad`` (a format, or a
+    :class:`GradFormats` per tensor class) rounds the backward pass: the gradient arriving at the
+    layer's output (before the layer's backward matmuls use it), the input gradient the layer
+    sends back, and the weight gradient; bias gradients stay in the working precision.
     ``include(name, module)`` selects layers (default: all).  Returns a handle whose
     ``restore()`` undoes everything; it is also a context manager.
     """
     import torch
     from torch.nn.utils import parametrize
 
-    if weights is None and activations is None:
-        raise ValueError("nothing to quantize: pass weights=FMT and/or activations=FMT")
-    kw = {"rounding": rounding, "saturate": saturate, "grad_fmt": grad_fmt}
-    wfmt = get_format(weights) if weights is not None else None
-    afmt = get_format(activations) if activations is not None else None
+    gfmts = GradFormats.of(grad)
+    if weights is None and activations is None and grad is None:
+        raise ValueError("nothing to quantize: pass weights=FMT, activations=FMT and/or grad=FMT")
+    fwd = {"rounding": rounding, "saturate": saturate}
+    wfwd = rounder(weights, **fwd) if weights is not None else None
+    afwd = rounder(activations, **fwd) if activations is not None else None
+    agrad, wgrad = gfmts.rounders()
     chosen = {name: m for name, m in model.named_modules()
               if is_matmul_layer(m) and (include is None or include(name, m))}
     if not chosen:
         raise ValueError(f"no nn.Linear or Conv1D layers with a 2-D weight found in "
                          f"{type(model).__name__} (or none passed include=)")
+    round_weights = wfwd is not None or wgrad is not None
     clash = [n for n, m in chosen.items() if parametrize.is_parametrized(m, "weight")]
-    if clash and wfmt is not None:
+    if clash and round_weights:
         raise ValueError(f"layers {clash} already have a weight parametrization; restore or "
                          "remove it first")
     hooks = []
-    if afmt is not None:
+    if afwd is not None or agrad is not None:
         idle = [n for n, m in chosen.items() if type(m).forward is torch.nn.Module.forward]
         if idle:
             warnings.warn(f"{len(idle)} layers have no forward() of their own ({idle[0]}, ...): "
-                          "their inputs are not quantized, only their weights", stacklevel=2)
+                          "their inputs are not quantized (nor their activation gradients), only "
+                          "their weights", stacklevel=2)
 
         def round_input(module: Any, args: tuple) -> tuple:
-            return (fake_quantize(args[0], afmt, **kw), *args[1:]) if args else args
+            return (round_through(args[0], afwd, agrad), *args[1:]) if args else args
 
-        hooks = [m.register_forward_pre_hook(round_input) for m in chosen.values()]
-    if wfmt is not None:
+        def round_output_grad(module: Any, args: tuple, out: Any) -> Any:
+            return round_through(out, None, agrad)
+
         for m in chosen.values():
-            parametrize.register_parametrization(m, "weight", _round_weight()(wfmt, kw))
-    return QuantizedLayers(chosen, hooks, wfmt is not None)
+            hooks.append(m.register_forward_pre_hook(round_input))
+            if agrad is not None:
+                hooks.append(m.register_forward_hook(round_output_grad))
+    if round_weights:
+        for m in chosen.values():
+            parametrize.register_parametrization(m, "weight", _round_weight()(wfwd, wgrad, weights))
+    return QuantizedLayers(chosen, hooks, round_weights)
 
 
 @functools.lru_cache(maxsize=None)
@@ -150,14 +212,100 @@ def _round_weight() -> Any:
     import torch
 
     class RoundWeight(torch.nn.Module):
-        def __init__(self, fmt: Format, kw: dict) -> None:
+        def __init__(self, fwd: Rounder | None, bwd: Rounder | None, name: Any) -> None:
             super().__init__()
-            self.fmt, self.kw = fmt, kw
+            self.fwd, self.bwd, self.name = fwd, bwd, name
 
         def forward(self, w: Any) -> Any:
-            return fake_quantize(w, self.fmt, **self.kw)
+            return round_through(w, self.fwd, self.bwd)
 
         def extra_repr(self) -> str:
-            return f"{self.fmt.name}, rounding={self.kw['rounding']}"
+            return f"{getattr(self.name, 'name', self.name)}, gradient rounded: {self.bwd is not None}"
 
     return RoundWeight
+
+
+class LossScaler:
+    """Loss scaling with ``torch.amp.GradScaler``'s rules, on any device, static or dynamic.
+
+    Use as GradScaler: ``scaler.scale(loss).backward()``, ``scaler.unscale_(opt)`` (optional,
+    e.g. before clipping), ``scaler.step(opt)``, ``scaler.update()``.  The scale is a float32
+    number; unscaling multiplies every gradient by the float32 reciprocal of the scale, and a
+    step whose gradients hold inf or NaN is skipped.  Dynamic (GradScaler): a skipped step
+    multiplies the scale by ``backoff_factor`` and restarts the count; ``growth_interval``
+    steps in a row without inf/NaN multiply it by ``growth_factor`` (kept if finite).
+    Static (``dynamic=False``): the scale never changes, overflowing steps are still skipped.
+    """
+
+    def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000,
+                 dynamic: bool = True) -> None:
+        if not (init_scale > 0 and growth_factor > 1 and 0 < backoff_factor < 1
+                and growth_interval >= 1):
+            raise ValueError("loss scaling needs init_scale > 0, growth_factor > 1, "
+                             "0 < backoff_factor < 1 and growth_interval >= 1")
+        self.scale_value = _f32(init_scale)
+        self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
+        self.growth_interval, self.dynamic = growth_interval, dynamic
+        self.growth_tracker = 0
+        self.skipped = 0                # steps skipped so far
+        self._found_inf: bool | None = None   # None: this step's gradients not unscaled yet
+
+    def get_scale(self) -> float:
+        """The current scale."""
+        return self.scale_value
+
+    def scale(self, loss: Any) -> Any:
+        """``loss`` times the scale (in float32, as GradScaler)."""
+        import torch
+
+        return loss * torch.tensor(self.scale_value, dtype=torch.float32, device=loss.device)
+
+    def unscale_(self, optimizer: Any) -> bool:
+        """Divide the optimizer's gradients by the scale in place; True if any is inf or NaN."""
+        import torch
+
+        if self._found_inf is not None:
+            raise RuntimeError("unscale_() was already called since the last update()")
+        inv = torch.tensor(self.scale_value, dtype=torch.float64).reciprocal().float()
+        found = False
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    found |= not bool(torch.isfinite(p.grad).all())
+                    p.grad.mul_(inv.to(p.grad.device))
+        self._found_inf = found
+        return found
+
+    def step(self, optimizer: Any) -> bool:
+        """``optimizer.step()`` unless the gradients hold inf/NaN; returns whether it stepped."""
+        if self._found_inf is None:
+            self.unscale_(optimizer)
+        if self._found_inf:
+            self.skipped += 1
+            return False
+        optimizer.step()
+        return True
+
+    def update(self) -> None:
+        """Adjust the scale after a step (dynamic only), as ``torch._amp_update_scale_``."""
+        if self._found_inf is None:
+            raise RuntimeError("update() needs a step() (or unscale_()) since the last update()")
+        found, self._found_inf = self._found_inf, None
+        if not self.dynamic:
+            return
+        if found:
+            self.scale_value = _f32(self.scale_value * self.backoff_factor)
+            self.growth_tracker = 0
+        elif self.growth_tracker + 1 == self.growth_interval:
+            grown = _f32(self.scale_value * self.growth_factor)
+            self.scale_value = grown if math.isfinite(grown) else self.scale_value
+            self.growth_tracker = 0
+        else:
+            self.growth_tracker += 1
+
+
+def _f32(v: float) -> float:
+    """``v`` rounded to float32 (inf beyond its range), as a Python float."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(v))

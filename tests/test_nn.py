@@ -115,7 +115,7 @@ def test_restore_keeps_parametrizations_it_did_not_add():
 def test_training_updates_the_full_precision_weights():
     m, x = model(), torch.randn(5, 8)
     w = m[0].weight
-    with quantize_linear_layers(m, weights="e4m3", grad_fmt="e5m2"):
+    with quantize_linear_layers(m, weights="e4m3", grad="e5m2"):
         m(x).square().sum().backward()
     assert w.grad is not None and w.grad.shape == w.shape and w.grad.abs().sum() > 0
     assert m[0].weight is w

@@ -1,0 +1,147 @@
+"""The backward pass through fpsim.nn: gradients rounded per tensor class, bit for bit, and loss
+scaling that skips and rescales exactly as torch.amp.GradScaler."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fpsim  # noqa: E402
+from fpsim.nn import GradFormats, LossScaler, quantize_linear_layers, round_through  # noqa: E402
+
+
+def q(t, fmt, **kw):
+    return fpsim.quantize(t.detach(), fmt, **kw)
+
+
+def bits(t):
+    return t.detach().contiguous().view(torch.int32)
+
+
+@pytest.mark.parametrize("fmts", [("bf16", "fp16", "e5m2"), ("e4m3", "e5m2", "bf16"),
+                                  ("fp16", "fp16", "fp16")])
+def test_linear_backward_equals_hand_written_reference(fmts):
+    fwd, agrad, wgrad = fmts
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 12, generator=gen).requires_grad_()
+    lin = torch.nn.Linear(12, 5)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(5, 12, generator=gen))
+    up = torch.randn(6, 5, generator=gen) * 1e-3
+    with quantize_linear_layers(lin, weights=fwd, activations=fwd,
+                                grad=GradFormats(activation=agrad, weight=wgrad)):
+        lin(x).backward(up)
+    w = lin.weight
+    xq, wq = q(x, fwd), q(w, fwd)
+    gq = q(up, agrad)                                  # the gradient arriving at the output
+    assert torch.equal(bits(x.grad), bits(q(gq.mm(wq), agrad)))
+    assert torch.equal(bits(w.grad), bits(q(gq.t().mm(xq), wgrad)))
+    assert torch.equal(bits(lin.bias.grad), bits(gq.sum(0)))
+    unrounded = up.mm(wq)                              # the test must be able to fail
+    assert not torch.equal(x.grad, unrounded) and not torch.equal(x.grad, q(unrounded, agrad))
+
+
+def test_gradients_of_one_class_only():
+    lin, x = torch.nn.Linear(4, 3), torch.randn(2, 4, requires_grad=True)
+    up = torch.randn(2, 3)
+    with quantize_linear_layers(lin, grad=GradFormats(weight="e4m3")):
+        lin(x).backward(up)
+    assert torch.equal(x.grad, up.mm(lin.weight.detach()))
+    assert torch.equal(lin.weight.grad, q(up.t().mm(x.detach()), "e4m3"))
+
+
+def test_round_through_identity_forward_rounds_only_the_gradient():
+    x = torch.tensor([1e-9, 3.0, 70000.0], requires_grad=True)
+    y = round_through(x, None, fpsim.nn.rounder("fp16"))
+    assert torch.equal(y, x)
+    y.backward(torch.tensor([1e-9, 1.0 / 3, 70000.0]))
+    assert x.grad.tolist() == [0.0, float(q(torch.tensor(1.0 / 3), "fp16")), math.inf]
+
+
+def _grads(seq):
+    """Gradients a step would see: finite values, or inf / NaN in one of two parameters."""
+    vals = {"ok": (1.0, 2.0), "inf": (math.inf, 1.0), "nan": (1.0, math.nan)}
+    return [vals[s] for s in seq]
+
+
+SEQUENCE = ["ok", "ok", "inf", "ok", "ok", "ok", "nan", "inf", "ok", "ok", "ok", "ok", "ok"]
+
+
+def _drive(scaler, seq, device="cpu"):
+    """Run ``seq`` through a scaler with the GradScaler call pattern; record what it did."""
+    p = [torch.nn.Parameter(torch.zeros(1, device=device)) for _ in range(2)]
+    opt = torch.optim.SGD(p, lr=1.0)
+    log = []
+    for g in _grads(seq):
+        opt.zero_grad()
+        loss = scaler.scale(torch.tensor(1.0, device=device))
+        before = [t.detach().clone() for t in p]
+        for t, v in zip(p, g):
+            t.grad = torch.full((1,), v, device=device) * loss.detach()
+        scaler.unscale_(opt)
+        scaler.step(opt)
+        stepped = not all(torch.equal(a, b) for a, b in zip(before, p))
+        scaler.update()
+        log.append((stepped, float(scaler.get_scale()), [t.grad.item() for t in p]))
+    return log
+
+
+def _same(a, b):
+    return all(x[0] == y[0] and x[1] == y[1] and
+               all(u == v or (math.isnan(u) and math.isnan(v)) for u, v in zip(x[2], y[2]))
+               for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("kw", [{}, {"init_scale": 8.0, "growth_interval": 3},
+                                {"init_scale": 3.0, "growth_factor": 3.0, "backoff_factor": 0.25,
+                                 "growth_interval": 2}])
+def test_dynamic_scaler_matches_torch_grad_scaler(kw):
+    try:
+        real = torch.amp.GradScaler("cpu", **kw)
+    except (RuntimeError, TypeError) as e:              # pragma: no cover - old torch
+        pytest.skip(f"torch.amp.GradScaler does not run on CPU here: {e}")
+    want = _drive(real, SEQUENCE)
+    got = _drive(LossScaler(**kw), SEQUENCE)
+    assert _same(got, want), (got, want)
+    assert [s for s, _, _ in got].count(False) == 3     # the inf/NaN steps were skipped
+
+
+def test_dynamic_scaler_rules_written_out():
+    s = LossScaler(init_scale=4.0, growth_interval=2)
+    log = _drive(s, ["ok", "ok", "inf", "ok", "inf", "ok", "ok"])
+    assert [(st, sc) for st, sc, _ in log] == [(True, 4.0), (True, 8.0), (False, 4.0), (True, 4.0),
+                                               (False, 2.0), (True, 2.0), (True, 4.0)]
+    assert s.skipped == 2
+
+
+def test_static_scaler_skips_but_keeps_its_scale():
+    s = LossScaler(init_scale=1024.0, dynamic=False)
+    log = _drive(s, SEQUENCE)
+    assert {sc for _, sc, _ in log} == {1024.0}
+    assert [st for st, _, _ in log] == [x == "ok" for x in SEQUENCE] and s.skipped == 3
+
+
+def test_scale_growth_stops_at_float32_max():
+    s = LossScaler(init_scale=2.0 ** 126, growth_interval=1)
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=1.0)
+    for _ in range(3):
+        p.grad = torch.zeros(1)
+        s.step(opt)
+        s.update()
+    assert s.get_scale() == 2.0 ** 127 and s.skipped == 0
+
+
+@pytest.mark.parametrize("kw", [{"init_scale": 0.0}, {"growth_factor": 1.0},
+                                {"backoff_factor": 1.0}, {"growth_interval": 0}])
+def test_bad_scaler_arguments(kw):
+    with pytest.raises(ValueError, match="loss scaling needs"):
+        LossScaler(**kw)
+
+
+def test_update_without_step_is_an_error():
+    with pytest.raises(RuntimeError, match="needs a step"):
+        LossScaler().update()
