@@ -18,18 +18,20 @@ import torch
 
 from . import accumulation, activations, context, fp8, fp16_vs_bf16, histograms, range_vs_precision
 from . import deepseek
+from . import training
 from fpsim.cliparse import OneLineParser
 
 from .report import load_json, write_json
 
 EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (
     activations, range_vs_precision, fp16_vs_bf16, fp8, accumulation, histograms, deepseek)}
+STANDALONE: dict[str, ModuleType] = {training.NAME: training}  # train their own models; not in all
 DEFAULT_OUT = Path("results")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = OneLineParser(prog="fpsim experiment", description=__doc__.splitlines()[0])
-    p.add_argument("name", choices=[*EXPERIMENTS, "all"], help="experiment to run")
+    p.add_argument("name", choices=[*EXPERIMENTS, *STANDALONE, "all"], help="experiment to run")
     p.add_argument("--model", default=str(context.DEFAULT_MODEL),
                    help="checkpoint directory or Hugging Face name in the offline cache "
                         "(default: the tiny byte-level model)")
@@ -69,6 +71,8 @@ def index(out: Path, names: list[str]) -> str:
 def main(argv: list[str]) -> int:
     """Run (or re-render) the named experiment(s); returns the exit status."""
     args = parse_args(argv)
+    if args.name in STANDALONE:
+        return STANDALONE[args.name].main(args)
     names = list(EXPERIMENTS) if args.name == "all" else [args.name]
     if args.render:
         for name in names:
