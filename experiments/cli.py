@@ -39,6 +39,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                               f"(default {context.FULL.tokens}, --quick {context.QUICK.tokens})")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default results/)")
     p.add_argument("--quick", action="store_true", help="few tokens and subsampled sites: a smoke run")
+    p.add_argument("--device", choices=["cpu", "cuda"],
+                   help="where the model and the emulation run (default: cuda when available)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (the CPU is shared)")
     p.add_argument("--render", action="store_true",
                    help="only regenerate figures and REPORT.md from an existing results.json")

@@ -16,7 +16,7 @@ rules).  At a few steps every gradient about to be rounded is counted against ea
 range: the share that rounds to zero (lost), that lands in the subnormal range, or exceeds the
 largest finite value.
 
-Usage: ``fpsim experiment training [--quick] [--out results] [--threads 1] [--render]``.
+Usage: ``fpsim experiment training [--quick] [--device cpu|cuda] [--out results] [--render]``.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class Recorder:
         s["count"] += a.numel()
         s["zero"] += int((finite == 0).sum())
         s["nonfinite"] += a.numel() - finite.numel()
-        s["hist"] += np.histogram(np.log2(nz.numpy()), BINS)[0]
+        s["hist"] += np.histogram(np.log2(nz.cpu().numpy()), BINS)[0]
         for name in FORMATS:
             f = get_format(name)
             c = s[name]
@@ -150,9 +150,10 @@ class Recorder:
 class Cast:
     """One tensor's rounding under a recipe: optional power-of-two per-tensor scaling."""
 
-    def __init__(self, fmt: str | None, recipe: Recipe, cls: str | None, rec: Recorder) -> None:
+    def __init__(self, fmt: str | None, recipe: Recipe, cls: str | None, rec: Recorder,
+                 backend: str = "auto") -> None:
         self.fmt = None if fmt is None else get_format(fmt)
-        self.recipe, self.cls, self.rec = recipe, cls, rec
+        self.recipe, self.cls, self.rec, self.backend = recipe, cls, rec, backend
         self.history: list[float] = []
 
     def _scale(self, t: Tensor) -> float:
@@ -175,15 +176,15 @@ class Cast:
             self.rec.add(self.cls, v)
         if self.fmt is None:
             return v
-        out = fpsim.quantize(v, self.fmt, saturate=self.recipe.saturate)
+        out = fpsim.quantize(v, self.fmt, saturate=self.recipe.saturate, backend=self.backend)
         return out / s if s != 1.0 else out
 
 
 class TrainOps(TorchOps):
     """The model's matrix products with the recipe's forward and backward rounding."""
 
-    def __init__(self, recipe: Recipe, rec: Recorder) -> None:
-        self.recipe, self.rec = recipe, rec
+    def __init__(self, recipe: Recipe, rec: Recorder, backend: str = "auto") -> None:
+        self.recipe, self.rec, self.backend = recipe, rec, backend
         self.casts: dict[tuple[str, str], Cast] = {}
 
     def cast(self, name: str, role: str) -> Cast:
@@ -192,7 +193,7 @@ class TrainOps(TorchOps):
             fwd = role in ("x", "w", "a", "b")
             cls = None if fwd else ("weight" if role == "dw" else "activation")
             fmt = self.recipe.forward if fwd else self.recipe.grad
-            self.casts[key] = Cast(fmt, self.recipe, cls, self.rec)
+            self.casts[key] = Cast(fmt, self.recipe, cls, self.rec, self.backend)
         return self.casts[key]
 
     def _operand(self, name: str, t: Tensor, role: str) -> Tensor:
@@ -216,22 +217,27 @@ def _scaler(recipe: Recipe) -> LossScaler | None:
     return None
 
 
-def train_one(recipe: Recipe, seed: int, plan: Plan, init: dict, data: Tensor,
-              held: Tensor) -> dict[str, Any]:
-    """Train from ``init`` under ``recipe`` with batches drawn by ``seed``; the run's record."""
-    model = GPT2(MODEL)
+def train_one(recipe: Recipe, seed: int, plan: Plan, init: dict, data: Tensor, held: Tensor,
+              backend: str = "auto", config: GPT2Config = MODEL) -> dict[str, Any]:
+    """Train from ``init`` under ``recipe`` with batches drawn by ``seed``; the run's record.
+
+    Runs on ``held``'s device; ``backend`` is :func:`fpsim.quantize`'s (``auto``: NumPy tables
+    for CPU tensors, the Triton kernels for CUDA tensors; bit-identical).
+    """
+    device = held.device
+    model = GPT2(config).to(device)
     model.load_state_dict(init)
     args = argparse.Namespace(lr=plan.lr, min_lr=plan.lr / 10, warmup_steps=plan.warmup,
                               weight_decay=0.1)
     opt, scaler = make_optimizer(model, args), _scaler(recipe)
     rec = Recorder()
-    ops = TrainOps(recipe, rec)
+    ops = TrainOps(recipe, rec, backend)
     gen = torch.Generator().manual_seed(seed)
     losses, scales, grads, nonfinite = [], [], {}, 0
     for step in range(plan.steps):
         for g in opt.param_groups:
             g["lr"] = learning_rate(args, step, step / plan.steps)
-        batch = random_windows(data, MODEL.n_positions, plan.batch, gen)
+        batch = random_windows(data, config.n_positions, plan.batch, gen).to(device)
         rec.on = step in plan.record_steps
         logits = model(batch[:, :-1], ops)
         loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
@@ -263,14 +269,14 @@ def train_one(recipe: Recipe, seed: int, plan: Plan, init: dict, data: Tensor,
             "skipped": scaler.skipped if scaler else 0, "scale": scales, "grads": grads}
 
 
-def run(plan: Plan) -> dict[str, Any]:
-    """Every recipe, every seed, from one initialisation."""
+def run(plan: Plan, device: str = "cpu") -> dict[str, Any]:
+    """Every recipe, every seed, from one initialisation, on ``device``."""
     torch.manual_seed(INIT_SEED)
     init = GPT2(MODEL).state_dict()
     data = train_bytes()
-    held = windows(heldout_bytes(), MODEL.n_positions, plan.heldout_windows)
+    held = windows(heldout_bytes(), MODEL.n_positions, plan.heldout_windows).to(device)
     with torch.no_grad():
-        m = GPT2(MODEL)
+        m = GPT2(MODEL).to(device)
         m.load_state_dict(init)
         init_loss = F.cross_entropy(m(held[:, :-1]).flatten(0, 1), held[:, 1:].flatten()).item()
     runs = []
@@ -503,8 +509,9 @@ def main(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
         plan = QUICK if args.quick else FULL
         start = time.perf_counter()
-        data = run(plan)
-        data["meta"] = {"model": f"GPT-2 {MODEL.n_layer} layers, width {MODEL.n_embd}, "
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        data = run(plan, device)
+        data["meta"] = {"device": device, "model": f"GPT-2 {MODEL.n_layer} layers, width {MODEL.n_embd}, "
                                  f"byte-level, {MODEL.n_positions} positions",
                         "config": MODEL.to_hf_dict(), "quick": args.quick,
                         "tokens": plan.steps * plan.batch * MODEL.n_positions,

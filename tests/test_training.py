@@ -113,3 +113,31 @@ def test_tiny_run_through_the_cli(tmp_path, monkeypatch):
     assert cli.main(["training", "--render", "--out", str(tmp_path)]) == 0
     assert (out / "REPORT.md").read_text() == report
     assert T.NAME not in cli.EXPERIMENTS               # not part of `all`: it trains models
+
+
+def test_triton_kernels_train_bit_identically_to_the_cpu_path(monkeypatch):
+    """The --device cuda path (fpsim.quantize through the Triton kernels), run in the Triton
+    interpreter on CPU tensors, gives the same losses and weights as the NumPy path."""
+    import os
+
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1 (conftest sets it without CUDA)")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = dataclasses.replace(T.MODEL, n_layer=1, n_head=1, n_embd=8, n_positions=8)
+    torch.manual_seed(0)
+    init = GPT2(cfg).state_dict()
+    data = torch.randint(0, 256, (200,))
+    held = data[:18].view(2, 9).to(device)
+    plan = T.Plan(steps=2, seeds=1, batch=2, warmup=1)
+    import kernels
+
+    calls = []
+    real = kernels.quantize
+    monkeypatch.setattr(kernels, "quantize", lambda *a, **k: calls.append(1) or real(*a, **k))
+    recipe = T.RECIPES[6]                               # fp8 delayed: scaling, E4M3 and E5M2
+    ref = T.train_one(recipe, 0, plan, init, data, held.cpu(), "numpy", cfg)
+    assert not calls
+    got = T.train_one(recipe, 0, plan, init, data, held, "triton", cfg)
+    assert calls and got["loss"] == ref["loss"] and got["heldout_loss"] == ref["heldout_loss"]
+    assert got["grads"] == ref["grads"] and got["grads"][1]["activation"]["count"] > 0
