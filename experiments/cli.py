@@ -40,11 +40,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default results/)")
     p.add_argument("--quick", action="store_true", help="few tokens and subsampled sites: a smoke run")
     p.add_argument("--device", choices=["cpu", "cuda"],
-                   help="where the model and the emulation run (default: cuda when available)")
+                   help="where the model and the emulation run (training: default cuda when "
+                        "available; the others: cpu only)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (the CPU is shared)")
     p.add_argument("--render", action="store_true",
                    help="only regenerate figures and REPORT.md from an existing results.json")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.device == "cuda" and args.name not in STANDALONE:
+        p.error("--device cuda: only the training experiment runs on a GPU so far; "
+                "run this one with --device cpu (the default for it)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA device; use --device cpu")
+    return args
 
 
 def _render(module: ModuleType, out: Path) -> None:

@@ -141,3 +141,16 @@ def test_triton_kernels_train_bit_identically_to_the_cpu_path(monkeypatch):
     got = T.train_one(recipe, 0, plan, init, data, held, "triton", cfg)
     assert calls and got["loss"] == ref["loss"] and got["heldout_loss"] == ref["heldout_loss"]
     assert got["grads"] == ref["grads"] and got["grads"][1]["activation"]["count"] > 0
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["activations", "--device", "cuda"], "only the training experiment runs on a GPU"),
+    (["training", "--device", "cuda"], "no CUDA device"),
+])
+def test_device_errors_are_one_line(capsys, argv, match):
+    if torch.cuda.is_available() and argv[0] == "training":
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and match in err
