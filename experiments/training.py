@@ -322,7 +322,7 @@ def shares(run: dict, fmt: str, cls: str) -> dict[str, float]:
 
 
 def verdict(data: dict, run: dict) -> dict[str, Any]:
-    """Held-out loss gap to FP32 (paired by seed) with its CI, what happened, and the likely cause."""
+    """Held-out loss gap to FP32 (paired by seed) with its CI, what happened, the likely cause."""
     ref = {s["seed"]: s["heldout_loss"] for s in data["runs"][0]["seeds"]}
     gaps = [s["heldout_loss"] - ref[s["seed"]] for s in run["seeds"]]
     mean, lo, hi = bootstrap_ci(gaps)
@@ -474,7 +474,8 @@ def render(data: dict, out: Path) -> str:
                               for k in ("lost", "subnormal", "over"))] for f in FORMATS]
     lines = [f"# Training under emulated formats ({meta['model']})", "",
              f"{plan['steps']} AdamW steps of {plan['batch']}×{MODEL.n_positions} bytes (lr "
-             f"{plan['lr']}, {plan['warmup']} warm-up steps, cosine decay, gradient clipping at 1), "
+             f"{plan['lr']}, {plan['warmup']} warm-up steps, cosine decay, gradient clipping at "
+             "1), "
              f"{plan['seeds']} seeds per recipe from one initialisation (held-out loss at "
              f"initialisation {num(data['initial_heldout_loss'], 4)} nats/byte). Held-out loss: "
              f"{plan['heldout_windows']} windows of unseen text, evaluated in FP32 with the master "
@@ -493,7 +494,8 @@ def render(data: dict, out: Path) -> str:
     lines += ["", f"![loss curves]({curves})", "", f"![gradient windows]({wins})", "",
               table(["recipe", "forward", "gradients", "scaling", "held-out loss",
                      "gap to FP32 [95% CI]", "verdict", "cause", "skipped steps",
-                     "inf/NaN gradient steps", "activation grads lost", "activation grads over max"],
+                     "inf/NaN gradient steps", "activation grads lost",
+                     "activation grads over max"],
                     rows), "",
               "FP32 training's gradients against each format (all counted steps and seeds; shares "
               "of nonzero values):", "",
@@ -511,7 +513,8 @@ def main(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         data = run(plan, device)
-        data["meta"] = {"device": device, "model": f"GPT-2 {MODEL.n_layer} layers, width {MODEL.n_embd}, "
+        data["meta"] = {"device": device,
+                        "model": f"GPT-2 {MODEL.n_layer} layers, width {MODEL.n_embd}, "
                                  f"byte-level, {MODEL.n_positions} positions",
                         "config": MODEL.to_hf_dict(), "quick": args.quick,
                         "tokens": plan.steps * plan.batch * MODEL.n_positions,

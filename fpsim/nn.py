@@ -1,8 +1,11 @@
-"""Fake quantization for PyTorch models: round in the forward pass, pass gradients straight through.
+"""Fake quantization for PyTorch models, forward and backward.
 
-``fake_quantize`` is the autograd-aware :func:`fpsim.quantize` (any device fpsim supports).
-``quantize_linear_layers`` runs a model's matrix-multiply layers under a format with one call and
-gives it back unchanged on ``restore()``.  torch is imported only when these are called.
+``fake_quantize`` is the autograd-aware :func:`fpsim.quantize` (any device fpsim supports), its
+gradient straight through or rounded; ``round_through`` is the same with any rounding function
+on either side.  ``quantize_linear_layers`` runs a model's matrix-multiply layers under a format
+with one call, gradients per tensor class (:class:`GradFormats`) included, and gives the model
+back unchanged on ``restore()``.  ``LossScaler`` is loss scaling with torch.amp.GradScaler's
+rules, static or dynamic.  torch is imported only when these are used.
 """
 
 from __future__ import annotations
@@ -220,7 +223,8 @@ def _round_weight() -> Any:
             return round_through(w, self.fwd, self.bwd)
 
         def extra_repr(self) -> str:
-            return f"{getattr(self.name, 'name', self.name)}, gradient rounded: {self.bwd is not None}"
+            name = getattr(self.name, "name", self.name)
+            return f"{name}, gradient rounded: {self.bwd is not None}"
 
     return RoundWeight
 

@@ -50,7 +50,8 @@ def test_save_pretrained_checkpoint_loads_with_the_same_logits(checkpoint):
     d, hf, tok = checkpoint
     model = load_gpt2(d)
     assert model.config.n_layer == 2 and model.config.vocab_size == tok.get_vocab_size()
-    idx = torch.randint(0, model.config.vocab_size, (2, 64), generator=torch.Generator().manual_seed(1))
+    gen = torch.Generator().manual_seed(1)
+    idx = torch.randint(0, model.config.vocab_size, (2, 64), generator=gen)
     with torch.no_grad():
         want = hf(idx).logits
         got = model(idx)
