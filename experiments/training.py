@@ -355,10 +355,37 @@ def _fmt_name(fmt: str) -> str:
     return next(f for f in FORMATS if get_format(f) == get_format(fmt))
 
 
+def headline(data: dict) -> str | None:
+    """Does FP16 fail where BF16 does not, and is it range?  (None without the recipes to tell.)"""
+    runs = {r["recipe"]["name"]: r for r in data["runs"]}
+    names = ("fp16, GPT-2 batch", "bf16, GPT-2 batch", "fp16 dynamic loss scale, GPT-2 batch",
+             "fp16")
+    if not all(n in runs for n in names):
+        return None
+    v = {n: verdict(data, runs[n]) for n in names}
+
+    def gap(n: str) -> str:
+        return f"{num(v[n]['gap'])} [{num(v[n]['lo'])}, {num(v[n]['hi'])}]"
+
+    lost = shares(runs[names[0]], "fp16", "activation")["lost"]
+    range_fails = (v[names[0]]["state"] != "as FP32" and v[names[0]]["cause"] == "underflow"
+                   and v[names[1]]["state"] == v[names[2]]["state"] == "as FP32")
+    return (f"With GPT-2's 2^19-token batch (each 2^9-token micro-batch's loss divided by 2^10), "
+            f"FP16 without loss scaling ends {gap(names[0])} nats/byte above FP32 on held-out "
+            f"text (mean [95% CI] over seeds; {v[names[0]]['state']}, cause: "
+            f"{v[names[0]]['cause']}: {pct(lost)} of its activation gradients rounded to zero). "
+            f"BF16, with 3 fewer mantissa bits, ends {gap(names[1])} ({v[names[1]]['state']}) and "
+            f"FP16 with dynamic loss scaling {gap(names[2])} ({v[names[2]]['state']}): "
+            + ("FP16 fails for range (underflow), not precision. " if range_fails else
+               "these runs do not show FP16 failing for range alone. ")
+            + f"At this model's own 2^9-token batch FP16 without scaling ends {gap(names[3])} "
+            f"({v[names[3]]['state']}).")
+
+
 def conclusions(data: dict) -> list[str]:
     """Which recipes stall or diverge, and why, with CIs over seeds."""
     n = data["plan"]["seeds"]
-    out = []
+    out = [h for h in (headline(data),) if h]
     for run in data["runs"][1:]:
         v = verdict(data, run)
         r = run["recipe"]

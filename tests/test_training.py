@@ -96,6 +96,20 @@ def test_verdicts():
         assert (v["state"], v["cause"]) == (state, cause), run["recipe"]["name"]
 
 
+def test_headline_says_range_only_when_the_runs_show_it():
+    lost = {f: {"lost": 5 if f == "fp16" else 0, "subnormal": 0, "over": 0} for f in T.FORMATS}
+    under = {"0": {c: {"count": 10, "zero": 0, **lost} for c in T.CLASSES}}
+    ok = [3.0, 3.1, 3.2]
+    runs = [_run("fp32", ok), _run("fp16, GPT-2 batch", [4.5, 4.6, 4.7], under),
+            _run("bf16, GPT-2 batch", ok), _run("fp16 dynamic loss scale, GPT-2 batch", ok),
+            _run("fp16", ok)]
+    data = {"initial_heldout_loss": 5.0, "runs": runs}
+    assert "fails for range (underflow)" in T.headline(data)
+    runs[2] = _run("bf16, GPT-2 batch", [4.5, 4.6, 4.7])
+    assert "do not show FP16 failing for range" in T.headline(data)
+    assert T.headline({"initial_heldout_loss": 5.0, "runs": runs[:2]}) is None
+
+
 def test_tiny_run_through_the_cli(tmp_path, monkeypatch):
     monkeypatch.setattr(T, "FULL", T.Plan(steps=3, seeds=2, batch=2, heldout_windows=2))
     monkeypatch.setattr(T, "RECIPES", (T.RECIPES[0], T.RECIPES[4], T.RECIPES[7], T.RECIPES[9]))
