@@ -404,6 +404,13 @@ def conclusions(data: dict) -> list[str]:
         if v["cause"] != "-":
             line += f". Cause: {v['cause']}"
         out.append(line + ".")
+    ref = {s["seed"]: s["heldout_loss"] for s in data["runs"][0]["seeds"]}
+    same = [abs(s["heldout_loss"] - ref[s["seed"]]) for run in data["runs"][1:]
+            if verdict(data, run)["state"] == "as FP32" for s in run["seeds"]]
+    if same:
+        out.append(f"Runs judged as FP32 still differ from it by up to {num(max(same))} nats/byte "
+                   f"for one seed, in both directions: once rounding differs the trajectories "
+                   f"drift apart, so {n} seeds resolve only gaps well above that.")
     fp32 = shares(data["runs"][0], "fp16", "activation")
     out.append(f"In FP32 training, {pct(fp32['lost'])} of the nonzero activation gradients lie "
                f"below half of FP16's smallest subnormal (they would round to zero in FP16 without "
