@@ -76,3 +76,28 @@ def test_e8m0_rounds_float32_subnormals_to_nearest():
     got = fpsim.quantize(xs, "e8m0").astype(np.float64)
     want = [2.0**-127, 2.0**-127, 2.0**-126, 2.0**-126, 2.0**-127, 2.0**-127]
     assert list(got) == want
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16", "tf32", "int8", "int4", "e6m9", "e5m12fn"])
+@pytest.mark.parametrize("saturate", [False, True])
+def test_float64_inputs_through_float32_round_once(name, saturate):
+    """float64 inputs to formats that float32 holds with bits to spare are rounded to odd into
+    float32 first: every tie of the target broken only by bits below float32's precision, values
+    beyond float32's range and below its least subnormal must still round once, as the
+    reference says."""
+    fmt = fpsim.get_format(name)
+    v = fpsim.values(fmt) if fmt.bits <= 16 else np.unique(
+        fpsim.quantize(np.array(random_doubles(3000, -30, 30, seed=5)), fmt))
+    v = v[np.isfinite(v)]
+    mids = (v[1:] + v[:-1]) / 2
+    rng = np.random.default_rng(4)
+    mids = mids[rng.permutation(mids.size)[:800]]
+    near = np.concatenate([mids, v[:800]])
+    tiny = np.abs(near) * 2.0**-40 + 2.0**-1074                 # far below float32's resolution
+    xs = np.concatenate([near + tiny, near - tiny, mids,
+                         [1e39, -1e39, 1e300, -1e300, 3.4028235677973366e38, 2.0**128,
+                          1e-50, -1e-50, 2.0**-150, 2.0**-149 * 1.5, 5e-324, -0.0, 0.0,
+                          np.inf, -np.inf, np.nan]])
+    for mode in MODES:
+        got = fpsim.quantize(xs, fmt, rounding=mode, saturate=saturate)
+        _check(got, xs, fmt, mode, saturate)
