@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import platform
 import time
 import tracemalloc
 from typing import Callable
@@ -28,3 +30,16 @@ def peak_extra_memory(fn: Callable[[], object]) -> int:
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     return peak
+
+
+def machine() -> dict:
+    """What the numbers were measured on: CPU model, cores, load average before the run."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f
+                         if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "load_average_1_5_15": os.getloadavg(),
+            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M")}
