@@ -102,8 +102,8 @@ def bitexact(device: str, dry: bool) -> dict:
                 kw = dict(rounding=mode, saturate=sat)
                 q = kernels.quantize(tx, fmt, **kw)
                 bad += int((_bits(q) != _bits(fpsim.quantize(x, fmt, **kw))).sum())
-                c = kernels.encode(tx, fmt, pack=False, nan="zero", **kw)
-                ref = fpsim.encode(x, fmt, nan="zero", **kw)
+                c = kernels.encode(tx, fmt, pack=False, on_nan="zero", **kw)
+                ref = fpsim.encode(x, fmt, on_nan="zero", **kw)
                 bad += int((_bits(c).astype(np.uint64) != ref.astype(np.uint64)).sum())
         out["casts"][name] = {"inputs": int(x.size), "mismatches": bad}
         if fmt.bits <= 16:
