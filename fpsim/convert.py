@@ -396,7 +396,8 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
     ``"triton"``.
     """
     if type(x) is np.ndarray and x.dtype in _NATIVE_FLOATS and rounding in _TABLE_MODES \
-            and saturate in (False, True) and isinstance(fmt, (str, Format)):
+            and saturate in (False, True) and backend in ("auto", "numpy") \
+            and isinstance(fmt, (str, Format)):
         plan = _numpy_plan(_resolve(fmt), rounding, bool(saturate), subnormals, "value",
                            x.dtype == _NATIVE_FLOATS[1])
         out = np.empty(x.shape, x.dtype)
@@ -444,7 +445,7 @@ def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool |
     """
     if type(x) is np.ndarray and x.dtype in _NATIVE_FLOATS and rounding in _TABLE_MODES \
             and saturate in (False, True) and on_nan in ("raise", "zero") and not deprecated \
-            and isinstance(fmt, (str, Format)):
+            and backend in ("auto", "numpy") and isinstance(fmt, (str, Format)):
         fmt = _resolve(fmt)
         if on_nan == "zero" or fmt.has_nan or not np.isnan(x).any():
             out = np.empty(x.shape, code_dtype(fmt))
