@@ -504,3 +504,21 @@ def test_stochastic_accumulation_is_unbiased():
     # each output is a sum of K independent steps of at most 2^-10 spread: sd <= 2^-10 sqrt(K)
     assert abs(r.mean() - exact) < 5 * 2.0**-10 * np.sqrt(K / rows)
     assert set(np.unique(fpsim.quantize(r, "fp16") == r)) == {True}  # results are FP16 values
+
+
+def test_threaded_tiles_keep_floating_point_warnings_quiet():
+    """inf * 0 and inf - inf inside the emulated sums are expected: no RuntimeWarning may reach
+    the caller, from the worker threads either (NumPy's errstate does not cross threads)."""
+    import warnings
+
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((600, 8))
+    b = rng.standard_normal((8, 600))
+    a[::7, 0], b[0, ::5] = np.inf, 0.0
+    b[1, ::3] = -np.inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for kw in ({"inputs": "fp16", "accum": "fp16"}, {"inputs": "e4m3", "order": "tensor_core",
+                                       "tensor_core": "hopper_fp8"}):
+            out = fpsim.matmul(a, b, **kw)
+            assert np.isnan(out).any() and np.isfinite(out).any()

@@ -8,6 +8,7 @@ tile and no loop runs over M×N.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -209,8 +210,10 @@ def _run(plan: Plan, lanes: Lanes, prod: Profile, ops: Operands, emins: tuple, s
     if workers > 1 and rng is None and not lanes.torch:
         # tiles are independent and NumPy releases the GIL inside its loops: one per core
         # (stochastic rounding stays in one thread so that a seed gives one answer)
+        # (each worker runs in a copy of this context: NumPy's errstate above is a context
+        # variable, which new threads would not see)
         with ThreadPoolExecutor(workers) as pool:
-            for done in [pool.submit(tile, *t) for t in tiles]:
+            for done in [pool.submit(contextvars.copy_context().run, tile, *t) for t in tiles]:
                 done.result()
     else:
         for t in tiles:
