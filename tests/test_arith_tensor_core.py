@@ -17,15 +17,15 @@ FP32 = get_format("fp32")
 
 
 def exponent(x: float, emin: int) -> int:
-    """floor(log2|x|), clamped at the format's least normal exponent (zeros: that exponent)."""
-    return emin if x == 0 else max(math.frexp(x)[1] - 1, emin)
+    """floor(log2|x|), clamped at the format's least normal exponent (zeros: -126, MMA-Sim)."""
+    return -126 if x == 0 else max(math.frexp(x)[1] - 1, emin)
 
 
 def ref_tensor_core(xs, ys, model: TensorCoreModel, emin_a: int, emin_b: int,
-                    chunk: int | None = None) -> float:
-    """MMA-Sim's fused dot-add, group after group, with exact rationals."""
+                    chunk: int | None = None, c: float = 0.0) -> float:
+    """MMA-Sim's fused dot-add, group after group, with exact rationals, from C = ``c``."""
     fmt, f = model.accum_format, model.frac_bits
-    acc, outer = 0.0, -0.0
+    acc, outer = (0.0, c) if chunk else (c, -0.0)
     for g0 in range(0, len(xs), model.group):
         if chunk and g0 and g0 % chunk == 0:
             outer = add_rounded(outer, acc, FP32, "rne")
@@ -131,3 +131,86 @@ def test_stochastic_tensor_core_model_is_seeded(aligned):
     x, y, z = (fpsim.matmul(a, b, inputs="e4m3", order="tensor_core", tensor_core=model, seed=s)
                for s in (5, 5, 6))
     assert np.array_equal(x, y) and not np.array_equal(x, z)
+
+
+def test_zero_operands_align_at_minus_126():
+    """Issue 17's reproducers: MMA-Sim gives a zero operand exponent -126, so 0 x 448 does not
+    cut off the low bits of the real products (fpsim used the format's least exponent)."""
+    z = 1.875 * 2**-6
+    for preset in ("hopper_fp8", "ada_fp8"):
+        got = fpsim.matmul(np.array([0, z]), np.array([448, z]), inputs="e4m3",
+                           order="tensor_core", tensor_core=preset)
+        assert float(got).hex() == "0x1.c200000000000p-11"
+    x = (1 + 2**-10) * 2**-12
+    for preset in ("hopper_fp16", "turing_fp16"):
+        got = fpsim.matmul(np.array([0, x]), np.array([1, x]), inputs="fp16",
+                           order="tensor_core", tensor_core=preset)
+        assert float(got).hex() == "0x1.0080100000000p-24"
+
+
+@pytest.mark.parametrize("preset", ["hopper_bf16", "ampere_fp16_f16", "hopper_fp8"])
+def test_zero_results_are_positive_and_nan_is_canonical(preset):
+    """A negative sum truncated to zero, and a sum of -0 terms, are +0 (MMA-Sim); NaN is
+    NVIDIA's 0x7FFFFFFF (0x7FFF once cast to FP16)."""
+    a = np.array([[-2.0**-75, 0.0], [-0.0, -0.0], [np.inf, 1.0]])
+    b = np.array([[2.0**-75], [2.0**-30]])
+    c = np.array([[0.0], [-0.0], [0.0]])
+    for engine in ("numpy", "torch"):
+        got = np.asarray(fpsim.matmul(a, b, c=c, order="tensor_core", tensor_core=preset,
+                                      backend=engine))
+        assert got[0, 0] == 0 and not np.signbit(got[0, 0]) and not np.signbit(got[1, 0])
+        got = np.asarray(fpsim.matmul(a, np.array([[0.0], [1.0]]), order="tensor_core",
+                                      tensor_core=preset, backend=engine))
+        assert got.view(np.uint32)[2, 0] == 0x7FFFFFFF
+        assert got.astype(np.float16).view(np.uint16)[2, 0] == 0x7FFF
+
+
+@pytest.mark.parametrize("model,fmt,chunk", CASES)
+def test_tensor_core_adds_c(model, fmt, chunk):
+    """D = A·B + C: C is the first instruction's accumulator (FP32 outer sum with chunk)."""
+    a, b = operands(fmt, 3, 40, 2, seed=7)
+    c = np.array([[1.5, -2.0**-20], [0.0, 3e4], [-7.25, 2.0**-140]])
+    got = fpsim.matmul(a, b, c=c, inputs=fmt, order="tensor_core", tensor_core=model,
+                       chunk=chunk)
+    model = TENSOR_CORES.get(model, model)
+    emin = get_format(fmt).emin
+    cq = fpsim.quantize(c, "fp32" if chunk else model.c_format)
+    ref = [[ref_tensor_core(a[i], b[:, j], model, emin, emin, chunk, cq[i, j]) for j in range(2)]
+           for i in range(3)]
+    assert same_bits(got, np.array(ref))
+
+
+def seq_sum(terms, fmt, start):
+    acc = start
+    for t in terms:
+        acc = add_rounded(acc, t, fmt, "rne")
+    return acc
+
+
+@pytest.mark.parametrize("order", ["sequential", "pairwise", "chunked"])
+def test_c_starts_or_ends_the_sum(order):
+    """sequential: C starts the sum; pairwise: C is added to the tree's sum; chunked: C
+    starts the FP32 outer sum."""
+    a, b = operands("bf16", 2, 300, 3, seed=3)
+    c = np.float32([[1e3], [-2.5]])                       # broadcast over N
+    got = fpsim.matmul(a, b, c=c, accum="bf16", order=order)
+    bf16 = get_format("bf16")
+    for i in range(2):
+        ci = float(c[i, 0])
+        for j in range(3):
+            p = [float(x) for x in a[i] * b[:, j]]
+            if order == "pairwise":
+                tree = float(fpsim.matmul(a[i], b[:, j], accum="bf16", order="pairwise"))
+                want = add_rounded(ci, tree, bf16, "rne")
+            elif order == "sequential":
+                want = seq_sum(p, bf16, float(fpsim.quantize(ci, "bf16")))
+            else:
+                want = ci
+                for k in range(0, len(p), 128):
+                    want = add_rounded(want, seq_sum(p[k:k + 128], bf16, -0.0), FP32, "rne")
+            assert same_bits(np.float32(got[i, j]), np.float32(want))
+
+
+def test_c_must_broadcast():
+    with pytest.raises(ValueError, match="c has shape"):
+        fpsim.matmul(np.ones((2, 3)), np.ones((3, 4)), c=np.ones((3, 4)))

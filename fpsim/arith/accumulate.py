@@ -159,11 +159,13 @@ Operands = Callable[[int, int], tuple[Any, Any]]  # (k0, k1) -> (a, b) terms k0.
 
 
 def sequential(operands: Operands, K: int, steps: Steps, st: Stats, shape: tuple,
-               chunk: int | None = None, promote: Callable | None = None) -> tuple[Any, Stats]:
-    """Left to right, one rounding per addition; with ``chunk``, the running sum restarts every
-    ``chunk`` terms after ``promote(outer, block_sum, st)`` folds it into an outer sum."""
+               chunk: int | None = None, promote: Callable | None = None,
+               init: Any = None) -> tuple[Any, Stats]:
+    """Left to right, one rounding per addition, starting from ``init`` (C) when given; with
+    ``chunk``, the running sum restarts every ``chunk`` terms after ``promote(outer,
+    block_sum, st)`` folds it into an outer sum."""
     lanes = steps.lanes
-    acc = lanes.full(shape, -0.0)                    # -0 + p == p exactly, signed zeros too
+    acc = lanes.full(shape, -0.0) if init is None else init   # -0 + p == p, signed zeros too
     outer = None
     for k in range(K):
         if chunk and k and k % chunk == 0:
@@ -174,10 +176,15 @@ def sequential(operands: Operands, K: int, steps: Steps, st: Stats, shape: tuple
     return promote(outer, acc, st) if chunk else (acc, st)
 
 
-def pairwise(operands: Operands, K: int, steps: Steps, st: Stats,
-             shape: tuple) -> tuple[Any, Stats]:
+def pairwise(operands: Operands, K: int, steps: Steps, st: Stats, shape: tuple,
+             init: Any = None) -> tuple[Any, Stats]:
     """A balanced tree: neighbours are added level by level (an odd last term moves up as is),
-    so every product passes through at most ceil(log2 K) roundings."""
+    so every product passes through at most ceil(log2 K) roundings; ``init`` (C), when given,
+    is added to the tree's sum with one more rounding."""
+    if init is not None:
+        s, st = pairwise(operands, K, steps, st, shape)
+        s, st = steps.pair(init[None], s[None], st)
+        return s[0], st
     xp = steps.lanes.xp
     a, b = operands(0, K)
     level, st = steps.products(a, b, st)             # (K, *shape)

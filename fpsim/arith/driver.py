@@ -23,8 +23,10 @@ from ..convert import quantize
 from ..formats import Format
 from ..rounding import F32, F64
 from . import accumulate
-from .tensor_core import GroupStep, TensorCoreModel, exponents, run as run_tensor_core
+from .tensor_core import (GroupStep, TensorCoreModel, canonical_nan, exponents,
+                          run as run_tensor_core)
 from .accumulate import Stats
+from .addend import addend
 from .lanes import Lanes, Profile, guarded, holds, lane_max, profile
 from .operands import Operands, batched, deliver, prepare
 from .plan import FP32, Plan, make_plan
@@ -54,8 +56,9 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
            order: str = "sequential", chunk: int | None = None, product: str | Format = "exact",
            rounding: str = "rne", output: str | Format | None = None, return_stats: bool = False,
            seed: Any = None, tensor_core: str | TensorCoreModel | None = None,
-           backend: str = "auto", engine: str | None = None) -> Any:
-    """Matrix product ``a @ b`` (NumPy ``matmul`` semantics) with emulated arithmetic.
+           backend: str = "auto", engine: str | None = None, c: Any = None) -> Any:
+    """Matrix product ``a @ b`` (NumPy ``matmul`` semantics) with emulated arithmetic, plus
+    ``c`` when given: D = A·B + C, as the matrix instructions compute it.
 
     ``inputs``: format (or pair of formats for a and b) the operands are first rounded to
     (nearest even, like ``fpsim.quantize``: overflow gives inf, or NaN in E4M3FN, without
@@ -72,6 +75,10 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     and sum rounded once: with exact products this is "sequential" by another name), or "tensor_core" with ``tensor_core=`` a preset name from
     ``TENSOR_CORES`` or a ``TensorCoreModel`` (``chunk`` then promotes to FP32 every ``chunk``).
     ``output``: format the result is finally rounded to (nearest even).
+    ``c``: the addend, broadcast to the result's shape and first rounded (nearest even) to the
+    accumulator's format (with ``order="tensor_core"``: the instruction's C register, FP32 or
+    FP16; with ``chunk``: FP32).  It starts the running sum (the first instruction's C, or the
+    FP32 outer sum with ``chunk``); ``order="pairwise"`` adds it to the tree's sum.
     ``seed``: seed or generator for stochastic rounding (NumPy Generator / torch Generator).
     ``backend``: "numpy", "torch" (any device), "compiled" (torch.compile fuses each loop step
     into one kernel: several times faster once compiled, which takes seconds to a minute per
@@ -82,6 +89,7 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     Returns an array of float32 when the result's format fits it, else float64 (a torch tensor
     on the operands' device when either operand is one) and, with ``return_stats``, a
     :class:`MatmulStats`.  A sum that is exactly zero is +0 (unless every term is -0).
+    With ``order="tensor_core"`` zeros are +0 and NaN is NVIDIA's 0x7FFFFFFF, as MMA-Sim has them.
     """
     keyword = "backend"
     if engine is not None:
@@ -98,16 +106,19 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
         ops.a = quantize(ops.a, fa)
     if fb is not None:
         ops.b = quantize(ops.b, fb)
+    init = None if c is None else addend(c, ops, plan.c_format, use_torch)
     emins = tuple((f or g).emin if (f or g) else -1022 for f, g in zip(plan.inputs, ops.formats))
     pa, pb = _profile(ops.a), _profile(ops.b)
     prod = pa.times(pb)
     lanes = _lanes_for(plan, prod, pa.fits(F32) and pb.fits(F32), ops.a if use_torch else None)
     with np.errstate(invalid="ignore", over="ignore"):      # inf - inf inside TwoSum
-        out, stats = _run(plan, lanes, prod, ops, emins, seed, return_stats)
+        out, stats = _run(plan, lanes, prod, ops, emins, seed, return_stats, init)
     if plan.output is not None:
         out = quantize(out, plan.output)
     narrow = holds(F32, plan.result_format)
     out = Lanes(F32 if narrow else F64, out if use_torch else None).cast(out)
+    if plan.model is not None:
+        out = canonical_nan(out)
     out = deliver(out.reshape(ops.shape), ops.device)
     if not return_stats:
         return out
@@ -153,8 +164,9 @@ def _lanes_for(plan: Plan, prod: Profile, operands_fit_f32: bool, like: Any) -> 
 
 
 def _run(plan: Plan, lanes: Lanes, prod: Profile, ops: Operands, emins: tuple, seed: Any,
-         want_stats: bool) -> tuple[Any, Stats]:
-    """Walk the (batch, M, N) output in tiles; returns float64 results and statistics."""
+         want_stats: bool, init: Any = None) -> tuple[Any, Stats]:
+    """Walk the (batch, M, N) output in tiles, starting from the addend ``init`` (batch, M, N)
+    when given; returns float64 results and statistics."""
     a3, idx_a = batched(lanes.cast(ops.a), ops.batch)
     b3, idx_b = batched(lanes.cast(ops.b), ops.batch)
     B, (M, K, N) = len(idx_a), ops.mkn
@@ -162,7 +174,11 @@ def _run(plan: Plan, lanes: Lanes, prod: Profile, ops: Operands, emins: tuple, s
     wide = Lanes(F64, like, lanes.compiled)
     out = Lanes(F32 if holds(F32, plan.sum_format) else F64, like).zeros((B, M, N))
     stats = accumulate.new_stats(wide, (B, M, N), want_stats)
-    if B * M * N == 0 or K == 0:
+    if B * M * N == 0:
+        return out, stats
+    if K == 0:
+        if init is not None:
+            out[...] = init
         return out, stats
     modes = (plan.rounding, plan.model.rounding if plan.model is not None else None)
     rng = _rng(lanes, seed) if "stochastic" in modes else None
@@ -183,23 +199,27 @@ def _run(plan: Plan, lanes: Lanes, prod: Profile, ops: Operands, emins: tuple, s
         EB = exponents(lanes, Bs, emins[1]) if plan.model else None
         shape = (A.shape[1], A.shape[2], Bs.shape[3])
         st = accumulate.new_stats(wide, shape, want_stats)
+        where = (slice(b0, b0 + bt), slice(i0, i0 + tm), slice(j0, j0 + tn))
+        c0 = None if init is None else wide.cast(init[where])
+        inner = None if c0 is None or plan.chunk else lanes.cast(c0)
 
         def operands(k0: int, k1: int) -> tuple[Any, Any]:
             return A[k0:k1], Bs[k0:k1]
 
         def promote(total: Any, block: Any, st: Stats) -> tuple[Any, Stats]:
             """Add a block's sum into the FP32 outer accumulator (as 1 * block)."""
-            total = wide.full(shape, -0.0) if total is None else total
+            if total is None:
+                total = wide.full(shape, -0.0) if c0 is None else c0
             return outer.seq(total, wide.cast(block), wide.full(shape, 1.0), st)
 
         if plan.model is not None:
             res, st = run_tensor_core(operands, lambda k0, k1: (EA[k0:k1], EB[k0:k1]), K,
-                              shape, group_step, st, plan.chunk, promote)
+                                      shape, group_step, st, plan.chunk, promote, inner)
         elif plan.order == "pairwise":
-            res, st = accumulate.pairwise(operands, K, steps, st, shape)
+            res, st = accumulate.pairwise(operands, K, steps, st, shape, inner)
         else:
-            res, st = accumulate.sequential(operands, K, steps, st, shape, plan.chunk, promote)
-        where = (slice(b0, b0 + bt), slice(i0, i0 + tm), slice(j0, j0 + tn))
+            res, st = accumulate.sequential(operands, K, steps, st, shape, plan.chunk, promote,
+                                            inner)
         out[where] = res
         for total, part in zip(stats, st):
             total[where] = part

@@ -47,6 +47,14 @@ class Plan:
         return self.model.accum_format if self.model else self.accum
 
     @property
+    def c_format(self) -> Format:
+        """The format the addend C of D = A·B + C is rounded to: the tensor core's register
+        (FP32, or FP16 for FP16 results), FP32 with chunk promotion, else the accumulator."""
+        if self.chunk:
+            return FP32
+        return self.model.c_format if self.model else self.accum
+
+    @property
     def result_format(self) -> Format:
         return self.sum_format if self.output is None else self.output
 

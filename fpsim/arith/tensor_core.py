@@ -5,14 +5,21 @@ fused dot-add: every product is exact; the products and the running accumulator 
 to the largest exponent among them and each is truncated (toward zero) to ``frac_bits`` bits
 below that exponent; the aligned terms are summed exactly; the sum is rounded to the
 accumulator format.  This follows microsoft/MMA-Sim (Peichen Xie et al., "MMA-Sim: Bit-Accurate
-Reference Model of Tensor Cores and Matrix Cores", arXiv 2511.10909, ``nv_fused_dot_add``):
+Reference Model of Tensor Cores and Matrix Cores", arXiv 2511.10909, ``nv_fused_dot_add``), and
+is checked bit for bit against MMA-Sim's outputs (``tests/test_tensor_core_fixture.py``):
 
 * a product's exponent is the sum of its operands' exponents, each clamped at its format's
-  least normal exponent (so a product's significand lies in [1, 4)); a zero counts with that
-  least exponent, so a zero times a huge operand still sets the alignment, as in MMA-Sim;
+  least normal exponent (so a product's significand lies in [1, 4)); a zero operand counts with
+  exponent -126 whatever its format (MMA-Sim's ``extract_significand_exponent``), so a zero
+  times a huge operand can still set the alignment;
 * FP32 results are truncated toward zero (FP16 results round to nearest even); a result whose
   exponent exceeds the format's is ±inf, not the largest finite value (MMA-Sim truncates the
   significand only);
+* a zero result is +0, also when it is a negative sum truncated to zero or a sum of -0 terms:
+  MMA-Sim rebuilds the result from an integer significand (``math.trunc``/``round``), which
+  has no sign; we found no hardware data that says otherwise;
+* a NaN result is NVIDIA's canonical NaN, 0x7FFFFFFF in FP32 (0x7FFF in FP16) as MMA-Sim
+  returns it (:func:`canonical_nan`);
 * fraction bits kept: Volta 23, Turing/Ampere/Ada 24, Hopper/Blackwell 25 for FP16/BF16/TF32;
   Ada and Hopper FP8 keep 13 and also truncate the FP32 result to 13 fraction bits (E8M13).
 
@@ -25,90 +32,30 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
 from ..convert import quantize
-from ..formats import Format, get_format
-from ..rounding import check_mode
+from ..formats import Format
 from .accumulate import Adder, Operands, Stats, Steps, compile_step, counted
 from .lanes import Lanes
+from .tc_models import TENSOR_CORES, TensorCoreModel, get_model
 
+__all__ = ["TENSOR_CORES", "TensorCoreModel", "get_model", "GroupStep", "run", "exponents",
+           "canonical_nan"]
 
-@dataclass(frozen=True)
-class TensorCoreModel:
-    """How one tensor-core instruction accumulates (see the module docstring).
-
-    ``group``: products per fused dot-add (the instruction's reduction depth k).
-    ``frac_bits``: bits kept below the group's largest exponent after alignment.
-    ``accum`` / ``rounding``: format and rounding of the instruction's result (the accumulator).
-    ``align_accumulator``: whether the running accumulator is aligned and truncated with the
-    products (NVIDIA: yes); if not, the group's sum is added to it with one rounding.
-    """
-
-    group: int
-    frac_bits: int
-    accum: str | Format = "fp32"
-    rounding: str = "rtz"
-    align_accumulator: bool = True
-    name: str = "custom"
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.group, int) or self.group < 1:
-            raise ValueError(f"TensorCoreModel.group must be a positive integer, not {self.group!r}")
-        if not isinstance(self.frac_bits, int) or not 0 <= self.frac_bits <= 48:
-            raise ValueError("TensorCoreModel.frac_bits must be an integer in [0, 48] (aligned "
-                             f"sums stay exact in float64), got {self.frac_bits!r}")
-        check_mode(self.rounding)
-        fmt = get_format(self.accum)
-        if fmt.is_int or fmt.mbits > 50:
-            raise ValueError(f"TensorCoreModel.accum {fmt.name!r}: choose a float format with at "
-                             "most 50 mantissa bits (e.g. 'fp32', 'e8m13', 'fp16')")
-
-    @property
-    def accum_format(self) -> Format:
-        return get_format(self.accum)
-
-
-def _nv(name: str, group: int, frac_bits: int, accum: str = "fp32") -> TensorCoreModel:
-    return TensorCoreModel(group, frac_bits, accum, "rtz", True, name)
-
-
-#: Presets after MMA-Sim (arXiv 2511.10909).  ``group`` is the instruction's k, halved where
-#: MMA-Sim splits k (Ampere/Ada m16n8k16 FP16/BF16, m16n8k8 TF32, m16n8k32 FP8); Hopper figures
-#: are for wgmma (k = 8 TF32, 16 FP16/BF16, 32 FP8), Blackwell for tcgen05.mma.
-TENSOR_CORES: dict[str, TensorCoreModel] = {m.name: m for m in [
-    _nv("volta_fp16", 4, 23),
-    _nv("turing_fp16", 8, 24),
-    _nv("ampere_fp16", 8, 24),
-    _nv("ampere_bf16", 8, 24),
-    _nv("ampere_tf32", 4, 24),
-    _nv("ada_fp8", 16, 13, "e8m13"),
-    _nv("hopper_fp16", 16, 25),
-    _nv("hopper_bf16", 16, 25),
-    _nv("hopper_tf32", 8, 25),
-    _nv("hopper_fp8", 32, 13, "e8m13"),
-    _nv("blackwell_fp16", 16, 25),
-    _nv("blackwell_fp8", 32, 25),
-]}
-
-
-def get_model(model: str | TensorCoreModel) -> TensorCoreModel:
-    if isinstance(model, TensorCoreModel):
-        return model
-    if isinstance(model, str) and model in TENSOR_CORES:
-        return TENSOR_CORES[model]
-    raise ValueError(f"unknown tensor_core {model!r}: choose one of {', '.join(TENSOR_CORES)} "
-                     "or pass a TensorCoreModel(group, frac_bits, ...)")
+#: The exponent MMA-Sim gives a zero operand, whatever its format (extract_significand_exponent).
+ZERO_EXPONENT = -126
 
 
 def exponents(lanes: Lanes, x: Any, emin: int) -> Any:
     """floor(log2|x|) clamped at ``emin`` (the operand format's least normal exponent); zeros
-    get ``emin`` too (MMA-Sim's extract_significand_exponent)."""
+    get -126 whatever the format (MMA-Sim's extract_significand_exponent)."""
     xp = lanes.xp
     e = xp.frexp(x)[1] - 1
     e = xp.maximum(e, xp.full_like(e, emin)) if lanes.torch else xp.maximum(e, emin)
-    return xp.where(x == 0, xp.full_like(e, emin), e)
+    return xp.where(x == 0, xp.full_like(e, ZERO_EXPONENT), e)
 
 
 def _pow2(lanes: Lanes, n: Any) -> Any:
@@ -124,7 +71,8 @@ class GroupStep:
         f = model.frac_bits
         self.fmt = model.accum_format
         self.beyond = 2.0 ** (self.fmt.emax + 1)   # the least value whose exponent overflows
-        self.trunc = Format(f"int{f + 3}", 0, f + 2, inf=False, nan="none")  # |term| < 2^(f+2)
+        # |term| < 2^(f+2); one more bit for a term rounded up to 2^(f+2)
+        self.trunc = Format(f"int{f + 4}", 0, f + 3, inf=False, nan="none")
         self.unaligned = None if model.align_accumulator else Adder(
             self.fmt, model.rounding, self.lanes, steps.rng, plain=False, may_overflow=True)
         self.step = compile_step(self._step) if compiled else self._step
@@ -137,9 +85,10 @@ class GroupStep:
             top = xp.maximum(top, exponents(lanes, acc, self.fmt.emin))
         up, down = _pow2(lanes, f - top), _pow2(lanes, top - f)
         back = lanes.backend
-        total = quantize(p * up, self.trunc, rounding="rtz", backend=back).sum(0)
+        cut = self.model.sum_rounding
+        total = quantize(p * up, self.trunc, rounding=cut, backend=back).sum(0)
         if self.unaligned is None:
-            total = total + quantize(acc * up, self.trunc, rounding="rtz", backend=back)
+            total = total + quantize(acc * up, self.trunc, rounding=cut, backend=back)
         total = total * down
         psum = p.sum(0)
         raw = psum + acc if self.unaligned is None else psum
@@ -148,17 +97,19 @@ class GroupStep:
             new = quantize(total, self.fmt, rounding=self.model.rounding, seed=self.steps.rng,
                            backend=back)
             new = xp.where(abs(total) >= self.beyond, total * math.inf, new)  # exponent too big
+            new = new + 0.0                                       # a zero result is +0
         else:
             new = self.unaligned(acc, total)
         return new, counted(lanes, acc, psum, new, st)
 
 
 def run(operands: Operands, exps: Operands, K: int, shape: tuple, step: GroupStep, st: Stats,
-        chunk: int | None, promote: Callable | None) -> tuple[Any, Stats]:
-    """Accumulate K products group by group; with ``chunk``, restart the tensor-core
-    accumulator every ``chunk`` terms after ``promote`` folds it into an outer sum."""
+        chunk: int | None, promote: Callable | None, init: Any = None) -> tuple[Any, Stats]:
+    """Accumulate K products group by group, the first instruction's C being ``init`` (+0 when
+    None); with ``chunk``, restart the tensor-core accumulator every ``chunk`` terms after
+    ``promote`` folds it into an outer sum."""
     lanes = step.lanes
-    acc = lanes.full(shape, 0.0)
+    acc = lanes.full(shape, 0.0) if init is None else init
     outer = None
     for g0 in range(0, K, step.model.group):
         if chunk and g0 and g0 % chunk == 0:
@@ -169,3 +120,17 @@ def run(operands: Operands, exps: Operands, K: int, shape: tuple, step: GroupSte
         ea, eb = exps(g0, g1)
         acc, st = step.step(acc, a, b, ea, eb, st)
     return promote(outer, acc, st) if chunk else (acc, st)
+
+
+def canonical_nan(x: Any) -> Any:
+    """``x`` with every NaN replaced by NVIDIA's canonical NaN (all payload bits set:
+    0x7FFFFFFF in float32, 0x7FFFFFFFFFFFFFFF in float64), as tensor cores and MMA-Sim give it;
+    cast to FP16 it is 0x7FFF, MMA-Sim's FP16 NaN."""
+    wide = str(x.dtype) in ("float64", "torch.float64")
+    nan = (np.array(0x7FFFFFFFFFFFFFFF, np.int64).view(np.float64) if wide
+           else np.array(0x7FFFFFFF, np.int32).view(np.float32))
+    if isinstance(x, np.ndarray):
+        return np.where(np.isnan(x), nan, x)
+    import torch
+
+    return torch.where(x.isnan(), torch.from_numpy(nan).to(x.device), x)

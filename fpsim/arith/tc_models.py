@@ -1,0 +1,136 @@
+"""Tensor-core models: what one matrix instruction does with its products, and the presets.
+
+Every preset follows microsoft/MMA-Sim (Peichen Xie et al., "MMA-Sim: Bit-Accurate Reference
+Model of Tensor Cores and Matrix Cores", arXiv 2511.10909), whose models its authors validated
+against the GPUs; ``tests/data/mmasim_fixture.npz`` holds MMA-Sim's own outputs for each preset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..formats import Format, get_format
+from ..rounding import check_mode
+
+MMASIM = "MMA-Sim (arXiv 2511.10909), simulator/nv_ptx.py"
+SUM_ROUNDINGS = ("rtz", "rdown", "rne")
+
+
+@dataclass(frozen=True)
+class TensorCoreModel:
+    """How one tensor-core instruction computes D = A·B + C (a fused dot-add).
+
+    ``group``: products per fused dot-add (the instruction's reduction depth k, or half of it
+    where the hardware splits k).
+    ``frac_bits``: bits kept below the group's largest exponent after alignment.
+    ``accum`` / ``rounding``: format and rounding of the instruction's result D (e8m13: an FP32
+    register holding 13 fraction bits).
+    ``align_accumulator``: whether the running accumulator C is aligned and cut with the
+    products (NVIDIA: yes); if not, the group's sum is added to it with one rounding.
+    ``sum_rounding``: how each aligned term is cut to ``frac_bits``: "rtz" (NVIDIA truncates),
+    "rdown" (toward -inf) or "rne".
+    ``instruction`` / ``source``: the PTX instructions modelled and where the figures come from.
+    """
+
+    group: int
+    frac_bits: int
+    accum: str | Format = "fp32"
+    rounding: str = "rtz"
+    align_accumulator: bool = True
+    name: str = "custom"
+    sum_rounding: str = "rtz"
+    instruction: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.group, int) or self.group < 1:
+            raise ValueError(f"TensorCoreModel.group must be a positive integer, not {self.group!r}")
+        if not isinstance(self.frac_bits, int) or not 0 <= self.frac_bits <= 48:
+            raise ValueError("TensorCoreModel.frac_bits must be an integer in [0, 48] (aligned "
+                             f"sums stay exact in float64), got {self.frac_bits!r}")
+        check_mode(self.rounding)
+        if self.sum_rounding not in SUM_ROUNDINGS:
+            raise ValueError(f"TensorCoreModel.sum_rounding {self.sum_rounding!r}: choose one of "
+                             f"{', '.join(SUM_ROUNDINGS)}")
+        fmt = get_format(self.accum)
+        if fmt.is_int or fmt.mbits > 50:
+            raise ValueError(f"TensorCoreModel.accum {fmt.name!r}: choose a float format with at "
+                             "most 50 mantissa bits (e.g. 'fp32', 'e8m13', 'fp16')")
+
+    @property
+    def accum_format(self) -> Format:
+        return get_format(self.accum)
+
+    @property
+    def c_format(self) -> Format:
+        """The register format of C and D: FP16 for FP16 results, else FP32."""
+        fmt = self.accum_format
+        return fmt if fmt.name in ("fp16", "fp32") else get_format("fp32")
+
+
+def _nv(name: str, group: int, frac_bits: int, instruction: str, accum: str = "fp32",
+        note: str = "") -> TensorCoreModel:
+    rounding = "rne" if accum == "fp16" else "rtz"
+    source = MMASIM + (f"; {note}" if note else "")
+    return TensorCoreModel(group, frac_bits, accum, rounding, True, name, "rtz", instruction,
+                           source)
+
+
+_SPLIT = "k split in two fused dot-adds"
+_F16 = "FP16 result rounded to nearest even after the fused sum"
+
+#: Presets after MMA-Sim, named architecture_inputs[_f16] (``_f16``: FP16 result, else FP32).
+#: ``group`` is the instruction's k, halved where MMA-Sim splits k (Ampere/Ada m16n8k16
+#: FP16/BF16, m16n8k8 TF32, m16n8k32 FP8).  TF32 operands are taken as given: round them with
+#: ``inputs="tf32"`` (nearest) or truncate them yourself (MMA-Sim truncates FP32 to TF32).
+TENSOR_CORES: dict[str, TensorCoreModel] = {m.name: m for m in [
+    _nv("volta_fp16", 4, 23, "mma.m8n8k4.f32.f16.f16.f32"),
+    _nv("volta_fp16_f16", 4, 23, "mma.m8n8k4.f16.f16.f16.f16", "fp16", _F16),
+    _nv("turing_fp16", 8, 24, "mma.m16n8k8.f32.f16.f16.f32"),
+    _nv("turing_fp16_f16", 8, 24, "mma.m16n8k8.f16.f16.f16.f16", "fp16", _F16),
+    _nv("ampere_fp16", 8, 24, "mma.m16n8k16.f32.f16.f16.f32", note=_SPLIT),
+    _nv("ampere_fp16_f16", 8, 24, "mma.m16n8k16.f16.f16.f16.f16", "fp16", f"{_SPLIT}; {_F16}"),
+    _nv("ampere_bf16", 8, 24, "mma.m16n8k16.f32.bf16.bf16.f32", note=_SPLIT),
+    _nv("ampere_tf32", 4, 24, "mma.m16n8k8.f32.tf32.tf32.f32", note=_SPLIT),
+    _nv("ada_fp16", 8, 24, "mma.m16n8k16.f32.f16.f16.f32 (sm_89)", note=_SPLIT),
+    _nv("ada_fp16_f16", 8, 24, "mma.m16n8k16.f16.f16.f16.f16 (sm_89)", "fp16",
+        f"{_SPLIT}; {_F16}"),
+    _nv("ada_bf16", 8, 24, "mma.m16n8k16.f32.bf16.bf16.f32 (sm_89)", note=_SPLIT),
+    _nv("ada_tf32", 4, 24, "mma.m16n8k8.f32.tf32.tf32.f32 (sm_89)", note=_SPLIT),
+    _nv("ada_fp8", 16, 13, "mma.m16n8k32 / m16n8k16 .f32.e4m3|e5m2 (sm_89)", "e8m13",
+        f"{_SPLIT} (k32); result truncated to 13 fraction bits"),
+    _nv("ada_fp8_f16", 16, 13, "mma.m16n8k32 / m16n8k16 .f16.e4m3|e5m2 (sm_89)", "fp16",
+        f"{_SPLIT} (k32); {_F16}"),
+    _nv("hopper_fp16", 16, 25, "wgmma.m64nNk16.f32.f16.f16"),
+    _nv("hopper_fp16_f16", 16, 25, "wgmma.m64nNk16.f16.f16.f16", "fp16", _F16),
+    _nv("hopper_bf16", 16, 25, "wgmma.m64nNk16.f32.bf16.bf16"),
+    _nv("hopper_tf32", 8, 25, "wgmma.m64nNk8.f32.tf32.tf32"),
+    _nv("hopper_fp8", 32, 13, "wgmma.m64nNk32.f32.e4m3|e5m2", "e8m13",
+        "result truncated to 13 fraction bits"),
+    _nv("hopper_fp8_f16", 32, 13, "wgmma.m64nNk32.f16.e4m3|e5m2", "fp16", _F16),
+    _nv("blackwell_fp16", 16, 25, "tcgen05.mma kind::f16 .f32 (and mma.m16n8k16 on sm_100)"),
+    _nv("blackwell_fp16_f16", 16, 25, "tcgen05.mma kind::f16 .f16.f16", "fp16", _F16),
+    _nv("blackwell_bf16", 16, 25, "tcgen05.mma kind::f16 .f32.bf16"),
+    _nv("blackwell_tf32", 8, 25, "tcgen05.mma kind::tf32"),
+    _nv("blackwell_fp8", 32, 25, "tcgen05.mma kind::f8f6f4 .f32 (e4m3, e5m2, e2m1)"),
+    _nv("blackwell_fp8_f16", 32, 25, "tcgen05.mma kind::f8f6f4 .f16", "fp16", _F16),
+    _nv("rtx_blackwell_fp16", 16, 25, "mma.m16n8k16.f32.f16.f16.f32 (sm_120)"),
+    _nv("rtx_blackwell_fp16_f16", 16, 25, "mma.m16n8k16.f16.f16.f16.f16 (sm_120)", "fp16", _F16),
+    _nv("rtx_blackwell_bf16", 16, 25, "mma.m16n8k16.f32.bf16.bf16.f32 (sm_120)"),
+    _nv("rtx_blackwell_tf32", 8, 25, "mma.m16n8k8.f32.tf32.tf32.f32 (sm_120)"),
+    _nv("rtx_blackwell_fp8", 32, 25, "mma.m16n8k32.f32.e4m3|e5m2|e2m1 (sm_120, f8f6f4)"),
+    _nv("rtx_blackwell_fp8_k16", 16, 25, "mma.m16n8k16.f32.e4m3|e5m2 (sm_120)"),
+    _nv("rtx_blackwell_fp8_f16", 32, 25, "mma.m16n8k32.f16.e4m3|e5m2|e2m1 (sm_120)", "fp16",
+        _F16),
+]}
+
+
+def get_model(model: str | TensorCoreModel) -> TensorCoreModel:
+    """A preset by name, or the model itself."""
+    if isinstance(model, TensorCoreModel):
+        return model
+    if isinstance(model, str) and model in TENSOR_CORES:
+        return TENSOR_CORES[model]
+    raise ValueError(f"unknown tensor_core {model!r}: choose one of {', '.join(TENSOR_CORES)} "
+                     "(fpsim tensor-cores lists them) or pass a TensorCoreModel(group, "
+                     "frac_bits, ...)")
