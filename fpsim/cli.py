@@ -181,6 +181,30 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------
 # fpsim experiment NAME [ARGS...]
 # --------------------------------------------------------------------------------------------
+# fpsim tensor-cores [NAME]
+# --------------------------------------------------------------------------------------------
+def cmd_tensor_cores(args: argparse.Namespace) -> int:
+    from .arith.tc_models import TENSOR_CORES, get_model
+
+    if args.name:
+        m = get_model(args.name)
+        for key in ("name", "instruction", "group", "frac_bits", "accum", "rounding",
+                    "sum_rounding", "align_accumulator", "source"):
+            value = getattr(m, key)
+            print(f"{key:17} {value.name if isinstance(value, Format) else value}")
+        print(f"{'c_format':17} {m.c_format.name}")
+        return 0
+    header = ["preset", "group", "frac bits", "result", "rounding", "instruction"]
+    rows = [[m.name, str(m.group), str(m.frac_bits), m.accum_format.name, m.rounding,
+             m.instruction] for m in TENSOR_CORES.values()]
+    _print_table(header, rows)
+    print("\nFused dot-add of `group` exact products and C, aligned to the largest exponent, "
+          "each cut\ntoward zero to `frac bits`; figures from MMA-Sim (arXiv 2511.10909). "
+          "fpsim tensor-cores NAME\nshows one preset with its source.")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
 EXPERIMENTS_MODULE = "experiments.cli"
 
 
@@ -201,7 +225,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="fpsim", description="Bit-exact number-format emulation.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser,
-                           metavar="{formats,explain,values,quantize,experiment}")
+                           metavar="{formats,explain,values,quantize,tensor-cores,experiment}")
     table = load_gpu_peaks()
 
     s = sub.add_parser("formats", help="table of every named format",
@@ -235,6 +259,12 @@ def build_parser() -> argparse.ArgumentParser:
     _rounding_options(s)
     s.add_argument("--seed", type=int, help="random seed for --rounding stochastic")
     s.set_defaults(func=cmd_quantize)
+
+    s = sub.add_parser("tensor-cores", help="the tensor-core models of matmul",
+                       description="The presets of fpsim.matmul(order='tensor_core'): "
+                                   "instruction, group, fraction bits, result format, source.")
+    s.add_argument("name", nargs="?", metavar="NAME", help="show one preset in full")
+    s.set_defaults(func=cmd_tensor_cores)
 
     s = sub.add_parser("experiment", help="run one of the experiments",
                        description=f"Run an experiment of {EXPERIMENTS_MODULE} by name; further "

@@ -214,11 +214,22 @@ def test_experiment_errors_are_one_line(capsys, tmp_path):
     assert code == 2 and err.count("\n") == 1 and "invalid choice" in err
 
 
+# -- tensor-cores ---------------------------------------------------------------------------
+def test_tensor_cores_lists_every_preset_with_its_parameters(capsys):
+    code, out, _ = run(capsys, "tensor-cores")
+    table = rows(out)
+    assert code == 0 and set(fpsim.arith.TENSOR_CORES) <= set(table)
+    assert table["hopper_fp8"][1:5] == ["32", "13", "e8m13", "rtz"]
+    assert table["ampere_fp16_f16"][1:5] == ["8", "24", "fp16", "rne"]
+    code, out, _ = run(capsys, "tensor-cores", "blackwell_tf32")
+    assert code == 0 and "tcgen05.mma kind::tf32" in out and "MMA-Sim" in out
+
+
 # -- errors and help --------------------------------------------------------------------------
 @pytest.mark.parametrize("argv", [
     ["explain", "abc"], ["explain", "1", "-r", "nearest"], ["explain", "1", "-f", "fp7"],
     ["formats", "--gpu", "a100"], ["quantize", "a.npy"], ["frobnicate"], [],
-    ["values", "e4m3", "--color", "pink"],
+    ["values", "e4m3", "--color", "pink"], ["tensor-cores", "hopper_fp7"],
 ])
 def test_bad_arguments_exit_2_with_one_line(capsys, argv):
     try:
@@ -230,7 +241,8 @@ def test_bad_arguments_exit_2_with_one_line(capsys, argv):
     assert err.count("\n") == 1 and err.startswith("fpsim") and "Traceback" not in err
 
 
-@pytest.mark.parametrize("command", ["formats", "explain", "values", "quantize", "experiment"])
+@pytest.mark.parametrize("command", ["formats", "explain", "values", "quantize", "tensor-cores",
+                                     "experiment"])
 def test_every_command_has_help(capsys, command):
     with pytest.raises(SystemExit) as exc:
         cli.main([command, "--help"])
