@@ -64,6 +64,25 @@ INSTRUCTIONS: dict[str, tuple[str, str, str, str, str]] = {
     "rtx_blackwell_fp8_f16": ("RTX Blackwell", "mma", "m16n8k32.f16.e4m3.e4m3.f16", "e4m3",
                               "e4m3"),
 }
+#: block-scaled entries -> (preset, MMA-Sim architecture, class, qualifier, MX format of A, of
+#: B, block size)
+BLOCK_SCALED: dict[str, tuple[str, str, str, str, str, str, int]] = {
+    "blackwell_mxf8f6f4": ("blackwell_mxf8f6f4", "Blackwell", "tcgen05mma_block_scale",
+                           "m128n8k32.block32.f32.e4m3.e5m2.ue8m0", "mxfp8_e4m3", "mxfp8_e5m2",
+                           32),
+    "blackwell_mxf4nvf4": ("blackwell_mxf4nvf4", "Blackwell", "tcgen05mma_block_scale",
+                           "m128n8k64.block32.f32.e2m1.e2m1.ue8m0", "mxfp4", "mxfp4", 32),
+    "blackwell_mxf4nvf4:block16": ("blackwell_mxf4nvf4", "Blackwell", "tcgen05mma_block_scale",
+                                   "m128n8k64.block16.f32.e2m1.e2m1.ue8m0", "mxfp4", "mxfp4",
+                                   16),
+    "blackwell_mxf4nvf4:nvfp4": ("blackwell_mxf4nvf4", "Blackwell", "tcgen05mma_block_scale",
+                                 "m128n8k64.block16.f32.e2m1.e2m1.ue4m3", "nvfp4", "nvfp4", 16),
+    "rtx_blackwell_mxf8f6f4": ("rtx_blackwell_mxf8f6f4", "RTX Blackwell", "mma_block_scale",
+                               "m16n8k32.block32.f32.e5m2.e4m3.f32.ue8m0", "mxfp8_e5m2",
+                               "mxfp8_e4m3", 32),
+    "rtx_blackwell_mxf4nvf4": ("rtx_blackwell_mxf4nvf4", "RTX Blackwell", "mma_block_scale",
+                               "m16n8k64.block16.f32.e2m1.e2m1.f32.ue4m3", "nvfp4", "nvfp4", 16),
+}
 ROWS = 16           # rows of A kept (the instructions' m is 8 to 64; rows are independent)
 CHAIN = 2           # instructions chained per case
 CASES = 4           # cases per preset, the first with ordinary values only
@@ -134,6 +153,83 @@ def run_mmasim(name: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
     return D.view(bits).numpy().view(np.uint16 if bits == torch.int16 else np.uint32)
 
 
+def codes(spec: str, shape: tuple, rng: np.random.Generator, mixed: bool) -> np.ndarray:
+    """Element codes of an MX format: every code when ``mixed`` (NaN and inf codes rare),
+    else codes of ordinary values."""
+    elem = fpsim.mx.get_mx_format(spec).elem
+    finite = np.flatnonzero(np.isfinite(fpsim.decode(np.arange(elem.num_codes), elem)))
+    out = rng.choice(finite, size=shape).astype(np.uint8)
+    if mixed:
+        out[rng.uniform(size=shape) < 0.01] = rng.integers(0, elem.num_codes, dtype=np.uint8)
+    return out
+
+
+def scale_codes(spec: str, shape: tuple, rng: np.random.Generator, mixed: bool) -> np.ndarray:
+    """E8M0 codes near 2^0 (mixed: 2^-127 to 2^50; MMA-Sim's mxf4nvf4 path cannot take NaN
+    scales nor an infinite C, so results stay finite) or positive E4M3 codes (mixed: subnormal,
+    zero)."""
+    if fpsim.mx.get_mx_format(spec).is_mx:
+        out = rng.integers(120, 135, shape) if not mixed else rng.integers(0, 178, shape)
+        if mixed:
+            out[rng.uniform(size=shape) < 0.9] = rng.integers(100, 155)
+        return out.astype(np.uint8)
+    return rng.integers(0 if mixed else 0x30, 0x7F, shape).astype(np.uint8)
+
+
+def block_case(entry: str, rng: np.random.Generator, m: int, k: int,
+               mixed: bool) -> dict[str, np.ndarray]:
+    """Codes of a block-scaled chain: A (ROWS, CHAIN*k) with its scales, B, C."""
+    _, _, _, _, fa, fb, bs = BLOCK_SCALED[entry]
+    rows, K = min(ROWS, m), CHAIN * k
+    out = {"a": codes(fa, (rows, K), rng, mixed), "b": codes(fb, (K, 8), rng, mixed),
+           "sa": scale_codes(fa, (rows, K // bs), rng, mixed),
+           "sb": scale_codes(fb, (K // bs, 8), rng, mixed)}
+    ma, mb = mx_arrays(out, fa, fb, bs)
+    exact = ma.dequantize(np.float64) @ mb.dequantize(np.float64)
+    c = values("fp32", (rows, 8), rng, mixed)
+    with np.errstate(invalid="ignore", over="ignore"):
+        c[:, 6:] = -fpsim.quantize(exact[:, 6:], "fp32")
+    out["c"] = np.where(np.isfinite(c), c, 0.0)
+    return out
+
+
+def mx_arrays(x: dict[str, np.ndarray], fa: str, fb: str, bs: int) -> tuple:
+    """The fixture's codes as fpsim MXArrays, blocked along K (tensor scale 1)."""
+    ts = 1.0 if fa == "nvfp4" else None
+    a = fpsim.mx.MXArray(x["sa"], x["a"], fpsim.mx.get_mx_format(fa), x["a"].ndim - 1, bs,
+                         x["a"].shape, ts)
+    b = fpsim.mx.MXArray(x["sb"], x["b"], fpsim.mx.get_mx_format(fb), x["b"].ndim - 2, bs,
+                         x["b"].shape, ts)
+    return a, b
+
+
+def run_mmasim_block(entry: str, x: dict[str, np.ndarray]) -> np.ndarray:
+    """MMA-Sim's D (float32 codes) for a block-scaled chain."""
+    import torch
+    from mmasim.simulator import nv_ptx
+
+    _, arch, cls, q, fa, fb, bs = BLOCK_SCALED[entry]
+    inst = getattr(nv_ptx, cls)(arch, q)
+    rows, k, pack = x["a"].shape[0], inst.k, inst.packing
+    D = torch.zeros((inst.m, inst.n), dtype=torch.float32)
+    D[:rows] = torch.from_numpy(x["c"].astype(np.float32))
+    for r in range(CHAIN):
+        a, b = x["a"][:, r * k:(r + 1) * k], x["b"][r * k:(r + 1) * k]
+        sa, sb = x["sa"][:, r * k // bs:(r + 1) * k // bs], x["sb"][r * k // bs:(r + 1) * k // bs]
+        if pack == 2:
+            a, b = a[:, 0::2] | a[:, 1::2] << 4, b[0::2] | b[1::2] << 4
+        A = torch.zeros((inst.m, k // pack), dtype=torch.uint8)
+        A[:rows] = torch.from_numpy(np.ascontiguousarray(a))
+        SA = torch.full((inst.m, k // bs), 127 if fa != "nvfp4" else 0x38, dtype=torch.uint8)
+        SA[:rows] = torch.from_numpy(np.ascontiguousarray(sa))
+        B = torch.from_numpy(np.ascontiguousarray(b))
+        SB = torch.from_numpy(np.ascontiguousarray(sb))
+        if pack == 1:
+            A, B = A.view(inst.a_type), B.view(inst.b_type)
+        D = inst(A, B, D, SA.view(inst.s_type), SB.view(inst.s_type))
+    return D[:rows].contiguous().view(torch.int32).numpy().view(np.uint32)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Build the fixture; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -157,6 +253,17 @@ def main(argv: list[str] | None = None) -> int:
         arrays[f"{name}.d"] = np.stack([run_mmasim(name, x) for x in cases])
         meta[name] = {"arch": arch, "instruction": f"{cls}.{q}", "inputs": [fa, fb]}
         print(f"{name}: {arch} {cls}.{q}", flush=True)
+    for entry, (preset, arch, cls, q, fa, fb, bs) in BLOCK_SCALED.items():
+        inst = getattr(nv_ptx, cls)(arch, q)
+        cases = [block_case(entry, rng, inst.m, inst.k, mixed=i > 0) for i in range(CASES)]
+        for key in ("a", "b", "sa", "sb"):
+            arrays[f"{entry}.{key}"] = np.stack([x[key] for x in cases])
+        arrays[f"{entry}.c"] = np.stack([x["c"] for x in cases]).astype(np.float32).view(
+            np.uint32)
+        arrays[f"{entry}.d"] = np.stack([run_mmasim_block(entry, x) for x in cases])
+        meta[entry] = {"arch": arch, "instruction": f"{cls}.{q}", "preset": preset,
+                       "mx": [fa, fb], "block_size": bs}
+        print(f"{entry}: {arch} {cls}.{q}", flush=True)
     arrays["meta"] = np.array(json.dumps(meta))
     np.savez_compressed(args.out, **arrays)
     print(f"wrote {args.out}")

@@ -110,7 +110,9 @@ def test_hopper_fp8_error_grows_with_k_and_promotion_bounds_it():
 
 
 def test_presets_follow_mma_sim():
-    assert {m.frac_bits for n, m in TENSOR_CORES.items() if "fp8" not in n} == {23, 24, 25}
+    assert {m.frac_bits for n, m in TENSOR_CORES.items() if "fp8" not in n and "mx" not in n} \
+        == {23, 24, 25}
+    assert TENSOR_CORES["blackwell_mxf4nvf4"].frac_bits == 35
     assert TENSOR_CORES["volta_fp16"].frac_bits == 23
     assert TENSOR_CORES["hopper_fp8"].frac_bits == TENSOR_CORES["ada_fp8"].frac_bits == 13
     assert TENSOR_CORES["hopper_fp8"].accum_format.mbits == 13

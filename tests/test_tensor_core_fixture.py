@@ -20,8 +20,21 @@ FIXTURE = np.load(Path(__file__).parent / "data" / "mmasim_fixture.npz")
 META = json.loads(str(FIXTURE["meta"]))
 
 
+PLAIN = sorted(k for k, v in META.items() if "mx" not in v)
+SCALED = sorted(k for k, v in META.items() if "mx" in v)
+
+
 def test_fixture_covers_every_preset():
-    assert set(META) == set(TENSOR_CORES)
+    assert set(PLAIN) | {META[k]["preset"] for k in SCALED} == set(TENSOR_CORES)
+
+
+def _compare(got: np.ndarray, want: np.ndarray) -> None:
+    if want.dtype == np.uint16:
+        got = got.astype(np.float16)
+    got = got.view(want.dtype)
+    bad = np.argwhere(got != want)
+    assert bad.size == 0, (f"{len(bad)} of {want.size} differ, first at {tuple(bad[0])}: "
+                           f"fpsim {got[tuple(bad[0])]:#x}, MMA-Sim {want[tuple(bad[0])]:#x}")
 
 
 def _inputs(name: str) -> tuple[np.ndarray, ...]:
@@ -29,7 +42,7 @@ def _inputs(name: str) -> tuple[np.ndarray, ...]:
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
-@pytest.mark.parametrize("name", sorted(META))
+@pytest.mark.parametrize("name", PLAIN)
 def test_preset_matches_mma_sim(name, backend):
     a, b, c = _inputs(name)
     if backend == "torch":
@@ -37,11 +50,36 @@ def test_preset_matches_mma_sim(name, backend):
         a, b, c = (torch.from_numpy(x) for x in (a, b, c))
     got = fpsim.matmul(a, b, c=c, inputs=tuple(META[name]["inputs"]), order="tensor_core",
                        tensor_core=name, backend=backend)
-    got = np.asarray(got)
-    want = FIXTURE[f"{name}.d"]
-    if want.dtype == np.uint16:
-        got = got.astype(np.float16)
-    got = got.view(want.dtype)
-    bad = np.argwhere(got != want)
-    assert bad.size == 0, (f"{len(bad)} of {want.size} differ, first at {tuple(bad[0])}: "
-                           f"fpsim {got[tuple(bad[0])]:#x}, MMA-Sim {want[tuple(bad[0])]:#x}")
+    _compare(np.asarray(got), FIXTURE[f"{name}.d"])
+
+
+@pytest.mark.parametrize("entry", SCALED)
+def test_block_scaled_preset_matches_mma_sim(entry):
+    """MXFP8/MXFP4/NVFP4 operands as fpsim MXArrays through the block-scaled instructions."""
+    meta = META[entry]
+    (fa, fb), bs = meta["mx"], meta["block_size"]
+    x = {k: FIXTURE[f"{entry}.{k}"] for k in ("a", "b", "sa", "sb")}
+    ts = 1.0 if fa == "nvfp4" else None
+    a = fpsim.mx.MXArray(x["sa"], x["a"], fpsim.mx.get_mx_format(fa), 2, bs, x["a"].shape, ts)
+    b = fpsim.mx.MXArray(x["sb"], x["b"], fpsim.mx.get_mx_format(fb), 1, bs, x["b"].shape, ts)
+    c = FIXTURE[f"{entry}.c"].view(np.float32)
+    got = fpsim.matmul(a, b, c=c, order="tensor_core", tensor_core=meta["preset"])
+    _compare(np.asarray(got), FIXTURE[f"{entry}.d"])
+
+
+def test_block_scaled_operands_are_checked():
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((2, 64)), rng.standard_normal((64, 3))
+    a, b = fpsim.mx.quantize(x, "mxfp4"), fpsim.mx.quantize(y, "mxfp4", axis=0)
+    options = dict(order="tensor_core", tensor_core="blackwell_mxf4nvf4")
+    with pytest.raises(ValueError, match="both operands as MXArrays"):
+        fpsim.matmul(x, y, **options)
+    with pytest.raises(ValueError, match="block-scaled preset"):
+        fpsim.matmul(a, b, order="tensor_core", tensor_core="hopper_fp8")
+    with pytest.raises(ValueError, match="blocks along K"):
+        fpsim.matmul(a, fpsim.mx.quantize(y, "mxfp4"), **options)
+    with pytest.raises(ValueError, match="tensor_scale"):
+        fpsim.matmul(fpsim.mx.quantize(x, "nvfp4"), fpsim.mx.quantize(y, "nvfp4", axis=0),
+                     **options)
+    exact = a.dequantize(np.float64) @ b.dequantize(np.float64)    # small sums: exact
+    assert np.array_equal(fpsim.matmul(a, b, **options), exact)

@@ -22,7 +22,7 @@ from ..backend import is_torch, is_torch_generator
 from ..convert import quantize
 from ..formats import Format
 from ..rounding import F32, F64
-from . import accumulate
+from . import accumulate, block_scaled
 from .tensor_core import (GroupStep, TensorCoreModel, canonical_nan, exponents,
                           run as run_tensor_core)
 from .accumulate import Stats
@@ -100,7 +100,13 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
                      keyword)
     use_torch = plan.backend in ("torch", "compiled") or (plan.backend == "auto" and (
         any(is_torch(x) and x.device.type != "cpu" for x in (a, b)) or is_torch_generator(seed)))
+    scaled = block_scaled.split(a, b, plan.model)
+    if scaled is not None:
+        if plan.inputs != (None, None):
+            raise ValueError("MXArray operands are already quantized: leave inputs=None")
+        a, b = scaled.a, scaled.b
     ops = prepare(a, b, use_torch)
+    exps = None if scaled is None else prepare(scaled.ea, scaled.eb, use_torch)
     fa, fb = plan.inputs
     if fa is not None:
         ops.a = quantize(ops.a, fa)
@@ -112,7 +118,7 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     prod = pa.times(pb)
     lanes = _lanes_for(plan, prod, pa.fits(F32) and pb.fits(F32), ops.a if use_torch else None)
     with np.errstate(invalid="ignore", over="ignore"):      # inf - inf inside TwoSum
-        out, stats = _run(plan, lanes, prod, ops, emins, seed, return_stats, init)
+        out, stats = _run(plan, lanes, prod, ops, emins, seed, return_stats, init, exps)
     if plan.output is not None:
         out = quantize(out, plan.output)
     narrow = holds(F32, plan.result_format)
@@ -164,11 +170,14 @@ def _lanes_for(plan: Plan, prod: Profile, operands_fit_f32: bool, like: Any) -> 
 
 
 def _run(plan: Plan, lanes: Lanes, prod: Profile, ops: Operands, emins: tuple, seed: Any,
-         want_stats: bool, init: Any = None) -> tuple[Any, Stats]:
+         want_stats: bool, init: Any = None, exps: Operands | None = None) -> tuple[Any, Stats]:
     """Walk the (batch, M, N) output in tiles, starting from the addend ``init`` (batch, M, N)
-    when given; returns float64 results and statistics."""
+    when given; ``exps``: the operands' exponents of block-scaled instructions, else they are
+    read from the operands.  Returns float64 results and statistics."""
     a3, idx_a = batched(lanes.cast(ops.a), ops.batch)
     b3, idx_b = batched(lanes.cast(ops.b), ops.batch)
+    if exps is not None:
+        ea3, eb3 = (batched(lanes.cast(x), ops.batch)[0] for x in (exps.a, exps.b))
     B, (M, K, N) = len(idx_a), ops.mkn
     like = ops.a if lanes.torch else None
     wide = Lanes(F64, like, lanes.compiled)
@@ -194,9 +203,13 @@ def _run(plan: Plan, lanes: Lanes, prod: Profile, ops: Operands, emins: tuple, s
     def tile(b0: int, i0: int, j0: int) -> None:
         ia, ib = idx_a[b0:b0 + bt], idx_b[b0:b0 + bt]
         A = _slab(lanes, a3, ia, slice(i0, i0 + tm), rows=True)
-        EA = exponents(lanes, A, emins[0]) if plan.model else None
         Bs = _slab(lanes, b3, ib, slice(j0, j0 + tn), rows=False)
-        EB = exponents(lanes, Bs, emins[1]) if plan.model else None
+        if exps is not None:
+            EA = _slab(lanes, ea3, ia, slice(i0, i0 + tm), rows=True)
+            EB = _slab(lanes, eb3, ib, slice(j0, j0 + tn), rows=False)
+        else:
+            EA = exponents(lanes, A, emins[0]) if plan.model else None
+            EB = exponents(lanes, Bs, emins[1]) if plan.model else None
         shape = (A.shape[1], A.shape[2], Bs.shape[3])
         st = accumulate.new_stats(wide, shape, want_stats)
         where = (slice(b0, b0 + bt), slice(i0, i0 + tm), slice(j0, j0 + tn))

@@ -14,6 +14,8 @@ from ..rounding import check_mode
 
 MMASIM = "MMA-Sim (arXiv 2511.10909), simulator/nv_ptx.py"
 SUM_ROUNDINGS = ("rtz", "rdown", "rne")
+SCALED = (None, "elements", "runs")
+RUN = 16            # mxf4nvf4: products summed exactly in runs of 16
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,9 @@ class TensorCoreModel:
     products (NVIDIA: yes); if not, the group's sum is added to it with one rounding.
     ``sum_rounding``: how each aligned term is cut to ``frac_bits``: "rtz" (NVIDIA truncates),
     "rdown" (toward -inf) or "rne".
+    ``scaled``: block scales applied inside the unit (operands are MXArrays): "elements" adds
+    both scales' exponents to each product's (``mxf8f6f4``); "runs" sums products exactly in
+    runs of 16 whose exponent is the scales' alone (``mxf4nvf4``); None: no block scales.
     ``instruction`` / ``source``: the PTX instructions modelled and where the figures come from.
     """
 
@@ -41,6 +46,7 @@ class TensorCoreModel:
     sum_rounding: str = "rtz"
     instruction: str = ""
     source: str = ""
+    scaled: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.group, int) or self.group < 1:
@@ -52,6 +58,13 @@ class TensorCoreModel:
         if self.sum_rounding not in SUM_ROUNDINGS:
             raise ValueError(f"TensorCoreModel.sum_rounding {self.sum_rounding!r}: choose one of "
                              f"{', '.join(SUM_ROUNDINGS)}")
+        if self.scaled not in SCALED:
+            raise ValueError(f"TensorCoreModel.scaled {self.scaled!r}: choose None, 'elements' "
+                             "or 'runs'")
+        if self.scaled == "runs" and (self.group % RUN or self.frac_bits > 38):
+            raise ValueError(f"TensorCoreModel with scaled='runs' needs a group that is a "
+                             f"multiple of {RUN} and frac_bits <= 38 (runs are wider than "
+                             "products)")
         fmt = get_format(self.accum)
         if fmt.is_int or fmt.mbits > 50:
             raise ValueError(f"TensorCoreModel.accum {fmt.name!r}: choose a float format with at "
@@ -74,6 +87,11 @@ def _nv(name: str, group: int, frac_bits: int, instruction: str, accum: str = "f
     source = MMASIM + (f"; {note}" if note else "")
     return TensorCoreModel(group, frac_bits, accum, rounding, True, name, "rtz", instruction,
                            source)
+
+
+def _bs(name: str, group: int, frac_bits: int, scaled: str, instruction: str) -> TensorCoreModel:
+    return TensorCoreModel(group, frac_bits, "fp32", "rtz", True, name, "rtz", instruction,
+                           MMASIM + "; block scales applied inside the fused dot-add", scaled)
 
 
 _SPLIT = "k split in two fused dot-adds"
@@ -122,6 +140,14 @@ TENSOR_CORES: dict[str, TensorCoreModel] = {m.name: m for m in [
     _nv("rtx_blackwell_fp8_k16", 16, 25, "mma.m16n8k16.f32.e4m3|e5m2 (sm_120)"),
     _nv("rtx_blackwell_fp8_f16", 32, 25, "mma.m16n8k32.f16.e4m3|e5m2|e2m1 (sm_120)", "fp16",
         _F16),
+    _bs("blackwell_mxf8f6f4", 32, 25, "elements",
+        "tcgen05.mma kind::mxf8f6f4.block_scale (ue8m0, block 32)"),
+    _bs("blackwell_mxf4nvf4", 64, 35, "runs",
+        "tcgen05.mma kind::mxf4nvf4.block_scale (e2m1; ue8m0 block 16/32, ue4m3 block 16)"),
+    _bs("rtx_blackwell_mxf8f6f4", 32, 25, "elements",
+        "mma.m16n8k32.block_scale.block32.f32.*.ue8m0 (sm_120)"),
+    _bs("rtx_blackwell_mxf4nvf4", 64, 35, "runs",
+        "mma.m16n8k64.block_scale.f32.e2m1.e2m1 (sm_120; ue8m0 or ue4m3)"),
 ]}
 
 

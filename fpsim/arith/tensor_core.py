@@ -40,7 +40,7 @@ from ..convert import quantize
 from ..formats import Format
 from .accumulate import Adder, Operands, Stats, Steps, compile_step, counted
 from .lanes import Lanes
-from .tc_models import TENSOR_CORES, TensorCoreModel, get_model
+from .tc_models import RUN, TENSOR_CORES, TensorCoreModel, get_model
 
 __all__ = ["TENSOR_CORES", "TensorCoreModel", "get_model", "GroupStep", "run", "exponents",
            "canonical_nan"]
@@ -71,8 +71,10 @@ class GroupStep:
         f = model.frac_bits
         self.fmt = model.accum_format
         self.beyond = 2.0 ** (self.fmt.emax + 1)   # the least value whose exponent overflows
-        # |term| < 2^(f+2); one more bit for a term rounded up to 2^(f+2)
-        self.trunc = Format(f"int{f + 4}", 0, f + 3, inf=False, nan="none")
+        # |term| < 2^(f+2), one more bit for a term rounded up; a run of 16 FP4 products with
+        # UE4M3 scales: < 16 * 36 * 4 * 2^f
+        width = f + 3 + (12 if model.scaled == "runs" else 0)
+        self.trunc = Format(f"int{width + 1}", 0, width, inf=False, nan="none")
         self.unaligned = None if model.align_accumulator else Adder(
             self.fmt, model.rounding, self.lanes, steps.rng, plain=False, may_overflow=True)
         self.step = compile_step(self._step) if compiled else self._step
@@ -80,7 +82,11 @@ class GroupStep:
     def _step(self, acc: Any, a: Any, b: Any, ea: Any, eb: Any, st: Stats) -> tuple[Any, Stats]:
         xp, lanes, f = self.lanes.xp, self.lanes, self.model.frac_bits
         p, st = self.steps.products(a, b, st)
-        top = xp.amax(ea + eb, 0)
+        e = ea + eb
+        if self.model.scaled == "runs":              # exact sums of 16, the scales' exponent
+            p = p.reshape((-1, RUN) + tuple(p.shape[1:])).sum(1)
+            e = e[::RUN]
+        top = xp.amax(e, 0)
         if self.unaligned is None:
             top = xp.maximum(top, exponents(lanes, acc, self.fmt.emin))
         up, down = _pow2(lanes, f - top), _pow2(lanes, top - f)
