@@ -63,6 +63,9 @@ INSTRUCTIONS: dict[str, tuple[str, str, str, str, str]] = {
                               "e4m3"),
     "rtx_blackwell_fp8_f16": ("RTX Blackwell", "mma", "m16n8k32.f16.e4m3.e4m3.f16", "e4m3",
                               "e4m3"),
+    "cdna3_fp16": ("CDNA3", "mfma", "f32_16x16x16_f16", "fp16", "fp16"),
+    "cdna3_bf16": ("CDNA3", "mfma", "f32_16x16x16_bf16", "bf16", "bf16"),
+    "cdna3_xf32": ("CDNA3", "mfma", "f32_16x16x8_xf32", "tf32", "tf32"),
 }
 #: block-scaled entries -> (preset, MMA-Sim architecture, class, qualifier, MX format of A, of
 #: B, block size)
@@ -132,23 +135,30 @@ def case(name: str, rng: np.random.Generator, m: int, k: int,
     return {"a": a, "b": b, "c": c}
 
 
+def instruction(name: str) -> object:
+    """MMA-Sim's model of the preset's instruction."""
+    from mmasim.simulator import amd, nv_ptx
+
+    arch, cls, q, _, _ = INSTRUCTIONS[name]
+    return getattr(amd if cls == "mfma" else nv_ptx, cls)(arch, q)
+
+
 def run_mmasim(name: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
     """MMA-Sim's D for the chain, as codes of the result format (uint16 or uint32)."""
     import torch
-    from mmasim.simulator import nv_ptx
 
-    arch, cls, q, fa, fb = INSTRUCTIONS[name]
-    inst = getattr(nv_ptx, cls)(arch, q)
+    inst = instruction(name)
     a, b, c = inputs["a"], inputs["b"], inputs["c"]
-    rows, k = a.shape[0], inst.k
+    rows, k, cols = a.shape[0], inst.k, b.shape[1]
     D = torch.zeros((inst.m, inst.n), dtype=inst.c_type)
-    D[:rows] = torch.from_numpy(c).to(inst.c_type)
+    D[:rows, :cols] = torch.from_numpy(c).to(inst.c_type)
     for r in range(CHAIN):
         A = torch.zeros((inst.m, k), dtype=inst.a_type)
         A[:rows] = torch.from_numpy(a[:, r * k:(r + 1) * k]).to(inst.a_type)
-        B = torch.from_numpy(b[r * k:(r + 1) * k]).to(inst.b_type)
+        B = torch.zeros((k, inst.n), dtype=inst.b_type)
+        B[:, :cols] = torch.from_numpy(b[r * k:(r + 1) * k]).to(inst.b_type)
         D = inst(A, B, D)
-    D = D[:rows].contiguous()
+    D = D[:rows, :cols].contiguous()
     bits = torch.int16 if D.dtype == torch.float16 else torch.int32
     return D.view(bits).numpy().view(np.uint16 if bits == torch.int16 else np.uint32)
 
@@ -245,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed)
     arrays, meta = {}, {}
     for name, (arch, cls, q, fa, fb) in INSTRUCTIONS.items():
-        inst = getattr(nv_ptx, cls)(arch, q)
+        inst = instruction(name)
         cases = [case(name, rng, inst.m, inst.k, mixed=i > 0) for i in range(CASES)]
         for key in "abc":
             arrays[f"{name}.{key}"] = np.stack([x[key] for x in cases]).astype(

@@ -123,7 +123,7 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
         out = quantize(out, plan.output)
     narrow = holds(F32, plan.result_format)
     out = Lanes(F32 if narrow else F64, out if use_torch else None).cast(out)
-    if plan.model is not None:
+    if plan.model is not None and plan.model.canonical_nan:
         out = canonical_nan(out)
     out = deliver(out.reshape(ops.shape), ops.device)
     if not return_stats:

@@ -34,6 +34,11 @@ class TensorCoreModel:
     ``scaled``: block scales applied inside the unit (operands are MXArrays): "elements" adds
     both scales' exponents to each product's (``mxf8f6f4``); "runs" sums products exactly in
     runs of 16 whose exponent is the scales' alone (``mxf4nvf4``); None: no block scales.
+    ``sum_bits`` / ``c_bits`` (AMD CDNA3; None elsewhere): C is not aligned with the products;
+    the products' cut sum and C are aligned to the larger of their exponents and cut toward
+    -inf, the sum to ``sum_bits`` and C to ``c_bits`` bits, then added and rounded.
+    ``canonical_nan``: NaN results are NVIDIA's 0x7FFFFFFF (MMA-Sim does not model AMD's NaN
+    payloads; fpsim's NaN there is 0x7FC00000).
     ``instruction`` / ``source``: the PTX instructions modelled and where the figures come from.
     """
 
@@ -47,6 +52,9 @@ class TensorCoreModel:
     instruction: str = ""
     source: str = ""
     scaled: str | None = None
+    sum_bits: int | None = None
+    c_bits: int | None = None
+    canonical_nan: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.group, int) or self.group < 1:
@@ -65,6 +73,10 @@ class TensorCoreModel:
             raise ValueError(f"TensorCoreModel with scaled='runs' needs a group that is a "
                              f"multiple of {RUN} and frac_bits <= 38 (runs are wider than "
                              "products)")
+        if (self.sum_bits is None) != (self.c_bits is None) or (
+                self.sum_bits is not None and not 0 < self.c_bits <= self.sum_bits <= 40):
+            raise ValueError("TensorCoreModel.sum_bits and c_bits go together (AMD CDNA3: 31 "
+                             "and 24), with 0 < c_bits <= sum_bits <= 40")
         fmt = get_format(self.accum)
         if fmt.is_int or fmt.mbits > 50:
             raise ValueError(f"TensorCoreModel.accum {fmt.name!r}: choose a float format with at "
@@ -92,6 +104,12 @@ def _nv(name: str, group: int, frac_bits: int, instruction: str, accum: str = "f
 def _bs(name: str, group: int, frac_bits: int, scaled: str, instruction: str) -> TensorCoreModel:
     return TensorCoreModel(group, frac_bits, "fp32", "rtz", True, name, "rtz", instruction,
                            MMASIM + "; block scales applied inside the fused dot-add", scaled)
+
+
+def _cdna3(name: str, group: int, instruction: str) -> TensorCoreModel:
+    return TensorCoreModel(group, 24, "fp32", "rne", False, name, "rtz", instruction,
+                           "MMA-Sim (arXiv 2511.10909), simulator/amd.py: fused_dot_rd_add",
+                           None, 31, 24, False)
 
 
 _SPLIT = "k split in two fused dot-adds"
@@ -140,6 +158,9 @@ TENSOR_CORES: dict[str, TensorCoreModel] = {m.name: m for m in [
     _nv("rtx_blackwell_fp8_k16", 16, 25, "mma.m16n8k16.f32.e4m3|e5m2 (sm_120)"),
     _nv("rtx_blackwell_fp8_f16", 32, 25, "mma.m16n8k32.f16.e4m3|e5m2|e2m1 (sm_120)", "fp16",
         _F16),
+    _cdna3("cdna3_fp16", 8, "v_mfma_f32_16x16x16_f16, 32x32x8_f16 (MI300)"),
+    _cdna3("cdna3_bf16", 8, "v_mfma_f32_16x16x16_bf16, 32x32x8_bf16 (MI300)"),
+    _cdna3("cdna3_xf32", 4, "v_mfma_f32_16x16x8_xf32, 32x32x4_xf32 (MI300)"),
     _bs("blackwell_mxf8f6f4", 32, 25, "elements",
         "tcgen05.mma kind::mxf8f6f4.block_scale (ue8m0, block 32)"),
     _bs("blackwell_mxf4nvf4", 64, 35, "runs",

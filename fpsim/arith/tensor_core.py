@@ -37,7 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..convert import quantize
-from ..formats import Format
+from ..formats import Format, get_format
 from .accumulate import Adder, Operands, Stats, Steps, compile_step, counted
 from .lanes import Lanes
 from .tc_models import RUN, TENSOR_CORES, TensorCoreModel, get_model
@@ -53,7 +53,8 @@ def exponents(lanes: Lanes, x: Any, emin: int) -> Any:
     """floor(log2|x|) clamped at ``emin`` (the operand format's least normal exponent); zeros
     get -126 whatever the format (MMA-Sim's extract_significand_exponent)."""
     xp = lanes.xp
-    e = xp.frexp(x)[1] - 1
+    e = xp.frexp(x)[1]
+    e = (e.to(lanes.idt) if lanes.torch else e.astype(lanes.idt)) - 1  # one integer width
     e = xp.maximum(e, xp.full_like(e, emin)) if lanes.torch else xp.maximum(e, emin)
     return xp.where(x == 0, xp.full_like(e, ZERO_EXPONENT), e)
 
@@ -77,7 +78,8 @@ class GroupStep:
         self.trunc = Format(f"int{width + 1}", 0, width, inf=False, nan="none")
         self.unaligned = None if model.align_accumulator else Adder(
             self.fmt, model.rounding, self.lanes, steps.rng, plain=False, may_overflow=True)
-        self.step = compile_step(self._step) if compiled else self._step
+        fn = self._step if model.sum_bits is None else self._cdna3_step
+        self.step = compile_step(fn) if compiled else fn
 
     def _step(self, acc: Any, a: Any, b: Any, ea: Any, eb: Any, st: Stats) -> tuple[Any, Stats]:
         xp, lanes, f = self.lanes.xp, self.lanes, self.model.frac_bits
@@ -107,6 +109,36 @@ class GroupStep:
         else:
             new = self.unaligned(acc, total)
         return new, counted(lanes, acc, psum, new, st)
+
+
+    def _cdna3_step(self, acc: Any, a: Any, b: Any, ea: Any, eb: Any,
+                    st: Stats) -> tuple[Any, Stats]:
+        """AMD CDNA3 (MMA-Sim's ``amd_fused_dot_rd_add``): the products alone are aligned and
+        cut to ``frac_bits``; their sum and C are then aligned to the larger exponent and cut
+        toward -inf, the sum to ``sum_bits``, C to ``c_bits``; the total is rounded to the
+        result.  A product beyond FP32's range is ±inf (NaN when both signs occur)."""
+        xp, lanes, m = self.lanes.xp, self.lanes, self.model
+        back = lanes.backend
+        p, st = self.steps.products(a, b, st)
+        top = xp.amax(ea + eb, 0)
+        wide = Format(f"int{m.sum_bits + 8}", 0, m.sum_bits + 7, inf=False, nan="none")
+        cut = quantize(p * _pow2(lanes, m.frac_bits - top), self.trunc,
+                       rounding=m.sum_rounding, backend=back).sum(0)
+        psum = cut * _pow2(lanes, top - m.frac_bits)                 # exact
+        top = xp.maximum(top, exponents(lanes, acc, self.fmt.emin))
+        s = quantize(psum * _pow2(lanes, m.sum_bits - top), wide, rounding="rdown",
+                     backend=back) * _pow2(lanes, top - m.sum_bits)
+        c = quantize(acc * _pow2(lanes, m.c_bits - top), wide, rounding="rdown",
+                     backend=back) * _pow2(lanes, top - m.c_bits)
+        total = (s + c) + 0.0                                         # an exact zero is +0
+        big = 2.0 ** (get_format("fp32").emax + 1)
+        pos, neg = xp.any(p >= big, 0), xp.any(p <= -big, 0)
+        total = xp.where(pos, math.inf, xp.where(neg, -math.inf, total))
+        total = xp.where(pos & neg, math.nan, total)
+        raw = p.sum(0) + acc
+        total = xp.where(xp.isfinite(raw), total, raw)               # inf and NaN propagate
+        new = quantize(total, self.fmt, rounding=m.rounding, seed=self.steps.rng, backend=back)
+        return new, counted(lanes, acc, p.sum(0), new, st)
 
 
 def run(operands: Operands, exps: Operands, K: int, shape: tuple, step: GroupStep, st: Stats,
