@@ -63,6 +63,10 @@ INSTRUCTIONS: dict[str, tuple[str, str, str, str, str]] = {
                               "e4m3"),
     "rtx_blackwell_fp8_f16": ("RTX Blackwell", "mma", "m16n8k32.f16.e4m3.e4m3.f16", "e4m3",
                               "e4m3"),
+    "cdna1_fp16": ("CDNA1", "mfma", "f32_32x32x4f16", "fp16", "fp16"),
+    "cdna1_bf16": ("CDNA1", "mfma", "f32_32x32x2bf16", "bf16", "bf16"),
+    "cdna2_fp16": ("CDNA2", "mfma", "f32_32x32x4f16", "fp16", "fp16"),
+    "cdna2_bf16": ("CDNA2", "mfma", "f32_32x32x4bf16_1k", "bf16", "bf16"),
     "cdna3_fp16": ("CDNA3", "mfma", "f32_16x16x16_f16", "fp16", "fp16"),
     "cdna3_bf16": ("CDNA3", "mfma", "f32_16x16x16_bf16", "bf16", "bf16"),
     "cdna3_xf32": ("CDNA3", "mfma", "f32_16x16x8_xf32", "tf32", "tf32"),
@@ -87,7 +91,7 @@ BLOCK_SCALED: dict[str, tuple[str, str, str, str, str, str, int]] = {
                                "m16n8k64.block16.f32.e2m1.e2m1.f32.ue4m3", "nvfp4", "nvfp4", 16),
 }
 ROWS = 16           # rows of A kept (the instructions' m is 8 to 64; rows are independent)
-CHAIN = 2           # instructions chained per case
+CHAIN = 2           # instructions chained per case (more where k < 4: K >= 8)
 CASES = 4           # cases per preset, the first with ordinary values only
 
 
@@ -107,11 +111,11 @@ def values(fmt: str, shape: tuple, rng: np.random.Generator, mixed: bool) -> np.
 
 def case(name: str, rng: np.random.Generator, m: int, k: int,
          mixed: bool) -> dict[str, np.ndarray]:
-    """Inputs of one preset's chain: A (ROWS, CHAIN*k), B (CHAIN*k, 8), C (ROWS, 8)."""
+    """Inputs of one preset's chain: A (ROWS, K), B (K, 8), C (ROWS, 8), K = CHAIN*k or 8."""
     _, _, q, fa, fb = INSTRUCTIONS[name]
     model = fpsim.arith.TENSOR_CORES[name]
     cfmt = model.c_format.name
-    rows, K = min(ROWS, m), CHAIN * k
+    rows, K = min(ROWS, m), max(CHAIN * k, 8)
     a, b = values(fa, (rows, K), rng, mixed), values(fb, (K, 8), rng, mixed)
     ga, gb = fpsim.get_format(fa), fpsim.get_format(fb)
     # row 0 / col 0: a zero beside a large operand, then small products (zero alignment)
@@ -135,10 +139,25 @@ def case(name: str, rng: np.random.Generator, m: int, k: int,
     return {"a": a, "b": b, "c": c}
 
 
+def _float32_pairwise_dot(amd: object) -> None:
+    """MMA-Sim's ``pairwise_dot`` asserts float32 operands, but its CDNA1/2 ``mfma`` passes the
+    FP16/BF16 ones as they are: convert them (exactly) first, changing nothing else."""
+    inner = amd.pairwise_dot
+    if getattr(inner, "float32_shim", False):
+        return
+
+    def shim(a: object, b: object, flush_denormal: bool = False) -> float:
+        return inner(a.float(), b.float(), flush_denormal)
+
+    shim.float32_shim = True
+    amd.pairwise_dot = shim
+
+
 def instruction(name: str) -> object:
     """MMA-Sim's model of the preset's instruction."""
     from mmasim.simulator import amd, nv_ptx
 
+    _float32_pairwise_dot(amd)
     arch, cls, q, _, _ = INSTRUCTIONS[name]
     return getattr(amd if cls == "mfma" else nv_ptx, cls)(arch, q)
 
@@ -152,7 +171,7 @@ def run_mmasim(name: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
     rows, k, cols = a.shape[0], inst.k, b.shape[1]
     D = torch.zeros((inst.m, inst.n), dtype=inst.c_type)
     D[:rows, :cols] = torch.from_numpy(c).to(inst.c_type)
-    for r in range(CHAIN):
+    for r in range(a.shape[1] // k):
         A = torch.zeros((inst.m, k), dtype=inst.a_type)
         A[:rows] = torch.from_numpy(a[:, r * k:(r + 1) * k]).to(inst.a_type)
         B = torch.zeros((k, inst.n), dtype=inst.b_type)

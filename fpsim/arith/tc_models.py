@@ -15,6 +15,7 @@ from ..rounding import check_mode
 MMASIM = "MMA-Sim (arXiv 2511.10909), simulator/nv_ptx.py"
 SUM_ROUNDINGS = ("rtz", "rdown", "rne")
 SCALED = (None, "elements", "runs")
+STRUCTURES = ("fused", "fma_tree")
 RUN = 16            # mxf4nvf4: products summed exactly in runs of 16
 
 
@@ -39,6 +40,11 @@ class TensorCoreModel:
     -inf, the sum to ``sum_bits`` and C to ``c_bits`` bits, then added and rounded.
     ``canonical_nan``: NaN results are NVIDIA's 0x7FFFFFFF (MMA-Sim does not model AMD's NaN
     payloads; fpsim's NaN there is 0x7FC00000).
+    ``structure``: "fused" (one fused dot-add per group) or "fma_tree" (AMD CDNA1/2: each
+    group's products rounded to the result format and added pairwise, each addition rounded,
+    the group's sum then added to C with one more rounding; ``frac_bits`` unused).
+    ``flush_subnormals`` (fma_tree): subnormal operands and C become +0 and subnormal partial
+    sums ±0 (CDNA2).
     ``instruction`` / ``source``: the PTX instructions modelled and where the figures come from.
     """
 
@@ -55,6 +61,8 @@ class TensorCoreModel:
     sum_bits: int | None = None
     c_bits: int | None = None
     canonical_nan: bool = True
+    structure: str = "fused"
+    flush_subnormals: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.group, int) or self.group < 1:
@@ -77,6 +85,9 @@ class TensorCoreModel:
                 self.sum_bits is not None and not 0 < self.c_bits <= self.sum_bits <= 40):
             raise ValueError("TensorCoreModel.sum_bits and c_bits go together (AMD CDNA3: 31 "
                              "and 24), with 0 < c_bits <= sum_bits <= 40")
+        if self.structure not in STRUCTURES:
+            raise ValueError(f"TensorCoreModel.structure {self.structure!r}: choose one of "
+                             f"{', '.join(STRUCTURES)}")
         fmt = get_format(self.accum)
         if fmt.is_int or fmt.mbits > 50:
             raise ValueError(f"TensorCoreModel.accum {fmt.name!r}: choose a float format with at "
@@ -110,6 +121,12 @@ def _cdna3(name: str, group: int, instruction: str) -> TensorCoreModel:
     return TensorCoreModel(group, 24, "fp32", "rne", False, name, "rtz", instruction,
                            "MMA-Sim (arXiv 2511.10909), simulator/amd.py: fused_dot_rd_add",
                            None, 31, 24, False)
+
+
+def _cdna12(name: str, group: int, flush: bool, instruction: str) -> TensorCoreModel:
+    return TensorCoreModel(group, 23, "fp32", "rne", False, name, "rtz", instruction,
+                           "MMA-Sim (arXiv 2511.10909), simulator/amd.py: pairwise_dot",
+                           canonical_nan=False, structure="fma_tree", flush_subnormals=flush)
 
 
 _SPLIT = "k split in two fused dot-adds"
@@ -158,6 +175,10 @@ TENSOR_CORES: dict[str, TensorCoreModel] = {m.name: m for m in [
     _nv("rtx_blackwell_fp8_k16", 16, 25, "mma.m16n8k16.f32.e4m3|e5m2 (sm_120)"),
     _nv("rtx_blackwell_fp8_f16", 32, 25, "mma.m16n8k32.f16.e4m3|e5m2|e2m1 (sm_120)", "fp16",
         _F16),
+    _cdna12("cdna1_fp16", 4, False, "v_mfma_f32_4x4x4f16, 32x32x4f16 (MI100)"),
+    _cdna12("cdna1_bf16", 2, False, "v_mfma_f32_4x4x2bf16, 32x32x2bf16 (MI100)"),
+    _cdna12("cdna2_fp16", 4, True, "v_mfma_f32_4x4x4f16, 32x32x4f16 (MI200)"),
+    _cdna12("cdna2_bf16", 4, True, "v_mfma_f32_4x4x4bf16_1k, 32x32x4bf16_1k (MI200)"),
     _cdna3("cdna3_fp16", 8, "v_mfma_f32_16x16x16_f16, 32x32x8_f16 (MI300)"),
     _cdna3("cdna3_bf16", 8, "v_mfma_f32_16x16x16_bf16, 32x32x8_bf16 (MI300)"),
     _cdna3("cdna3_xf32", 4, "v_mfma_f32_16x16x8_xf32, 32x32x4_xf32 (MI300)"),

@@ -38,6 +38,7 @@ import numpy as np
 
 from ..convert import quantize
 from ..formats import Format, get_format
+from ..rounding import F64
 from .accumulate import Adder, Operands, Stats, Steps, compile_step, counted
 from .lanes import Lanes
 from .tc_models import RUN, TENSOR_CORES, TensorCoreModel, get_model
@@ -53,8 +54,10 @@ def exponents(lanes: Lanes, x: Any, emin: int) -> Any:
     """floor(log2|x|) clamped at ``emin`` (the operand format's least normal exponent); zeros
     get -126 whatever the format (MMA-Sim's extract_significand_exponent)."""
     xp = lanes.xp
-    e = xp.frexp(x)[1]
-    e = (e.to(lanes.idt) if lanes.torch else e.astype(lanes.idt)) - 1  # one integer width
+    mbits, top = (52, 0x7FF) if lanes.src is F64 else (23, 0xFF)
+    # the exponent field (not frexp, which torch.compile's CPU code cannot vectorise); inf and
+    # NaN get a large exponent, but their outputs are replaced by the non-finite sum anyway
+    e = ((lanes.bits(x) >> mbits) & top) - (top >> 1)
     e = xp.maximum(e, xp.full_like(e, emin)) if lanes.torch else xp.maximum(e, emin)
     return xp.where(x == 0, xp.full_like(e, ZERO_EXPONENT), e)
 
@@ -78,7 +81,8 @@ class GroupStep:
         self.trunc = Format(f"int{width + 1}", 0, width, inf=False, nan="none")
         self.unaligned = None if model.align_accumulator else Adder(
             self.fmt, model.rounding, self.lanes, steps.rng, plain=False, may_overflow=True)
-        fn = self._step if model.sum_bits is None else self._cdna3_step
+        fn = (self._tree_step if model.structure == "fma_tree" else
+              self._step if model.sum_bits is None else self._cdna3_step)
         self.step = compile_step(fn) if compiled else fn
 
     def _step(self, acc: Any, a: Any, b: Any, ea: Any, eb: Any, st: Stats) -> tuple[Any, Stats]:
@@ -139,6 +143,36 @@ class GroupStep:
         total = xp.where(xp.isfinite(raw), total, raw)               # inf and NaN propagate
         new = quantize(total, self.fmt, rounding=m.rounding, seed=self.steps.rng, backend=back)
         return new, counted(lanes, acc, p.sum(0), new, st)
+
+
+    def _tree_step(self, acc: Any, a: Any, b: Any, ea: Any, eb: Any,
+                   st: Stats) -> tuple[Any, Stats]:
+        """AMD CDNA1/2 (MMA-Sim's ``pairwise_dot``): products rounded to the result format,
+        added pairwise (each sum rounded), the group's sum added to C; CDNA2 flushes subnormal
+        operands and C to +0 and subnormal sums to ±0."""
+        xp, lanes, m = self.lanes.xp, self.lanes, self.model
+        flush = m.flush_subnormals
+        tiny = 2.0 ** self.fmt.emin
+
+        def rounded(x: Any) -> Any:
+            x = quantize(x, self.fmt, rounding=m.rounding, backend=lanes.backend)
+            return xp.where(abs(x) < tiny, x * 0.0, x) if flush else x
+
+        if flush:                                    # |x| < 2^(its least normal exponent)
+            a = xp.where(abs(a) < _pow2(lanes, ea), 0.0, a)
+            b = xp.where(abs(b) < _pow2(lanes, eb), 0.0, b)
+            acc = xp.where(abs(acc) < tiny, 0.0, acc)
+        p, st = self.steps.products(a, b, st)
+
+        def tree(x: Any) -> Any:
+            n = x.shape[0]
+            if n == 1:
+                return rounded(x[0] + 0.0)           # fma(a, b, +0): -0 products give +0
+            return rounded(tree(x[:n // 2]) + tree(x[n // 2:]))
+
+        group = tree(p)
+        new = rounded(acc + group)
+        return new, counted(lanes, acc, group, new, st)
 
 
 def run(operands: Operands, exps: Operands, K: int, shape: tuple, step: GroupStep, st: Stats,
