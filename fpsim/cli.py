@@ -184,23 +184,25 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 # fpsim tensor-cores [NAME]
 # --------------------------------------------------------------------------------------------
 def cmd_tensor_cores(args: argparse.Namespace) -> int:
+    from dataclasses import fields
+
     from .arith.tc_models import TENSOR_CORES, get_model
 
     if args.name:
         m = get_model(args.name)
-        for key in ("name", "instruction", "group", "frac_bits", "accum", "rounding",
-                    "sum_rounding", "align_accumulator", "source"):
-            value = getattr(m, key)
-            print(f"{key:17} {value.name if isinstance(value, Format) else value}")
+        for field in fields(m):
+            value = getattr(m, field.name)
+            print(f"{field.name:17} {value.name if isinstance(value, Format) else value}")
         print(f"{'c_format':17} {m.c_format.name}")
         return 0
     header = ["preset", "group", "frac bits", "result", "rounding", "instruction"]
     rows = [[m.name, str(m.group), str(m.frac_bits), m.accum_format.name, m.rounding,
              m.instruction] for m in TENSOR_CORES.values()]
     _print_table(header, rows)
-    print("\nFused dot-add of `group` exact products and C, aligned to the largest exponent, "
-          "each cut\ntoward zero to `frac bits`; figures from MMA-Sim (arXiv 2511.10909). "
-          "fpsim tensor-cores NAME\nshows one preset with its source.")
+    print("\nNVIDIA: fused dot-add of `group` exact products and C, aligned to the largest "
+          "exponent,\neach cut toward zero to `frac bits`. AMD and block-scaled presets differ; "
+          "fpsim tensor-cores\nNAME shows one preset in full, with its source (MMA-Sim, "
+          "arXiv 2511.10909).")
     return 0
 
 

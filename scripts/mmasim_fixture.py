@@ -70,6 +70,7 @@ INSTRUCTIONS: dict[str, tuple[str, str, str, str, str]] = {
     "cdna3_fp16": ("CDNA3", "mfma", "f32_16x16x16_f16", "fp16", "fp16"),
     "cdna3_bf16": ("CDNA3", "mfma", "f32_16x16x16_bf16", "bf16", "bf16"),
     "cdna3_xf32": ("CDNA3", "mfma", "f32_16x16x8_xf32", "tf32", "tf32"),
+    "cdna3_fp8": ("CDNA3", "mfma", "f32_16x16x32_fp8_bf8", "fp8_e4m3fnuz", "fp8_e5m2fnuz"),
 }
 #: block-scaled entries -> (preset, MMA-Sim architecture, class, qualifier, MX format of A, of
 #: B, block size)

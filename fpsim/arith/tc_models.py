@@ -38,6 +38,7 @@ class TensorCoreModel:
     ``sum_bits`` / ``c_bits`` (AMD CDNA3; None elsewhere): C is not aligned with the products;
     the products' cut sum and C are aligned to the larger of their exponents and cut toward
     -inf, the sum to ``sum_bits`` and C to ``c_bits`` bits, then added and rounded.
+    ``halves`` (CDNA3 FP8): the even and odd products are fused apart first.
     ``canonical_nan``: NaN results are NVIDIA's 0x7FFFFFFF (MMA-Sim does not model AMD's NaN
     payloads; fpsim's NaN there is 0x7FC00000).
     ``structure``: "fused" (one fused dot-add per group) or "fma_tree" (AMD CDNA1/2: each
@@ -61,6 +62,7 @@ class TensorCoreModel:
     sum_bits: int | None = None
     c_bits: int | None = None
     canonical_nan: bool = True
+    halves: bool = False
     structure: str = "fused"
     flush_subnormals: bool = False
 
@@ -117,10 +119,10 @@ def _bs(name: str, group: int, frac_bits: int, scaled: str, instruction: str) ->
                            MMASIM + "; block scales applied inside the fused dot-add", scaled)
 
 
-def _cdna3(name: str, group: int, instruction: str) -> TensorCoreModel:
+def _cdna3(name: str, group: int, instruction: str, halves: bool = False) -> TensorCoreModel:
     return TensorCoreModel(group, 24, "fp32", "rne", False, name, "rtz", instruction,
                            "MMA-Sim (arXiv 2511.10909), simulator/amd.py: fused_dot_rd_add",
-                           None, 31, 24, False)
+                           None, 31, 24, False, halves)
 
 
 def _cdna12(name: str, group: int, flush: bool, instruction: str) -> TensorCoreModel:
@@ -182,6 +184,8 @@ TENSOR_CORES: dict[str, TensorCoreModel] = {m.name: m for m in [
     _cdna3("cdna3_fp16", 8, "v_mfma_f32_16x16x16_f16, 32x32x8_f16 (MI300)"),
     _cdna3("cdna3_bf16", 8, "v_mfma_f32_16x16x16_bf16, 32x32x8_bf16 (MI300)"),
     _cdna3("cdna3_xf32", 4, "v_mfma_f32_16x16x8_xf32, 32x32x4_xf32 (MI300)"),
+    _cdna3("cdna3_fp8", 16, "v_mfma_f32_16x16x32_fp8/bf8, 32x32x16 (MI300; FNUZ formats)",
+           halves=True),
     _bs("blackwell_mxf8f6f4", 32, 25, "elements",
         "tcgen05.mma kind::mxf8f6f4.block_scale (ue8m0, block 32)"),
     _bs("blackwell_mxf4nvf4", 64, 35, "runs",

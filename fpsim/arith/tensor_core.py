@@ -23,6 +23,10 @@ is checked bit for bit against MMA-Sim's outputs (``tests/test_tensor_core_fixtu
 * fraction bits kept: Volta 23, Turing/Ampere/Ada 24, Hopper/Blackwell 25 for FP16/BF16/TF32;
   Ada and Hopper FP8 keep 13 and also truncate the FP32 result to 13 fraction bits (E8M13).
 
+The AMD models (CDNA1/2 FMA trees, CDNA3 fused sums cut toward -inf) and the block-scaled
+Blackwell instructions are variants of the same step, described by the fields of
+:class:`TensorCoreModel` (``fpsim tensor-cores NAME`` prints them).
+
 DeepSeek-V3 (arXiv 2412.19437, §3.3.2) measured the same effect on H800: FP8 GEMM accumulation
 retains about 14 bits, giving a maximum relative error of nearly 2% at K = 4096; their fix is
 to promote partial sums to FP32 every N_C = 128 elements (``chunk=128`` here).
@@ -118,32 +122,51 @@ class GroupStep:
     def _cdna3_step(self, acc: Any, a: Any, b: Any, ea: Any, eb: Any,
                     st: Stats) -> tuple[Any, Stats]:
         """AMD CDNA3 (MMA-Sim's ``amd_fused_dot_rd_add``): the products alone are aligned and
-        cut to ``frac_bits``; their sum and C are then aligned to the larger exponent and cut
-        toward -inf, the sum to ``sum_bits``, C to ``c_bits``; the total is rounded to the
+        cut to ``frac_bits`` (with ``halves``: the even and the odd products apart, each sum
+        then cut toward -inf to ``frac_bits`` below the larger); their sum and C are aligned
+        to the larger exponent and cut toward -inf, the sum to ``sum_bits``, C to ``c_bits``
+        (with ``halves``: C is dropped 26 or more binades below); the total is rounded to the
         result.  A product beyond FP32's range is ±inf (NaN when both signs occur)."""
         xp, lanes, m = self.lanes.xp, self.lanes, self.model
-        back = lanes.backend
         p, st = self.steps.products(a, b, st)
-        top = xp.amax(ea + eb, 0)
-        wide = Format(f"int{m.sum_bits + 8}", 0, m.sum_bits + 7, inf=False, nan="none")
-        cut = quantize(p * _pow2(lanes, m.frac_bits - top), self.trunc,
-                       rounding=m.sum_rounding, backend=back).sum(0)
-        psum = cut * _pow2(lanes, top - m.frac_bits)                 # exact
-        top = xp.maximum(top, exponents(lanes, acc, self.fmt.emin))
-        s = quantize(psum * _pow2(lanes, m.sum_bits - top), wide, rounding="rdown",
-                     backend=back) * _pow2(lanes, top - m.sum_bits)
-        c = quantize(acc * _pow2(lanes, m.c_bits - top), wide, rounding="rdown",
-                     backend=back) * _pow2(lanes, top - m.c_bits)
-        total = (s + c) + 0.0                                         # an exact zero is +0
+        e = ea + eb
+        if m.halves:
+            if p.shape[0] == 1:                      # a lone product: an empty odd half
+                p, e = xp.concatenate([p, 0 * p]), xp.concatenate([e, e])
+            (v0, t0), (v1, t1) = self._fused(p[0::2], e[0::2]), self._fused(p[1::2], e[1::2])
+            top = xp.maximum(t0, t1)
+            psum = self._floor(v0, top, m.frac_bits) + self._floor(v1, top, m.frac_bits)
+        else:
+            psum, top = self._fused(p, e)
+        ec = exponents(lanes, acc, self.fmt.emin)
+        top = xp.maximum(top, ec)
+        c = self._floor(acc, top, m.c_bits)
+        if m.halves:
+            c = xp.where(ec >= top - 25, c, 0.0)
+        total = (self._floor(psum, top, m.sum_bits) + c) + 0.0        # an exact zero is +0
         big = 2.0 ** (get_format("fp32").emax + 1)
         pos, neg = xp.any(p >= big, 0), xp.any(p <= -big, 0)
         total = xp.where(pos, math.inf, xp.where(neg, -math.inf, total))
         total = xp.where(pos & neg, math.nan, total)
         raw = p.sum(0) + acc
         total = xp.where(xp.isfinite(raw), total, raw)               # inf and NaN propagate
-        new = quantize(total, self.fmt, rounding=m.rounding, seed=self.steps.rng, backend=back)
+        new = quantize(total, self.fmt, rounding=m.rounding, seed=self.steps.rng,
+                       backend=lanes.backend)
         return new, counted(lanes, acc, p.sum(0), new, st)
 
+    def _fused(self, p: Any, e: Any) -> tuple[Any, Any]:
+        """The products aligned to their largest exponent, cut to ``frac_bits`` with
+        ``sum_rounding`` and summed exactly; and that exponent."""
+        top, f = self.lanes.xp.amax(e, 0), self.model.frac_bits
+        cut = quantize(p * _pow2(self.lanes, f - top), self.trunc,
+                       rounding=self.model.sum_rounding, backend=self.lanes.backend).sum(0)
+        return cut * _pow2(self.lanes, top - f), top
+
+    def _floor(self, x: Any, top: Any, bits: int) -> Any:
+        """``x`` cut toward -inf to ``bits`` fraction bits below exponent ``top``."""
+        wide = Format(f"int{bits + 8}", 0, bits + 7, inf=False, nan="none")
+        return quantize(x * _pow2(self.lanes, bits - top), wide, rounding="rdown",
+                        backend=self.lanes.backend) * _pow2(self.lanes, top - bits)
 
     def _tree_step(self, acc: Any, a: Any, b: Any, ea: Any, eb: Any,
                    st: Stats) -> tuple[Any, Stats]:
