@@ -88,3 +88,14 @@ def test_block_scaled_operands_are_checked():
                      **options)
     exact = a.dequantize(np.float64) @ b.dequantize(np.float64)    # small sums: exact
     assert np.array_equal(fpsim.matmul(a, b, **options), exact)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit internals on import
+def test_compiled_engine_matches_mma_sim():
+    """One preset through torch.compile (compiling takes a minute on a CPU)."""
+    torch = pytest.importorskip("torch")
+    name = "hopper_fp8"
+    a, b, c = (torch.from_numpy(x) for x in _inputs(name))
+    got = fpsim.matmul(a, b, c=c, inputs=tuple(META[name]["inputs"]), order="tensor_core",
+                       tensor_core=name, engine="compiled")
+    _compare(got.numpy(), FIXTURE[f"{name}.d"])
