@@ -68,7 +68,8 @@ class TensorCoreModel:
 
     def __post_init__(self) -> None:
         if not isinstance(self.group, int) or self.group < 1:
-            raise ValueError(f"TensorCoreModel.group must be a positive integer, not {self.group!r}")
+            raise ValueError("TensorCoreModel.group must be a positive integer, not "
+                             f"{self.group!r}")
         if not isinstance(self.frac_bits, int) or not 0 <= self.frac_bits <= 48:
             raise ValueError("TensorCoreModel.frac_bits must be an integer in [0, 48] (aligned "
                              f"sums stay exact in float64), got {self.frac_bits!r}")
