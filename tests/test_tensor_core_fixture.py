@@ -97,5 +97,5 @@ def test_compiled_engine_matches_mma_sim():
     name = "hopper_fp8"
     a, b, c = (torch.from_numpy(x) for x in _inputs(name))
     got = fpsim.matmul(a, b, c=c, inputs=tuple(META[name]["inputs"]), order="tensor_core",
-                       tensor_core=name, engine="compiled")
+                       tensor_core=name, backend="compiled")
     _compare(got.numpy(), FIXTURE[f"{name}.d"])
