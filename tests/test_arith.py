@@ -285,8 +285,10 @@ def test_fp64_pairwise_is_the_float64_tree_and_close_to_numpy():
 
 
 def test_fp32_pairwise_within_classical_bound():
+    """Bit for bit against the Fraction tree (each node the exact sum rounded to FP32), and
+    within the classical error bound."""
     rng = np.random.default_rng(6)
-    K = 1000
+    K = 999                                          # odd at the first level and again later
     a, b = rng.standard_normal((2, K)).astype(np.float32), rng.standard_normal((K, 2))
     b = b.astype(np.float32)
     got = fpsim.matmul(a, b, accum="fp32", order="pairwise")
@@ -298,7 +300,28 @@ def test_fp32_pairwise_within_classical_bound():
                         for x, y in zip(a[i], b[:, j]))
             bound = gamma(math.ceil(math.log2(K)), 2.0**-24) * float(scale)
             assert abs(float(Fraction(float(got[i, j])) - exact)) <= bound
-    assert not same_bits(got, seq)                   # the orders do differ
+            assert same_bits(got[i, j], ref_pairwise(a[i], b[:, j], "fp32"))
+    assert not same_bits(got, seq)                   # the order shows in the bits
+
+
+@pytest.mark.parametrize("K, tree", [
+    (3, lambda t, add: add(add(t[0], t[1]), t[2])),
+    (5, lambda t, add: add(add(add(t[0], t[1]), add(t[2], t[3])), t[4])),
+    (6, lambda t, add: add(add(add(t[0], t[1]), add(t[2], t[3])), add(t[4], t[5]))),
+    (7, lambda t, add: add(add(add(t[0], t[1]), add(t[2], t[3])), add(add(t[4], t[5]), t[6]))),
+])
+def test_pairwise_tree_shape_written_out(K, tree):
+    """The documented tree, written out by hand for small K (the odd term joins at the end of
+    its level), on random e5m2 sums where other orders give other bits."""
+    rng = np.random.default_rng(K)
+    a = fpsim.quantize(rng.standard_normal((64, K)), "fp16").astype(np.float32)
+    b = np.ones((K, 1), np.float32)
+    got = fpsim.matmul(a, b, accum="e5m2", order="pairwise")[:, 0]
+    fmt = get_format("e5m2")
+    want = [tree([Fraction(float(x)) for x in row], lambda x, y: add_rounded(x, y, fmt, "rne"))
+            for row in a]
+    assert same_bits(got, np.array(want))
+    assert not same_bits(got, fpsim.matmul(a, b, accum="e5m2")[:, 0])   # not the sequential sum
 
 
 @pytest.mark.parametrize("accum", ["fp16", "bf16", "fp32"])
@@ -365,12 +388,38 @@ def test_stats_swamping_overflow_underflow():
                                    ((5, 2, 4), (4, 3)), ((2, 4), (5, 4, 3)),
                                    ((2, 1, 2, 4), (3, 4, 3)), ((0, 4), (4, 2)), ((2, 0), (0, 3))])
 def test_numpy_matmul_shapes(sa, sb):
+    """NumPy's shape rules (1-D operands, broadcast batches, empty axes), each dot product
+    checked bit for bit against the left-to-right reference on values whose sums depend on
+    the order (1 + 2^-11 + 2^-11 in FP16 is 1 one way and 1 + 2^-10 the other)."""
     rng = np.random.default_rng(11)
-    a, b = rng.integers(-8, 8, sa).astype(np.float32), rng.integers(-8, 8, sb).astype(np.float32)
-    got = fpsim.matmul(a, b, accum="fp64")
-    ref = np.matmul(a.astype(float), b.astype(float))    # small integers: every order exact
-    assert got.shape == ref.shape and np.array_equal(got, ref) and got.dtype == np.float64
-    assert fpsim.matmul(a, b, accum="fp16").dtype == np.float32
+    terms = np.float32([1.0, 2.0**-11, 2.0**-11, -1.0, 2.0**-12, 3.0, -0.75, 2.0**-13])
+    a, b = rng.choice(terms, sa), rng.choice(terms, sb)
+    for accum in ("fp16", "fp64"):
+        got = fpsim.matmul(a, b, accum=accum)
+        ref = matmul_by_shape_rules(a, b, accum)
+        assert got.shape == ref.shape and same_bits(got, ref)
+        assert got.dtype == (np.float64 if accum == "fp64" else np.float32)
+    a, b = np.float32([[1.0, 2.0**-11, 2.0**-11]]), np.float32([[1.0], [1.0], [1.0]])
+    assert fpsim.matmul(a, b, accum="fp16").tolist() == [[1.0]]            # not 1 + 2^-10
+    assert fpsim.matmul(a[:, ::-1], b, accum="fp16").tolist() == [[1 + 2.0**-10]]
+
+
+def matmul_by_shape_rules(a: np.ndarray, b: np.ndarray, accum: str) -> np.ndarray:
+    """np.matmul's shapes, every entry a :func:`ref_dot` (left to right)."""
+    a2 = a[None, :] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    A = np.broadcast_to(a2, batch + a2.shape[-2:])
+    B = np.broadcast_to(b2, batch + b2.shape[-2:])
+    out = np.zeros(batch + (a2.shape[-2], b2.shape[-1]))
+    for idx in np.ndindex(*batch):
+        if out[idx].size and a2.shape[-1]:           # an empty sum is +0, as in np.matmul
+            out[idx] = ref_matmul(A[idx], B[idx], accum=accum)
+    if a.ndim == 1:
+        out = out[..., 0, :]
+    if b.ndim == 1:
+        out = out[..., 0]
+    return out
 
 
 def test_inputs_and_output_rounding():

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import fpsim
 import fpsim.mx as mx
 from fpsim.packing import pack_codes
+from reference import round_ref
 
 torch = pytest.importorskip("torch")
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -514,7 +515,12 @@ def test_nvfp4_edge_cases():
     assert np.isnan(d[16:48]).all() and np.isfinite(d[:16]).all() and np.isfinite(d[48:]).all()
     tiny = mx.quantize(np.full(16, 1e-38, np.float32), "nvfp4")
     assert tiny.tensor_scale == 2.0**-126                                  # clamped, not 0
-    assert np.allclose(tiny.dequantize(), 1e-38, rtol=0.1)
+    x, ts = Fraction(float(np.float32(1e-38))), Fraction(2) ** -126       # from the definitions:
+    s = round_ref(x / ts / 6, fpsim.get_format("fp8_e4m3fn"))            # 0.8507/6 -> 9·2^-6
+    e = round_ref(x / (ts * s), fpsim.get_format("fp4_e2m1"))            # 6.05 -> 6
+    assert (s, e) == (Fraction(9, 64), 6) and tiny.scales.tolist() == [0x21]
+    assert tiny.codes.tolist() == [7] * 16                               # E2M1 6.0
+    assert [Fraction(float(v)) for v in tiny.dequantize()] == [e * s * ts] * 16   # 0.84375·2^-126
 
 
 # --------------------------------------------------------------------------------------------

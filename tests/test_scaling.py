@@ -143,6 +143,33 @@ def test_asymmetric_matches_pytorch_observers():
     assert np.array_equal(r.zero_points.reshape(-1), zp.numpy())
 
 
+@pytest.mark.parametrize("x, fmt, scale, zero_point", [
+    ([-0.5, 254.5, 3.0], "int8", 1.0, -128),      # min / scale = -0.5, a tie: to even, 0
+    ([-2.5, 252.5], "int8", 1.0, -126),           # -2.5 to -2 (away from zero would give -125)
+    ([-4.5, 250.5, 1.0], "int8", 1.0, -124),
+    ([-1.5, 253.5], "int8", 1.0, -126),           # -1.5 to -2: both rules agree here
+    ([-0.5, 14.5], "int4", 1.0, -8),
+    ([-2.5, 12.5], "int4", 1.0, -6),
+])
+def test_zero_point_ties_round_to_even_as_pytorch(x, fmt, scale, zero_point):
+    """Ties of min / scale, checked against torch's MinMaxObserver (quant_min..quant_max of the
+    format) and the codes against torch's own per-tensor quantization where it has the dtype."""
+    x = np.float32(x)
+    qmin = -(2 ** (BITS[fmt] - 1))
+    obs = torch.ao.quantization.MinMaxObserver(dtype=torch.qint8, quant_min=qmin,
+                                               quant_max=-qmin - 1,
+                                               qscheme=torch.per_tensor_affine)
+    obs(torch.from_numpy(x))
+    t_scale, t_zp = obs.calculate_qparams()
+    assert (float(t_scale), int(t_zp)) == (scale, zero_point)
+    r = scaled_quantize(x, fmt, symmetric=False)
+    assert (float(r.scales), int(r.zero_points)) == (scale, zero_point)
+    if fmt == "int8":
+        q = torch.quantize_per_tensor(torch.from_numpy(x), scale, zero_point, torch.qint8)
+        assert r.codes.tolist() == (q.int_repr().numpy().astype(np.uint8)).tolist()
+        assert r.values.tolist() == q.dequantize().numpy().tolist()
+
+
 def test_edge_cases():
     z = scaled_quantize(np.zeros((3, 4), np.float32), "e4m3")
     assert float(z.scales) == 1.0 and not z.codes.any() and not z.values.any()
@@ -154,13 +181,15 @@ def test_edge_cases():
     r = scaled_quantize(x, "int4", granularity="channel", axis=0)
     assert r.scales[0, 0] == np.float32(1 / 7) and np.isnan(r.scales[1:]).all()
     assert np.isnan(r.values[1:]).all() and not r.codes[1:].any()
-    assert np.allclose(r.values[0], 1.0)
+    assert r.codes[0].tolist() == [7] * 4 and r.values[0].tolist() == [1.0] * 4  # 7 · fp32(1/7)
     t = scaled_quantize(np.float32([1e-44, -3e-45]), "e2m1")          # tiny amax: scale clamped
     assert float(t.scales) == 2.0**-126 and t.codes.tolist() == [0, 8]   # +0, -0
     big = scaled_quantize(np.float32([3e38, -1.0]), "e2m1", margin=5)   # scale capped at max
     assert float(big.scales) == np.finfo(np.float32).max
     wide = scaled_quantize(np.float32([3e38, -3e38]), "int8", symmetric=False)
-    assert np.isfinite(wide.scales) and np.isfinite(wide.values).all()  # span overflows float32
+    f32max = float(np.finfo(np.float32).max)         # span overflows float32: the largest scale
+    assert float(wide.scales) == f32max and int(wide.zero_points) == -127   # -128 - rint(-0.88)
+    assert wide.codes.tolist() == [130, 128] and wide.values.tolist() == [f32max, -f32max]
     a = np.float32(1.0030015)                        # a / fp32(a / 127) = 127.00001 in float32
     sym = scaled_quantize(np.float32([-a, 0.5]), "int8", rounding="rdown")
     assert sym.codes.tolist()[0] == 0x81                                # -127, not -128
