@@ -37,8 +37,9 @@ def neighbours(x: Fraction, fmt: Format) -> tuple[Fraction, Fraction]:
 
 
 def round_ref(x: float | int | Fraction, fmt: Format, mode: str = "rne",
-              saturate: bool = False) -> Fraction | str:
-    """Round ``x`` to ``fmt`` from first principles (no stochastic mode)."""
+              saturate: bool = False, subnormals: bool = True) -> Fraction | str:
+    """Round ``x`` to ``fmt`` from first principles (no stochastic mode); ``subnormals=False``
+    flushes a result below the least normal magnitude to zero (after rounding)."""
     if isinstance(x, float):
         if math.isnan(x):
             return "nan"
@@ -82,6 +83,8 @@ def round_ref(x: float | int | Fraction, fmt: Format, mode: str = "rne",
                 return "-inf" if neg else "inf"
             return "nan"
         r = big
+    if not subnormals and not fmt.is_int and 0 < r < Fraction(fmt.min_normal):
+        r = Fraction(0)
     if neg and r == 0 and fmt.nan == "fnuz":
         return Fraction(0)
     return -r if neg else r

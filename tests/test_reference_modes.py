@@ -34,9 +34,9 @@ def _inputs(fmt):
     return np.array(xs, dtype=np.float64)
 
 
-def _check(got, xs, fmt, mode, saturate):
+def _check(got, xs, fmt, mode, saturate, subnormals=True):
     for g, x in zip(got, xs):
-        ref = _as_value(round_ref(float(x), fmt, mode, saturate))
+        ref = _as_value(round_ref(float(x), fmt, mode, saturate, subnormals))
         if isinstance(ref, float) and ref != ref:
             assert g != g, (fmt.name, mode, x, g)
         elif isinstance(ref, float):
@@ -58,15 +58,32 @@ def test_modes_against_fraction_reference(name, saturate):
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp16", "fp8_e4m3fn", "fp8_e5m2", "fp4_e2m1", "int8", "tf32"])
-def test_float32_inputs_against_reference(name):
+@pytest.mark.parametrize("saturate", [False, True])
+def test_float32_inputs_against_reference(name, saturate):
     """float32 inputs take the 32-bit lanes (and the lookup table for narrow formats)."""
     fmt = fpsim.get_format(name)
     with np.errstate(over="ignore"):
         xs = _inputs(fmt).astype(np.float32)
     for mode in MODES:
-        got = fpsim.quantize(xs, fmt, rounding=mode)
+        got = fpsim.quantize(xs, fmt, rounding=mode, saturate=saturate)
         assert got.dtype == np.float32
-        _check(got.astype(np.float64), xs.astype(np.float64), fmt, mode, False)
+        _check(got.astype(np.float64), xs.astype(np.float64), fmt, mode, saturate)
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2", "fp8_e4m3fnuz",
+                                  "fp6_e2m3", "fp4_e2m1", "e6m9"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_subnormals_false_flushes_after_rounding(name, dtype):
+    """``subnormals=False``: round as usual, then results below the least normal become
+    (signed) zero; checked for every mode against the reference, float64 and float32 lanes."""
+    fmt = fpsim.get_format(name)
+    with np.errstate(over="ignore"):
+        xs = _inputs(fmt).astype(dtype)
+    xs = xs[np.isfinite(xs)]
+    for mode in MODES:
+        got = fpsim.quantize(xs, fmt, rounding=mode, subnormals=False).astype(np.float64)
+        _check(got, xs.astype(np.float64), fmt, mode, False, subnormals=False)
+        assert np.all(np.isnan(got) | (got == 0) | (np.abs(got) >= fmt.min_normal))
 
 
 def test_e8m0_rounds_float32_subnormals_to_nearest():
