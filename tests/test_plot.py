@@ -125,14 +125,14 @@ def test_value_coverage_counts_and_ranges():
     assert "log2 |x|" in bottom.get_xlabel()
 
 
-@pytest.mark.parametrize("call", [
-    lambda: plot.error_histogram([], "bf16"),
-    lambda: plot.error_histogram(["a"], "bf16"),
-    lambda: plot.value_coverage([1.0], []),
-    lambda: plot.error_histogram([1.0], "fp7"),
+@pytest.mark.parametrize("call, match", [
+    (lambda: plot.error_histogram([], "bf16"), "non-empty array of real numbers.* 0 elements"),
+    (lambda: plot.error_histogram(["a"], "bf16"), "array of real numbers, got <U1"),
+    (lambda: plot.value_coverage([1.0], []), r"no formats given: pass one or more format names"),
+    (lambda: plot.error_histogram([1.0], "fp7"), "unknown format 'fp7'. Did you mean 'fp4'"),
 ])
-def test_bad_input_is_a_clear_value_error(call):
-    with pytest.raises(ValueError):
+def test_bad_input_is_a_clear_value_error(call, match):
+    with pytest.raises(ValueError, match=match):
         call()
 
 
