@@ -1,0 +1,266 @@
+"""Plant small deliberate bugs in fpsim, one at a time, and check that the fast tests catch each.
+
+Every mutant replaces one line of fpsim/ (found by its exact text, wherever it lives in the
+package, so moving code between modules keeps it working) in a temporary copy of the
+repository; the working tree is never touched.  The fast tests relevant to that mutant then
+run on the copy (``pytest -x -q -m "not slow"``): a failure means the mutant was caught.
+
+Run from the repository root:
+
+    python scripts/mutants.py                 # all mutants; a table, then JSON
+    python scripts/mutants.py --only rne-ties --only zp-ties
+    python scripts/mutants.py --list          # the mutants and their test selections
+    python scripts/mutants.py --json out.json
+
+Exit status: 0 when every mutant is caught, 1 when one survived, 2 when a patch no longer
+applies (its line is gone or appears twice: re-anchor it) or the unmutated copy fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "fpsim"
+
+CORE = ["tests/test_reference_modes.py", "tests/test_api.py", "tests/test_formats.py",
+        "tests/test_properties.py"]
+STOCHASTIC = ["tests/test_stochastic.py"]
+ARITH = ["tests/test_arith.py"]
+MX = ["tests/test_mx.py"]
+PACKING = ["tests/test_packing.py", "tests/test_mx.py"]
+SCALING = ["tests/test_scaling.py"]
+TENSOR_CORE = ["tests/test_arith_tensor_core.py"]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One planted bug: the code of one line of fpsim/ (no indentation, no trailing comment)
+    and what replaces it."""
+
+    name: str
+    what: str
+    line: str
+    new: str
+    tests: list[str]
+
+
+MUTANTS = [
+    # stochastic rounding and accumulation
+    Mutant("stochastic-bits", "stochastic rounding draws W-3 random bits, not W-2",
+           "rand = _NP.random_bits(a.shape, src.width - 2, itype, rng) if rng else None",
+           "rand = _NP.random_bits(a.shape, src.width - 3, itype, rng) if rng else None",
+           STOCHASTIC + CORE),
+    Mutant("stochastic-twosum", "stochastic accumulation ignores the TwoSum error term",
+           "return xp.where(u < ((s - lo) + e) / width, hi, lo)",
+           "return xp.where(u < (s - lo) / width, hi, lo)", STOCHASTIC + ARITH),
+    # the rounding routine
+    Mutant("rne-ties", "ties-to-even rounds every tie down",
+           "q = (sig + ((mask >> 1) + ((sig >> shift) & mask & 1))) >> shift",
+           "q = (sig + (mask >> 1)) >> shift", CORE),
+    Mutant("rna-ties", "ties-away rounds ties toward zero",
+           "q = (sig + ((mask + 1) >> 1)) >> shift", "q = (sig + (mask >> 1)) >> shift", CORE),
+    Mutant("rto-sticky", "round-to-odd ignores the dropped bits (becomes truncation)",
+           "q = q | xp.astype((sig & mask) != 0, q.dtype)", "q = q", CORE),
+    Mutant("subnormal-exponent", "subnormal targets keep one exponent too many",
+           "tt = xp.clamp_min(t, fmt.min_biased_exp)",
+           "tt = xp.clamp_min(t, fmt.min_biased_exp + 1)", CORE),
+    Mutant("flush-threshold", "subnormals=False also flushes the least normal value",
+           "code = xp.where(code < (1 << m), 0, code)",
+           "code = xp.where(code <= (1 << m), 0, code)", CORE),
+    Mutant("overflow-directed", "rup/rdown overflow to infinity on the wrong side",
+           'to_inf = {"rup": over & ~neg, "rdown": over & neg}.get(mode, over)',
+           'to_inf = {"rup": over & neg, "rdown": over & ~neg}.get(mode, over)', CORE),
+    Mutant("overflow-rto", "round-to-odd overflows to infinity",
+           'if not saturate and (fmt.inf or fmt.has_nan) and mode not in ("rtz", "rto"):',
+           'if not saturate and (fmt.inf or fmt.has_nan) and mode not in ("rtz",):', CORE),
+    Mutant("saturate-rup", "saturate=True is ignored by rup",
+           'if not saturate and (fmt.inf or fmt.has_nan) and mode not in ("rtz", "rto"):',
+           'if (not saturate or mode == "rup") and (fmt.inf or fmt.has_nan) '
+           'and mode not in ("rtz", "rto"):', CORE),
+    Mutant("saturate-inf-input", "an infinite input becomes NaN even when saturating",
+           "return nan if (fmt.has_nan and not saturate) else big",
+           "return nan if fmt.has_nan else big", CORE),
+    Mutant("fnuz-negative-zero", "fnuz formats keep -0 (their NaN code)",
+           "sign = xp.where((code == 0) | (code == fmt.nan_code), 0, sign)",
+           "sign = xp.where(code == fmt.nan_code, 0, sign)", CORE),
+    Mutant("fn-nan-code", "fn formats (E4M3FN) lose their NaN code to a finite value",
+           "return all_ones - 1", "return all_ones", CORE),
+    # lookup tables and integer inputs
+    Mutant("table-sticky", "the lookup table forgets the sticky bit",
+           "idx = ((u >> utype(low - 1)) & high_mask) | ((u & low_mask) != 0)",
+           "idx = ((u >> utype(low - 1)) & high_mask)", CORE),
+    Mutant("table-low-bits", "the lookup table folds the rounding bit into the sticky bit",
+           "low = min(src.width - 16, least_shift - 1)", "low = min(src.width - 16, least_shift)",
+           CORE),
+    Mutant("int-round-to-odd", "integers beyond 2^53 are rounded to nearest, not to odd",
+           "fixed = np.where(inexact & ~odd, np.nextafter(fmag, toward), fmag)",
+           "fixed = fmag", CORE),
+    # accumulation
+    Mutant("sum-round-to-odd", "the exact sum's round-to-odd ignores the error's sign",
+           "odd = (sb + ((eb ^ sb) >> self.top)) | 1",
+           "odd = sb | 1", ARITH),
+    Mutant("pairwise-tree", "pairwise puts the odd last term first in its level",
+           "level = xp.concatenate([s, level[n - 1:]]) if n % 2 else s",
+           "level = xp.concatenate([level[n - 1:], s]) if n % 2 else s", ARITH),
+    Mutant("tensor-core-truncation", "the tensor-core model rounds aligned terms to nearest",
+           'total = quantize(p * up, self.trunc, rounding="rtz", backend=back).sum(0)',
+           'total = quantize(p * up, self.trunc, rounding="rne", backend=back).sum(0)',
+           TENSOR_CORE),
+    # MX, NVFP4, packing, scaling
+    Mutant("mx-floor-scale", "the OCP floor rule takes one binade too many",
+           "s = e - spec.emax", "s = e - spec.emax + 1", MX),
+    Mutant("mx-ceil-scale", "the ceil rule rounds up when amax is exactly max·2^k",
+           "return (bits >> 52) - (lim >> 52) + ops.astype((bits & _FRAC) > (lim & _FRAC), "
+           "ops.int64)",
+           "return (bits >> 52) - (lim >> 52) + ops.astype((bits & _FRAC) >= (lim & _FRAC), "
+           "ops.int64)", MX),
+    Mutant("mx-nan-scale", "a shared exponent above 127 is clamped instead of NaN",
+           "nan = (field == 2047) | (s > 127)", "nan = (field == 2047)", MX),
+    Mutant("mxint8-symmetric", "MXINT8 keeps -128 instead of clamping to -127",
+           "codes = ops.where(codes == 0x80, 0x81, codes)",
+           "codes = codes", MX),
+    Mutant("nvfp4-tensor-scale", "NVFP4's tensor scale divides by 448·4, not 448·6",
+           "return float(max(amax32 / np.float32(448 * 6), np.float32(_NVFP4_MIN_TENSOR_SCALE)))",
+           "return float(max(amax32 / np.float32(448 * 4), np.float32(_NVFP4_MIN_TENSOR_SCALE)))",
+           MX),
+    Mutant("nvfp4-scale-rounding", "NVFP4's E4M3 block scales truncate instead of rounding",
+           "scodes = encode(scale, spec.scale, saturate=True)",
+           'scodes = encode(scale, spec.scale, saturate=True, rounding="rtz")', MX),
+    Mutant("fp4-nibble-order", "packing puts the first code in the high nibble",
+           "acc = acc | (_astype(padded[:, j], lanes) << (bits * j))",
+           "acc = (acc << bits) | _astype(padded[:, j], lanes)", PACKING),
+    Mutant("zero-point-ties", "asymmetric zero points round ties away from zero",
+           "zp = qmin - _round_int(ops.where(bad, 0.0, _divide(lo, scale)))",
+           'zp = qmin - _round_int(ops.where(bad, 0.0, _divide(lo, scale)), "rna")', SCALING),
+]
+
+
+class Stale(Exception):
+    """A mutant's line is no longer in the package exactly once."""
+
+
+def code_of(text: str) -> str:
+    """A line without indentation and trailing comment (comments may change freely)."""
+    return re.sub(r"\s+#[^\"']*$", "", text.strip())
+
+
+def locate(root: Path, line: str) -> tuple[Path, int]:
+    """The file and 0-based index of the one line of the package whose code is ``line``."""
+    hits = []
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        for i, text in enumerate(path.read_text().splitlines()):
+            if code_of(text) == code_of(line):
+                hits.append((path, i))
+    if len(hits) != 1:
+        where = ", ".join(f"{p.relative_to(root)}:{i + 1}" for p, i in hits) or "nowhere"
+        raise Stale(f"patch no longer applies: the line {line!r} is found {len(hits)} times "
+                    f"({where}) in {PACKAGE}/; re-anchor the mutant on a unique line")
+    return hits[0]
+
+
+def apply(root: Path, m: Mutant) -> str:
+    """Replace the mutant's line in the copy at ``root`` (indentation kept); returns where."""
+    path, i = locate(root, m.line)
+    lines = path.read_text().splitlines(keepends=True)
+    old = lines[i]
+    indent = old[:len(old) - len(old.lstrip())]
+    lines[i] = indent + m.new + "\n"
+    path.write_text("".join(lines))
+    return f"{path.relative_to(root)}:{i + 1}"
+
+
+def copy_repository(dest: Path) -> None:
+    """Tracked and untracked (not ignored) files of the repository, nothing else."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                           check=True, capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        src = ROOT / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+
+
+def run_tests(root: Path, tests: list[str]) -> tuple[bool, str]:
+    """(passed, first failing test) of ``pytest -x -q -m "not slow"`` on the copy."""
+    env = dict(os.environ, PYTHONPATH=str(root), PYTHONDONTWRITEBYTECODE="1")
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-m", "not slow", "-p", "no:cacheprovider",
+           *tests]
+    out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+    failed = [ln.split(" ")[1] for ln in out.stdout.splitlines() if ln.startswith(("FAILED ",
+                                                                                   "ERROR "))]
+    if out.returncode not in (0, 1):                     # collection or usage errors
+        return False, failed[0] if failed else f"pytest exit {out.returncode}"
+    return out.returncode == 0, failed[0] if failed else ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", action="append", default=[], metavar="NAME",
+                        help="run only this mutant (repeatable)")
+    parser.add_argument("--list", action="store_true", help="list the mutants and stop")
+    parser.add_argument("--json", metavar="PATH", help="also write the JSON report to PATH")
+    args = parser.parse_args(argv)
+    known = {m.name for m in MUTANTS}
+    unknown = [n for n in args.only if n not in known]
+    if unknown:
+        print(f"mutants.py: unknown mutant {unknown[0]!r}; see --list", file=sys.stderr)
+        return 2
+    chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:24} {m.what}\n{'':24} tests: {' '.join(m.tests)}")
+        return 0
+    try:
+        for m in chosen:                                 # every anchor first: fail before running
+            locate(ROOT, m.line)
+    except Stale as err:
+        print(f"mutants.py: {m.name}: {err}", file=sys.stderr)
+        return 2
+
+    results = []
+    with tempfile.TemporaryDirectory(prefix="fpsim-mutants-") as tmp:
+        base = Path(tmp) / "base"
+        base.mkdir()
+        copy_repository(base)
+        selection = sorted({t for m in chosen for t in m.tests})
+        ok, first = run_tests(base, selection)
+        if not ok:
+            print(f"mutants.py: the unmutated copy fails {first}; fix the tests first",
+                  file=sys.stderr)
+            return 2
+        print(f"{'mutant':24} {'where':28} {'result':9} {'s':>5}  first failing test")
+        for m in chosen:
+            work = Path(tmp) / m.name
+            shutil.copytree(base, work)
+            where = apply(work, m)
+            start = time.monotonic()
+            passed, first = run_tests(work, m.tests)
+            secs = time.monotonic() - start
+            shutil.rmtree(work)
+            result = "survived" if passed else "caught"
+            results.append(dict(name=m.name, what=m.what, where=where, result=result,
+                                seconds=round(secs, 1), failed=first))
+            print(f"{m.name:24} {where:28} {result:9} {secs:5.0f}  {first}", flush=True)
+    caught = sum(r["result"] == "caught" for r in results)
+    report = dict(caught=caught, survived=len(results) - caught, total=len(results),
+                  mutants=results)
+    print(f"\n{caught} of {len(results)} mutants caught")
+    print(json.dumps(report, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    return 0 if caught == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
