@@ -525,6 +525,7 @@ def test_cuda_gives_the_cpu_bits(config):
     assert same_bits(got.cpu().numpy(), fpsim.matmul(a, b, **config))
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit internals on import
 def test_compiled_engine_gives_the_same_bits():
     """One configuration (compiling takes seconds): adversarial data, two tile shapes."""
@@ -538,6 +539,7 @@ def test_compiled_engine_gives_the_same_bits():
         assert same_bits(got, fpsim.matmul(a[:rows], b, **config))
 
 
+@pytest.mark.slow
 def test_stochastic_accumulation_is_unbiased():
     """Small addends into an FP16 sum: stochastic rounding keeps the mean exact (round-to-odd
     first would round 2^-30 up as often as a quarter ulp)."""

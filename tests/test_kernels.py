@@ -268,6 +268,7 @@ def test_shapes_dtypes_and_errors(device):
 # --------------------------------------------------------------------------------------------
 # The GPU code path, compiled ahead of time for sm_90 (no GPU needed)
 # --------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_kernels_compile_for_sm90_with_wide_accesses_and_no_ftz():
     """The interpreter never runs Triton's code generator: compile every kernel variant for a
     Hopper GPU with the bundled ptxas, in a process without TRITON_INTERPRET."""

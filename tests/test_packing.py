@@ -29,6 +29,7 @@ def test_fp4_every_pair_and_every_byte():
     assert np.array_equal(pack_codes(codes, 4), every_byte)
 
 
+@pytest.mark.slow
 def test_fp6_all_64_to_the_4_groups():
     """Every 4-code group: group g = c0 + 64 c1 + 4096 c2 + 262144 c3 packs to g's 3 LE bytes."""
     g = np.arange(1 << 24, dtype=np.uint32)
