@@ -123,9 +123,9 @@ def test_training_updates_the_full_precision_weights():
 
 
 def test_one_sgd_step_is_the_hand_computed_update():
-    """loss = sum(y^2), y = x·q(W)ᵀ + b: dL/dW = q_e5m2(2·yᵀ·x) (straight through q), and one
-    SGD step moves the full-precision W by -lr times that, computed here exactly in float64
-    (dyadic values: every product and sum below is exact)."""
+    """loss = sum(y^2), y = x·q(W)ᵀ + b: the output gradient q_e5m2(2y), the weight gradient
+    q_e5m2(q_e5m2(2y)ᵀ·x) (straight through q), and one SGD step moves the full-precision W by
+    -lr times that, computed here exactly in float64 (dyadic values: every sum is exact)."""
     w0 = np.array([[0.3, -1.1, 2.05], [0.7, 0.12, -0.5]], np.float32)
     b0 = np.array([0.25, -0.5], np.float32)
     x = np.array([[1.0, 0.5, -2.0], [0.25, 3.0, 1.5]], np.float32)
@@ -134,12 +134,12 @@ def test_one_sgd_step_is_the_hand_computed_update():
         lin.weight.copy_(torch.from_numpy(w0))
         lin.bias.copy_(torch.from_numpy(b0))
     opt = torch.optim.SGD(lin.parameters(), lr=0.5)
-    with quantize_linear_layers(lin, weights="e4m3", grad_fmt="e5m2"):
+    with quantize_linear_layers(lin, weights="e4m3", grad="e5m2"):
         lin(torch.from_numpy(x)).square().sum().backward()
         opt.step()
     qw = fpsim.quantize(w0, "e4m3").astype(np.float64)           # 0.3 -> 0.3125, 2.05 -> 2
     y = x.astype(np.float64) @ qw.T + b0
-    grad = fpsim.quantize(2 * y.T @ x.astype(np.float64), "e5m2")
+    grad = fpsim.quantize(fpsim.quantize(2 * y, "e5m2").T @ x.astype(np.float64), "e5m2")
     assert np.array_equal(lin.weight.grad.numpy(), grad.astype(np.float32))
     want = (w0.astype(np.float64) - 0.5 * grad).astype(np.float32)
     assert np.array_equal(lin.weight.detach().numpy(), want)       # full precision, updated
