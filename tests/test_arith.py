@@ -56,19 +56,27 @@ def exact_product(x: float, y: float) -> Fraction | float:
 
 
 def add_rounded(x: Fraction | float, y: Fraction | float, fmt: Format, mode: str) -> float:
-    """x + y rounded once; exact zeros are +0 unless both are -0 (as in round-to-nearest)."""
+    """x + y rounded once; an exact zero sum follows IEEE 754 section 6.3: x + x keeps the
+    sign of the zero x, else +0, but -0 under rounding toward negative ("rdown")."""
     if any(isinstance(v, float) and not math.isfinite(v) for v in (x, y)):
         return float(x) + float(y)
     exact = Fraction(x) + Fraction(y)
     if exact == 0:
-        negative = all(isinstance(v, float) and math.copysign(1, v) < 0 for v in (x, y))
-        return -0.0 if negative else 0.0
+        signs = {math.copysign(1, v) if isinstance(v, float) else (1 if v >= 0 else -1)
+                 for v in (x, y)}
+        return math.copysign(0.0, signs.pop()) if len(signs) == 1 else (
+            -0.0 if mode == "rdown" else 0.0)
     return round_fraction(exact, fmt, mode)
+
+
+def identity(mode: str) -> float:
+    """The zero z with z + p == p for every p, signed zeros included, under ``mode``."""
+    return 0.0 if mode == "rdown" else -0.0
 
 
 def ref_dot(xs, ys, accum, mode="rne", product=None) -> float:
     """Left to right: each product exact (or rounded to ``product``), each sum rounded."""
-    acc, fmt = -0.0, get_format(accum)
+    acc, fmt = identity(mode), get_format(accum)
     for x, y in zip(xs, ys):
         p = exact_product(float(x), float(y))
         if product is not None and isinstance(p, Fraction):
@@ -195,7 +203,7 @@ def ref_pairwise(xs, ys, accum, mode="rne") -> float:
     fmt = get_format(accum)
     level = [exact_product(float(x), float(y)) for x, y in zip(xs, ys)]
     if len(level) == 1:
-        return add_rounded(-0.0, level[0], fmt, mode)
+        return add_rounded(identity(mode), level[0], fmt, mode)
     while len(level) > 1:
         pairs = [add_rounded(x, y, fmt, mode) for x, y in zip(level[0::2], level[1::2])]
         level = pairs + level[-1:] if len(level) % 2 else pairs

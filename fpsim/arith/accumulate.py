@@ -41,7 +41,9 @@ class Adder:
         self.top_ulp = 2.0 ** (fmt.emax - fmt.mbits)    # the step from max to inf, stochastically
 
     def __call__(self, x: Any, y: Any) -> Any:
-        s = x + y
+        # IEEE 754 section 6.3: an exact zero sum of opposite signs is +0, but -0 under rdown;
+        # -((-x) - y) has the same value as x + y and that sign of zero (x + x keeps x's sign)
+        s = -((-x) - y) if self.rounding == "rdown" else x + y
         if self.plain:
             return s
         xp = self.lanes.xp
@@ -98,6 +100,7 @@ class Steps:
                  compiled: bool) -> None:
         self.add, self.product, self.rounding, self.rng = add, product, rounding, rng
         self.lanes = add.lanes
+        self.identity = 0.0 if rounding == "rdown" else -0.0   # z + p == p, signed zeros too
         wrap = compile_step if compiled else (lambda f: f)
         self.seq, self.pair = wrap(self._seq), wrap(self._pair)
 
@@ -165,12 +168,12 @@ def sequential(operands: Operands, K: int, steps: Steps, st: Stats, shape: tuple
     ``chunk``, the running sum restarts every ``chunk`` terms after ``promote(outer,
     block_sum, st)`` folds it into an outer sum."""
     lanes = steps.lanes
-    acc = lanes.full(shape, -0.0) if init is None else init   # -0 + p == p, signed zeros too
+    acc = lanes.full(shape, steps.identity) if init is None else init
     outer = None
     for k in range(K):
         if chunk and k and k % chunk == 0:
             outer, st = promote(outer, acc, st)
-            acc = lanes.full(shape, -0.0)
+            acc = lanes.full(shape, steps.identity)
         a, b = operands(k, k + 1)
         acc, st = steps.seq(acc, a[0], b[0], st)
     return promote(outer, acc, st) if chunk else (acc, st)
@@ -189,7 +192,7 @@ def pairwise(operands: Operands, K: int, steps: Steps, st: Stats, shape: tuple,
     a, b = operands(0, K)
     level, st = steps.products(a, b, st)             # (K, *shape)
     if K == 1:
-        s, st = steps.pair(steps.lanes.full((1,) + shape, -0.0), level, st)
+        s, st = steps.pair(steps.lanes.full((1,) + shape, steps.identity), level, st)
         return s[0], st
     while level.shape[0] > 1:
         n = level.shape[0]

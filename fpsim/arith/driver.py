@@ -21,6 +21,7 @@ import numpy as np
 from ..backend import is_torch, is_torch_generator
 from ..convert import quantize
 from ..formats import Format
+from ..inputs import check_input
 from ..rounding import F32, F64
 from . import accumulate, block_scaled
 from .tensor_core import (GroupStep, TensorCoreModel, canonical_nan, exponents,
@@ -88,8 +89,10 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
 
     Returns an array of float32 when the result's format fits it, else float64 (a torch tensor
     on the operands' device when either operand is one) and, with ``return_stats``, a
-    :class:`MatmulStats`.  A sum that is exactly zero is +0 (unless every term is -0).
-    With ``order="tensor_core"`` zeros are +0 and NaN is NVIDIA's 0x7FFFFFFF, as MMA-Sim has them.
+    :class:`MatmulStats`.  Exactly zero sums follow IEEE 754 §6.3: +0 (-0 when both addends
+    are -0), except with ``rounding="rdown"``, where they are -0 (+0 when both addends are +0).
+    With ``order="tensor_core"`` zeros are +0 (-0 for a cancellation under a model's
+    ``rounding="rdown"``) and NaN is NVIDIA's 0x7FFFFFFF, as MMA-Sim has them.
     """
     keyword = "backend"
     if engine is not None:
@@ -105,7 +108,7 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
         if plan.inputs != (None, None):
             raise ValueError("MXArray operands are already quantized: leave inputs=None")
         a, b = scaled.a, scaled.b
-    ops = prepare(a, b, use_torch)
+    ops = prepare(check_input(a, "a"), check_input(b, "b"), use_torch)
     exps = None if scaled is None else prepare(scaled.ea, scaled.eb, use_torch)
     fa, fb = plan.inputs
     if fa is not None:
