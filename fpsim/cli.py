@@ -161,10 +161,11 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     import numpy as np
 
     from .convert import quantize
+    from .inputs import check_input
     from .summary import summarize
 
     fmt = get_format(args.format)
-    x = _load_npy(args.input)
+    x = check_input(_load_npy(args.input), args.input)
     q = quantize(x, fmt, rounding=args.rounding, saturate=args.saturate, seed=args.seed)
     try:
         np.save(args.output, q)

@@ -22,6 +22,7 @@ from .backend import NumpyOps, check_backend, code_dtype, is_torch, on_nan_keywo
 from .dispatch import CONVERT_BACKENDS as BACKENDS
 from .formats import FORMATS, Format, get_format
 from .rounding import F32, F64, Source, check_saturate, decode_bits, round_bits
+from .inputs import check_input, check_seed, exact_cast
 
 CHUNK = 1 << 16  # elements per slice: temporaries stay in cache, memory stays near the output's
 _NP = NumpyOps()
@@ -290,7 +291,7 @@ TABLE_BYTES = 1 << 23  # the largest lookup table (of values) kept per configura
 
 
 def _numpy_rng(seed: Any) -> np.random.Generator:
-    if seed is None or isinstance(seed, (numbers.Integral, np.random.Generator,
+    if seed is None or isinstance(check_seed(seed), (numbers.Integral, np.random.Generator,
                                          np.random.SeedSequence)):
         return np.random.default_rng(seed)
     raise TypeError(f"seed for NumPy input must be an int, a numpy Generator or None, not "
@@ -405,6 +406,7 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
         return out
     fmt, rounding, backend = _options(fmt, rounding, backend)
     saturate = check_saturate(saturate)
+    x = check_input(x)
     if is_torch(x):
         route = dispatch.route(x, backend, fmt, seed)
         if route == "triton":
@@ -420,8 +422,9 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
         return out.to(x.dtype) if x.is_floating_point() else out
     arr, scalar = _as_array(x)
     work = _float_input(arr, fmt, rounding)
+    wide = work.dtype == np.float64 or not R.F32.holds(fmt)   # float64 lanes: float64 values
     out = _run_numpy(work, fmt, rounding, saturate, subnormals, seed, "value",
-                     np.dtype(np.float64 if work.dtype == np.float64 else np.float32))
+                     np.dtype(np.float64 if wide else np.float32))
     if arr.dtype.kind not in "iub" and out.dtype != arr.dtype:
         with np.errstate(over="ignore"):  # beyond the input dtype's range: inf, as casts do
             out = out.astype(arr.dtype)
@@ -456,6 +459,7 @@ def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool |
     on_nan = on_nan_keyword(on_nan, deprecated, "encode")
     fmt, rounding, backend = _options(fmt, rounding, backend)
     saturate = check_saturate(saturate)
+    x = check_input(x)
     if is_torch(x):
         route = dispatch.route(x, backend, fmt, seed)
         if route == "triton":                         # checks NaN inside the kernel
@@ -495,6 +499,7 @@ def decode(codes: Any, fmt: str | Format, *, dtype: Any = np.float64) -> Any:
     ``torch.float64`` unless ``dtype`` is a torch dtype).
     """
     fmt = get_format(fmt)
+    codes = check_input(codes, "codes")
     if is_torch(codes):
         import torch
 
@@ -512,7 +517,7 @@ def decode(codes: Any, fmt: str | Format, *, dtype: Any = np.float64) -> Any:
     if arr.size:
         _check_code_range(int(arr.min()), int(arr.max()), fmt)
     bits = decode_bits(_NP, arr.astype(np.uint64).view(np.int64), F64, fmt)
-    out = bits.view(np.float64).astype(dtype)
+    out = exact_cast(bits.view(np.float64), dtype)
     return float(out) if scalar else out
 
 

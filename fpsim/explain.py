@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 from .convert import decode, encode
 from .formats import Format, get_format
+from .inputs import check_input
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,9 @@ def _show(v: float) -> str:
 def explain(x: Any, fmt: str | Format, rounding: str = "rne", **options: Any) -> Explanation:
     """Round the scalar ``x`` to ``fmt`` and describe the result field by field."""
     fmt = get_format(fmt)
-    xv = float(x)
+    xv = float(check_input(x))
+    if isinstance(x, numbers.Integral) and int(x) != xv:
+        raise ValueError(f"{x} is not a float64 exactly; explain rounds one float64 value")
     code = int(encode(xv, fmt, rounding=rounding, on_nan="zero", **options))
     return _describe(code, fmt, xv)
 

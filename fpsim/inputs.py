@@ -42,7 +42,7 @@ def check_input(x: Any, name: str = "x") -> Any:
             raise TypeError(f"{name}: expected real numbers, got a complex tensor ({x.dtype})")
         return x
     if isinstance(x, (str, bytes)) or isinstance(x, complex):
-        raise TypeError(f"{name}: expected numbers, got {type(x).__name__}: {x!r:.40}")
+        raise TypeError(f"{name}: expected real numbers, got {type(x).__name__}: {x!r:.40}")
     if isinstance(x, numbers.Number) and not isinstance(x, np.generic):
         return x
     if isinstance(x, np.ma.MaskedArray):

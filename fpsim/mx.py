@@ -68,7 +68,8 @@ from .blockrules import (BLOCK_FORMATS, SCALE_ROUNDINGS, BlockFormat, ceil_expon
                          mx_scale_rows, nvfp4_scale_rows, nvfp4_tensor_scale, scale_rule,
                          scale_values, shared_exponents)
 from .convert import encode
-from .packing import pack_codes, unpack_codes
+from .inputs import check_input, check_seed
+from .packing import pack_codes, packed_size, unpack_codes
 from .rounding import check_mode
 
 CHUNK = 1 << 16                 # elements per NumPy slice: temporaries stay in cache
@@ -142,6 +143,7 @@ class BlockArray:
         if n_scales != lay.rows:
             raise ValueError(f"{n_scales} scale bytes given; shape {lay.shape} with blocks of "
                              f"{lay.block_size} along axis {lay.axis} has {lay.rows} blocks")
+        _check_packed(scales, packed, spec, lay)
         rows = unpack_codes(packed, spec.elem.bits, lay.rows * lay.block_size)
         codes = blocks.from_rows(rows.reshape(lay.rows, lay.block_size), lay)
         ts = check_tensor_scale(spec, tensor_scale, unpacking=True)
@@ -150,6 +152,22 @@ class BlockArray:
 
 
 MXArray = BlockArray
+
+
+def _check_packed(scales: Any, packed: Any, spec: BlockFormat, lay: blocks.Layout) -> None:
+    """The element bytes are exactly this format's and shape's; scale codes are bytes."""
+    need = packed_size(lay.rows * lay.block_size, spec.elem.bits)
+    have = int(np.prod(tuple(packed.shape)))
+    if have != need:
+        raise ValueError(f"{have} element bytes given; {spec.name} ({spec.elem.bits}-bit codes) "
+                         f"of shape {lay.shape} in blocks of {lay.block_size} packs into {need}: "
+                         "unpack with the format and shape that were packed")
+    s = scales if is_torch(scales) else np.asarray(scales)
+    if s.dtype.is_floating_point if is_torch(s) else s.dtype.kind not in "iu":
+        raise TypeError(f"scale codes must be integers (uint8), got dtype {s.dtype}")
+    if int(np.prod(tuple(s.shape))) and (int(s.min()) < 0 or int(s.max()) > 255):
+        raise ValueError(f"scale codes lie in [0, 255] (one byte each); got {int(s.min())}.."
+                         f"{int(s.max())}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -173,6 +191,7 @@ def quantize(x: Any, fmt: str | BlockFormat, *, axis: int = -1, block_size: int 
     mode = scale_rule(spec, scale_rounding)
     rounding = check_mode(rounding)
     ts_arg = check_tensor_scale(spec, tensor_scale)
+    x = check_input(x)
     size = spec.block_size if block_size is None else block_size
     if dispatch.route_blocks(x, backend, pad, is_torch(x)):
         lay = blocks.layout(tuple(x.shape), axis, size, True)
@@ -240,7 +259,7 @@ def _quantize_rows(rows: Any, spec: BlockFormat, scale_rows: Any, rounding: str,
 
     if is_torch(rows):
         return codes_of(rows, seed)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed))
     step = max(1, CHUNK // rows.shape[1])
     scales = np.empty(rows.shape[0], np.uint8)
     codes = np.empty(rows.shape, np.uint8)

@@ -43,6 +43,7 @@ from .backend import clip, divide, float_input, is_torch, ops_for
 from .blockrules import ceil_exponent
 from .convert import decode, encode, quantize
 from .formats import Format, get_format
+from .inputs import check_input
 from .rounding import F32, check_mode
 
 SCALE_DTYPES = ("fp32", "e8m0")
@@ -79,7 +80,7 @@ def scaled_quantize(x: Any, fmt: str | Format, *, granularity: Any = "tensor",
     if isinstance(margin, bool) or not isinstance(margin, (int, np.integer)) \
             or not -127 <= margin <= 127:
         raise ValueError(f"margin={margin!r}: pass a whole number of binades in [-127, 127]")
-    work = float_input(x, "scaled_quantize takes")
+    work = float_input(check_input(x), "scaled_quantize takes")
     if not F32.holds(fmt):             # quotients beyond float32's range: work in float64
         work = ops_for(work).astype(work, ops_for(work).float64)
     kind, axis, lay = _grouping(granularity, axis, tuple(work.shape))

@@ -21,7 +21,7 @@ import numpy as np
 from ..backend import is_torch, is_torch_generator
 from ..convert import quantize
 from ..formats import Format
-from ..inputs import check_input
+from ..inputs import check_input, check_seed
 from ..rounding import F32, F64
 from . import accumulate, block_scaled
 from .tensor_core import (GroupStep, TensorCoreModel, canonical_nan, exponents,
@@ -282,6 +282,7 @@ def _steps(plan: Plan, lanes: Lanes, wide: Lanes, prod: Profile, rng: Any) -> tu
 
 
 def _rng(lanes: Lanes, seed: Any) -> Any:
+    check_seed(seed)
     if not lanes.torch:
         return np.random.default_rng(seed)
     if isinstance(seed, lanes.xp.Generator):
