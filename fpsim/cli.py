@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -157,6 +158,51 @@ def _load_npy(path: str) -> Any:
         raise CliError(f"cannot read {path}: {exc}") from None
 
 
+def _output_path(path: str) -> str:
+    """The file ``np.save(path)`` would write (``.npy`` appended when missing); not a folder."""
+    target = path if path.endswith(".npy") else path + ".npy"
+    for p in dict.fromkeys((path, target)):
+        if os.path.isdir(p):
+            raise CliError(f"{p} is a directory: give OUT as a file name, e.g. {p}/out.npy")
+    return target
+
+
+def save_atomically(path: str, write: Any) -> None:
+    """Call ``write(file)`` on a temporary file beside ``path``, then rename it to ``path``.
+
+    A write that fails midway (disk full, file-size limit, Ctrl-C) leaves ``path`` as it was
+    (the input too, when it is the same file) and removes the temporary file.
+    """
+    import tempfile
+
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        mode = os.stat(path).st_mode & 0o777            # keep an existing file's permissions
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    except OSError as exc:
+        raise CliError(f"cannot write {path}: {exc}") from None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    except OSError as exc:
+        raise CliError(f"cannot write {path}: {exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise CliError(f"cannot write {path}: {exc}; it was left unchanged") from None
+        raise
+
+
 def cmd_quantize(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -165,15 +211,13 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from .summary import summarize
 
     fmt = get_format(args.format)
+    target = _output_path(args.output)
     x = check_input(_load_npy(args.input), args.input)
     q = quantize(x, fmt, rounding=args.rounding, saturate=args.saturate, seed=args.seed)
-    try:
-        np.save(args.output, q)
-    except OSError as exc:
-        raise CliError(f"cannot write {args.output}: {exc}") from None
+    save_atomically(target, lambda fh: np.save(fh, q, allow_pickle=False))
     print(f"{x.size} values ({x.dtype}) -> {fmt.name}, rounding {args.rounding}"
           f"{', saturating' if args.saturate else ''}"
-          f"{' (inf too)' if args.saturate == 'finite' else ''}: wrote {args.output}")
+          f"{' (inf too)' if args.saturate == 'finite' else ''}: wrote {target}")
     for line in summarize(x, q, fmt).lines():
         print(f"  {line}")
     return 0
@@ -303,10 +347,13 @@ def _color_option(s: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    """Run the command line; returns the exit status (130 after Ctrl-C, without a traceback)."""
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
+    except KeyboardInterrupt:
+        print("fpsim: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # e.g. `fpsim values e8m0 | head`: an OSError, so caught first
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
         return 0
