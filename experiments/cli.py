@@ -29,20 +29,31 @@ STANDALONE: dict[str, ModuleType] = {training.NAME: training}  # train their own
 DEFAULT_OUT = Path("results")
 
 
+def _positive(text: str) -> int:
+    """argparse type: a positive integer (argparse names the option in its one-line error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = OneLineParser(prog="fpsim experiment", description=__doc__.splitlines()[0])
     p.add_argument("name", choices=[*EXPERIMENTS, *STANDALONE, "all"], help="experiment to run")
     p.add_argument("--model", default=str(context.DEFAULT_MODEL),
                    help="checkpoint directory or Hugging Face name in the offline cache "
                         "(default: the tiny byte-level model)")
-    p.add_argument("--tokens", type=int, help="held-out tokens for end-to-end metrics "
+    p.add_argument("--tokens", type=_positive, help="held-out tokens for end-to-end metrics "
                                               f"(default {context.FULL.tokens}, --quick {context.QUICK.tokens})")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default results/)")
     p.add_argument("--quick", action="store_true", help="few tokens and subsampled sites: a smoke run")
     p.add_argument("--device", choices=["cpu", "cuda"],
                    help="where the model and the emulation run (training: default cuda when "
                         "available; the others: cpu only)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (the CPU is shared)")
+    p.add_argument("--threads", type=_positive, default=1, help="torch CPU threads (the CPU is shared)")
     p.add_argument("--render", action="store_true",
                    help="only regenerate figures and REPORT.md from an existing results.json")
     args = p.parse_args(argv)

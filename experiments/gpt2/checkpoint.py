@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import warnings
 from pathlib import Path
 
 import torch
@@ -77,10 +79,84 @@ def resolve_checkpoint(path_or_name: str | os.PathLike) -> Path:
     )
 
 
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be used: one line naming the file and the problem."""
+
+
+#: config.json keys that change the model's arithmetic: required, never defaulted.
+REQUIRED_KEYS = ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size", "layer_norm_epsilon")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+def read_config(path: Path) -> GPT2Config:
+    """The GPT2Config of a ``config.json``; CheckpointError unless every model key is there."""
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: not a readable JSON file ({_first_line(exc)})") from None
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{path}: expected a JSON object of GPT-2 settings, got a "
+                              f"{type(d).__name__}")
+    if "n_positions" not in d and "n_ctx" in d:              # older HF configs
+        d = {**d, "n_positions": d["n_ctx"]}
+    missing = [k for k in REQUIRED_KEYS if k not in d]
+    if missing:
+        raise CheckpointError(f"{path}: missing {', '.join(missing)}; these keys change the "
+                              "model, so there is no default")
+    for k in REQUIRED_KEYS:
+        kind = (int, float) if k == "layer_norm_epsilon" else int
+        if isinstance(d[k], bool) or not isinstance(d[k], kind) or d[k] <= 0:
+            raise CheckpointError(f"{path}: {k}={d[k]!r} must be a positive number")
+    if d["n_embd"] % d["n_head"]:
+        raise CheckpointError(f"{path}: n_embd={d['n_embd']} is not a multiple of "
+                              f"n_head={d['n_head']}")
+    try:
+        return GPT2Config.from_hf_dict(d)
+    except (ValueError, TypeError) as exc:
+        raise CheckpointError(f"{path}: {_first_line(exc)}") from None
+
+
 def _read_weights(d: Path) -> dict[str, Tensor]:
-    if (d / "model.safetensors").is_file():
-        return load_file(d / "model.safetensors")
-    return torch.load(d / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    """The tensors of the weight file; CheckpointError for a corrupt, truncated or unsafe one."""
+    path = d / "model.safetensors"
+    try:
+        if path.is_file():
+            return load_file(path)
+        path = d / "pytorch_model.bin"
+        with warnings.catch_warnings():                      # pickle-protocol notes
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{path}: refused: it pickles objects other than tensors, which "
+                              "are never unpickled (weights_only); convert it to "
+                              "model.safetensors") from None
+    except Exception as exc:  # noqa: BLE001 - safetensors, zip and torch errors alike
+        raise CheckpointError(f"{path}: corrupt or truncated weight file "
+                              f"({_first_line(exc)[:200]})") from None
+    if not (isinstance(raw, dict) and all(isinstance(t, Tensor) for t in raw.values())):
+        raise CheckpointError(f"{path}: expected a dict of named tensors, got a "
+                              f"{type(raw).__name__}")
+    return raw
+
+
+def _check_shapes(weights: dict[str, Tensor], model: GPT2, d: Path) -> None:
+    """Every parameter present with the shape config.json implies, and nothing else."""
+    name = "model.safetensors" if (d / "model.safetensors").is_file() else "pytorch_model.bin"
+    want = model.state_dict()
+    missing = [k for k in want if k not in weights]
+    extra = [k for k in weights if k not in want]
+    if missing or extra:
+        what = f"lacks {missing[0]}" if missing else f"has unexpected {extra[0]}"
+        raise CheckpointError(f"{d / name}: {what} ({len(missing)} missing, {len(extra)} "
+                              f"unexpected tensors) for the model {d / 'config.json'} describes")
+    for k, t in want.items():
+        if tuple(weights[k].shape) != tuple(t.shape):
+            raise CheckpointError(f"{d / name}: {k} has shape {tuple(weights[k].shape)} but "
+                                  f"{d / 'config.json'} implies {tuple(t.shape)}")
 
 
 def _to_model_keys(raw: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -99,9 +175,10 @@ def _to_model_keys(raw: dict[str, Tensor]) -> dict[str, Tensor]:
 def load_gpt2(path_or_name: str | os.PathLike, dtype: torch.dtype = torch.float32) -> GPT2:
     """Load a GPT-2 checkpoint (directory or offline-cached hub name) as an eval-mode model in ``dtype``."""
     d = resolve_checkpoint(path_or_name)
-    cfg = GPT2Config.from_hf_dict(json.loads((d / "config.json").read_text()))
-    model = GPT2(cfg)
-    model.load_state_dict(_to_model_keys(_read_weights(d)), strict=True)
+    model = GPT2(read_config(d / "config.json"))
+    weights = _to_model_keys(_read_weights(d))
+    _check_shapes(weights, model, d)
+    model.load_state_dict(weights, strict=True)
     return model.to(dtype).eval()
 
 
