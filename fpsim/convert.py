@@ -494,8 +494,9 @@ def _torch_codes(codes: Any, fmt: Format) -> Any:
 def decode(codes: Any, fmt: str | Format, *, dtype: Any = np.float64) -> Any:
     """Values of the codes of ``fmt``: every code, NaN and inf included.
 
-    The values are exact in float64; a narrower ``dtype`` holds them exactly when the format fits
-    it (e.g. every FP8/FP6/FP4 code in float32).  torch tensors decode on their own device (to
+    The values are exact in float64; a narrower ``dtype`` (float, or integer for integer
+    values) is refused with ValueError unless it holds every decoded value exactly (every
+    FP8/FP6/FP4 code fits float32).  torch tensors decode on their own device (to
     ``torch.float64`` unless ``dtype`` is a torch dtype).
     """
     fmt = get_format(fmt)
@@ -510,7 +511,7 @@ def decode(codes: Any, fmt: str | Format, *, dtype: Any = np.float64) -> Any:
             _check_code_range(int(wide.min()), int(wide.max()), fmt)
         ops = ops_for(codes)
         out = ops.view(decode_bits(ops, wide, F64, fmt), torch.float64)
-        return out.to(dtype if isinstance(dtype, torch.dtype) else torch.float64)
+        return exact_cast(out, dtype if isinstance(dtype, torch.dtype) else torch.float64)
     arr, scalar = _as_array(codes)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"codes must be integers, got dtype {arr.dtype}")

@@ -75,20 +75,31 @@ def _long_double(arr: np.ndarray, name: str) -> np.ndarray:
 
 
 def exact_cast(values: np.ndarray, dtype: Any, what: str = "decoded values") -> np.ndarray:
-    """float64 ``values`` as ``dtype``; an integer or bool dtype only if it holds them exactly."""
-    dt = np.dtype(dtype)
-    if dt.kind in "iub":
+    """float64 ``values`` as ``dtype``, refused (ValueError) unless it holds every one exactly
+    (NaN as NaN; integer and bool dtypes hold neither NaN nor inf)."""
+    if is_torch(values):
+        if dtype.is_complex:
+            raise TypeError(f"dtype={dtype}: {what} are real numbers; choose a float dtype")
+        out = values.to(dtype)
+        back, floating = out.to(values.dtype), dtype.is_floating_point
+    else:
+        dt = np.dtype(dtype)
+        if dt.kind not in "iubf" and not (dt.kind == "V" and dt.itemsize <= 2):
+            raise TypeError(f"dtype={dt}: {what} are real numbers; choose a float dtype")
         with np.errstate(invalid="ignore", over="ignore"):
             out = values.astype(dt)
-            ok = np.isfinite(values) & (out.astype(np.float64) == values)
-        if not ok.all():
-            bad = values[~ok].reshape(-1)[0]
-            raise ValueError(f"{what} do not fit dtype {dt} exactly (e.g. {bad!r}); use a float "
-                             "dtype such as np.float64")
-        return out
-    if dt.kind != "f" and not (dt.kind == "V" and dt.itemsize <= 2):
-        raise TypeError(f"dtype={dt}: {what} are real numbers; choose a float dtype")
-    return values.astype(dt)
+            back = out.astype(np.float64)
+        floating, dtype = dt.kind not in "iub", dt
+    ok = back == values
+    if floating:
+        ok = ok | ((values != values) & (back != back))                # NaN stays NaN
+    else:
+        ok = ok & (values.isfinite() if is_torch(values) else np.isfinite(values))
+    if not bool(ok.all()):
+        bad = float(values[~ok].reshape(-1)[0])
+        raise ValueError(f"{what} do not fit dtype {dtype} exactly (e.g. {bad!r}); use a wider "
+                         "dtype such as float64")
+    return out
 
 
 def check_seed(seed: Any, name: str = "seed") -> Any:

@@ -141,8 +141,16 @@ def test_decode_integer_dtype_only_when_exact():
     for bad, dtype in ((np.nan, np.int32), (0.5, np.int64), (448.0, np.int8), (-1.0, np.uint8)):
         with pytest.raises(ValueError, match="do not fit dtype"):
             fpsim.decode(fpsim.encode(np.array([bad]), "e4m3"), "e4m3", dtype=dtype)
+    with pytest.raises(ValueError, match="do not fit dtype float16"):
+        fpsim.decode(fpsim.encode(np.float32([3e38]), "fp32"), "fp32", dtype=np.float16)
+    specials = fpsim.encode(np.array([np.nan, -np.inf, 65504.0]), "fp16")
+    assert same_nan(fpsim.decode(specials, "fp16", dtype=np.float16), [np.nan, -np.inf, 65504])
     with pytest.raises(TypeError, match="float dtype"):
         fpsim.decode(codes, "e4m3", dtype="datetime64[s]")
+
+
+def same_nan(a, b) -> bool:
+    return np.array_equal(np.asarray(a, np.float64), np.asarray(b, np.float64), equal_nan=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -193,3 +201,12 @@ def test_semantics_doc_mentions_torch_e8m0_rounding():
 def test_negative_seed_names_the_argument_in_block_formats():
     with pytest.raises(ValueError, match="seed=-1"):
         mx.quantize(np.ones(32), "mxfp4", rounding="stochastic", seed=-1)
+
+
+def test_torch_decode_integer_dtype_only_when_exact():
+    torch = pytest.importorskip("torch")
+    codes = torch.tensor([0x38, 0x7F, 0x40], dtype=torch.uint8)       # 1.0, NaN, 2.0 in e4m3
+    with pytest.raises(ValueError, match="do not fit dtype torch.int32"):
+        fpsim.decode(codes, "e4m3", dtype=torch.int32)
+    assert fpsim.decode(codes[[0, 2]], "e4m3", dtype=torch.int32).tolist() == [1, 2]
+    assert fpsim.decode(codes, "e4m3").dtype == torch.float64
