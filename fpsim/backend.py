@@ -174,7 +174,8 @@ def float_input(x: Any, who: str, keep_float64: bool = True) -> Any:
     if arr.dtype.kind == "f" or (arr.dtype.kind == "V" and arr.dtype.itemsize <= 2):
         if arr.dtype == np.float64 and keep_float64:
             return arr
-        return arr.astype(np.float32, copy=False)
+        with np.errstate(over="ignore"):        # float64 beyond float32: inf, as a cast does
+            return arr.astype(np.float32, copy=False)
     raise TypeError(f"{who} floating-point data, got dtype {arr.dtype}: convert it with "
                     ".astype(np.float32) first")
 

@@ -205,7 +205,8 @@ def _scale(span: Any, levels: float, scale_dtype: str, margin: int) -> Any:
     if scale_dtype == "e8m0":
         k = ceil_exponent(ops, ops.astype(span, ops.float64), levels) + margin
         return ops.view((ops.clamp_max(ops.clamp_min(k, -127), 127) + 1023) << 52, ops.float64)
-    s = ops.astype(ops.astype(divide(span, levels), ops.float32), ops.float64) * 2.0**margin
+    with np.errstate(over="ignore"):             # beyond float32: inf, clamped to its max below
+        s = ops.astype(ops.astype(divide(span, levels), ops.float32), ops.float64) * 2.0**margin
     return ops.clamp_max(ops.clamp_min(s, _FP32_MIN_NORMAL), _FP32_MAX)
 
 

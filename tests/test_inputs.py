@@ -182,6 +182,10 @@ def test_no_runtime_warning_escapes_a_documented_result():
         assert fpsim.quantize(np.float32([3.0e38]), "e9m6", rounding="rtz")[0] < np.inf
         fpsim.quantize(np.float16([65504]), "fp32", rounding="rup")
         fpsim.decode(fpsim.encode(np.array([np.nan, np.inf]), "fp16"), "fp16", dtype=np.float16)
+        # found by the fuzz test: float64 data beyond float32 in fp32 scales and NVFP4
+        assert fpsim.scaled_quantize(np.array([1e42, 1.0]), "e4m3").scales == np.float32(
+            np.finfo(np.float32).max)
+        mx.quantize(np.full(16, 3.4028236e38), "nvfp4")
 
 
 def test_negative_seed_names_the_argument():
