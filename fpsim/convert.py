@@ -422,7 +422,7 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
         return out.to(x.dtype) if x.is_floating_point() else out
     arr, scalar = _as_array(x)
     work = _float_input(arr, fmt, rounding)
-    wide = work.dtype == np.float64 or not R.F32.holds(fmt)   # float64 lanes: float64 values
+    wide = work.dtype == np.float64 or not F32.holds(fmt)   # float64 lanes: float64 values
     out = _run_numpy(work, fmt, rounding, saturate, subnormals, seed, "value",
                      np.dtype(np.float64 if wide else np.float32))
     if arr.dtype.kind not in "iub" and out.dtype != arr.dtype:

@@ -36,7 +36,7 @@ def ref_chunked(xs, ys, accum: str, mode: str, chunk: int) -> float:
 
 
 def run(xs, ys, engine, **kw):
-    out = fpsim.dot(np.array(xs, np.float32), np.array(ys, np.float32), engine=engine, **kw)
+    out = fpsim.dot(np.array(xs, np.float32), np.array(ys, np.float32), backend=engine, **kw)
     return np.asarray(out.numpy() if hasattr(out, "numpy") else out, np.float64)
 
 
