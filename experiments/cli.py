@@ -53,7 +53,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device", choices=["cpu", "cuda"],
                    help="where the model and the emulation run (training: default cuda when "
                         "available; the others: cpu only)")
-    p.add_argument("--threads", type=_positive, default=1, help="torch CPU threads (the CPU is shared)")
+    p.add_argument("--threads", type=_positive, default=1,
+                   help="torch CPU threads (the CPU is shared)")
     p.add_argument("--render", action="store_true",
                    help="only regenerate figures and REPORT.md from an existing results.json")
     args = p.parse_args(argv)

@@ -1,4 +1,5 @@
-"""``fpsim experiment`` on broken checkpoints: one line naming the file and the problem, status 2."""
+"""``fpsim experiment`` on broken checkpoints: one line naming the file and the problem,
+exit status 2."""
 
 from __future__ import annotations
 
