@@ -237,7 +237,8 @@ def _convert_first(plan: Callable, dtype: Any, want: str) -> Callable:
             if want == "value":
                 res = np.empty(part.size, dtype)
                 plan(part, res)
-                out[lo:lo + part.size] = res
+                with np.errstate(over="ignore"):      # beyond the input dtype: inf, as casts do
+                    out[lo:lo + part.size] = res
             else:
                 plan(part, out[lo:lo + part.size])
     return run
