@@ -38,15 +38,10 @@ def ref_tensor_core(xs, ys, model: TensorCoreModel, emin_a: int, emin_b: int,
         top = max((e for _, e in terms), default=0)
         quantum = Fraction(2) ** (top - f)
         total = sum((int(t / quantum) for t, _ in terms), 0) * quantum   # int(): toward zero
-        plus = all(math.copysign(1, float(x) * float(y)) > 0 and float(x) * float(y) == 0
-                   for x, y in zip(xs[g0:g0 + model.group], ys[g0:g0 + model.group]))
-        if model.align_accumulator:
-            plus = plus and math.copysign(1, acc) > 0 and acc == 0
-        zero = -0.0 if model.rounding == "rdown" and not plus else 0.0   # IEEE 754 6.3
         if not model.align_accumulator:
-            acc = add_rounded(acc, total if total else zero, fmt, model.rounding)
+            acc = add_rounded(acc, total, fmt, model.rounding)
         else:
-            acc = round_fraction(total, fmt, model.rounding) if total else zero
+            acc = round_fraction(total, fmt, model.rounding) if total else 0.0
             if abs(total) >= Fraction(2) ** (fmt.emax + 1):     # the exponent overflows: inf
                 acc = math.copysign(math.inf, total)
     if chunk:

@@ -98,19 +98,3 @@ def test_compiled_engine_keeps_the_sign():
     for mode in ("rdown", "rne"):
         got = run([1.0, -1.0, 0.5, -0.5], [1.0] * 4, "compiled", accum="fp16", rounding=mode)
         assert same_bits(got, -0.0 if mode == "rdown" else 0.0)
-
-
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("aligned", [True, False])
-def test_tensor_core_models_under_rdown(engine, aligned):
-    from fpsim.arith.tensor_core import TensorCoreModel
-    from test_arith_tensor_core import ref_tensor_core
-
-    for mode in ("rdown", "rtz"):
-        model = TensorCoreModel(2, 24, "fp32", mode, align_accumulator=aligned)
-        for xs in itertools.product([1.0, -1.0, 0.0, -0.0], repeat=4):
-            got = run(xs, [1.0] * 4, engine, order="tensor_core", tensor_core=model)
-            emin = get_format("fp32").emin
-            assert same_bits(got, ref_tensor_core(xs, [1.0] * 4, model, emin, emin)), (xs, got)
-        got = run([1.0, -1.0], [1.0, 1.0], engine, order="tensor_core", tensor_core=model)
-        assert same_bits(got, -0.0 if mode == "rdown" else 0.0)

@@ -109,11 +109,6 @@ class GroupStep:
         psum = p.sum(0)
         raw = psum + acc if self.unaligned is None else psum
         total = xp.where(xp.isfinite(raw), total, raw)               # inf and NaN propagate
-        if self.model.rounding == "rdown":      # IEEE 754 6.3: a zero sum is -0 unless all +0
-            plus = ((p == 0) & ~xp.signbit(p)).all(0)
-            if self.unaligned is None:
-                plus = plus & (acc == 0) & ~xp.signbit(acc)
-            total = xp.where((total == 0) & ~plus, -0.0, total)
         if self.unaligned is None:
             new = quantize(total, self.fmt, rounding=self.model.rounding, seed=self.steps.rng,
                            backend=back)
