@@ -91,8 +91,8 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     on the operands' device when either operand is one) and, with ``return_stats``, a
     :class:`MatmulStats`.  Exactly zero sums follow IEEE 754 §6.3: +0 (-0 when both addends
     are -0), except with ``rounding="rdown"``, where they are -0 (+0 when both addends are +0).
-    With ``order="tensor_core"`` zeros are +0 (-0 for a cancellation under a model's
-    ``rounding="rdown"``) and NaN is NVIDIA's 0x7FFFFFFF, as MMA-Sim has them.
+    With ``order="tensor_core"`` zeros are +0 (any rounding) and NaN is NVIDIA's 0x7FFFFFFF,
+    as MMA-Sim has them.
     """
     keyword = "backend"
     if engine is not None:
