@@ -1,8 +1,10 @@
 """Capture the operands of every dot-product site of one GPT-2 forward pass.
 
 An ``ops`` object (see :mod:`experiments.gpt2.model`) records each site's operands and result
-while computing exactly as the model's own FP32 (or FP64) ops do, so the captured operands are
-what the network feeds that site.  LayerNorm sites record their input; their dot products are
+while computing as the deterministic FP32 (or FP64) reference does (:mod:`experiments.recipes`:
+dot products and softmax in FP64, rounded once), so the captured operands are what the
+reference network feeds that site, bit for bit on any machine.  LayerNorm sites record their
+input; their dot products are
 the row sum and the sum of squares (:func:`experiments.recipes.layernorm_stats`).
 """
 
@@ -15,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .gpt2.model import GPT2, TorchOps
+from . import recipes
 from .recipes import FP32, FP64, Recipe, layernorm_stats
 
 NATIVE: dict[torch.dtype, Recipe] = {torch.float32: FP32, torch.float64: FP64}
@@ -45,10 +48,13 @@ class Site:
 
     def to(self, dtype: torch.dtype) -> "Site":
         """The same site with floating-point tensors in ``dtype`` (the mask stays boolean)."""
+
         def cast(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.to(dtype)
-        return dataclasses.replace(self, a=cast(self.a), output=cast(self.output), b=cast(self.b),
-                                   bias=cast(self.bias))
+
+        return dataclasses.replace(
+            self, a=cast(self.a), output=cast(self.output), b=cast(self.b), bias=cast(self.bias)
+        )
 
     def subsample(self, rows: int, cols: int, gen: torch.Generator) -> "Site":
         """A smaller site: at most ``rows`` rows of ``a`` and ``cols`` columns of ``b``.
@@ -56,6 +62,7 @@ class Site:
         Batched products keep at most two batch entries.  Picks are random and sorted, so a
         causal mask stays causal.  For cheap emulation of slow accumulators.
         """
+
         def pick(n: int, k: int) -> Tensor:
             return torch.randperm(n, generator=gen)[:k].sort().values
 
@@ -76,27 +83,40 @@ class Site:
         g = pick(a.shape[0], 2)
         r, c = pick(M, max(1, rows // len(g))), pick(N, cols)
         mask = None if self.mask is None else self.mask[r][:, c]
-        return dataclasses.replace(self, a=a[g][:, r], b=b[g][:, :, c], output=out[g][:, r][:, :, c], mask=mask)
+        return dataclasses.replace(
+            self, a=a[g][:, r], b=b[g][:, :, c], output=out[g][:, r][:, :, c], mask=mask
+        )
 
 
 class CaptureOps(TorchOps):
-    """The model's own arithmetic, recording every site into ``sites`` (in forward order)."""
+    """The reference arithmetic, recording every site into ``sites`` (in forward order)."""
 
     def __init__(self) -> None:
         self.sites: dict[str, Site] = {}
 
     def _keep(self, site: Site) -> None:
         if site.name in self.sites:
-            raise ValueError(f"site {site.name!r} seen twice: capture one forward pass per CaptureOps")
+            raise ValueError(
+                f"site {site.name!r} seen twice: capture one forward pass per CaptureOps"
+            )
         self.sites[site.name] = site
 
     def linear(self, name: str, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
-        y = super().linear(name, x, W, b)
-        self._keep(Site(name, "linear", x.detach(), y.detach(), W.detach(), None if b is None else b.detach()))
+        y = recipes.linear(NATIVE[x.dtype], x, W, b)
+        self._keep(
+            Site(
+                name,
+                "linear",
+                x.detach(),
+                y.detach(),
+                W.detach(),
+                None if b is None else b.detach(),
+            )
+        )
         return y
 
     def matmul(self, name: str, a: Tensor, b: Tensor) -> Tensor:
-        y = super().matmul(name, a, b)
+        y = recipes.matmul(NATIVE[a.dtype], a, b)
         mask = None
         if name.endswith(".qk"):
             mask = torch.ones(y.shape[-2], y.shape[-1], dtype=torch.bool).tril()
@@ -106,7 +126,10 @@ class CaptureOps(TorchOps):
     def layernorm(self, name: str, x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
         ssq = layernorm_stats(NATIVE[x.dtype], x.detach())[1]
         self._keep(Site(name, "layernorm", x.detach(), ssq))
-        return super().layernorm(name, x, weight, bias, eps)
+        return recipes.layernorm(NATIVE[x.dtype], x, weight, bias, eps)
+
+    def softmax(self, name: str, x: Tensor) -> Tensor:
+        return recipes.softmax(x)
 
 
 @torch.no_grad()

@@ -22,13 +22,13 @@ from torch import Tensor
 
 import fpsim
 
-from . import endtoend, replay
+from . import bootstrap, endtoend, replay
 from .capture import Site, capture
 from .gpt2.checkpoint import load_gpt2, resolve_checkpoint
 from .gpt2.data import heldout_bytes, heldout_text, windows
 from .gpt2.model import GPT2, site_order
 from .gpt2.tokenizer import load_bpe
-from .recipes import FP32, Recipe
+from .recipes import FP32, FP64, Recipe
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = REPO / "experiments" / "gpt2" / "tiny"
@@ -47,7 +47,9 @@ class Sizes:
     emulation_cols: int
 
 
-FULL = Sizes(tokens=8192, capture_windows=4, rows=None, cols=None, emulation_rows=64, emulation_cols=64)
+FULL = Sizes(
+    tokens=8192, capture_windows=4, rows=None, cols=None, emulation_rows=64, emulation_cols=64
+)
 QUICK = Sizes(tokens=512, capture_windows=1, rows=64, cols=128, emulation_rows=8, emulation_cols=16)
 
 
@@ -64,7 +66,9 @@ def display_name(model: str | Path) -> str:
     return str(p.relative_to(REPO)) if p.exists() and p.is_relative_to(REPO) else str(model)
 
 
-def _subsample(sites: dict[str, Site], rows: int | None, cols: int | None, seed: int) -> dict[str, Site]:
+def _subsample(
+    sites: dict[str, Site], rows: int | None, cols: int | None, seed: int
+) -> dict[str, Site]:
     if rows is None:
         return sites
     gen = torch.Generator().manual_seed(seed)
@@ -90,9 +94,13 @@ class Context:
     def __post_init__(self) -> None:
         s = self.sizes
         self.sites = _subsample(self.full_sites, s.rows, s.cols, self.seed)
-        self.emulation_sites = _subsample(self.full_sites, s.emulation_rows, s.emulation_cols, self.seed)
-        self._refs = {id(self.sites): replay.references(self.sites),
-                      id(self.emulation_sites): replay.references(self.emulation_sites)}
+        self.emulation_sites = _subsample(
+            self.full_sites, s.emulation_rows, s.emulation_cols, self.seed
+        )
+        self._refs = {
+            id(self.sites): replay.references(self.sites),
+            id(self.emulation_sites): replay.references(self.emulation_sites),
+        }
         self.ref_logits = endtoend.logits(self.model, self.wins, batch_size=self.batch_size)
 
     @property
@@ -104,31 +112,54 @@ class Context:
         return self._refs[id(sites)]
 
     def end_to_end(self, recipe: Recipe | dict[str, Recipe]) -> dict[str, Any]:
-        """Loss, perplexity, KL from FP32, top-1 agreement and the sites with inf/NaN outputs under ``recipe``."""
-        ops = endtoend.RecipeOps(recipe)
+        """End-to-end metrics of ``recipe`` against the FP32 reference, with bootstrap CIs.
+
+        Loss, perplexity, KL, KL over finite positions, top-1 agreement (each with ``ci``), the
+        sites with inf/NaN outputs and, per site, operand elements overflowed/saturated/flushed.
+        """
+        return self.end_to_end_ops(endtoend.RecipeOps(recipe))
+
+    def end_to_end_ops(self, ops: endtoend.RecipeOps) -> dict[str, Any]:
+        """:meth:`end_to_end` with a ready ops object (e.g. one that keeps state between calls)."""
         metrics = endtoend.compare(self.model, self.wins, self.ref_logits, ops, self.batch_size)
-        return {**metrics, "nonfinite_sites": sorted(ops.nonfinite, key=site_order)}
+        events = {
+            n: e
+            for n, e in sorted(ops.events.items(), key=lambda kv: site_order(kv[0]))
+            if e["elements"]
+        }
+        return {
+            **metrics,
+            "ci": bootstrap.intervals(metrics["windows"]),
+            "nonfinite_sites": sorted(ops.nonfinite, key=site_order),
+            "events": events,
+        }
 
     def replay(self, recipe: Recipe) -> dict[str, dict]:
-        """Per-site statistics of ``recipe`` (on ``emulation_sites`` when its accumulator is emulated)."""
+        """Per-site statistics of ``recipe`` (on ``emulation_sites`` when its accumulator is
+        emulated)."""
         sites = self.emulation_sites if recipe.emulated else self.sites
         return replay.replay(sites, recipe, self.refs(sites), cache={})
 
     def run(self, recipe: Recipe, e2e: bool = True) -> dict[str, Any]:
-        """The recipe, its per-site statistics, their summary and (if ``e2e``) its end-to-end metrics."""
+        """The recipe, its per-site statistics, their summary and (if ``e2e``) its end-to-end
+        metrics."""
         sites = self.replay(recipe)
         out = {"recipe": recipe.to_json(), "summary": replay.summary(sites), "sites": sites}
         return {**out, "e2e": self.end_to_end(recipe)} if e2e else out
 
     @functools.cached_property
     def baseline(self) -> dict[str, dict[str, float]]:
-        """End to end: the FP32 recipe, and the model run entirely in FP64 (both against plain FP32)."""
+        """End to end: the FP32 recipe, and the model run entirely in FP64 (against the
+        reference)."""
         m64 = copy.deepcopy(self.model).double()
-        return {"fp32": self.end_to_end(FP32),
-                "fp64": endtoend.compare(m64, self.wins, self.ref_logits, None, self.batch_size)}
+        fp64 = endtoend.compare(
+            m64, self.wins, self.ref_logits, endtoend.RecipeOps(FP64), self.batch_size
+        )
+        return {"fp32": self.end_to_end(FP32), "fp64": fp64}
 
     def meta(self) -> dict[str, Any]:
         """What the numbers were measured on."""
+
         def rows(sites: dict[str, Site]) -> int:
             site = sites["lm_head"]
             return int(site.a.reshape(-1, site.reduction).shape[0])
@@ -150,12 +181,16 @@ class Context:
         }
 
 
-def build(model: str | Path = DEFAULT_MODEL, sizes: Sizes = FULL, quick: bool = False, seed: int = 0) -> Context:
+def build(
+    model: str | Path = DEFAULT_MODEL, sizes: Sizes = FULL, quick: bool = False, seed: int = 0
+) -> Context:
     """Load the model and held-out data, capture the sites and compute the references."""
     checkpoint = resolve_checkpoint(model)
     net = load_gpt2(checkpoint, torch.float32)
     block = min(BLOCK, net.config.n_positions)
     wins = windows(heldout_tokens(net, checkpoint), block, max(1, sizes.tokens // block))
-    sites, _ = capture(net, wins[:sizes.capture_windows, :-1])
-    batch = 8 if net.config.vocab_size <= 4096 else 1  # a GPT-2 vocabulary makes float64 logits large
+    sites, _ = capture(net, wins[: sizes.capture_windows, :-1])
+    batch = (
+        8 if net.config.vocab_size <= 4096 else 1
+    )  # a GPT-2 vocabulary makes float64 logits large
     return Context(net, display_name(model), wins, sites, sizes, quick, seed, batch)

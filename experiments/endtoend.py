@@ -1,10 +1,16 @@
-"""Run the whole model with a recipe at every site and compare it with the FP32 model.
+"""Run the whole model with a recipe at every site and compare it with the FP32 reference.
 
 Metrics over held-out windows: loss (nats/token) and perplexity against the true next token,
 KL divergence KL(P_fp32 || P_recipe) of the next-token distribution (nats/token) and top-1
 agreement with the FP32 model.  A recipe that produces NaN/inf logits anywhere gives NaN loss
-and KL; ``finite`` says at which share of positions the logits were all finite, and
-:class:`RecipeOps` records at which sites inf/NaN appeared.
+and KL; ``finite`` says at which share of positions the logits were all finite, ``kl_finite``
+is the KL over those positions only, and :class:`RecipeOps` records at which sites inf/NaN
+appeared and how many operand elements overflowed, saturated or flushed to zero at each site.
+Every metric is also kept per window (``windows``) for the bootstrap of :mod:`.bootstrap`.
+
+The reference is the FP32 recipe (:mod:`experiments.recipes`: dot products, LayerNorm and
+softmax computed in FP64 and rounded once to FP32), so it gives the same bits on any thread
+count and machine.
 """
 
 from __future__ import annotations
@@ -20,20 +26,25 @@ from . import recipes
 from .gpt2.model import GPT2
 from .recipes import FP32, Recipe
 
+EVENTS = ("elements", "overflow", "saturated", "flushed")
+
 
 class RecipeOps:
-    """GPT-2 ``ops`` computing every site under a recipe (one for all, or per site name; default FP32).
+    """GPT-2 ``ops`` computing every site under a recipe (one for all, or per site name).
 
-    ``cache`` holds quantized weights; share one between ops of the same model only.
-    ``nonfinite`` counts, per site, the outputs that were inf/NaN.
+    Sites not named in a per-site mapping use the FP32 reference recipe.  ``cache`` holds
+    quantized weights; share one between ops of the same model only.  ``nonfinite`` counts,
+    per site, the outputs that were inf/NaN; ``events`` sums, per site, the operand elements
+    (both operands, every call) and those that overflowed, saturated or flushed to zero.
     """
 
     def __init__(self, recipe: Recipe | Mapping[str, Recipe], cache: dict | None = None) -> None:
         self.recipe = recipe
         self.cache = {} if cache is None else cache
         self.nonfinite: dict[str, int] = {}
+        self.events: dict[str, dict[str, int]] = {}
 
-    def _watch(self, name: str, y: Tensor) -> Tensor:
+    def _watch(self, name: str, y: Tensor, events: dict) -> Tensor:
         bad = ~torch.isfinite(y)
         if name.endswith(".qk"):                     # the causal mask discards the upper triangle
             T = y.shape[-1]
@@ -41,43 +52,75 @@ class RecipeOps:
         bad = int(bad.sum())
         if bad:
             self.nonfinite[name] = self.nonfinite.get(name, 0) + bad
+        total = self.events.setdefault(name, dict.fromkeys(EVENTS, 0))
+        for role in ("a", "b"):
+            for key in EVENTS:
+                total[key] += events.get(role, {}).get(key, 0)
         return y
 
     def recipe_for(self, name: str) -> Recipe:
+        """The recipe of site ``name``."""
         return self.recipe.get(name, FP32) if isinstance(self.recipe, Mapping) else self.recipe
 
     def linear(self, name: str, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
-        return self._watch(name, recipes.linear(self.recipe_for(name), x, W, b, cache=self.cache))
+        ev: dict = {}
+        y = recipes.linear(self.recipe_for(name), x, W, b, events=ev, cache=self.cache)
+        return self._watch(name, y, ev)
 
     def matmul(self, name: str, a: Tensor, b: Tensor) -> Tensor:
-        return self._watch(name, recipes.matmul(self.recipe_for(name), a, b))
+        ev: dict = {}
+        return self._watch(name, recipes.matmul(self.recipe_for(name), a, b, events=ev), ev)
 
     def layernorm(self, name: str, x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
-        return self._watch(name, recipes.layernorm(self.recipe_for(name), x, weight, bias, eps))
+        ev: dict = {}
+        y = recipes.layernorm(self.recipe_for(name), x, weight, bias, eps, events=ev)
+        return self._watch(name, y, ev)
+
+    def softmax(self, name: str, x: Tensor) -> Tensor:
+        return recipes.softmax(x)
 
 
 @torch.no_grad()
 def logits(model: GPT2, wins: Tensor, ops: object = None, batch_size: int = 8) -> list[Tensor]:
-    """Logits of ``model`` on the inputs of windows ``[N, T+1]``, one tensor per batch."""
+    """Logits of ``model`` on the inputs of windows ``[N, T+1]``, one tensor per batch.
+
+    ``ops`` defaults to the deterministic FP32 reference (:class:`RecipeOps` of FP32).
+    """
+    ops = RecipeOps(FP32) if ops is None else ops
     return [model(chunk[:, :-1], ops=ops) for chunk in wins.split(batch_size)]
+
+
+def _per_window(z: Tensor, r: Tensor, target: Tensor) -> dict[str, Tensor]:
+    """Sums per window ``[B]`` of loss, KL, top-1 agreement, finite positions and finite KL."""
+    z, r = z.double(), r.double()
+    loss = F.cross_entropy(z.flatten(0, 1), target.flatten(), reduction="none").view(target.shape)
+    logp, logq = F.log_softmax(r, -1), F.log_softmax(z, -1)
+    kl = (logp.exp() * (logp - logq)).sum(-1)
+    finite = torch.isfinite(z).all(-1)
+    return {"loss": loss.sum(-1), "kl": kl.sum(-1), "top1": (z.argmax(-1) == r.argmax(-1)).sum(-1),
+            "finite": finite.sum(-1), "kl_finite": torch.where(finite, kl, 0.0).sum(-1)}
 
 
 @torch.no_grad()
 def compare(model: GPT2, wins: Tensor, ref: list[Tensor], ops: object = None,
-            batch_size: int = 8) -> dict[str, float]:
-    """Loss, perplexity, KL from the reference logits ``ref`` and top-1 agreement under ``ops``."""
-    loss = kl = agree = finite = 0.0
-    count = 0
+            batch_size: int = 8) -> dict:
+    """Loss, perplexity, KL from the reference logits ``ref`` and top-1 agreement under ``ops``.
+
+    Means over all positions, plus ``windows``: each metric's per-window sum (``positions``
+    per window) for the bootstrap.  ``kl_finite`` is KL over the positions whose logits are
+    all finite (NaN when there is none).
+    """
+    parts: dict[str, list[float]] = {}
     for chunk, r in zip(wins.split(batch_size), ref, strict=True):
-        z = model(chunk[:, :-1], ops=ops).double().flatten(0, 1)
-        r = r.double().flatten(0, 1)
-        target = chunk[:, 1:].flatten()
-        loss += F.cross_entropy(z, target, reduction="sum").item()
-        logp, logq = F.log_softmax(r, -1), F.log_softmax(z, -1)
-        kl += (logp.exp() * (logp - logq)).sum().item()
-        agree += (z.argmax(-1) == r.argmax(-1)).sum().item()
-        finite += torch.isfinite(z).all(-1).sum().item()
-        count += target.numel()
-    loss /= count
+        z = model(chunk[:, :-1], ops=ops)
+        for key, v in _per_window(z, r, chunk[:, 1:]).items():
+            parts.setdefault(key, []).extend(float(x) for x in v.tolist())
+    positions = wins.shape[1] - 1
+    count = positions * len(parts["loss"])
+    total = {k: math.fsum(v) for k, v in parts.items()}
+    loss = total["loss"] / count
     return {"loss": loss, "ppl": math.exp(loss) if math.isfinite(loss) else math.nan,
-            "kl": kl / count, "top1": agree / count, "finite": finite / count}
+            "kl": total["kl"] / count, "top1": total["top1"] / count,
+            "finite": total["finite"] / count,
+            "kl_finite": total["kl_finite"] / total["finite"] if total["finite"] else math.nan,
+            "windows": {"positions": positions, **parts}}

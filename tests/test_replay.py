@@ -12,7 +12,7 @@ from experiments.capture import capture
 from experiments.endtoend import RecipeOps, compare, logits
 from experiments.gpt2.checkpoint import load_gpt2, save_gpt2
 from experiments.gpt2.model import GPT2, GPT2Config
-from experiments.recipes import FP32, Recipe, layernorm, matmul, quantize_operand
+from experiments.recipes import FP32, Recipe, layernorm, linear, matmul, quantize_operand
 from experiments.replay import error_stats, reference, references, replay, site_output, summary
 
 CFG = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=16, vocab_size=40)
@@ -50,7 +50,7 @@ def test_capture_gets_every_site_with_its_shapes(model: GPT2, wins: torch.Tensor
     for name, (a, b, o) in expected.items():
         s = sites[name]
         assert (tuple(s.a.shape), None if s.b is None else tuple(s.b.shape), tuple(s.output.shape)) == (a, b, o), name
-    assert torch.equal(out, model(wins[:, :-1]))
+    assert torch.equal(out, model(wins[:, :-1], ops=RecipeOps(FP32)))  # the deterministic reference
     assert sites["h1.attn.qk"].mask.tolist() == torch.ones(16, 16, dtype=torch.bool).tril().tolist()
 
 
@@ -106,10 +106,20 @@ def test_fp32_recipe_end_to_end_matches_the_model(model: GPT2, wins: torch.Tenso
 
 
 def test_per_site_recipes_only_change_their_site(model: GPT2, wins: torch.Tensor) -> None:
-    ops = RecipeOps({"lm_head": Recipe("e3m2", "e3m2")})
+    recipe = Recipe("e3m2", "e3m2")
+    ops = RecipeOps({"lm_head": recipe})
     assert ops.recipe_for("lm_head").name == "e3m2" and ops.recipe_for("h0.attn.qk") is FP32
-    e2e = compare(model, wins, logits(model, wins), ops)
-    assert 0 < e2e["kl"]
+    x = wins[:, :-1]
+    got = model(x, ops=ops)
+    # every site before lm_head is the reference: lm_head's input is the captured one, bit for bit
+    sites, ref = capture(model, x)
+    W = model.transformer.wte.weight.t()
+    assert torch.equal(got, linear(recipe, sites["lm_head"].a, W, None))
+    assert not torch.equal(got, ref)
+    assert ops.events["lm_head"]["flushed"] > 0  # e3m2 flushes small weights; no other site rounds
+    assert all(e["flushed"] == e["overflow"] == 0 for n, e in ops.events.items() if n != "lm_head")
+    e2e = compare(model, wins, logits(model, wins), RecipeOps({"lm_head": recipe}))
+    assert 0 < e2e["kl"] and e2e["windows"]["positions"] == CFG.n_positions
 
 
 @pytest.mark.parametrize("scaling", ["tensor", "channel"])
@@ -155,7 +165,10 @@ def test_layernorm_under_recipes() -> None:
     x = torch.randn(5, 32, generator=torch.Generator().manual_seed(0)) * 3 + 1
     w, b = torch.rand(32) + 0.5, torch.randn(32)
     want = torch.nn.functional.layer_norm(x, (32,), w, b, 1e-5)
-    assert torch.equal(layernorm(FP32, x, w, b, 1e-5), want)
+    # FP32: torch's LayerNorm in FP64, rounded once to FP32 (the same bits on any thread count)
+    f64 = torch.nn.functional.layer_norm(x.double(), (32,), w.double(), b.double(), 1e-5)
+    assert torch.equal(layernorm(FP32, x, w, b, 1e-5), f64.float())
+    assert torch.allclose(layernorm(FP32, x, w, b, 1e-5), want, rtol=0, atol=1e-5)
     assert torch.allclose(layernorm(Recipe("f64", accum="fp64"), x, w, b, 1e-5), want, atol=1e-5)
     assert not torch.allclose(layernorm(Recipe("e3m2", "e3m2"), x, w, b, 1e-5), want, atol=1e-2)
 
@@ -217,8 +230,8 @@ def test_inf_in_the_masked_half_of_qk_is_not_counted():
     ops = RecipeOps({})
     y = torch.zeros(1, 1, 4, 4)
     y[0, 0, 0, 3] = float("inf")                   # above the diagonal: masked away
-    ops._watch("h0.attn.qk", y)
+    ops._watch("h0.attn.qk", y, {})
     assert ops.nonfinite == {}
     y[0, 0, 3, 0] = float("inf")                   # a position the model uses
-    ops._watch("h0.attn.qk", y)
+    ops._watch("h0.attn.qk", y, {})
     assert ops.nonfinite == {"h0.attn.qk": 1}

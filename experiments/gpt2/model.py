@@ -36,10 +36,13 @@ class GPT2Config:
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> "GPT2Config":
-        """Build from a HF GPT-2 ``config.json`` dict, rejecting variants this model does not compute."""
+        """Build from a HF GPT-2 ``config.json`` dict, rejecting variants this model does not
+        compute."""
         act = d.get("activation_function", "gelu_new")
         if act != "gelu_new":
-            raise ValueError(f"unsupported activation_function {act!r}; only 'gelu_new' (tanh GELU)")
+            raise ValueError(
+                f"unsupported activation_function {act!r}; only 'gelu_new' (tanh GELU)"
+            )
         if d.get("scale_attn_by_inverse_layer_idx", False):
             raise ValueError("scale_attn_by_inverse_layer_idx=True is not supported")
         return cls(**{k: d[k] for k in asdict(cls()) if k in d})
@@ -56,8 +59,16 @@ class GPT2Config:
 
 
 #: The dot-product sites of one block, in the order the forward pass calls them.
-BLOCK_SITES = ("ln_1", "attn.c_attn", "attn.qk", "attn.av", "attn.c_proj", "ln_2", "mlp.c_fc",
-               "mlp.c_proj")
+BLOCK_SITES = (
+    "ln_1",
+    "attn.c_attn",
+    "attn.qk",
+    "attn.av",
+    "attn.c_proj",
+    "ln_2",
+    "mlp.c_fc",
+    "mlp.c_proj",
+)
 
 
 def site_order(name: str) -> tuple[int, int]:
@@ -71,7 +82,7 @@ def site_order(name: str) -> tuple[int, int]:
 class TorchOps:
     """Default arithmetic: plain torch ops in the tensors' own dtype.
 
-    A replacement must provide the same three methods; ``name`` identifies the site.
+    A replacement must provide the same four methods; ``name`` identifies the site.
     """
 
     def linear(self, name: str, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
@@ -91,10 +102,17 @@ class TorchOps:
         """LayerNorm over the last dimension (biased variance, as torch/HF)."""
         return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
+    def softmax(self, name: str, x: Tensor) -> Tensor:
+        """Softmax of the masked attention scores over the last dimension (``name``:
+        ``*.softmax``)."""
+        return torch.softmax(x, dim=-1)
+
 
 def gelu_new(x: Tensor) -> Tensor:
     """HF ``gelu_new``: tanh approximation of GELU, written exactly as HF does."""
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+    return (
+        0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+    )
 
 
 class Conv1D(nn.Module):
@@ -121,7 +139,7 @@ class Attention(nn.Module):
         scores = ops.matmul(f"{prefix}.qk", q, k.transpose(-1, -2)) / math.sqrt(hd)
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         scores = scores.masked_fill(causal, torch.finfo(scores.dtype).min)
-        probs = torch.softmax(scores, dim=-1)
+        probs = ops.softmax(f"{prefix}.softmax", scores)
         y = ops.matmul(f"{prefix}.av", probs, v).transpose(1, 2).reshape(B, T, C)
         return ops.linear(f"{prefix}.c_proj", y, self.c_proj.weight, self.c_proj.bias)
 
@@ -147,24 +165,33 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: Tensor, ops: Any, prefix: str) -> Tensor:
-        x = x + self.attn(ops.layernorm(f"{prefix}.ln_1", x, self.ln_1.weight, self.ln_1.bias, self.eps),
-                          ops, f"{prefix}.attn")
-        return x + self.mlp(ops.layernorm(f"{prefix}.ln_2", x, self.ln_2.weight, self.ln_2.bias, self.eps),
-                            ops, f"{prefix}.mlp")
+        x = x + self.attn(
+            ops.layernorm(f"{prefix}.ln_1", x, self.ln_1.weight, self.ln_1.bias, self.eps),
+            ops,
+            f"{prefix}.attn",
+        )
+        return x + self.mlp(
+            ops.layernorm(f"{prefix}.ln_2", x, self.ln_2.weight, self.ln_2.bias, self.eps),
+            ops,
+            f"{prefix}.mlp",
+        )
 
 
 class GPT2(nn.Module):
-    """GPT-2 LM; ``state_dict`` keys equal HF's ``transformer.*`` keys (lm_head tied, not stored)."""
+    """GPT-2 LM; ``state_dict`` keys equal HF's ``transformer.*`` keys (lm_head tied, not
+    stored)."""
 
     def __init__(self, cfg: GPT2Config) -> None:
         super().__init__()
         self.config = cfg
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
-            wpe=nn.Embedding(cfg.n_positions, cfg.n_embd),
-            h=nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer)),
-            ln_f=nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon),
-        ))
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
+                wpe=nn.Embedding(cfg.n_positions, cfg.n_embd),
+                h=nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer)),
+                ln_f=nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon),
+            )
+        )
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -176,11 +203,16 @@ class GPT2(nn.Module):
             if name.endswith("bias") and "ln_" not in name:
                 nn.init.zeros_(p)
             elif p.dim() == 2:
-                std = 0.02 / math.sqrt(2 * self.config.n_layer) if name.endswith("c_proj.weight") else 0.02
+                std = (
+                    0.02 / math.sqrt(2 * self.config.n_layer)
+                    if name.endswith("c_proj.weight")
+                    else 0.02
+                )
                 nn.init.normal_(p, mean=0.0, std=std)
 
     def forward(self, idx: Tensor, ops: Any = None) -> Tensor:
-        """Logits ``[B, T, vocab]`` for token ids ``idx`` ``[B, T]``, computed with ``ops`` (default FP32/FP64 torch)."""
+        """Logits ``[B, T, vocab]`` for token ids ``idx`` ``[B, T]``, computed with ``ops``
+        (default FP32/FP64 torch)."""
         ops = TorchOps() if ops is None else ops
         T = idx.shape[1]
         if T > self.config.n_positions:

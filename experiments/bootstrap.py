@@ -1,0 +1,94 @@
+"""Uncertainty of end-to-end metrics: a seeded bootstrap over held-out windows.
+
+Windows are resampled with replacement (``RESAMPLES`` times, a fixed seed, so the same numbers
+come out every run); a metric is the ratio of resampled per-window sums (e.g. KL summed over
+positions / positions), and a ratio of two runs' metrics is resampled *paired* (the same
+windows for both runs), so window-to-window variation that both runs share cancels.  Intervals
+are 95% percentile intervals.  A report calls one side worse only when the ratio's interval
+excludes 1 (:func:`verdict`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+RESAMPLES = 1000
+SEED = 0
+LEVEL = 0.95
+# metric -> the per-window count it is divided by ("positions": the same for every window)
+DENOMINATOR = {"loss": "positions", "kl": "positions", "top1": "positions",
+               "finite": "positions", "kl_finite": "finite"}
+
+
+def draws(windows: int, resamples: int = RESAMPLES, seed: int = SEED) -> np.ndarray:
+    """Window indices ``[resamples, windows]`` drawn with replacement (deterministic)."""
+    if windows < 1:
+        raise ValueError("the bootstrap needs at least one window")
+    return np.random.default_rng(seed).integers(0, windows, size=(resamples, windows))
+
+
+def _sums(windows: dict, key: str) -> np.ndarray:
+    """Per-window sums of ``key``; ``positions`` is one number, repeated per window."""
+    if key == "positions":
+        return np.full(len(windows["loss"]), float(windows["positions"]))
+    return np.asarray(windows[key], dtype=np.float64)
+
+
+def _interval(samples: np.ndarray) -> list[float]:
+    if np.isnan(samples).any():
+        return [math.nan, math.nan]
+    lo, hi = np.percentile(samples, [50 * (1 - LEVEL), 50 * (1 + LEVEL)])
+    return [float(lo), float(hi)]
+
+
+def resampled(windows: dict, key: str, idx: np.ndarray) -> np.ndarray:
+    """The metric ``key`` on each resample of windows ``idx`` (ratio of resampled sums)."""
+    num, den = _sums(windows, key), _sums(windows, DENOMINATOR[key])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return num[idx].sum(1) / den[idx].sum(1)
+
+
+def interval(windows: dict, key: str) -> list[float]:
+    """95% bootstrap interval of metric ``key`` from a run's per-window sums."""
+    return _interval(resampled(windows, key, draws(len(windows["loss"]))))
+
+
+def intervals(windows: dict, keys: Sequence[str] = ("loss", "kl", "top1", "kl_finite")) -> dict:
+    """:func:`interval` of each metric in ``keys``."""
+    return {k: interval(windows, k) for k in keys}
+
+
+def ratio(a: dict, b: dict, key: str = "kl") -> tuple[float, list[float]]:
+    """Ratio ``metric(a) / metric(b)`` of two runs' ``e2e`` dicts and its paired 95% interval."""
+    wa, wb = a["windows"], b["windows"]
+    if len(wa["loss"]) != len(wb["loss"]):
+        raise ValueError("paired bootstrap needs both runs on the same windows")
+    idx = draws(len(wa["loss"]))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        samples = resampled(wa, key, idx) / resampled(wb, key, idx)
+        point = a[key] / b[key] if b[key] else math.nan
+    return float(point), _interval(samples)
+
+
+def excludes_one(ci: Sequence[float]) -> bool:
+    """Whether a ratio's interval lies wholly above or wholly below 1."""
+    lo, hi = ci
+    return math.isfinite(lo) and math.isfinite(hi) and (lo > 1 or hi < 1)
+
+
+def verdict(ci: Sequence[float], above: str, below: str,
+            same: str = "no measurable difference") -> str:
+    """``above`` when the ratio's CI lies above 1, ``below`` when below, else ``same``."""
+    if not excludes_one(ci):
+        return same
+    return above if ci[0] > 1 else below
+
+
+def fmt_ci(ci: Sequence[float], digits: int = 3) -> str:
+    """``[lo, hi]`` with ``digits`` significant digits (``[NaN]`` when undefined)."""
+    if not all(math.isfinite(c) for c in ci):
+        return "[CI undefined]"
+    return f"[{ci[0]:.{digits}g}, {ci[1]:.{digits}g}]"
