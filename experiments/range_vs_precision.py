@@ -1,4 +1,5 @@
-"""Experiment ``range-vs-precision``: at a fixed bit budget, is losing range worse than losing precision?
+"""Experiment ``range-vs-precision``: at a fixed bit budget, is losing range worse than losing
+precision?
 
 For each budget B in {8, 12, 16} every split of the B-1 non-sign bits into an IEEE-style
 eXmY (X exponent bits, Y = B-1-X mantissa bits, inf/NaN in the all-ones exponent, subnormals)
@@ -24,15 +25,20 @@ from fpsim import Format
 
 from .context import Context
 from .recipes import Recipe, rounding_limit
-from .report import figure, in_forward_order, kl_or_inf, num, pct, ratio, save, table
+from . import bootstrap
+from .bootstrap import fmt_ci, verdict
+from .report import figure, in_forward_order, num, page, pct, save, table
 
 NAME = "range-vs-precision"
 BUDGETS = (8, 12, 16)
 SCALINGS = ("none", "tensor")
 LN_FP32 = "none-ln-fp32"  # no scaling, LayerNorm inputs in FP32 (end to end only)
 VARIANTS = ("none", LN_FP32, "tensor")
-SCALING_LABEL = {"none": "no scaling", "tensor": "per-tensor scaling",
-                 LN_FP32: "no scaling, LayerNorm in FP32"}
+SCALING_LABEL = {
+    "none": "no scaling",
+    "tensor": "per-tensor scaling",
+    LN_FP32: "no scaling, LayerNorm in FP32",
+}
 FP32_MAX = 3.4028234663852886e38
 CLAMPED = "= none (scale clamped at 2^-126)"
 
@@ -40,7 +46,9 @@ CLAMPED = "= none (scale clamped at 2^-126)"
 def split_format(ebits: int, mbits: int) -> Format:
     """The IEEE-style format eXmY (raises ValueError when it is not a valid format)."""
     if ebits == 0:
-        raise ValueError("no exponent bits: an integer, not a float (INT8 is in the fp8 experiment)")
+        raise ValueError(
+            "no exponent bits: an integer, not a float (INT8 is in the fp8 experiment)"
+        )
     return Format(f"e{ebits}m{mbits}", ebits, mbits)
 
 
@@ -56,29 +64,107 @@ def splits(budget: int) -> tuple[list[Format], dict[str, str]]:
 
 
 def scale_clamped(run: dict) -> bool:
-    """Whether every FP32 per-tensor scale of the run's format is the clamp 2^-126 (= no scaling)."""
+    """Whether every FP32 per-tensor scale of the run's format is the clamp 2^-126 (= no
+    scaling)."""
     return run["max"] * 2.0**-126 > FP32_MAX
 
 
+def fn_format(ebits: int, mbits: int) -> Format:
+    """eXmY with OCP-style ``fn`` encoding: no inf, one NaN code, the rest of the top binade
+    finite."""
+    return Format(f"e{ebits}m{mbits}fn", ebits, mbits, inf=False, nan="fn")
+
+
+def ablations(budget: int) -> list[tuple[str, Recipe, bool]]:
+    """Attribution runs of the 3-exponent-bit split of ``budget`` (end to end only).
+
+    (name, recipe, LayerNorm inputs in FP32): saturate instead of overflowing, keep values
+    below the smallest subnormal (no flush), both, the OCP-style ``fn`` encoding, LayerNorm in
+    FP32 without flush; at B=8 also a bias sweep of e3m4 (IEEE-style, default bias 3).
+    """
+    m = budget - 4
+    f = split_format(3, m)
+    out = [
+        ("saturate", Recipe(f"{f.name} saturating", f, saturate=True), False),
+        ("no flush", Recipe(f"{f.name} no flush", f, flush=False), False),
+        (
+            "saturate, no flush",
+            Recipe(f"{f.name} sat, no flush", f, saturate=True, flush=False),
+            False,
+        ),
+        ("fn encoding", Recipe(f"{f.name}fn", fn_format(3, m)), False),
+        ("LN FP32, no flush", Recipe(f"{f.name} LN FP32, no flush", f, flush=False), True),
+    ]
+    if budget == 8:
+        for bias in BIASES:
+            g = Format(f"e3m{m}b{bias}", 3, m, bias=bias)
+            out.append((f"bias {bias}", Recipe(g.name, g), False))
+    return out
+
+
+BIASES = (1, 2, 4, 5)
+
+
+def _ablation_run(ctx: Context, budget: int, name: str, recipe: Recipe, ln_fp32: bool) -> dict:
+    fmt = recipe.inputs
+    per_site = (
+        {n: recipe for n, s in ctx.sites.items() if s.kind != "layernorm"} if ln_fp32 else recipe
+    )
+    return {
+        "budget": budget,
+        "ablation": name,
+        "format": fmt.name,
+        "max": fmt.max,
+        "min_subnormal": fmt.min_subnormal,
+        "recipe": recipe.to_json(),
+        "ln_fp32": ln_fp32,
+        "e2e": ctx.end_to_end(per_site),
+    }
+
+
 def run(ctx: Context) -> dict[str, Any]:
-    """End-to-end and per-site results of every split, budget and scaling, and the LayerNorm-in-FP32 variant."""
+    """End-to-end and per-site results of every split, budget and scaling, the LayerNorm-in-FP32
+    variant and the attribution ablations of the 3-exponent-bit splits."""
     plan = {b: splits(b) for b in BUDGETS}
     jobs = [(b, f, s) for b, (formats, _) in plan.items() for f in formats for s in SCALINGS]
     jobs += [(b, f, LN_FP32) for b, (formats, _) in plan.items() for f in formats]
     runs, ln_runs = [], []
     for budget, fmt, scaling in tqdm(jobs, desc=NAME, unit="recipe"):
-        head = {"budget": budget, "format": fmt.name, "ebits": fmt.ebits, "mbits": fmt.mbits,
-                "max": fmt.max, "min_subnormal": fmt.min_subnormal, "scaling": scaling}
+        head = {
+            "budget": budget,
+            "format": fmt.name,
+            "ebits": fmt.ebits,
+            "mbits": fmt.mbits,
+            "max": fmt.max,
+            "min_subnormal": fmt.min_subnormal,
+            "scaling": scaling,
+        }
         if scaling == LN_FP32:
             recipe = Recipe(f"{fmt.name}/none, LayerNorm FP32", fmt)
             per_site = {n: recipe for n, s in ctx.sites.items() if s.kind != "layernorm"}
-            ln_runs.append({**head, "recipe": recipe.to_json(), "fp32_sites": sorted(set(ctx.sites) - set(per_site)),
-                            "e2e": ctx.end_to_end(per_site)})
+            ln_runs.append(
+                {
+                    **head,
+                    "recipe": recipe.to_json(),
+                    "fp32_sites": sorted(set(ctx.sites) - set(per_site)),
+                    "e2e": ctx.end_to_end(per_site),
+                }
+            )
             continue
         result = ctx.run(Recipe(f"{fmt.name}/{scaling}", fmt, scaling=scaling))
         runs.append({**head, **result})
-    return {"budgets": {str(b): {"formats": [f.name for f in fs], "skipped": sk} for b, (fs, sk) in plan.items()},
-            "scalings": list(SCALINGS), "baseline": ctx.baseline, "runs": runs, "ln_fp32_runs": ln_runs}
+    abl = [(b, *a) for b in BUDGETS for a in ablations(b)]
+    ablation_runs = [_ablation_run(ctx, *a) for a in tqdm(abl, desc=f"{NAME} ablations")]
+    return {
+        "ablation_runs": ablation_runs,
+        "budgets": {
+            str(b): {"formats": [f.name for f in fs], "skipped": sk} for b, (fs, sk) in plan.items()
+        },
+        "scalings": list(SCALINGS),
+        "baseline": ctx.baseline,
+        "runs": runs,
+        "ln_fp32_runs": ln_runs,
+    }
 
 
 def _variants(data: dict) -> tuple[str, ...]:
@@ -87,8 +173,16 @@ def _variants(data: dict) -> tuple[str, ...]:
 
 def _series(data: dict, budget: int, scaling: str) -> list[dict]:
     runs = data.get("ln_fp32_runs", []) if scaling == LN_FP32 else data["runs"]
-    return sorted((r for r in runs if r["budget"] == budget and r["scaling"] == scaling
-                   and not (scaling == "tensor" and scale_clamped(r))), key=lambda r: r["ebits"])
+    return sorted(
+        (
+            r
+            for r in runs
+            if r["budget"] == budget
+            and r["scaling"] == scaling
+            and not (scaling == "tensor" and scale_clamped(r))
+        ),
+        key=lambda r: r["ebits"],
+    )
 
 
 def _best(series: list[dict]) -> dict | None:
@@ -97,17 +191,24 @@ def _best(series: list[dict]) -> dict | None:
 
 
 def _same_mantissa(data: dict) -> list[str]:
-    """For each mantissa width, the narrowest and widest exponent whose KLs agree within 5% (no scaling)."""
+    """For each mantissa width, the narrowest and widest exponent whose KLs agree within 5% (no
+    scaling)."""
     out = []
     runs = [r for r in data["runs"] if r["scaling"] == "none" and math.isfinite(r["e2e"]["kl"])]
     for m in sorted({r["mbits"] for r in runs}):
         group = sorted((r for r in runs if r["mbits"] == m), key=lambda r: r["ebits"])
         for i, r in enumerate(group):
-            agree = [g for g in group[i + 1:] if abs(math.log(g["e2e"]["kl"] / r["e2e"]["kl"])) < math.log(1.05)]
+            agree = [
+                g
+                for g in group[i + 1 :]
+                if abs(math.log(g["e2e"]["kl"] / r["e2e"]["kl"])) < math.log(1.05)
+            ]
             if agree and r["e2e"]["kl"] > 0:
                 w = agree[-1]
-                out.append(f"{r['format']} (B={r['budget']}, KL {num(r['e2e']['kl'])}) and {w['format']} "
-                           f"(B={w['budget']}, KL {num(w['e2e']['kl'])})")
+                out.append(
+                    f"{r['format']} (B={r['budget']}, KL {num(r['e2e']['kl'])}) and {w['format']} "
+                    f"(B={w['budget']}, KL {num(w['e2e']['kl'])})"
+                )
                 break
     return out
 
@@ -118,74 +219,250 @@ def _overflowed(run: dict) -> bool:
 
 
 def kl_cell(run: dict) -> str:
-    """KL for a table cell: NaN runs with their share of finite positions, clamped per-tensor runs marked."""
+    """KL for a table cell: NaN runs with their share of finite positions, clamped per-tensor runs
+    marked."""
     if run["scaling"] == "tensor" and scale_clamped(run):
         return CLAMPED
     kl = run["e2e"]["kl"]
     if not math.isfinite(kl):
-        return f"NaN ({pct(run['e2e']['finite'])} finite)"
+        e = run["e2e"]
+        there = f", KL there {num(e['kl_finite'])}" if e["finite"] else ""
+        return f"NaN ({pct(e['finite'])} finite{there})"
     return num(kl)
 
 
-def _versus(run: dict, best_kl: float) -> str:
-    kl = run["e2e"]["kl"]
-    if not math.isfinite(kl):
-        return "gives NaN/inf logits"
-    return f"gives KL {num(kl)}, {ratio(kl, best_kl)} the best"
+def _versus(run: dict, best: dict) -> str:
+    e = run["e2e"]
+    if not math.isfinite(e["kl"]):
+        return f"gives inf/NaN logits ({_nonfinite(run)})"
+    r, ci = bootstrap.ratio(e, best["e2e"])
+    return f"gives KL {num(e['kl'])}, {num(r)}× the best {fmt_ci(ci)}"
+
+
+def _nonfinite(run: dict) -> str:
+    """Where inf/NaN first appeared, the finite share and the KL over finite positions."""
+    e = run["e2e"]
+    first = in_forward_order(e["nonfinite_sites"])
+    return (
+        f"first at {first[0] if first else '?'}, {pct(e['finite'])} of positions finite, "
+        f"KL over those {num(e['kl_finite'])}"
+    )
+
+
+def _steeper(less: dict, more: dict) -> str:
+    """Which side costs more, said only when the paired bootstrap CI of the ratio excludes 1."""
+    a, b = less["e2e"], more["e2e"]
+    if not math.isfinite(a["kl"]) and math.isfinite(b["kl"]):
+        return "The steeper side is range: one exponent bit fewer gives inf/NaN (mechanism below)"
+    if math.isfinite(a["kl"]) and not math.isfinite(b["kl"]):
+        return "The steeper side is precision: one mantissa bit fewer gives inf/NaN"
+    if not math.isfinite(a["kl"]):
+        return "Both neighbours give inf/NaN"
+    r, ci = bootstrap.ratio(a, b)
+    side = verdict(
+        ci,
+        "the steeper side is range (fewer exponent bits)",
+        "the steeper side is precision (fewer mantissa bits)",
+        "no measurable difference between one exponent bit and one mantissa bit fewer",
+    )
+    return f"KL ratio exponent-bit-fewer / mantissa-bit-fewer {num(r)} {fmt_ci(ci)}: {side}"
+
+
+def _shares(run: dict) -> tuple[float, float, str, float, str]:
+    """End to end over all operand elements: overflow share, flush share, worst sites' shares."""
+    ev = run["e2e"].get("events", {})
+    total = sum(e["elements"] for e in ev.values()) or 1
+    over = sum(e["overflow"] for e in ev.values()) / total
+    flush = sum(e["flushed"] for e in ev.values()) / total
+    worst_o = max(ev, key=lambda n: ev[n]["overflow"] / ev[n]["elements"], default="-")
+    worst_f = max(ev, key=lambda n: ev[n]["flushed"] / ev[n]["elements"], default="-")
+    share = lambda n, k: ev[n][k] / ev[n]["elements"] if n in ev else 0.0
+    return over, flush, worst_f, share(worst_f, "flushed"), worst_o
+
+
+def ablation_lines(data: dict) -> list[str]:
+    """What the range ablations of the 3-exponent-bit splits show, each ratio with its CI."""
+    out = []
+    for budget in BUDGETS:
+        best = _best(_series(data, budget, "none"))
+        plain = {r["ebits"]: r for r in _series(data, budget, "none")}.get(3)
+        ln = {r["ebits"]: r for r in _series(data, budget, LN_FP32)}.get(3)
+        runs = [r for r in data.get("ablation_runs", []) if r["budget"] == budget]
+        if not runs or best is None or plain is None:
+            continue
+        parts = []
+        for r in runs:
+            e = r["e2e"]
+            if not math.isfinite(e["kl"]):
+                parts.append(f"{r['ablation']}: inf/NaN ({_nonfinite(r)})")
+                continue
+            q, ci = bootstrap.ratio(e, best["e2e"])
+            parts.append(
+                f"{r['ablation']} ({r['format']}, max {num(r['max'])}): KL {num(e['kl'])} "
+                f"{fmt_ci(e['ci']['kl'])}, {num(q)}× {best['format']} {fmt_ci(ci)}"
+            )
+        out.append(
+            f"B={budget}, {plain['format']} without scaling "
+            + (
+                f"({_nonfinite(plain)})"
+                if not math.isfinite(plain["e2e"]["kl"])
+                else f"(KL {num(plain['e2e']['kl'])})"
+            )
+            + ", ablations end to end: "
+            + "; ".join(parts)
+            + "."
+        )
+        nf = {r["ablation"]: r for r in runs}.get("LN FP32, no flush")
+        if (
+            ln is not None
+            and nf is not None
+            and math.isfinite(ln["e2e"]["kl"])
+            and math.isfinite(nf["e2e"]["kl"])
+        ):
+            q, ci = bootstrap.ratio(ln["e2e"], nf["e2e"])
+            rest, rest_ci = bootstrap.ratio(nf["e2e"], best["e2e"])
+            over, flush, site, worst, _ = _shares(ln)
+            fmt = split_format(3, budget - 4)
+            text = (
+                f"B={budget}, {ln['format']} with LayerNorm in FP32: {pct(over)} of operand "
+                f"elements overflow end to end and {pct(flush)} flush to zero (most at {site}, "
+                f"{pct(worst)}); flushing multiplies KL by {num(q)} {fmt_ci(ci)} "
+                f"({verdict(ci, 'a measurable cost', 'a measurable gain')}); without it "
+                f"{nf['format']} is still {num(rest)}× {best['format']} {fmt_ci(rest_ci)}."
+            )
+            if (
+                over == 0
+                and bootstrap.excludes_one(rest_ci)
+                and rest_ci[0] > 1
+                and fmt.mbits > best["mbits"]
+            ):
+                text += (
+                    f" With no overflow and one mantissa bit more than {best['format']}, that "
+                    "rest is the bottom of the range too: values below the smallest normal "
+                    f"({num(fmt.min_normal)}) lose mantissa bits as subnormals (an inference; "
+                    "not ablated separately)."
+                )
+            out.append(text)
+    return out
 
 
 def _plot_metric(ax: Any, data: dict, scaling: str, metric: str, log: bool) -> None:
-    top = max((r["e2e"][metric] for r in data["runs"] if math.isfinite(r["e2e"][metric])), default=1.0)
+    """``metric`` vs exponent bits with bootstrap error bars; inf/NaN runs as markers in a band
+    above the axes' data (labelled with their finite share), never at a made-up value."""
+    band = ax.get_xaxis_transform()  # x in data, y in axes coordinates
     for k, budget in enumerate(BUDGETS):
         s = _series(data, budget, scaling)
-        x = [r["ebits"] for r in s]
-        y = [r["e2e"][metric] for r in s]
-        line, = ax.plot([a for a, b in zip(x, y) if math.isfinite(b)], [b for b in y if math.isfinite(b)],
-                        "o-", label=f"B = {budget}")
-        bad = [a + 0.12 * (k - 1) for a, b in zip(x, y) if not math.isfinite(b)]  # side by side
-        if bad:
-            ax.plot(bad, [top * (3 if log else 1.05)] * len(bad), "x", ms=10, mew=2, color=line.get_color())
+        ok = [r for r in s if math.isfinite(r["e2e"][metric])]
+        y = [r["e2e"][metric] for r in ok]
+        ci = [r["e2e"]["ci"][metric] for r in ok]
+        err = [[v - c[0] for v, c in zip(y, ci)], [c[1] - v for v, c in zip(y, ci)]]
+        line = ax.errorbar(
+            [r["ebits"] for r in ok], y, yerr=err, fmt="o-", capsize=3, label=f"B = {budget}"
+        )[0]
+        for r in s:
+            if not math.isfinite(r["e2e"][metric]):
+                x = r["ebits"] + 0.15 * (k - 1)
+                ax.plot(
+                    x, 1.04, "x", ms=9, mew=2, color=line.get_color(), transform=band, clip_on=False
+                )
+                ax.text(
+                    x,
+                    1.08,
+                    pct(r["e2e"]["finite"]),
+                    transform=band,
+                    fontsize=6,
+                    ha="center",
+                    color=line.get_color(),
+                    rotation=90,
+                )
         best = _best(s)
         if best is not None:
             ax.plot(best["ebits"], best["e2e"][metric], "*", ms=16, color=line.get_color())
     if log:
         ax.set_yscale("log")
     ax.set_xlabel("exponent bits X (mantissa bits = B - 1 - X)")
-    ax.set_title(f"{SCALING_LABEL[scaling]} (× = NaN/inf, ★ = lowest KL)"
-                 + ("\n(9+ exponent bits left out: scale clamped, = no scaling)" if scaling == "tensor" else ""),
-                 fontsize=10)
+    ax.set_title(
+        f"{SCALING_LABEL[scaling]}\n(× above the plot = inf/NaN logits, % = finite "
+        "positions; ★ = lowest KL; bars = 95% bootstrap CI)"
+        + (
+            "\n(9+ exponent bits left out: scale clamped, = no scaling)"
+            if scaling == "tensor"
+            else ""
+        ),
+        fontsize=8,
+        pad=34,
+    )
     ax.grid(alpha=0.3)
 
 
+def _legend_outside(ax: Any) -> None:
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
 def figures(data: dict, out: Path) -> list[str]:
-    """The headline figure (KL and loss vs exponent bits) and the overflow/flush figure."""
-    fig, axes = figure(2, len(_variants(data)))
-    for j, scaling in enumerate(_variants(data)):
+    """Headline (KL and loss vs exponent bits), KL vs mantissa bits, end-to-end overflow/flush."""
+    variants = _variants(data)
+    fig, axes = figure(2, len(variants), width=6.5, height=4.6)
+    for j, scaling in enumerate(variants):
         _plot_metric(axes[0, j], data, scaling, "kl", log=True)
         axes[0, j].set_ylabel("KL(FP32 ‖ format), nats/token")
         _plot_metric(axes[1, j], data, scaling, "loss", log=False)
         axes[1, j].set_ylabel("held-out loss, nats/token")
         axes[1, j].axhline(data["baseline"]["fp32"]["loss"], ls="--", color="gray", label="FP32")
-        for ax in axes[:, j]:
-            ax.legend()
+    for ax in axes.flat:
+        _legend_outside(ax)
     names = [save(fig, out / "range_vs_precision.png")]
-    fig, axes = figure(1, 2)
+    fig, axes = figure(1, 1, width=7.5, height=4.5)
+    ax = axes[0, 0]
+    for scaling, marker in zip(variants, "os^"):
+        for budget, ls in zip(BUDGETS, ("-", "--", ":")):
+            ok = [r for r in _series(data, budget, scaling) if math.isfinite(r["e2e"]["kl"])]
+            ax.plot(
+                [r["mbits"] for r in ok],
+                [r["e2e"]["kl"] for r in ok],
+                marker + ls,
+                ms=4,
+                label=f"B = {budget}, {SCALING_LABEL[scaling]}",
+            )
+    ax.set_yscale("log")
+    ax.set_xlabel("mantissa bits Y")
+    ax.set_ylabel("KL(FP32 ‖ format), nats/token")
+    ax.set_title(
+        "KL vs mantissa bits (finite runs): the budgets collapse onto one curve "
+        "where range suffices",
+        fontsize=9,
+    )
+    ax.grid(alpha=0.3)
+    _legend_outside(ax)
+    names.append(save(fig, out / "kl_vs_mantissa_bits.png"))
+    fig, axes = figure(1, 2, width=6.5, height=4.2)
     for budget in BUDGETS:
-        for scaling, ls in zip(SCALINGS, ("-", "--")):
-            s = _series(data, budget, scaling)
+        for scaling, ls in zip(VARIANTS, ("-", ":", "--")):
+            s = [r for r in _series(data, budget, scaling) if r["e2e"].get("events")]
+            if not s:
+                continue
             x = [r["ebits"] for r in s]
-            axes[0, 0].plot(x, [max(r["summary"]["operand_overflow"], 1e-7) for r in s], "o" + ls,
-                            label=f"B = {budget}, {SCALING_LABEL[scaling]}")
-            axes[0, 1].plot(x, [max(r["summary"]["operand_flushed"], 1e-7) for r in s], "o" + ls,
-                            label=f"B = {budget}, {SCALING_LABEL[scaling]}")
-    for ax, what in zip(axes[0], ("largest share of an operand's elements overflowing to inf/NaN",
-                                  "mean share of operand elements flushed to zero")):
+            shares = [_shares(r) for r in s]
+            for ax, k in zip(axes[0], (0, 1)):
+                ax.plot(
+                    x,
+                    [max(sh[k], 1e-9) for sh in shares],
+                    "o" + ls,
+                    label=f"B = {budget}, {SCALING_LABEL[scaling]}",
+                )
+    for ax, what in zip(
+        axes[0],
+        (
+            "operand elements overflowing to inf/NaN, end to end",
+            "operand elements flushed to zero, end to end",
+        ),
+    ):
         ax.set_yscale("log")
         ax.set_xlabel("exponent bits X")
-        ax.set_ylabel("share of elements (1e-7 = none)")
+        ax.set_ylabel("share of all operand elements (1e-9 = none)")
         ax.set_title(what, fontsize=9)
         ax.grid(alpha=0.3)
-    axes[0, 1].legend(fontsize=7)
+    _legend_outside(axes[0, 1])
     names.append(save(fig, out / "overflow_flush_vs_exponent.png"))
     return names
 
@@ -198,39 +475,61 @@ def conclusions(data: dict) -> list[str]:
             s = _series(data, budget, scaling)
             best = _best(s)
             if best is None:
-                out.append(f"B={budget}, {SCALING_LABEL[scaling]}: every split gives non-finite logits.")
+                out.append(
+                    f"B={budget}, {SCALING_LABEL[scaling]}: every split gives non-finite logits."
+                )
                 continue
             kl = best["e2e"]["kl"]
             by_e = {r["ebits"]: r for r in s}
-            text = f"B={budget}, {SCALING_LABEL[scaling]}: the best split is {best['format']} (KL {num(kl)})"
+            text = (f"B={budget}, {SCALING_LABEL[scaling]}: the best split is {best['format']} "
+                    f"(KL {num(kl)})")
             less, more = by_e.get(best["ebits"] - 1), by_e.get(best["ebits"] + 1)
+            text += f" {fmt_ci(best['e2e']['ci']['kl'])}"
             if less:
-                text += f"; one exponent bit fewer ({less['format']}) {_versus(less, kl)}"
+                text += f"; one exponent bit fewer ({less['format']}) {_versus(less, best)}"
             if more:
-                text += f"; one mantissa bit fewer ({more['format']}) {_versus(more, kl)}"
+                text += f"; one mantissa bit fewer ({more['format']}) {_versus(more, best)}"
             if less and more:
-                a, b = (kl_or_inf(r) for r in (less, more))
-                side = "range (fewer exponent bits)" if a > b else "precision (fewer mantissa bits)"
-                text += f". The steeper side is {side}"
+                text += ". " + _steeper(less, more)
             clean = [r["format"] for r in s if not _overflowed(r)]
             where = "end to end" if scaling == LN_FP32 else "replay or end to end"
-            text += f". Narrowest split with no inf/NaN anywhere ({where}): {clean[0] if clean else 'none'}."
+            narrowest = clean[0] if clean else "none"
+            text += f". Narrowest split with no inf/NaN anywhere ({where}): {narrowest}."
             out.append(text)
-    hidden = [r for r in data["runs"] if r["scaling"] == "none" and r["e2e"]["nonfinite_sites"]
-              and not r["summary"]["overflow_sites"]]
+    hidden = [
+        r
+        for r in data["runs"]
+        if r["scaling"] == "none"
+        and r["e2e"]["nonfinite_sites"]
+        and not r["summary"]["overflow_sites"]
+    ]
     if hidden:
         meta = data["meta"]
-        out.append(", ".join(f"{r['format']} (rounding limit {num(rounding_limit(split_format(r['ebits'], r['mbits'])), 4)}, "
-                             f"first inf/NaN at {in_forward_order(r['e2e']['nonfinite_sites'])[0]}, "
-                             f"{pct(r['e2e']['finite'])} of positions finite)" for r in hidden)
-                   + f" without scaling give inf/NaN end to end but overflow nowhere in the per-site replay: the "
-                   f"replay covers the {meta['capture_tokens']} captured tokens, the end-to-end run all "
-                   f"{meta['tokens']}, and the values past the rounding limit are only in the other windows "
-                   "(see the activations experiment).")
+        out.append(
+            ", ".join(
+                f"{r['format']} (rounding limit "
+                f"{num(rounding_limit(split_format(r['ebits'], r['mbits'])), 4)}, "
+                f"first inf/NaN at {in_forward_order(r['e2e']['nonfinite_sites'])[0]}, "
+                f"{pct(r['e2e']['finite'])} of positions finite)"
+                for r in hidden
+            )
+            + f" without scaling give inf/NaN end to end but overflow nowhere in the per-site "
+              f"replay: the "
+            f"replay covers the {meta['capture_tokens']} captured tokens, the end-to-end run all "
+            f"{meta['tokens']}, and the values past the rounding limit are only in the other "
+            f"windows "
+            "(see the activations experiment)."
+        )
+    out += ablation_lines(data)
     same = _same_mantissa(data)
     if same:
-        out.append("Without scaling, splits with the same mantissa width and different exponent widths give KL "
-                   "within 5% of each other: " + "; ".join(same) + ": beyond the narrower exponent, more exponent bits change nothing.")
+        out.append(
+            "Without scaling, splits with the same mantissa width and different exponent widths "
+            "give KL "
+            "within 5% of each other: "
+            + "; ".join(same)
+            + ": beyond the narrower exponent, more exponent bits change nothing."
+        )
     for budget in BUDGETS:
         if LN_FP32 not in _variants(data):
             break
@@ -241,18 +540,30 @@ def conclusions(data: dict) -> list[str]:
             a, b = none[x]["e2e"], ln[x]["e2e"]
             if not math.isfinite(a["kl"]) or not math.isfinite(b["kl"]):
                 first = in_forward_order(b["nonfinite_sites"])
-                parts.append(f"{ln[x]['format']} {'NaN' if not math.isfinite(a['kl']) else num(a['kl'])} "
-                             f"({pct(a['finite'])} finite) -> "
-                             + (num(b["kl"]) if math.isfinite(b["kl"]) else
-                                f"NaN ({pct(b['finite'])} finite, first inf/NaN at {first[0] if first else '?'})"))
+                parts.append(
+                    f"{ln[x]['format']} {'NaN' if not math.isfinite(a['kl']) else num(a['kl'])} "
+                    f"({pct(a['finite'])} finite) -> "
+                    + (
+                        num(b["kl"])
+                        if math.isfinite(b["kl"])
+                        else f"NaN ({pct(b['finite'])} finite, first inf/NaN at "
+                             f"{first[0] if first else '?'})"
+                    )
+                )
         if parts:
-            out.append(f"B={budget}, no scaling, LayerNorm inputs quantized -> kept in FP32 (every other site "
-                       "quantized): " + "; ".join(parts) + ".")
+            out.append(
+                f"B={budget}, no scaling, LayerNorm inputs quantized -> kept in FP32 (every other "
+                f"site "
+                "quantized): " + "; ".join(parts) + "."
+            )
     for budget in BUDGETS:
         none, tensor = _best(_series(data, budget, "none")), _best(_series(data, budget, "tensor"))
         if none and tensor:
-            out.append(f"B={budget}: per-tensor scaling moves the best split from {none['format']} "
-                       f"(KL {num(none['e2e']['kl'])}) to {tensor['format']} (KL {num(tensor['e2e']['kl'])}).")
+            out.append(
+                f"B={budget}: per-tensor scaling moves the best split from {none['format']} "
+                f"(KL {num(none['e2e']['kl'])}) to {tensor['format']} (KL "
+                f"{num(tensor['e2e']['kl'])})."
+            )
     return out
 
 
@@ -260,9 +571,13 @@ HEADER = {"none": "KL no scaling", LN_FP32: "KL no scaling, LN FP32", "tensor": 
 
 
 def headline(data: dict) -> str:
-    """KL of every split by exponent width: one row per X, a format and a KL per variant and budget."""
+    """KL of every split by exponent width: one row per X, a format and a KL per variant and
+    budget."""
     variants = _variants(data)
-    runs = {(r["budget"], r["ebits"], r["scaling"]): r for r in data["runs"] + data.get("ln_fp32_runs", [])}
+    runs = {
+        (r["budget"], r["ebits"], r["scaling"]): r
+        for r in data["runs"] + data.get("ln_fp32_runs", [])
+    }
     widths = sorted({r["ebits"] for r in data["runs"]})
     rows = []
     for x in widths:
@@ -274,61 +589,173 @@ def headline(data: dict) -> str:
                 row += ["-"] * (1 + len(variants))
         rows.append(row)
     header = ["X"] + [h for b in BUDGETS for h in (f"B={b}", *(HEADER[v] for v in variants))]
-    notes = ["", "NaN: some positions have inf/NaN logits (the share of positions whose logits are all finite "
-             "in brackets); KL and top-1 are over all positions, so one such position makes KL NaN. "
-             f"{CLAMPED}: with 9 or more exponent bits every FP32 per-tensor scale is clamped at 2^-126, a power "
-             "of two, so the result is the no-scaling one (with 8, tensors whose amax is below max·2^-126, "
-             f"{num(runs[12, 8, 'none']['max'] * 2.0**-126) if (12, 8, 'none') in runs else '-'} for e8m3, "
-             "keep the clamped scale too)."]
+    notes = [
+        "",
+        "NaN: some positions have inf/NaN logits (the share of positions whose logits are "
+        "all finite in brackets, and the KL over those positions); KL and top-1 are over all "
+        "positions, so one such position makes KL NaN. "
+        f"{CLAMPED}: with 9 or more exponent bits every FP32 per-tensor scale is clamped at "
+        f"2^-126, a power "
+        "of two, so the result is the no-scaling one (with 8, tensors whose amax is below "
+        "max·2^-126, "
+        f"{num(runs[12, 8, 'none']['max'] * 2.0**-126) if (12, 8, 'none') in runs else '-'} for "
+        f"e8m3, "
+        "keep the clamped scale too).",
+    ]
     if LN_FP32 in variants:
-        notes[-1] += (" LN FP32: every site quantized without scaling except the LayerNorms (ln_1, ln_2, ln_f), "
-                      "whose inputs, the residual stream, stay FP32.")
+        notes[-1] += (
+            " LN FP32: every site quantized without scaling except the LayerNorms (ln_1, ln_2, "
+            "ln_f), "
+            "whose inputs, the residual stream, stay FP32."
+        )
     return table(header, rows) + "\n" + "\n".join(notes)
 
 
 def render(data: dict, out: Path) -> str:
     """Figures and the Markdown report of the results."""
     names = figures(data, out)
-    lines = [f"# Range vs precision at a fixed bit budget ({data['meta']['model']})", "",
-             f"Model `{data['meta']['model']}`, {data['meta']['tokens']} held-out tokens end to end; "
-             f"per-site replay on {data['meta']['replay_rows']} rows per site. Operands of every site "
-             "(both sides of every matmul, LayerNorm inputs) in IEEE-style eXmY (inf/NaN, subnormals; "
-             "note e4m3 here has max 240, unlike OCP E4M3FN), FP32 accumulation, FP32 outputs. "
-             "LayerNorm inputs are the residual stream, so without scaling they are quantized too; the "
-             "\"LN FP32\" variant (end to end only) keeps them in FP32. "
-             "KL is KL(P_FP32 ‖ P_format) of the next-token distribution, nats/token, over all positions "
-             "(including any with inf/NaN logits); loss in nats/token "
-             f"(FP32 loss {num(data['baseline']['fp32']['loss'], 4)}, FP64 vs FP32 KL "
-             f"{num(data['baseline']['fp64']['kl'])}).", "",
-             f"![KL and loss vs exponent bits]({names[0]})", "", headline(data), "", "## Conclusions", ""]
-    lines += [f"- {c}" for c in conclusions(data)]
+    meta = data["meta"]
+    intro = (
+        f"Model `{meta['model']}`, {meta['tokens']} held-out tokens end to end "
+        f"({len(data['baseline']['fp32']['windows']['kl'])} windows); per-site replay on "
+        f"{meta['replay_rows']} rows per site. Operands of every site (both sides of every "
+        "matmul, LayerNorm inputs) in IEEE-style eXmY (inf/NaN, subnormals; note e4m3 here has "
+        "max 240, unlike OCP E4M3FN), FP32 accumulation, FP32 outputs. LayerNorm inputs are the "
+        'residual stream, so without scaling they are quantized too; the "LN FP32" variant '
+        "(end to end only) keeps them in FP32. KL is KL(P_FP32 ‖ P_format) of the next-token "
+        "distribution, nats/token, over all positions (including any with inf/NaN logits); loss "
+        f"in nats/token (FP32 loss {num(data['baseline']['fp32']['loss'], 4)}, FP64 vs FP32 KL "
+        f"{num(data['baseline']['fp64']['kl'])}). The FP32 reference computes every dot product, "
+        "LayerNorm and softmax in FP64 and rounds once to FP32, so it is the same on any machine. "
+        "Brackets are 95% bootstrap intervals over windows "
+        f"({bootstrap.RESAMPLES} resamples, seeded; ratios resampled paired); a side is called "
+        "steeper only when the ratio's interval excludes 1."
+    )
+    lead = [f"![KL and loss vs exponent bits]({names[0]})", "", headline(data)]
+    lines: list[str] = []
     for budget in BUDGETS:
         b = data["budgets"][str(budget)]
         lines += ["", f"## B = {budget} bits", ""]
         if b["skipped"]:
-            lines += ["Skipped splits: " + "; ".join(f"{k} ({v})" for k, v in b["skipped"].items()), ""]
+            lines += [
+                "Skipped splits: " + "; ".join(f"{k} ({v})" for k, v in b["skipped"].items()),
+                "",
+            ]
         rows = []
-        runs = {(r["format"], r["scaling"]): r for r in data["runs"] + data.get("ln_fp32_runs", [])
-                if r["budget"] == budget}
+        runs = {
+            (r["format"], r["scaling"]): r
+            for r in data["runs"] + data.get("ln_fp32_runs", [])
+            if r["budget"] == budget
+        }
         for none in _series(data, budget, "none"):
             tensor, ln = runs[none["format"], "tensor"], runs.get((none["format"], LN_FP32))
-            rows.append([none["format"], num(none["max"]), num(none["min_subnormal"]),
-                         kl_cell(none), "-" if ln is None else kl_cell(ln), kl_cell(tensor),
-                         num(none["e2e"]["loss"], 4), num(tensor["e2e"]["loss"], 4),
-                         pct(none["e2e"]["top1"]), pct(none["e2e"]["finite"]),
-                         "-" if ln is None else pct(ln["e2e"]["finite"]),
-                         len(none["summary"]["overflow_sites"]),
-                         (in_forward_order(none["e2e"]["nonfinite_sites"]) or ["-"])[0],
-                         "-" if ln is None else (in_forward_order(ln["e2e"]["nonfinite_sites"]) or ["-"])[0],
-                         pct(none["summary"]["operand_overflow"]), pct(none["summary"]["operand_flushed"]),
-                         pct(tensor["summary"]["operand_flushed"])])
-        lines.append(table(["format", "max", "min subnormal", "KL none", "KL none, LN FP32", "KL tensor",
-                            "loss none", "loss tensor", "top-1 none", "finite positions (none)",
-                            "finite positions (none, LN FP32)", "sites overflowing in replay (none)",
-                            "first inf/NaN site end to end (none)", "first inf/NaN site (none, LN FP32)",
-                            "worst operand overflow (none)", "mean operand flush (none)",
-                            "mean operand flush (tensor)"], rows))
-    lines += ["", f"![overflow and flush shares]({names[1]})", "",
-              "Per-site numbers (overflow, saturation and flush shares of outputs and operands, relative "
-              "error median/p99/max, SNR) are in `results.json` under `runs[].sites`."]
-    return "\n".join(lines) + "\n"
+            rows.append(
+                [
+                    none["format"],
+                    num(none["max"]),
+                    num(none["min_subnormal"]),
+                    kl_cell(none),
+                    "-" if ln is None else kl_cell(ln),
+                    kl_cell(tensor),
+                    num(none["e2e"]["loss"], 4),
+                    num(tensor["e2e"]["loss"], 4),
+                    pct(none["e2e"]["top1"]),
+                    pct(none["e2e"]["finite"]),
+                    "-" if ln is None else pct(ln["e2e"]["finite"]),
+                    len(none["summary"]["overflow_sites"]),
+                    (in_forward_order(none["e2e"]["nonfinite_sites"]) or ["-"])[0],
+                    "-"
+                    if ln is None
+                    else (in_forward_order(ln["e2e"]["nonfinite_sites"]) or ["-"])[0],
+                    pct(none["summary"]["operand_overflow"]),
+                    pct(none["summary"]["operand_flushed"]),
+                    pct(tensor["summary"]["operand_flushed"]),
+                    pct(_shares(none)[0]),
+                    pct(_shares(none)[1]),
+                ]
+            )
+        lines.append(
+            table(
+                [
+                    "format",
+                    "max",
+                    "min subnormal",
+                    "KL none",
+                    "KL none, LN FP32",
+                    "KL tensor",
+                    "loss none",
+                    "loss tensor",
+                    "top-1 none",
+                    "finite positions (none)",
+                    "finite positions (none, LN FP32)",
+                    "sites overflowing in replay (none)",
+                    "first inf/NaN site end to end (none)",
+                    "first inf/NaN site (none, LN FP32)",
+                    "worst operand overflow (none)",
+                    "mean operand flush (none)",
+                    "mean operand flush (tensor)",
+                    "overflow end to end (none)",
+                    "flushed end to end (none)",
+                ],
+                rows,
+            )
+        )
+    rows = []
+    for r in data.get("ablation_runs", []):
+        e = r["e2e"]
+        over, flush, site, worst, _ = _shares(r)
+        rows.append(
+            [
+                r["budget"],
+                r["ablation"],
+                r["format"],
+                num(r["max"]),
+                num(r["min_subnormal"]),
+                f"{num(e['kl'])} {fmt_ci(e['ci']['kl'])}",
+                pct(e["finite"]),
+                num(e["kl_finite"]),
+                pct(over),
+                pct(flush),
+                f"{site} ({pct(worst)})",
+            ]
+        )
+    if rows:
+        lines += [
+            "",
+            "## Attribution: the 3-exponent-bit splits with one range failure removed",
+            "",
+            "End to end, no scaling. saturate: overflow clamps to the largest finite value; "
+            "no flush: values that would round to zero keep their FP32 value; fn: OCP-style "
+            "encoding (no inf, one NaN code); bias N: IEEE-style with exponent bias N; LN FP32: "
+            "LayerNorm inputs unquantized. Shares are of all operand elements over the whole "
+            "run.",
+            "",
+            table(
+                [
+                    "B",
+                    "ablation",
+                    "format",
+                    "max",
+                    "min subnormal",
+                    "KL [95% CI]",
+                    "finite positions",
+                    "KL over finite",
+                    "overflow",
+                    "flushed",
+                    "most flushed site",
+                ],
+                rows,
+            ),
+        ]
+    lines += [
+        "",
+        f"![KL vs mantissa bits]({names[1]})",
+        "",
+        f"![overflow and flush shares end to end]({names[2]})",
+        "",
+        "Per-site numbers (overflow, saturation and flush shares of outputs and operands, relative "
+        "error median/p99/max, SNR) are in `results.json` under `runs[].sites`.",
+    ]
+    return page(
+        "Range vs precision at a fixed bit budget", meta, intro, conclusions(data), lines[1:], lead
+    )

@@ -1,0 +1,59 @@
+"""Attribution switches of range-vs-precision: saturate, no flush, fn encoding, bias."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+import fpsim
+from experiments import range_vs_precision as rvp
+from experiments.endtoend import RecipeOps
+from experiments.recipes import Recipe, linear, softmax
+
+
+def test_no_flush_keeps_values_below_the_smallest_subnormal_and_only_those() -> None:
+    f = rvp.split_format(3, 4)                      # IEEE-style e3m4: min subnormal 2^-6
+    x = torch.tensor([[1e-3, -2e-3, 0.0, 0.3, 100.0, 2.0**-6]]).T   # one product per row
+    w = torch.ones(1, 1)
+    flushed = linear(Recipe("f", f), x, w, None)[:, 0]
+    kept = linear(Recipe("k", f, flush=False), x, w, None)[:, 0]
+    assert flushed[:3].tolist() == [0.0, 0.0, 0.0] and math.isinf(flushed[4])
+    assert kept[:3].tolist() == x[:3, 0].tolist()   # put back at their FP32 value
+    assert torch.equal(kept[3:], flushed[3:])       # everything else rounds as before
+
+
+def test_saturate_clamps_overflow_at_the_largest_finite_value() -> None:
+    f = rvp.split_format(3, 4)
+    assert f.max == 15.5
+    x = torch.tensor([[15.7, 15.8, -100.0]]).T
+    y = linear(Recipe("s", f, saturate=True), x, torch.ones(1, 1), None)[:, 0]
+    assert y.tolist() == [15.5, 15.5, -15.5]
+    y = linear(Recipe("o", f), x, torch.ones(1, 1), None)[:, 0]
+    assert y[0] == 15.5 and y[1] == math.inf and y[2] == -math.inf  # rounding limit 15.75
+
+
+def test_fn_encoding_and_bias_sweep_move_the_range() -> None:
+    fn = rvp.fn_format(3, 4)
+    assert fn.max == 30 and fn.min_subnormal == 2.0**-6            # one NaN code, no inf
+    assert math.isnan(float(fpsim.quantize(torch.tensor([40.0]), fn)[0]))
+    runs = {name: r for name, r, _ in rvp.ablations(8)}
+    assert {"saturate", "no flush", "saturate, no flush", "fn encoding", "LN FP32, no flush"} \
+        <= set(runs)
+    maxima = [runs[f"bias {b}"].inputs.max for b in rvp.BIASES]
+    assert maxima == sorted(maxima, reverse=True) and maxima[0] == 15.5 * 4  # bias 1: 4x range
+    assert "bias 1" not in {name for name, _, _ in rvp.ablations(12)}
+
+
+def test_end_to_end_ops_count_overflow_and_flush_per_site() -> None:
+    ops = RecipeOps({"s": Recipe("e3m4", rvp.split_format(3, 4))})
+    x = torch.tensor([[1e-3, 20.0, 0.5]])
+    ops.linear("s", x, torch.full((3, 2), 0.25), None)
+    ops.linear("s", x, torch.full((3, 2), 0.25), None)
+    e = ops.events["s"]
+    assert e == {"elements": 2 * (3 + 6), "overflow": 2, "saturated": 0, "flushed": 2}
+
+
+def test_softmax_is_computed_in_fp64_and_rounded_once() -> None:
+    x = torch.randn(3, 50, generator=torch.Generator().manual_seed(0)) * 10
+    assert torch.equal(softmax(x), torch.softmax(x.double(), -1).float())
