@@ -10,23 +10,30 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import time
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
-from . import accumulation, activations, context, fp8, fp16_vs_bf16, histograms, range_vs_precision
-from . import deepseek
-from . import training
+from . import (accumulation, activations, context, deepseek, fp8, fp16_vs_bf16, histograms,
+               practice, range_vs_precision, training)
 from fpsim.cliparse import OneLineParser
 
 from .report import load_json, write_json
 
 EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (
-    activations, range_vs_precision, fp16_vs_bf16, fp8, accumulation, histograms, deepseek)}
+    activations, range_vs_precision, fp16_vs_bf16, fp8, practice, accumulation, histograms,
+    deepseek)}
 STANDALONE: dict[str, ModuleType] = {training.NAME: training}  # train their own models; not in all
 DEFAULT_OUT = Path("results")
+LIMITS = ("What a tiny model cannot tell about GPT-2 124M: these numbers come from one training "
+          "seed of a 4-layer, width-256 byte-level model whose largest residual value is about 20; "
+          "GPT-2 124M has outlier channels in the thousands, 12 layers and a 50k vocabulary, so "
+          "where its overflow cliff lies, which tensor hits it first and how much flushing costs "
+          "must be measured on it (`--model gpt2`); the bootstrap covers the choice of held-out "
+          "windows, not the choice of model or training seed.")
 
 
 def _positive(text: str) -> int:
@@ -41,22 +48,49 @@ def _positive(text: str) -> int:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = OneLineParser(prog="fpsim experiment", description=__doc__.splitlines()[0])
+    everything = {**EXPERIMENTS, **STANDALONE}
+    w = max(map(len, everything)) + 2
+    listing = "\n".join(f"  {name:<{w}}{_summary(m)}" for name, m in everything.items())
+    p = OneLineParser(
+        prog="fpsim experiment",
+        description=__doc__.splitlines()[0].replace("``", ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"experiments:\n{listing}\n  {'all':<{w}}every experiment above but "
+        f"{', '.join(STANDALONE)}, on one shared capture, and OUT/REPORT.md",
+    )
     p.add_argument("name", choices=[*EXPERIMENTS, *STANDALONE, "all"], help="experiment to run")
-    p.add_argument("--model", default=str(context.DEFAULT_MODEL),
-                   help="checkpoint directory or Hugging Face name in the offline cache "
-                        "(default: the tiny byte-level model)")
-    p.add_argument("--tokens", type=_positive, help="held-out tokens for end-to-end metrics "
-                                              f"(default {context.FULL.tokens}, --quick {context.QUICK.tokens})")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default results/)")
-    p.add_argument("--quick", action="store_true", help="few tokens and subsampled sites: a smoke run")
+    p.add_argument(
+        "--model",
+        default=str(context.DEFAULT_MODEL),
+        help="checkpoint directory or Hugging Face name in the offline cache "
+        "(default: the tiny byte-level model)",
+    )
+    p.add_argument(
+        "--tokens",
+        type=_positive,
+        help="held-out tokens for end-to-end metrics "
+        f"(default {context.FULL.tokens}, --quick {context.QUICK.tokens})",
+    )
+    p.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="output directory (default results/)"
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="few tokens and subsampled sites: a smoke run"
+    )
     p.add_argument("--device", choices=["cpu", "cuda"],
                    help="where the model and the emulation run (training: default cuda when "
                         "available; the others: cpu only)")
-    p.add_argument("--threads", type=_positive, default=1,
-                   help="torch CPU threads (the CPU is shared)")
-    p.add_argument("--render", action="store_true",
-                   help="only regenerate figures and REPORT.md from an existing results.json")
+    p.add_argument(
+        "--threads",
+        type=_positive,
+        default=os.cpu_count() or 1,
+        help="torch CPU threads (default: all cores); results do not depend on it",
+    )
+    p.add_argument(
+        "--render",
+        action="store_true",
+        help="only regenerate figures and REPORT.md from an existing results.json",
+    )
     args = p.parse_args(argv)
     if args.device == "cuda" and args.name not in STANDALONE:
         p.error("--device cuda: only the training experiment runs on a GPU so far; "
@@ -64,6 +98,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no CUDA device; use --device cpu")
     return args
+
+
+def _summary(module: ModuleType) -> str:
+    """An experiment's one-line description: its docstring's first line after the name."""
+    first = " ".join((module.__doc__ or "").strip().split("\n\n")[0].split())
+    return first.split(": ", 1)[-1]
 
 
 def _render(module: ModuleType, out: Path) -> None:
@@ -75,16 +115,33 @@ def index(out: Path, names: list[str]) -> str:
     lines = ["# Experiment results", ""]
     if range_vs_precision.NAME in names:
         rvp = load_json(out / range_vs_precision.NAME / "results.json")
-        lines += [f"![range vs precision]({range_vs_precision.NAME}/range_vs_precision.png)", "",
-                  "End-to-end KL(FP32 ‖ format) in nats/token of every IEEE-style eXmY split of B bits "
-                  "(inf/NaN in the all-ones exponent: e4m3 here has max 240, not OCP E4M3FN's 448) "
-                  f"(`{rvp['meta']['model']}`, {rvp['meta']['tokens']} held-out tokens; NaN: inf/NaN logits):", "",
-                  range_vs_precision.headline(rvp), ""]
+        lines += [
+            f"![range vs precision]({range_vs_precision.NAME}/range_vs_precision.png)",
+            "",
+            "End-to-end KL(FP32 ‖ format) in nats/token of every IEEE-style eXmY split of B bits "
+            "(inf/NaN in the all-ones exponent: e4m3 here has max 240, not OCP E4M3FN's 448) "
+            f"(`{rvp['meta']['model']}`, {rvp['meta']['tokens']} held-out tokens; NaN: inf/NaN "
+            f"logits):",
+            "",
+            range_vs_precision.headline(rvp),
+            "",
+        ]
+    if fp16_vs_bf16.NAME in names:
+        lines += [
+            "FP16 vs BF16: "
+            + fp16_vs_bf16.headline(load_json(out / fp16_vs_bf16.NAME / "results.json")),
+            "",
+        ]
+    lines += [LIMITS, ""]
     for name in names:
         data = load_json(out / name / "results.json")
         meta = data["meta"]
-        lines += [f"## [{name}]({name}/REPORT.md)", "",
-                  f"`{meta['model']}`, {meta['tokens']} tokens end to end, {meta['seconds']} s.", ""]
+        lines += [
+            f"## [{name}]({name}/REPORT.md)",
+            "",
+            f"`{meta['model']}`, {meta['tokens']} tokens end to end, {meta['seconds']} s.",
+            "",
+        ]
         lines += [f"- {c}" for c in EXPERIMENTS[name].conclusions(data)] + [""]
     return "\n".join(lines)
 

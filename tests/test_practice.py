@@ -1,0 +1,70 @@
+"""Deployed FP8 recipes: DeepSeek-V3 tiles bit for bit, delayed scaling, the ``practice`` run."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import fpsim
+from experiments import context, practice
+from experiments.recipes import tile_quantize
+
+E4M3 = fpsim.get_format("e4m3")
+
+
+def test_tiles_are_scaled_quantize_per_1x128_and_per_128x128_block() -> None:
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(300, 200, generator=g) * torch.rand(300, 200, generator=g) ** 4
+    qw = tile_quantize(W, E4M3, -2)
+    for k0 in range(0, 300, 128):          # short last blocks: 44 rows, 72 columns
+        for n0 in range(0, 200, 128):
+            blk = W[k0:k0 + 128, n0:n0 + 128].double()
+            want = fpsim.scaled_quantize(blk, E4M3, granularity="tensor").values.float()
+            assert torch.equal(qw[k0:k0 + 128, n0:n0 + 128], want), (k0, n0)
+    x = torch.randn(2, 3, 300, generator=g)
+    qx = tile_quantize(x, E4M3, -1)
+    for t0 in range(0, 300, 128):
+        tile = x[1, 2, t0:t0 + 128].double()
+        want = fpsim.scaled_quantize(tile, E4M3, granularity="tensor").values.float()
+        assert torch.equal(qx[1, 2, t0:t0 + 128], want)
+
+
+def test_delayed_scaling_uses_the_previous_amax_and_saturates() -> None:
+    ops = practice.DelayedScalingOps(["s"], history=2)
+    W = torch.eye(2)
+    y1 = ops.linear("s", torch.tensor([[1.0, 0.5]]), W, None)  # first call: its own amax
+    assert y1.tolist() == [[1.0, 0.5]] and ops.events["s"]["saturated"] == 0
+    y2 = ops.linear("s", torch.tensor([[4.0, 0.5]]), W, None)  # scale from amax 1: 4 saturates
+    assert y2[0, 0] == 1.0 and ops.events["s"]["saturated"] == 1
+    assert ops.amax["s"] == [1.0, 4.0]
+    ops.linear("s", torch.tensor([[0.125, 0.125]]), W, None)
+    assert ops.amax["s"] == [4.0, 0.125]                        # history of 2
+
+
+@pytest.fixture(scope="module")
+def small() -> context.Context:
+    sizes = context.Sizes(tokens=512, capture_windows=1, rows=16, cols=16, emulation_rows=4,
+                          emulation_cols=8)
+    return context.build(sizes=sizes, quick=True)
+
+
+@pytest.mark.slow
+def test_practice_runs_every_recipe_with_intervals(small: context.Context, tmp_path: Path) -> None:
+    data = practice.run(small)
+    names = [r["name"] for r in data["runs"]]
+    assert len(names) == 6 and any("delayed" in n for n in names)
+    for r in data["runs"]:
+        e = r["e2e"]
+        assert math.isfinite(e["kl"]) and e["ci"]["kl"][0] <= e["kl"] <= e["ci"]["kl"][1]
+        assert 0 < e["kl"] < 0.1, r["name"]
+    touched = {n for r in data["runs"][:3] for n, e in r["e2e"]["events"].items()
+               if e["flushed"] or e["saturated"]}
+    assert touched and all(n.split(".", 1)[-1] in practice.LINEAR for n in touched)
+    acc = {x["recipe"]["name"]: x for x in data["accumulators"]}
+    assert len(acc) == 3 and all(set(x["sites"]) <= set(small.sites) for x in acc.values())
+    data["meta"] = {**small.meta(), "seconds": 0}
+    report = practice.render(data, tmp_path)
+    assert "## Conclusions" in report and (tmp_path / "practice.png").is_file()
