@@ -8,16 +8,18 @@ FP32's exponent range.
 
 from __future__ import annotations
 
-import math
 import statistics
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
+from . import bootstrap
+from .bootstrap import fmt_ci
 from .context import Context
 from .recipes import Recipe
-from .report import figure, in_forward_order, median_finite, num, pct, ratio, save, table
+from .report import (figure, in_forward_order, median_finite, num, page, pct, save,
+                     snr_per_site, table)
 
 NAME = "fp16-vs-bf16"
 FORMATS = ("fp16", "bf16")
@@ -29,8 +31,14 @@ def recipes() -> list[Recipe]:
     out = []
     for f in FORMATS:
         out.append(Recipe(f"{f} in/out, fp32 acc", f, output=f))
-        out.append(Recipe(f"{f} in/out, fp32 acc (sequential)", f, accum="fp32", order="sequential", output=f))
-        out.append(Recipe(f"{f} in/out, {f} acc (sequential)", f, accum=f, order="sequential", output=f))
+        out.append(
+            Recipe(
+                f"{f} in/out, fp32 acc (sequential)", f, accum="fp32", order="sequential", output=f
+            )
+        )
+        out.append(
+            Recipe(f"{f} in/out, {f} acc (sequential)", f, accum=f, order="sequential", output=f)
+        )
     return out
 
 
@@ -44,29 +52,60 @@ def _by_name(data: dict) -> dict[str, dict]:
     return {r["recipe"]["name"]: r for r in data["runs"]}
 
 
+def headline(data: dict) -> str:
+    """FP16 against BF16 end to end, with the paired bootstrap CI of the KL ratio."""
+    r = _by_name(data)
+    h, b = r["fp16 in/out, fp32 acc"]["e2e"], r["bf16 in/out, fp32 acc"]["e2e"]
+    q, ci = bootstrap.ratio(b, h)
+    side = bootstrap.verdict(ci, "BF16 is worse", "FP16 is worse")
+    return (
+        f"With FP32 accumulation, end-to-end KL is {num(h['kl'])} {fmt_ci(h['ci']['kl'])} for "
+        f"FP16 and {num(b['kl'])} {fmt_ci(b['ci']['kl'])} for BF16: BF16/FP16 = {num(q)}× "
+        f"{fmt_ci(ci)}, {side}; top-1 agreement {pct(h['top1'])} vs {pct(b['top1'])}."
+        + (
+            " Neither gives inf/NaN anywhere end to end: BF16's wider range buys nothing on "
+            "this model and FP16's 3 extra mantissa bits win (precision is the limit)."
+            if bootstrap.excludes_one(ci)
+            and ci[0] > 1
+            and not h["nonfinite_sites"]
+            and not b["nonfinite_sites"]
+            else ""
+        )
+    )
+
+
 def conclusions(data: dict) -> list[str]:
     """FP16 vs BF16 end to end and per site, and what their own accumulators add."""
     r = _by_name(data)
     h, b = r["fp16 in/out, fp32 acc"], r["bf16 in/out, fp32 acc"]
-    out = [f"With FP32 accumulation, end-to-end KL is {num(h['e2e']['kl'])} for FP16 and {num(b['e2e']['kl'])} "
-           f"for BF16 (BF16/FP16 = {ratio(b['e2e']['kl'], h['e2e']['kl'])}); top-1 agreement "
-           f"{pct(h['e2e']['top1'])} vs {pct(b['e2e']['top1'])}."]
-    out.append(f"Median site SNR: FP16 {num(median_finite(h, 'snr_db'))} dB, BF16 {num(median_finite(b, 'snr_db'))} dB "
-               f"({num(median_finite(h, 'snr_db') - median_finite(b, 'snr_db'))} dB apart; 3 mantissa bits are 18.1 dB).")
+    out = [headline(data)]
+    out.append(
+        f"Median site SNR: FP16 {num(median_finite(h, 'snr_db'))} dB, BF16 "
+        f"{num(median_finite(b, 'snr_db'))} dB "
+        f"({num(median_finite(h, 'snr_db') - median_finite(b, 'snr_db'))} dB apart; 3 mantissa "
+        f"bits are 18.1 dB)."
+    )
     for name, run in ((n, r[n]) for n in ("fp16 in/out, fp32 acc", "bf16 in/out, fp32 acc")):
         sites = run["summary"]["overflow_sites"] or run["e2e"]["nonfinite_sites"]
-        out.append(f"{name}: inf/NaN at {', '.join(sites) if sites else 'no site'} "
-                   f"(replay on {data['meta']['replay_rows']} rows per site and end to end).")
+        out.append(
+            f"{name}: inf/NaN at {', '.join(sites) if sites else 'no site'} "
+            f"(replay on {data['meta']['replay_rows']} rows per site and end to end)."
+        )
     for f in FORMATS:
         acc = r[f"{f} in/out, {f} acc (sequential)"]
         ov = [n for n, s in acc["sites"].items() if s.get("accum_overflow", 0) > 0]
         sw = statistics.mean(s["accum_swamped"] for s in acc["sites"].values())
         f32 = median_finite(r[f"{f} in/out, fp32 acc (sequential)"], "snr_db")
-        out.append(f"{f.upper()} accumulation (left to right, {data['meta']['emulation_rows']} rows per site): median "
-                   f"site SNR {num(median_finite(acc, 'snr_db'))} dB against {num(f32)} dB with FP32 accumulation on the same "
-                   f"rows; partial sums overflowed at {len(ov)} sites"
-                   f"{' (' + ', '.join(ov) + ')' if ov else ''}; on average {num(sw)} additions per output left "
-                   "the accumulator unchanged (swamped).")
+        out.append(
+            f"{f.upper()} accumulation (left to right, {data['meta']['emulation_rows']} rows per "
+            f"site): median "
+            f"site SNR {num(median_finite(acc, 'snr_db'))} dB against {num(f32)} dB with FP32 "
+            f"accumulation on the same "
+            f"rows; partial sums overflowed at {len(ov)} sites"
+            f"{' (' + ', '.join(ov) + ')' if ov else ''}; on average {num(sw)} additions per "
+            f"output left "
+            "the accumulator unchanged (swamped)."
+        )
     return out
 
 
@@ -74,16 +113,10 @@ def figures(data: dict, out: Path) -> list[str]:
     """SNR per site for every recipe."""
     fig, axes = figure(1, 1, width=12, height=4.5)
     ax = axes[0, 0]
-    for run in data["runs"]:
-        names = list(run["sites"])
-        snr = [run["sites"][n]["snr_db"] for n in names]
-        ax.plot(range(len(names)), [v if math.isfinite(v) else float("nan") for v in snr], "o-", ms=4,
-                label=run["recipe"]["name"])
-    ax.set_xticks(range(len(names)), names, rotation=90, fontsize=7)
+    snr_per_site(ax, data["runs"])
     ax.set_ylabel("SNR against FP64, dB (finite outputs)")
     ax.set_title("per-site SNR: 16-bit operands and outputs, FP32 or 16-bit accumulation")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return [save(fig, out / "snr_per_site.png")]
 
 
@@ -92,9 +125,17 @@ def render(data: dict, out: Path) -> str:
     meta = data["meta"]
     names = figures(data, out)
     r = _by_name(data)
-    e2e = [[n, num(run["e2e"]["kl"]), num(run["e2e"]["loss"], 4), pct(run["e2e"]["top1"]),
-            ", ".join(in_forward_order(run["e2e"]["nonfinite_sites"])) or "-"]
-           for n, run in r.items() if "e2e" in run]
+    e2e = [
+        [
+            n,
+            num(run["e2e"]["kl"]),
+            num(run["e2e"]["loss"], 4),
+            pct(run["e2e"]["top1"]),
+            ", ".join(in_forward_order(run["e2e"]["nonfinite_sites"])) or "-",
+        ]
+        for n, run in r.items()
+        if "e2e" in run
+    ]
     order = list(r)
     site_rows = []
     for site in r[order[0]]["sites"]:
@@ -104,16 +145,26 @@ def render(data: dict, out: Path) -> str:
             row += [num(s["snr_db"]), pct(max(s["overflow"], s.get("accum_overflow", 0.0)))]
         site_rows.append(row)
     header = ["site"] + [h for n in order for h in (f"{n}: SNR dB", "inf/NaN")]
-    lines = [f"# FP16 vs BF16 ({meta['model']})", "",
-             f"{meta['tokens']} held-out tokens end to end (FP32 loss {num(data['baseline']['fp32']['loss'], 4)}); "
-             f"per-site replay on {meta['replay_rows']} rows (torch FP32 accumulation) or {meta['emulation_rows']} rows "
-             "(emulated left-to-right accumulation) per site against FP64 on the same operands. Operands and outputs are "
-             "rounded to the format without scaling; LayerNorm's statistics are written in it too.", "",
-             "## Conclusions", ""]
-    lines += [f"- {c}" for c in conclusions(data)]
-    lines += ["", "## End to end (FP32 accumulation)", "",
-              table(["recipe", "KL", "loss", "top-1", "sites with inf/NaN"], e2e), "",
-              f"![SNR per site]({names[0]})", "", "## Per site", "",
-              "inf/NaN: share of outputs that overflowed (in the output format or in the accumulator).", "",
-              table(header, site_rows)]
-    return "\n".join(lines) + "\n"
+    intro = (
+        f"{meta['tokens']} held-out tokens end to end (FP32 loss "
+        f"{num(data['baseline']['fp32']['loss'], 4)}); "
+        f"per-site replay on {meta['replay_rows']} rows (torch FP32 accumulation) or "
+        f"{meta['emulation_rows']} rows "
+        "(emulated left-to-right accumulation) per site against FP64 on the same operands. "
+        "Operands and outputs are "
+        "rounded to the format without scaling; LayerNorm's statistics are written in it too."
+    )
+    body = [
+        "## End to end (FP32 accumulation)",
+        "",
+        table(["recipe", "KL", "loss", "top-1", "sites with inf/NaN"], e2e),
+        "",
+        f"![SNR per site]({names[0]})",
+        "",
+        "## Per site",
+        "",
+        "inf/NaN: share of outputs that overflowed (in the output format or in the accumulator).",
+        "",
+        table(header, site_rows),
+    ]
+    return page("FP16 vs BF16", meta, intro, conclusions(data), body)

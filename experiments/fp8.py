@@ -19,7 +19,7 @@ from fpsim import get_format, mx
 
 from .context import Context
 from .recipes import Recipe
-from .report import figure, in_forward_order, kl_or_inf, num, pct, ratio, save, table
+from .report import figure, in_forward_order, kl_or_inf, num, page, pct, ratio, save, table
 
 NAME = "fp8"
 SCALARS = ("e5m2", "e4m3", "e3m4", "int8")
@@ -56,34 +56,66 @@ def conclusions(data: dict) -> list[str]:
     out = []
     for s in SCALAR_SCALINGS:
         ranked = sorted((runs[f"{f}/{s}"] for f in SCALARS), key=kl_or_inf)
-        out.append(f"{s} scaling: " + " < ".join(f"{r['recipe']['inputs']} ({num(r['e2e']['kl'])})" for r in ranked)
-                   + " (end-to-end KL).")
+        out.append(
+            f"{s} scaling: "
+            + " < ".join(f"{r['recipe']['inputs']} ({num(r['e2e']['kl'])})" for r in ranked)
+            + " (end-to-end KL)."
+        )
     for f in SCALARS:
         none, tensor, channel = (runs[f"{f}/{s}"] for s in SCALAR_SCALINGS)
-        out.append(f"{f}: per-tensor scaling changes KL by {ratio(kl_or_inf(tensor), kl_or_inf(none))} against no scaling, "
-                   f"per-channel by {ratio(kl_or_inf(channel), kl_or_inf(none))}"
-                   + (f"; without scaling inf/NaN first appears at {in_forward_order(none['e2e']['nonfinite_sites'])[0]}"
-                      f" end to end ({pct(none['e2e']['finite'])} of positions finite)"
-                      if none["e2e"]["nonfinite_sites"] else "")
-                   + (" while the per-site replay, on fewer tokens, saw no overflow"
-                      if none["e2e"]["nonfinite_sites"] and not none["summary"]["overflow_sites"] else "") + ".")
+        out.append(
+            f"{f}: per-tensor scaling changes KL by {ratio(kl_or_inf(tensor), kl_or_inf(none))} "
+            f"against no scaling, "
+            f"per-channel by {ratio(kl_or_inf(channel), kl_or_inf(none))}"
+            + (
+                f"; without scaling inf/NaN first appears at "
+                f"{in_forward_order(none['e2e']['nonfinite_sites'])[0]}"
+                f" end to end ({pct(none['e2e']['finite'])} of positions finite)"
+                if none["e2e"]["nonfinite_sites"]
+                else ""
+            )
+            + (
+                " while the per-site replay, on fewer tokens, saw no overflow"
+                if none["e2e"]["nonfinite_sites"] and not none["summary"]["overflow_sites"]
+                else ""
+            )
+            + "."
+        )
     blocks = sorted((runs[f"{b}/block"] for b in BLOCKS), key=kl_or_inf)
-    out.append("Block formats by KL: " + " < ".join(
-        f"{r['recipe']['inputs']} ({num(r['e2e']['kl'])}, {num(r['bits'])} bits)" for r in blocks) + ".")
+    out.append(
+        "Block formats by KL: "
+        + " < ".join(
+            f"{r['recipe']['inputs']} ({num(r['e2e']['kl'])}, {num(r['bits'])} bits)"
+            for r in blocks
+        )
+        + "."
+    )
     mx8, e4 = runs["mxfp8_e4m3/block"], runs["e4m3/none"]
     if kl_or_inf(mx8) > kl_or_inf(e4):
-        out.append(f"MXFP8 E4M3 (KL {num(mx8['e2e']['kl'])}) does worse than unscaled E4M3 ({num(e4['e2e']['kl'])}): "
-                   "the OCP scale rule, 2^(floor(log2 amax) - 8) (8: E4M3's largest exponent), maps a block's "
-                   "largest value into [256, 512), and values above E4M3's 448 saturate to 448: up to "
-                   f"{pct(mx8['summary']['operand_saturated'])} of an operand's elements (worst site) saturate, "
-                   f"against {pct(e4['summary']['operand_saturated'])} unscaled, a clipping error unscaled E4M3 "
-                   "does not make on this model.")
+        out.append(
+            f"MXFP8 E4M3 (KL {num(mx8['e2e']['kl'])}) does worse than unscaled E4M3 "
+            f"({num(e4['e2e']['kl'])}): "
+            "the OCP scale rule, 2^(floor(log2 amax) - 8) (8: E4M3's largest exponent), maps a "
+            "block's "
+            "largest value into [256, 512), and values above E4M3's 448 saturate to 448: up to "
+            f"{pct(mx8['summary']['operand_saturated'])} of an operand's elements (worst site) "
+            f"saturate, "
+            f"against {pct(e4['summary']['operand_saturated'])} unscaled, a clipping error "
+            f"unscaled E4M3 "
+            "does not make on this model."
+        )
     mx4, nv4 = runs["mxfp4/block"], runs["nvfp4/block"]
-    out.append(f"At 4 bits, NVFP4 (16-element blocks, E4M3 scales) reaches KL {num(nv4['e2e']['kl'])} and MXFP4 "
-               f"(32-element blocks, power-of-two scales) {num(mx4['e2e']['kl'])}: MXFP4/NVFP4 = "
-               f"{ratio(kl_or_inf(mx4), kl_or_inf(nv4))}.")
+    out.append(
+        f"At 4 bits, NVFP4 (16-element blocks, E4M3 scales) reaches KL {num(nv4['e2e']['kl'])} "
+        f"and MXFP4 "
+        f"(32-element blocks, power-of-two scales) {num(mx4['e2e']['kl'])}: MXFP4/NVFP4 = "
+        f"{ratio(kl_or_inf(mx4), kl_or_inf(nv4))}."
+    )
     best = min(data["runs"], key=kl_or_inf)
-    out.append(f"Lowest KL overall: {best['recipe']['name']} ({num(best['e2e']['kl'])}, top-1 {pct(best['e2e']['top1'])}).")
+    out.append(
+        f"Lowest KL overall: {best['recipe']['name']} ({num(best['e2e']['kl'])}, top-1 "
+        f"{pct(best['e2e']['top1'])})."
+    )
     return out
 
 
@@ -94,17 +126,31 @@ def figures(data: dict, out: Path) -> list[str]:
     top = max(finite) * 10 if finite else 1.0
     fig, axes = figure(1, 1, width=11, height=4.5)
     ax = axes[0, 0]
-    colors = {"none": "tab:red", "tensor": "tab:blue", "channel": "tab:green", "block": "tab:purple"}
+    colors = {
+        "none": "tab:red",
+        "tensor": "tab:blue",
+        "channel": "tab:green",
+        "block": "tab:purple",
+    }
     for i, r in enumerate(runs):
         kl = kl_or_inf(r)
-        ax.bar(i, kl if math.isfinite(kl) else top, color=colors[r["recipe"]["scaling"]],
-               hatch=None if math.isfinite(kl) else "xx", alpha=0.8)
+        ax.bar(
+            i,
+            kl if math.isfinite(kl) else top,
+            color=colors[r["recipe"]["scaling"]],
+            hatch=None if math.isfinite(kl) else "xx",
+            alpha=0.8,
+        )
     for s, c in colors.items():
         ax.bar(0, 0, color=c, label=f"scaling: {s}")
     ax.set_yscale("log")
-    ax.set_xticks(range(len(runs)), [r["recipe"]["name"] for r in runs], rotation=60, ha="right", fontsize=8)
+    ax.set_xticks(
+        range(len(runs)), [r["recipe"]["name"] for r in runs], rotation=60, ha="right", fontsize=8
+    )
     ax.set_ylabel("KL(FP32 ‖ recipe), nats/token")
-    ax.set_title("8-bit and smaller operands, FP32 accumulation (hatched at the top: NaN/inf logits)")
+    ax.set_title(
+        "8-bit and smaller operands, FP32 accumulation (hatched at the top: NaN/inf logits)"
+    )
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
     return [save(fig, out / "kl.png")]
@@ -114,24 +160,57 @@ def render(data: dict, out: Path) -> str:
     """Figure and Markdown report."""
     meta = data["meta"]
     names = figures(data, out)
-    rows = [[r["recipe"]["inputs"], r["recipe"]["scaling"], num(r["bits"]), num(r["e2e"]["kl"]),
-             num(r["e2e"]["loss"], 4), pct(r["e2e"]["top1"]), pct(r["e2e"]["finite"]), (in_forward_order(r["e2e"]["nonfinite_sites"]) or ["-"])[0],
-             pct(r["summary"]["operand_overflow"]), pct(r["summary"]["operand_saturated"]),
-             pct(r["summary"]["operand_flushed"]), num(r["summary"]["snr_db_min"])] for r in data["runs"]]
-    lines = [f"# FP8, INT8 and block formats ({meta['model']})", "",
-             f"{meta['tokens']} held-out tokens end to end (FP32 loss {num(data['baseline']['fp32']['loss'], 4)}); "
-             f"per-site replay on {meta['replay_rows']} rows per site against FP64 on the same operands. "
-             "E4M3 is OCP E4M3FN (max 448, NaN, no inf); E5M2 and E3M4 are IEEE-style. Per-tensor and per-channel "
-             "scales are amax / format max in FP32 (fpsim.scaled_quantize); per-channel means one scale per "
-             "row of the left operand (per token for activations) and per column of the right one "
-             "(per output channel for weights), along the reduction axis; block formats use fpsim.mx. "
-             "Every site's operands are quantized, LayerNorm inputs (the residual stream) included. "
-             "KL and top-1 are over all positions, including those with inf/NaN logits (a NaN KL); "
-             "\"finite\" is the share of positions whose logits are all finite.", "",
-             "## Conclusions", ""]
-    lines += [f"- {c}" for c in conclusions(data)]
-    lines += ["", f"![KL per recipe]({names[0]})", "",
-              table(["format", "scaling", "bits/element", "KL", "loss", "top-1", "finite", "first inf/NaN site",
-                     "worst operand overflow", "worst operand saturated", "mean operand flush",
-                     "worst site SNR dB"], rows)]
-    return "\n".join(lines) + "\n"
+    rows = [
+        [
+            r["recipe"]["inputs"],
+            r["recipe"]["scaling"],
+            num(r["bits"]),
+            num(r["e2e"]["kl"]),
+            num(r["e2e"]["loss"], 4),
+            pct(r["e2e"]["top1"]),
+            pct(r["e2e"]["finite"]),
+            (in_forward_order(r["e2e"]["nonfinite_sites"]) or ["-"])[0],
+            pct(r["summary"]["operand_overflow"]),
+            pct(r["summary"]["operand_saturated"]),
+            pct(r["summary"]["operand_flushed"]),
+            num(r["summary"]["snr_db_min"]),
+        ]
+        for r in data["runs"]
+    ]
+    intro = (
+        f"{meta['tokens']} held-out tokens end to end (FP32 loss "
+        f"{num(data['baseline']['fp32']['loss'], 4)}); "
+        f"per-site replay on {meta['replay_rows']} rows per site against FP64 on the same "
+        f"operands. "
+        "E4M3 is OCP E4M3FN (max 448, NaN, no inf); E5M2 and E3M4 are IEEE-style. Per-tensor and "
+        "per-channel "
+        "scales are amax / format max in FP32 (fpsim.scaled_quantize); per-channel means one "
+        "scale per "
+        "row of the left operand (per token for activations) and per column of the right one "
+        "(per output channel for weights), along the reduction axis; block formats use fpsim.mx. "
+        "Every site's operands are quantized, LayerNorm inputs (the residual stream) included. "
+        "KL and top-1 are over all positions, including those with inf/NaN logits (a NaN KL); "
+        '"finite" is the share of positions whose logits are all finite.'
+    )
+    body = [
+        f"![KL per recipe]({names[0]})",
+        "",
+        table(
+            [
+                "format",
+                "scaling",
+                "bits/element",
+                "KL",
+                "loss",
+                "top-1",
+                "finite",
+                "first inf/NaN site",
+                "worst operand overflow",
+                "worst operand saturated",
+                "mean operand flush",
+                "worst site SNR dB",
+            ],
+            rows,
+        ),
+    ]
+    return page("FP8, INT8 and block formats", meta, intro, conclusions(data), body)

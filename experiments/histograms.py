@@ -1,4 +1,5 @@
-"""Experiment ``histograms``: distributions of the relative error of every site's outputs, per format.
+"""Experiment ``histograms``: distributions of the relative error of every site's outputs, per
+format.
 
 Each recipe's outputs are compared with FP64 on the same operands; |error| / |reference| over
 outputs that stay finite with a non-zero reference, binned in log10 (exact results and outputs
@@ -18,33 +19,45 @@ from tqdm import tqdm
 from .context import Context
 from .recipes import Recipe
 from .replay import site_output, used
-from .report import figure, num, save, table
+from .report import figure, num, page, save, table
 
 NAME = "histograms"
 EDGES = np.arange(-10.0, 2.01, 0.25)  # log10 relative error
-RECIPES = (Recipe("fp16", "fp16"), Recipe("bf16", "bf16"), Recipe("e4m3/tensor", "e4m3", scaling="tensor"),
-           Recipe("e5m2/tensor", "e5m2", scaling="tensor"), Recipe("int8/channel", "int8", scaling="channel"),
-           Recipe("mxfp8_e4m3", "mxfp8_e4m3", scaling="block"), Recipe("mxfp4", "mxfp4", scaling="block"),
-           Recipe("nvfp4", "nvfp4", scaling="block"))
+RECIPES = (
+    Recipe("fp16", "fp16"),
+    Recipe("bf16", "bf16"),
+    Recipe("e4m3/tensor", "e4m3", scaling="tensor"),
+    Recipe("e5m2/tensor", "e5m2", scaling="tensor"),
+    Recipe("int8/channel", "int8", scaling="channel"),
+    Recipe("mxfp8_e4m3", "mxfp8_e4m3", scaling="block"),
+    Recipe("mxfp4", "mxfp4", scaling="block"),
+    Recipe("nvfp4", "nvfp4", scaling="block"),
+)
 
 
 def kind(site: str) -> str:
-    """Site name without its layer index (``h3.attn.qk`` -> ``attn.qk``; LayerNorms -> ``layernorm``)."""
+    """Site name without its layer index (``h3.attn.qk`` -> ``attn.qk``; LayerNorms ->
+    ``layernorm``)."""
     if site.startswith("ln") or site.endswith((".ln_1", ".ln_2")):
         return "layernorm"
     return re.sub(r"^h\d+\.", "", site)
 
 
 def histogram(y: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
-    """Counts of log10 relative error in ``EDGES`` bins, plus exact, below-range and non-finite counts."""
+    """Counts of log10 relative error in ``EDGES`` bins, plus exact, below-range and non-finite
+    counts."""
     y, ref = y.double(), ref.double()
     fin = torch.isfinite(y) & torch.isfinite(ref) & (ref != 0)
     rel = ((y[fin] - ref[fin]).abs() / ref[fin].abs()).numpy()
     exact = int((rel == 0).sum())
     logs = np.log10(rel[rel > 0])
     counts, _ = np.histogram(np.clip(logs, EDGES[0], EDGES[-1]), EDGES)
-    return {"counts": counts.tolist(), "exact": exact, "nonfinite": int((torch.isfinite(ref) & ~torch.isfinite(y)).sum()),
-            "median": float(np.median(rel)) if rel.size else float("nan")}
+    return {
+        "counts": counts.tolist(),
+        "exact": exact,
+        "nonfinite": int((torch.isfinite(ref) & ~torch.isfinite(y)).sum()),
+        "median": float(np.median(rel)) if rel.size else float("nan"),
+    }
 
 
 def run(ctx: Context) -> dict[str, Any]:
@@ -53,8 +66,10 @@ def run(ctx: Context) -> dict[str, Any]:
     refs = ctx.refs(ctx.sites)
     for recipe in tqdm(RECIPES, desc=NAME, unit="recipe"):
         cache: dict = {}
-        out[recipe.name] = {n: histogram(used(site_output(s, recipe, cache=cache), s), refs[n])
-                            for n, s in ctx.sites.items()}
+        out[recipe.name] = {
+            n: histogram(used(site_output(s, recipe, cache=cache), s), refs[n])
+            for n, s in ctx.sites.items()
+        }
     return {"edges": EDGES.tolist(), "histograms": out}
 
 
@@ -71,19 +86,31 @@ def _quantile(counts: np.ndarray, edges: list[float], q: float) -> float:
 def conclusions(data: dict) -> list[str]:
     """Formats ordered by median error, and where each format's tail is widest."""
     kinds = sorted({kind(n) for n in next(iter(data["histograms"].values()))})
-    med = {f: float(np.median([h["median"] for h in hs.values()])) for f, hs in data["histograms"].items()}
-    out = ["Median over sites of the median relative error: "
-           + " < ".join(f"{f} ({num(v)})" for f, v in sorted(med.items(), key=lambda kv: kv[1])) + "."]
+    med = {
+        f: float(np.median([h["median"] for h in hs.values()]))
+        for f, hs in data["histograms"].items()
+    }
+    out = [
+        "Median over sites of the median relative error: "
+        + " < ".join(f"{f} ({num(v)})" for f, v in sorted(med.items(), key=lambda kv: kv[1]))
+        + "."
+    ]
     for f in data["histograms"]:
-        spread = {k: _quantile(_pooled(data, f, k), data["edges"], 0.99) / _quantile(_pooled(data, f, k), data["edges"], 0.5)
-                  for k in kinds}
+        spread = {
+            k: _quantile(_pooled(data, f, k), data["edges"], 0.99)
+            / _quantile(_pooled(data, f, k), data["edges"], 0.5)
+            for k in kinds
+        }
         k = max(spread, key=spread.get)
-        out.append(f"{f}: the widest tail (p99 / median, to the bin) is at {k} ({num(spread[k])}×).")
+        out.append(
+            f"{f}: the widest tail (p99 / median, to the bin) is at {k} ({num(spread[k])}×)."
+        )
     return out
 
 
 def figures(data: dict, out: Path) -> list[str]:
-    """One panel per site kind, one line per format: share of outputs per log10 relative-error bin."""
+    """One panel per site kind, one line per format: share of outputs per log10 relative-error
+    bin."""
     kinds = sorted({kind(n) for n in next(iter(data["histograms"].values()))})
     cols = 4
     fig, axes = figure((len(kinds) + cols - 1) // cols, cols, width=4.2, height=3.2)
@@ -91,13 +118,13 @@ def figures(data: dict, out: Path) -> list[str]:
     for ax, k in zip(axes.flat, kinds):
         for f in data["histograms"]:
             counts = _pooled(data, f, k)
-            ax.plot([10 ** c for c in centers], counts / max(counts.sum(), 1), label=f)
+            ax.plot([10**c for c in centers], counts / max(counts.sum(), 1), label=f)
         ax.set_xscale("log")
         ax.set_xlabel("relative error |y - ref| / |ref|")
         ax.set_ylabel("share of outputs per bin")
         ax.set_title(k)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(kinds):]:
+    for ax in list(axes.flat)[len(kinds) :]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
     return [save(fig, out / "histograms.png")]
@@ -111,13 +138,18 @@ def render(data: dict, out: Path) -> str:
     rows = []
     for site in data["histograms"][fmts[0]]:
         rows.append([site] + [num(data["histograms"][f][site]["median"]) for f in fmts])
-    lines = [f"# Relative-error histograms ({meta['model']})", "",
-             f"Per-site replay on {meta['replay_rows']} rows per site, FP32 accumulation, against FP64 on the "
-             "same operands. Operands are quantized (e4m3 is OCP E4M3FN, max 448), outputs stay FP32 "
-             "(unlike the fp16-vs-bf16 experiment, which rounds outputs too). Bins of 0.25 in log10; "
-             "errors below 1e-10 or above 100 are counted in the end bins.",
-             "", "## Conclusions", ""]
-    lines += [f"- {c}" for c in conclusions(data)]
-    lines += ["", f"![histograms]({names[0]})", "", "Median relative error per site:", "",
-              table(["site"] + fmts, rows)]
-    return "\n".join(lines) + "\n"
+    intro = (
+        f"Per-site replay on {meta['replay_rows']} rows per site, FP32 accumulation, against FP64 "
+        f"on the "
+        "same operands. Operands are quantized (e4m3 is OCP E4M3FN, max 448), outputs stay FP32 "
+        "(unlike the fp16-vs-bf16 experiment, which rounds outputs too). Bins of 0.25 in log10; "
+        "errors below 1e-10 or above 100 are counted in the end bins."
+    )
+    body = [
+        f"![histograms]({names[0]})",
+        "",
+        "Median relative error per site:",
+        "",
+        table(["site"] + fmts, rows),
+    ]
+    return page("Relative-error histograms", meta, intro, conclusions(data), body)

@@ -23,8 +23,11 @@ from .capture import Site
 from .recipes import FP64, Recipe
 
 
-def site_output(site: Site, recipe: Recipe, events: dict | None = None, cache: dict | None = None) -> Tensor:
-    """The site's result computed from its captured operands under ``recipe`` (``cache``: see recipes.linear)."""
+def site_output(
+    site: Site, recipe: Recipe, events: dict | None = None, cache: dict | None = None
+) -> Tensor:
+    """The site's result computed from its captured operands under ``recipe`` (``cache``: see
+    recipes.linear)."""
     if site.kind == "linear":
         return recipes.linear(recipe, site.a, site.b, site.bias, events, cache)
     if site.kind == "matmul":
@@ -70,13 +73,18 @@ def error_stats(y: Tensor, ref: Tensor, output_max: float = math.inf) -> dict[st
         "rel_median": float(np.median(rel)) if rel.size else math.nan,
         "rel_p99": float(np.quantile(rel, 0.99)) if rel.size else math.nan,
         "rel_max": float(rel.max()) if rel.size else math.nan,
-        "snr_db": math.nan if not r.numel() else (10 * math.log10(signal / noise) if noise > 0 else math.inf),
+        "snr_db": math.nan
+        if not r.numel()
+        else (10 * math.log10(signal / noise) if noise > 0 else math.inf),
         "ref_amax": float(r.abs().max()) if r.numel() else math.nan,
     }
 
 
-def replay_site(site: Site, recipe: Recipe, ref: Tensor | None = None, cache: dict | None = None) -> dict:
-    """Error statistics of one site under ``recipe`` plus its operands' overflow/saturation/flush shares.
+def replay_site(
+    site: Site, recipe: Recipe, ref: Tensor | None = None, cache: dict | None = None
+) -> dict:
+    """Error statistics of one site under ``recipe`` plus its operands' overflow/saturation/flush
+    shares.
 
     ``ref``: the site's :func:`reference`, computed here when not given.
     """
@@ -97,10 +105,17 @@ def replay_site(site: Site, recipe: Recipe, ref: Tensor | None = None, cache: di
     return stats
 
 
-def replay(sites: dict[str, Site], recipe: Recipe, refs: dict[str, Tensor] | None = None,
-           cache: dict | None = None) -> dict[str, dict]:
+def replay(
+    sites: dict[str, Site],
+    recipe: Recipe,
+    refs: dict[str, Tensor] | None = None,
+    cache: dict | None = None,
+) -> dict[str, dict]:
     """:func:`replay_site` for every site, keyed by site name (``refs``: :func:`references`)."""
-    return {n: replay_site(s, recipe, None if refs is None else refs[n], cache) for n, s in sites.items()}
+    return {
+        n: replay_site(s, recipe, None if refs is None else refs[n], cache)
+        for n, s in sites.items()
+    }
 
 
 def summary(stats: dict[str, dict]) -> dict[str, Any]:
@@ -111,15 +126,21 @@ def summary(stats: dict[str, dict]) -> dict[str, Any]:
     ``operand_flushed``: the mean share over all operands of all sites; ``snr_db_min``: the
     worst site's SNR.
     """
+
     def operand(key: str) -> list[float]:
         return [v for s in stats.values() for k, v in s.items() if k in (f"a_{key}", f"b_{key}")]
 
     return {
-        "overflow_sites": [n for n, s in stats.items()
-                           if s["overflow"] > 0 or s.get("a_overflow", 0) > 0 or s.get("b_overflow", 0) > 0],
+        "overflow_sites": [
+            n
+            for n, s in stats.items()
+            if s["overflow"] > 0 or s.get("a_overflow", 0) > 0 or s.get("b_overflow", 0) > 0
+        ],
         "output_overflow": max(s["overflow"] for s in stats.values()),
         "operand_overflow": max(operand("overflow")),
         "operand_saturated": max(operand("saturated")),
         "operand_flushed": sum(operand("flushed")) / len(operand("flushed")),
-        "snr_db_min": min((s["snr_db"] for s in stats.values() if not math.isnan(s["snr_db"])), default=math.nan),
+        "snr_db_min": min(
+            (s["snr_db"] for s in stats.values() if not math.isnan(s["snr_db"])), default=math.nan
+        ),
     }

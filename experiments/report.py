@@ -72,7 +72,8 @@ def median_finite(run: dict, key: str) -> float:
 
 
 def num(v: float | None, digits: int = 3) -> str:
-    """A compact number for tables: 3 significant digits, ``-`` for None, ``NaN``/``inf`` spelled out."""
+    """A compact number for tables: 3 significant digits, ``-`` for None, ``NaN``/``inf`` spelled
+    out."""
     if v is None:
         return "-"
     if isinstance(v, float) and math.isnan(v):
@@ -90,7 +91,8 @@ def pct(v: float) -> str:
 
 
 def ratio(a: float, b: float) -> str:
-    """``a / b`` as ``N×`` for conclusion sentences; NaN/inf values (diverged runs) are spelled out."""
+    """``a / b`` as ``N×`` for conclusion sentences; NaN/inf values (diverged runs) are spelled
+    out."""
     if not math.isfinite(a):
         return "non-finite (from finite)" if math.isfinite(b) else "non-finite"
     if not math.isfinite(b):
@@ -107,7 +109,9 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def figure(rows: int = 1, cols: int = 1, width: float = 6.0, height: float = 4.0) -> tuple[Any, Any]:
+def figure(
+    rows: int = 1, cols: int = 1, width: float = 6.0, height: float = 4.0
+) -> tuple[Any, Any]:
     """A matplotlib figure and its axes (an array when more than one)."""
     return plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
 
@@ -118,3 +122,44 @@ def save(fig: Any, path: Path) -> str:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path.name
+
+
+def page(
+    title: str,
+    meta: dict,
+    intro: str,
+    conclusions: Sequence[str],
+    body: Sequence[str],
+    lead: Sequence[str] = (),
+) -> str:
+    """A report page as every experiment writes it: title naming the model, intro paragraph,
+    ``lead`` (e.g. a headline figure and table), the conclusions as bullets, then ``body``
+    (figures, tables), one line per item."""
+    lines = [f"# {title} ({meta['model']})", "", intro, ""]
+    lines += [*lead, ""] if lead else []
+    lines += ["## Conclusions", ""]
+    lines += [f"- {c}" for c in conclusions] + [""] + list(body)
+    return "\n".join(lines) + "\n"
+
+
+def snr_per_site(
+    ax: Any, runs: Sequence[dict], styles: Sequence[dict] | None = None, fontsize: int = 7
+) -> list[str]:
+    """Each run's per-site SNR (dB) against the site index, non-finite SNR as gaps.
+
+    ``styles``: matplotlib keyword arguments per run (default: ``o-`` markers).  Returns the
+    site names, which label the x axis.
+    """
+    names: list[str] = list(runs[0]["sites"]) if runs else []
+    for i, run in enumerate(runs):
+        kw = dict(styles[i]) if styles else {"marker": "o", "ms": 4}
+        snr = [run["sites"][n]["snr_db"] for n in names]
+        ax.plot(
+            range(len(names)),
+            [v if math.isfinite(v) else math.nan for v in snr],
+            label=run["recipe"]["name"],
+            **kw,
+        )
+    ax.set_xticks(range(len(names)), names, rotation=90, fontsize=fontsize)
+    ax.grid(alpha=0.3)
+    return names

@@ -44,7 +44,8 @@ def heldout_bytes() -> Tensor:
 
 
 def windows(data: Tensor, block_size: int, limit: int | None = None) -> Tensor:
-    """Non-overlapping ``[N, block_size + 1]`` windows (inputs plus next-token targets), at most ``limit``."""
+    """Non-overlapping ``[N, block_size + 1]`` windows (inputs plus next-token targets), at most
+    ``limit``."""
     n = (data.numel() - 1) // block_size
     n = n if limit is None else min(n, limit)
     idx = torch.arange(n)[:, None] * block_size + torch.arange(block_size + 1)

@@ -13,10 +13,13 @@ from .model import GPT2
 
 @torch.no_grad()
 def window_loss(model: GPT2, wins: Tensor, ops: Any = None, batch_size: int = 16) -> float:
-    """Mean loss in nats/token over windows ``[N, T+1]`` (every position scored, short contexts included)."""
+    """Mean loss in nats/token over windows ``[N, T+1]`` (every position scored, short contexts
+    included)."""
     total, count = 0.0, 0
     for chunk in wins.split(batch_size):
         logits = model(chunk[:, :-1], ops=ops)
-        total += F.cross_entropy(logits.flatten(0, 1).double(), chunk[:, 1:].flatten(), reduction="sum").item()
+        total += F.cross_entropy(
+            logits.flatten(0, 1).double(), chunk[:, 1:].flatten(), reduction="sum"
+        ).item()
         count += chunk[:, 1:].numel()
     return total / count

@@ -20,7 +20,8 @@ def encode_bytes(text: str) -> Tensor:
 
 
 def decode_bytes(ids: Tensor) -> str:
-    """Inverse of :func:`encode_bytes`; invalid UTF-8 (e.g. sampled bytes) is replaced, not raised."""
+    """Inverse of :func:`encode_bytes`; invalid UTF-8 (e.g. sampled bytes) is replaced, not
+    raised."""
     return bytes(int(i) for i in ids.flatten()).decode("utf-8", errors="replace")
 
 
@@ -36,5 +37,7 @@ def load_bpe(checkpoint_dir: str | os.PathLike) -> Any:
     try:
         from tokenizers import Tokenizer
     except ImportError as e:
-        raise ImportError("the 'tokenizers' package is not installed; pass pre-tokenized GPT-2 ids instead") from e
+        raise ImportError(
+            "the 'tokenizers' package is not installed; pass pre-tokenized GPT-2 ids instead"
+        ) from e
     return Tokenizer.from_file(str(path))

@@ -49,17 +49,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def learning_rate(args: argparse.Namespace, step: int, progress: float) -> float:
     if step < args.warmup_steps:
         return args.lr * (step + 1) / args.warmup_steps
-    return args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * min(progress, 1.0)))
+    return args.min_lr + 0.5 * (args.lr - args.min_lr) * (
+        1 + math.cos(math.pi * min(progress, 1.0))
+    )
 
 
 def make_optimizer(model: GPT2, args: argparse.Namespace) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not biases, LayerNorm gains or embeddings)."""
+
     def decays(name: str, p: torch.Tensor) -> bool:
         return p.dim() == 2 and "wte" not in name and "wpe" not in name
 
     decay = [p for n, p in model.named_parameters() if decays(n, p)]
     no_decay = [p for n, p in model.named_parameters() if not decays(n, p)]
-    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [
+        {"params": decay, "weight_decay": args.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95))
 
 
@@ -70,8 +76,18 @@ def plot_curve(log: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([r["step"] for r in log["train"]], [r["loss"] for r in log["train"]], lw=0.8, label="train (batch)")
-    ax.plot([r["step"] for r in log["eval"]], [r["heldout_loss"] for r in log["eval"]], "o-", label="held-out")
+    ax.plot(
+        [r["step"] for r in log["train"]],
+        [r["loss"] for r in log["train"]],
+        lw=0.8,
+        label="train (batch)",
+    )
+    ax.plot(
+        [r["step"] for r in log["eval"]],
+        [r["heldout_loss"] for r in log["eval"]],
+        "o-",
+        label="held-out",
+    )
     ax.axhline(math.log(256), ls=":", c="gray", label="uniform, ln 256")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats/byte)")
@@ -93,9 +109,18 @@ def train(args: argparse.Namespace) -> dict:
     held_wins = windows(held, args.block_size)
     gen = torch.Generator().manual_seed(args.seed)
     train_eval_wins = random_windows(data, args.block_size, len(held_wins), gen)
-    log = {"config": cfg.to_hf_dict(), "args": {k: str(v) for k, v in vars(args).items()}, "seed": args.seed,
-           "python": sys.version, "torch": torch.__version__, "machine": platform.machine(),
-           "train_bytes": data.numel(), "heldout_bytes": held.numel(), "train": [], "eval": []}
+    log = {
+        "config": cfg.to_hf_dict(),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "seed": args.seed,
+        "python": sys.version,
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "train_bytes": data.numel(),
+        "heldout_bytes": held.numel(),
+        "train": [],
+        "eval": [],
+    }
     budget, start, step = args.minutes * 60.0, time.time(), 0
 
     def evaluate() -> None:
@@ -127,10 +152,18 @@ def train(args: argparse.Namespace) -> dict:
 
     evaluate()
     model.eval()
-    log.update(steps=step, wall_time_s=time.time() - start, final_heldout_loss=log["eval"][-1]["heldout_loss"],
-               final_train_loss=window_loss(model, train_eval_wins))
-    print(f"done: {step} steps, train {log['final_train_loss']:.4f}, held-out {log['final_heldout_loss']:.4f}, "
-          f"{log['wall_time_s']:.0f}s", flush=True)
+    log.update(
+        steps=step,
+        wall_time_s=time.time() - start,
+        final_heldout_loss=log["eval"][-1]["heldout_loss"],
+        final_train_loss=window_loss(model, train_eval_wins),
+    )
+    print(
+        f"done: {step} steps, train {log['final_train_loss']:.4f}, held-out "
+        f"{log['final_heldout_loss']:.4f}, "
+        f"{log['wall_time_s']:.0f}s",
+        flush=True,
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     save_gpt2(model, args.out)
     (args.out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
