@@ -1,8 +1,16 @@
-"""``fpsim experiment all --quick`` on the default tiny model: files, keys, sites, formats and sane values."""
+"""``fpsim experiment all --quick`` on the default tiny model: files, keys, sites, formats and sane values.
+
+One quick run is shared by every test (a session fixture); the module is marked ``slow``
+(``pytest -m "not slow"`` runs the fast suite; CI runs everything).
+"""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,12 +23,16 @@ from fpsim.cli import main as fpsim_main
 N_LAYER = 4
 SITES = {f"h{i}.{s}" for i in range(N_LAYER) for s in ("ln_1", "attn.c_attn", "attn.qk", "attn.av", "attn.c_proj",
                                                        "ln_2", "mlp.c_fc", "mlp.c_proj")} | {"ln_f", "lm_head"}
-E2E = {"loss", "ppl", "kl", "top1", "finite", "nonfinite_sites"}
+E2E = {"loss", "ppl", "kl", "kl_finite", "top1", "finite", "nonfinite_sites", "windows", "ci",
+       "events"}
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
 SITE_STATS = {"outputs", "overflow", "saturated", "flushed", "rel_median", "rel_p99", "rel_max", "snr_db",
               "a_overflow", "a_saturated", "a_flushed"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("results")
     start = time.perf_counter()
@@ -127,3 +139,42 @@ def test_render_rebuilds_reports_from_json(out: Path) -> None:
         (out / n / "REPORT.md").unlink()
     assert cli.main(["all", "--render", "--out", str(out)]) == 0
     assert {n: (out / n / "REPORT.md").read_text() for n in cli.EXPERIMENTS} == before
+
+
+def test_range_ablations_and_uncertainty(out: Path) -> None:
+    d = data(out, "range-vs-precision")
+    abl = {(r["budget"], r["ablation"]): r for r in d["ablation_runs"]}
+    assert {(8, "saturate"), (8, "no flush"), (8, "fn encoding"), (8, "bias 1"), (16, "saturate")} \
+        <= set(abl)
+    assert abl[8, "fn encoding"]["format"] == "e3m4fn" and abl[8, "fn encoding"]["max"] == 30
+    for r in d["runs"] + d["ln_fp32_runs"] + d["ablation_runs"]:
+        e = r["e2e"]
+        assert len(e["windows"]["kl"]) == 2 and e["windows"]["positions"] == 256
+        if math.isfinite(e["kl"]):
+            lo, hi = e["ci"]["kl"]
+            assert lo <= e["kl"] <= hi and e["kl_finite"] == pytest.approx(e["kl"]) \
+                and e["finite"] == 1
+    runs = {(r["format"], r["scaling"]): r for r in d["runs"]}
+    e2m5 = runs["e2m5", "none"]["e2e"]
+    assert sum(v["overflow"] for v in e2m5["events"].values()) > 0  # counted end to end
+    flushed = runs["e4m3", "none"]["e2e"]["events"]
+    assert sum(v["flushed"] for v in flushed.values()) > 0
+    report = (out / "range-vs-precision" / "REPORT.md").read_text()
+    assert "## Attribution" in report and "[CI undefined]" not in report.split("## Attribution")[0]
+    assert "The steeper side is" in report or "no measurable difference" in report
+
+
+def _quick_json(tmp: Path, threads: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    subprocess.run([sys.executable, "-m", "fpsim.cli", "experiment", "fp16-vs-bf16", "--quick",
+                    "--tokens", "512", "--threads", str(threads), "--out", str(tmp)],
+                   check=True, env=env, cwd=REPO, capture_output=True)
+    d = json.loads((tmp / "fp16-vs-bf16" / "results.json").read_text())
+    del d["meta"]["seconds"]
+    return d
+
+
+def test_same_numbers_in_separate_processes_with_different_thread_counts(tmp_path: Path) -> None:
+    one, two = _quick_json(tmp_path / "a", 1), _quick_json(tmp_path / "b", 2)
+    assert one == two  # every number, bit for bit, not only the printed digits
+    assert one["runs"][0]["e2e"]["kl"] > 0
