@@ -265,7 +265,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
                            "'.[experiments]'") from None
         raise CliError(f"the experiments need {exc.name!r}, which is not installed: "
                        "pip install -e '.[experiments]'") from None
-    return int(module.main([args.name, *args.args]) or 0)
+    argv = ["--help"] if args.name in ("-h", "--help") else [args.name, *args.args]
+    return int(module.main(argv) or 0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -349,6 +350,10 @@ def _color_option(s: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (130 after Ctrl-C, without a traceback)."""
     try:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        if argv[:1] == ["experiment"] and (len(argv) == 1 or argv[1] in ("-h", "--help")):
+            # the experiments' own help, which lists them and their options
+            return cmd_experiment(argparse.Namespace(name="--help", args=[]))
         args = build_parser().parse_args(argv)
         return args.func(args)
     except KeyboardInterrupt:

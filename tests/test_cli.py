@@ -267,3 +267,15 @@ def test_a_closed_pipe_ends_quietly():
     proc.stdout.close()
     assert proc.wait(timeout=60) == 0
     assert proc.stderr.read() == b""
+
+
+@pytest.mark.parametrize("argv", [["experiment", "--help"], ["experiment", "-h"], ["experiment"]])
+def test_experiment_help_lists_every_experiment(argv, capsys):
+    from fpsim.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for name in ("range-vs-precision", "fp16-vs-bf16", "practice", "training", "all", "--quick"):
+        assert name in out
