@@ -21,7 +21,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from fpsim import Format
+from fpsim import Format, get_format
 
 from .context import Context
 from .recipes import Recipe, rounding_limit
@@ -103,6 +103,20 @@ def ablations(budget: int) -> list[tuple[str, Recipe, bool]]:
 
 
 BIASES = (1, 2, 4, 5)
+P3109_SPLITS = (2, 3, 4, 5, 6)   # exponent bits of the B=8 P3109 formats run beside eXmY
+
+
+def p3109_formats(ebits: int) -> tuple[Format, Format]:
+    """The IEEE P3109 8-bit formats with ``ebits`` exponent bits (precision 8 - ebits): the
+    extended one (+-inf on the top codes, as eXmY has) and the finite one (no inf); both have
+    a single NaN at 0x80 and no -0, so they keep the top binade that eXmY gives to inf/NaN."""
+    p = 8 - ebits
+    return get_format(f"p3109_k8p{p}se"), get_format(f"p3109_k8p{p}sf")
+
+
+def _p3109_run(ctx: Context, fmt: Format) -> dict:
+    return {"budget": 8, "format": fmt.name, "ebits": fmt.ebits, "max": fmt.max, "scaling": "none",
+            "min_subnormal": fmt.min_subnormal, "e2e": ctx.end_to_end(Recipe(fmt.name, fmt))}
 
 
 def _ablation_run(ctx: Context, budget: int, name: str, recipe: Recipe, ln_fp32: bool) -> dict:
@@ -155,8 +169,10 @@ def run(ctx: Context) -> dict[str, Any]:
         runs.append({**head, **result})
     abl = [(b, *a) for b in BUDGETS for a in ablations(b)]
     ablation_runs = [_ablation_run(ctx, *a) for a in tqdm(abl, desc=f"{NAME} ablations")]
+    p3109 = [f for x in P3109_SPLITS for f in p3109_formats(x)]
     return {
         "ablation_runs": ablation_runs,
+        "p3109_runs": [_p3109_run(ctx, f) for f in tqdm(p3109, desc=f"{NAME} P3109")],
         "budgets": {
             str(b): {"formats": [f.name for f in fs], "skipped": sk} for b, (fs, sk) in plan.items()
         },
@@ -346,6 +362,32 @@ def ablation_lines(data: dict) -> list[str]:
     return out
 
 
+def p3109_lines(data: dict) -> list[str]:
+    """The encoding's cost measured: each B=8 P3109 format against the IEEE-style eXmY split of
+    the same widths, end to end without scaling, each ratio with its paired CI."""
+    runs = data.get("p3109_runs", [])
+    ieee = {r["ebits"]: r for r in _series(data, 8, "none")}
+    parts = []
+    for r in runs:
+        base = ieee.get(r["ebits"])
+        e = r["e2e"]
+        if base is None:
+            continue
+        if not (math.isfinite(e["kl"]) and math.isfinite(base["e2e"]["kl"])):
+            parts.append(f"{r['format']} (max {num(r['max'])}): {kl_cell(r)} vs "
+                         f"{base['format']} {kl_cell(base)}")
+            continue
+        q, ci = bootstrap.ratio(e, base["e2e"])
+        parts.append(f"{r['format']} (max {num(r['max'])}) KL {num(e['kl'])} "
+                     f"{fmt_ci(e['ci']['kl'])}, {num(q)}× {base['format']} {fmt_ci(ci)} "
+                     f"({verdict(ci, 'worse', 'better')})")
+    if not parts:
+        return []
+    return ["IEEE P3109 at B=8, no scaling (one NaN code at 0x80 and no -0, so the top binade "
+            "holds finite values; 'se' keeps +-inf on the top codes, 'sf' has none), against the "
+            "IEEE-style split of the same widths: " + "; ".join(parts) + "."]
+
+
 def _plot_metric(ax: Any, data: dict, scaling: str, metric: str, log: bool) -> None:
     """``metric`` vs exponent bits with bootstrap error bars; inf/NaN runs as markers in a band
     above the axes' data (labelled with their finite share), never at a made-up value."""
@@ -521,6 +563,7 @@ def conclusions(data: dict) -> list[str]:
             "(see the activations experiment)."
         )
     out += ablation_lines(data)
+    out += p3109_lines(data)
     same = _same_mantissa(data)
     if same:
         out.append(
