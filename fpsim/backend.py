@@ -231,10 +231,11 @@ def code_dtype(fmt: Any, torch: bool = False) -> Any:
         import torch as t
 
         return t.uint8 if bits <= 8 else t.int32 if bits <= 31 else t.int64
-    for dt in (np.uint8, np.uint16, np.uint32, np.uint64):
-        if bits <= np.dtype(dt).itemsize * 8:
-            return np.dtype(dt)
-    raise AssertionError(fmt)
+    return _CODE_DTYPES[bits]
+
+
+_CODE_DTYPES = {b: np.dtype(np.uint8 if b <= 8 else np.uint16 if b <= 16 else
+                            np.uint32 if b <= 32 else np.uint64) for b in range(1, 65)}
 
 
 def on_nan_keyword(on_nan: str, deprecated: dict[str, Any], who: str) -> str:

@@ -175,17 +175,18 @@ def _numpy_plan(fmt: Format, rounding: str, saturate: bool, subnormals: bool, wa
 
 
 def _table_plan(table: np.ndarray, low: int, src: Source) -> Callable:
-    """Index = the input's high bits and one sticky bit for its ``low`` low bits; one gather."""
+    """Index = the input's high bits and one sticky bit for its ``low`` low bits; one gather.
+    ``u >> (low - 1)`` keeps the high bits above bit 0, whose bit 0 is the top low bit: OR-ing
+    in "any lower bit set" makes it the sticky bit of all ``low`` of them."""
     utype = np.uint64 if src is F64 else np.uint32
     shift = utype(low - 1)
-    high_mask = utype(((1 << src.width) - 1 >> (low - 1)) & ~1)
-    low_mask = utype((1 << low) - 1)
+    below = utype((1 << (low - 1)) - 1)
 
     def lookup(flat: np.ndarray, out: np.ndarray) -> None:
         u = flat.view(utype)
         if u.size <= CHUNK:
-            idx = ((u >> shift) & high_mask) | ((u & low_mask) != 0)
-            np.take(table, idx, out=out)
+            idx = (u >> shift) | ((u & below) != 0)
+            table.take(idx, out=out)        # the method: no wrapper cost on tiny arrays
             return
         idx, sticky = np.empty(CHUNK, utype), np.empty(CHUNK, utype)
         for lo in range(0, u.size, CHUNK):
@@ -193,11 +194,10 @@ def _table_plan(table: np.ndarray, low: int, src: Source) -> Callable:
             n = part.size
             i, st = idx[:n], sticky[:n]
             np.right_shift(part, shift, out=i)
-            np.bitwise_and(i, high_mask, out=i)
-            np.bitwise_and(part, low_mask, out=st)
+            np.bitwise_and(part, below, out=st)
             np.minimum(st, 1, out=st)
             np.bitwise_or(i, st, out=i)
-            np.take(table, i, out=out[lo:lo + n])
+            table.take(i, out=out[lo:lo + n])
     return lookup
 
 

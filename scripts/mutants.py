@@ -96,8 +96,7 @@ MUTANTS = [
            "return all_ones - 1 - self.inf", "return all_ones - self.inf", CORE),
     # lookup tables and integer inputs
     Mutant("table-sticky", "the lookup table forgets the sticky bit (one-chunk arrays)",
-           "idx = ((u >> shift) & high_mask) | ((u & low_mask) != 0)",
-           "idx = ((u >> shift) & high_mask)", CORE),
+           "idx = (u >> shift) | ((u & below) != 0)", "idx = (u >> shift)", CORE),
     Mutant("table-sticky-chunked", "the lookup table forgets the sticky bit (long arrays)",
            "np.minimum(st, 1, out=st)", "np.minimum(st, 0, out=st)", CORE),
     Mutant("float64-round-to-odd", "float64 inputs reach float32 by nearest, not rounded to odd",
