@@ -116,7 +116,7 @@ MUTANTS = [
            "level = xp.concatenate([s, level[n - 1:]]) if n % 2 else s",
            "level = xp.concatenate([level[n - 1:], s]) if n % 2 else s", ARITH),
     Mutant("tensor-core-truncation", "the tensor-core model rounds aligned terms to nearest",
-           'total = quantize(p * up, self.trunc, rounding="rtz", backend=back).sum(0)',
+           'total = quantize(p * up, self.trunc, rounding=cut, backend=back).sum(0)',
            'total = quantize(p * up, self.trunc, rounding="rne", backend=back).sum(0)',
            TENSOR_CORE),
     # MX, NVFP4, packing, scaling
