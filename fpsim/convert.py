@@ -121,23 +121,24 @@ def _run_numpy(x: np.ndarray, fmt: Format, rounding: str, saturate: bool, subnor
     flat = np.ascontiguousarray(x).reshape(-1)
     out = np.empty(flat.shape, dtype=out_dtype)
     if rounding == "stochastic":
-        _stochastic_numpy(flat, out, fmt, saturate, subnormals, _numpy_rng(seed), want)
+        _routine(flat, out, fmt, rounding, saturate, subnormals, want, _numpy_rng(seed))
     else:
         _numpy_plan(fmt, rounding, saturate, subnormals, want, flat.dtype == np.float64)(flat, out)
     return out.reshape(x.shape)
 
 
-def _stochastic_numpy(flat: np.ndarray, out: np.ndarray, fmt: Format, saturate: bool,
-                      subnormals: bool, rng: np.random.Generator, want: str) -> None:
-    """Stochastic rounding: the routine itself, chunk by chunk, with fresh random bits."""
+def _routine(flat: np.ndarray, out: np.ndarray, fmt: Format, rounding: str, saturate: bool,
+             subnormals: bool, want: str, rng: np.random.Generator | None = None) -> None:
+    """The rounding routine itself, chunk by chunk (stochastic rounding: fresh bits from
+    ``rng`` for every chunk)."""
     src = _source_for(fmt, wide=flat.dtype == np.float64)
     work = flat.astype(np.float64 if src is F64 else np.float32, copy=False)
     itype = np.int64 if src is F64 else np.int32
     for lo in range(0, work.size, CHUNK):
         a, neg = _sign_split(work[lo:lo + CHUNK].view(itype))
-        rand = _NP.random_bits(a.shape, src.width - 2, itype, rng)
-        res = round_bits(_NP, a, neg, src, fmt, "stochastic", saturate=saturate,
-                           subnormals=subnormals, rand=rand, want=want)
+        rand = _NP.random_bits(a.shape, src.width - 2, itype, rng) if rng else None
+        res = round_bits(_NP, a, neg, src, fmt, rounding, saturate=saturate,
+                         subnormals=subnormals, rand=rand, want=want)
         out[lo:lo + CHUNK] = res.view(work.dtype) if want == "value" else res
 
 
@@ -161,17 +162,8 @@ def _numpy_plan(fmt: Format, rounding: str, saturate: bool, subnormals: bool, wa
     if low:
         return _table_plan(_lookup_table(fmt, rounding, saturate, subnormals, want, low, src),
                            low, src)
-    itype = np.int64 if src is F64 else np.int32
-    fdt = np.float64 if src is F64 else np.float32
-
-    def routine(flat: np.ndarray, out: np.ndarray) -> None:
-        work = flat.astype(fdt, copy=False)
-        for lo in range(0, work.size, CHUNK):
-            a, neg = _sign_split(work[lo:lo + CHUNK].view(itype))
-            res = round_bits(_NP, a, neg, src, fmt, rounding, saturate=saturate,
-                               subnormals=subnormals, want=want)
-            out[lo:lo + CHUNK] = res.view(fdt) if want == "value" else res
-    return routine
+    return functools.partial(_routine, fmt=fmt, rounding=rounding, saturate=saturate,
+                             subnormals=subnormals, want=want)
 
 
 def _table_plan(table: np.ndarray, low: int, src: Source) -> Callable:

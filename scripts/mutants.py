@@ -58,8 +58,8 @@ class Mutant:
 MUTANTS = [
     # stochastic rounding and accumulation
     Mutant("stochastic-bits", "stochastic rounding draws W-3 random bits, not W-2",
-           "rand = _NP.random_bits(a.shape, src.width - 2, itype, rng)",
-           "rand = _NP.random_bits(a.shape, src.width - 3, itype, rng)",
+           "rand = _NP.random_bits(a.shape, src.width - 2, itype, rng) if rng else None",
+           "rand = _NP.random_bits(a.shape, src.width - 3, itype, rng) if rng else None",
            STOCHASTIC + CORE),
     Mutant("stochastic-twosum", "stochastic accumulation ignores the TwoSum error term",
            "return xp.where(u < ((s - lo) + e) / width, hi, lo)",
