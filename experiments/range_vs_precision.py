@@ -80,7 +80,9 @@ def ablations(budget: int) -> list[tuple[str, Recipe, bool]]:
 
     (name, recipe, LayerNorm inputs in FP32): saturate instead of overflowing, keep values
     below the smallest subnormal (no flush), both, the OCP-style ``fn`` encoding, LayerNorm in
-    FP32 without flush; at B=8 also a bias sweep of e3m4 (IEEE-style, default bias 3).
+    FP32 without flush, with subnormals at full mantissa width, and both (which leaves only
+    overflow and the mantissa width); at B=8 also a bias sweep of e3m4 (IEEE-style, default
+    bias 3).
     """
     m = budget - 4
     f = split_format(3, m)
@@ -94,6 +96,17 @@ def ablations(budget: int) -> list[tuple[str, Recipe, bool]]:
         ),
         ("fn encoding", Recipe(f"{f.name}fn", fn_format(3, m)), False),
         ("LN FP32, no flush", Recipe(f"{f.name} LN FP32, no flush", f, flush=False), True),
+        (
+            "LN FP32, full subnormals",
+            Recipe(f"{f.name} LN FP32, full subnormals", f, full_subnormals=True),
+            True,
+        ),
+        (
+            "LN FP32, no flush, full subnormals",
+            Recipe(f"{f.name} LN FP32, no flush, full subnormals", f, flush=False,
+                   full_subnormals=True),
+            True,
+        ),
     ]
     if budget == 8:
         for bias in BIASES:
@@ -346,17 +359,19 @@ def ablation_lines(data: dict) -> list[str]:
                 f"({verdict(ci, 'a measurable cost', 'a measurable gain')}); without it "
                 f"{nf['format']} is still {num(rest)}× {best['format']} {fmt_ci(rest_ci)}."
             )
-            if (
-                over == 0
-                and bootstrap.excludes_one(rest_ci)
-                and rest_ci[0] > 1
-                and fmt.mbits > best["mbits"]
-            ):
+            full = {r["ablation"]: r for r in runs}.get("LN FP32, no flush, full subnormals")
+            if full is not None and math.isfinite(full["e2e"]["kl"]):
+                sub, sub_ci = bootstrap.ratio(nf["e2e"], full["e2e"])
+                left, left_ci = bootstrap.ratio(full["e2e"], best["e2e"])
                 text += (
-                    f" With no overflow and one mantissa bit more than {best['format']}, that "
-                    "rest is the bottom of the range too: values below the smallest normal "
-                    f"({num(fmt.min_normal)}) lose mantissa bits as subnormals (an inference; "
-                    "not ablated separately)."
+                    f" Keeping values below the smallest normal ({num(fmt.min_normal)}) at the "
+                    f"full {fmt.mbits}-bit mantissa as well: the subnormals' lost bits multiply "
+                    f"KL by {num(sub)} {fmt_ci(sub_ci)} "
+                    f"({verdict(sub_ci, 'a measurable cost', 'a measurable gain')}); with no "
+                    f"flush and full subnormals {full['format']} is {num(left)}× "
+                    f"{best['format']} {fmt_ci(left_ci)} "
+                    f"({verdict(left_ci, 'worse', 'better')}: what is left is overflow, "
+                    f"{pct(over)} here, and {fmt.mbits} against {best['mbits']} mantissa bits)."
                 )
             out.append(text)
     return out
@@ -768,7 +783,8 @@ def render(data: dict, out: Path) -> str:
             "## Attribution: the 3-exponent-bit splits with one range failure removed",
             "",
             "End to end, no scaling. saturate: overflow clamps to the largest finite value; "
-            "no flush: values that would round to zero keep their FP32 value; fn: OCP-style "
+            "no flush: values that would round to zero keep their FP32 value; full subnormals: "
+            "values below the smallest normal keep the full mantissa width; fn: OCP-style "
             "encoding (no inf, one NaN code); bias N: IEEE-style with exponent bias N; LN FP32: "
             "LayerNorm inputs unquantized. Shares are of all operand elements over the whole "
             "run.",

@@ -61,7 +61,10 @@ class Recipe:
     format the result is rounded to (None keeps it).  ``saturate``: clamp overflow to the
     largest finite value instead of inf/NaN (operands without scaling and the output).
     ``flush``: False keeps nonzero operand values that round to zero at their FP32 value (an
-    ablation that removes underflow, not a real format).
+    ablation that removes underflow, not a real format).  ``full_subnormals``: values below the
+    smallest normal that do not flush keep the format's full mantissa width, as if its exponent
+    range went on downwards (an ablation that removes the precision subnormals lose; needs
+    ``scaling='none'`` and a floating-point format).
     """
 
     name: str
@@ -77,6 +80,7 @@ class Recipe:
     rounding: str = "rne"
     flush: bool = True
     scale_rounding: str | None = None
+    full_subnormals: bool = False
 
     def __post_init__(self) -> None:
         if self.scaling not in SCALINGS:
@@ -100,6 +104,15 @@ class Recipe:
             )
         if self.output is not None:
             get_format(self.output)
+        if self.full_subnormals and (
+            self.scaling != "none" or any(
+                get_format(f).is_int for f in (self.inputs, self.weights) if f is not None
+            )
+        ):
+            raise ValueError(
+                f"recipe {self.name!r}: full_subnormals is an ablation of unscaled "
+                "floating-point operands; use scaling='none' and an eXmY format"
+            )
         if (self.order == "tensor_core") != (self.tensor_core is not None):
             raise ValueError(
                 f"recipe {self.name!r}: order='tensor_core' goes with a tensor_core preset"
@@ -167,9 +180,10 @@ def quantize_operand(
         )
     f = get_format(fmt)
     if recipe.scaling == "none":
-        return fpsim.quantize(
-            x, f, rounding=recipe.rounding, saturate=recipe.saturate
-        ), rounding_limit(f)
+        q = fpsim.quantize(x, f, rounding=recipe.rounding, saturate=recipe.saturate)
+        if recipe.full_subnormals:
+            q = widen_subnormals(x, q, f, recipe.rounding)
+        return q, rounding_limit(f)
     if recipe.scaling == "tile":
         return tile_quantize(x, f, axis, recipe.rounding), math.inf
     # one scale per tensor or per row along the reduction axis; float64 keeps x / scale finite
@@ -188,6 +202,15 @@ def quantize_operand(
     if channel:
         scales = scales.reshape(*moved.shape[:-1], 1).movedim(-1, axis)
     return q, scales * rounding_limit(f)
+
+
+def widen_subnormals(x: Tensor, q: Tensor, f: Format, rounding: str = "rne") -> Tensor:
+    """``q`` (``x`` rounded to ``f``) with every nonzero value below ``f``'s smallest normal
+    rounded instead at ``f``'s full mantissa width (the exponent range of FP32), so subnormals
+    lose no bits; values ``f`` flushes to zero stay zero."""
+    wide = Format(f"e8m{f.mbits}", 8, f.mbits)
+    below = (q != 0) & (x.abs() < f.min_normal)
+    return torch.where(below, fpsim.quantize(x, wide, rounding=rounding), q)
 
 
 def tile_quantize(x: Tensor, f: Format, axis: int, rounding: str = "rne") -> Tensor:
@@ -263,6 +286,7 @@ def _operands(
         recipe.saturate,
         recipe.flush,
         recipe.scale_rounding,
+        recipe.full_subnormals,
     )
     if cache is None or key not in cache or (count and cache[key][1] is None):
         found = _quantize_counted(b, recipe.weight_format, recipe, -2, count)

@@ -57,3 +57,29 @@ def test_end_to_end_ops_count_overflow_and_flush_per_site() -> None:
 def test_softmax_is_computed_in_fp64_and_rounded_once() -> None:
     x = torch.randn(3, 50, generator=torch.Generator().manual_seed(0)) * 10
     assert torch.equal(softmax(x), torch.softmax(x.double(), -1).float())
+
+
+def test_full_subnormals_keep_the_mantissa_width_below_the_smallest_normal() -> None:
+    f = rvp.split_format(3, 4)            # IEEE-style e3m4: min normal 2^-2, min subnormal 2^-6
+    x = torch.tensor([[0.1, -0.1, 1e-3, 0.3, 0.0078125 * 1.01, 0.2421875]]).T
+    w = torch.ones(1, 1)
+    sub = linear(Recipe("s", f), x, w, None)[:, 0].tolist()
+    full = linear(Recipe("f", f, full_subnormals=True), x, w, None)[:, 0].tolist()
+    nf = linear(Recipe("n", f, flush=False, full_subnormals=True), x, w, None)[:, 0].tolist()
+    # 0.1 = 6.4 * 2^-6 (subnormal: 6 * 2^-6) = 25.6 * 2^-8 (full 4-bit mantissa: 26 * 2^-8)
+    assert sub[:2] == [6 / 64, -6 / 64] and full[:2] == [26 / 256, -26 / 256]
+    assert sub[2] == full[2] == 0.0 and nf[2] == x[2, 0].item()   # flush is the other switch
+    assert sub[3] == full[3] == 19 / 64                               # normals unchanged
+    assert sub[4] == 2.0**-6 and full[4] == 2.0**-7                 # rounds up only as subnormal
+    assert sub[5] == 0.25 and full[5] == 31 / 128  # subnormal tie 15.5 * 2^-6; exact at full width
+    runs = {name: r for name, r, ln in rvp.ablations(8) if ln}
+    assert runs["LN FP32, no flush, full subnormals"].full_subnormals
+    assert not runs["LN FP32, no flush, full subnormals"].flush
+
+
+def test_full_subnormals_refuse_scaled_or_integer_operands() -> None:
+    import pytest
+    with pytest.raises(ValueError, match="full_subnormals"):
+        Recipe("x", "e4m3", scaling="tensor", full_subnormals=True)
+    with pytest.raises(ValueError, match="full_subnormals"):
+        Recipe("x", "int8", full_subnormals=True)
