@@ -18,7 +18,7 @@ from types import ModuleType
 import torch
 
 from . import (accumulation, activations, context, deepseek, fp8, fp16_vs_bf16, histograms,
-               practice, range_vs_precision, training)
+               practice, range_vs_precision, seeds, training)
 from fpsim.cliparse import OneLineParser
 
 from .report import load_json, write_json
@@ -26,14 +26,16 @@ from .report import load_json, write_json
 EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (
     activations, range_vs_precision, fp16_vs_bf16, fp8, practice, accumulation, histograms,
     deepseek)}
-STANDALONE: dict[str, ModuleType] = {training.NAME: training}  # train their own models; not in all
+# train their own models; not in all
+STANDALONE: dict[str, ModuleType] = {training.NAME: training, seeds.NAME: seeds}
 DEFAULT_OUT = Path("results")
 LIMITS = ("What a tiny model cannot tell about GPT-2 124M: these numbers come from one training "
           "seed of a 4-layer, width-256 byte-level model whose largest residual value is about 20; "
           "GPT-2 124M has outlier channels in the thousands, 12 layers and a 50k vocabulary, so "
           "where its overflow cliff lies, which tensor hits it first and how much flushing costs "
           "must be measured on it (`--model gpt2`); the bootstrap covers the choice of held-out "
-          "windows, not the choice of model or training seed.")
+          "windows, not the choice of model; `model-seeds` reruns the B=8 comparisons on tiny "
+          "models from two more training seeds.")
 
 
 def _positive(text: str) -> int:

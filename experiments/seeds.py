@@ -1,0 +1,207 @@
+"""Experiment ``model-seeds``: do the B=8 comparisons hold on tiny models from other seeds?
+
+The bootstrap of the other experiments covers the choice of held-out windows, not the choice of
+model.  This one trains two more tiny models exactly as the embedded one (same data, config and
+900 steps; seeds 1 and 2, one thread, cached under ``--cache``) and runs the B=8 comparisons of
+``range-vs-precision`` and ``fp16-vs-bf16`` end to end on all three: e3m4 and e5m2 against e4m3
+without scaling, the subnormal ablation of e3m4 with LayerNorm inputs in FP32, BF16 against FP16.
+A comparison holds across seeds when every seed's CI excludes 1 on the same side (a format whose
+logits turn inf/NaN counts as the worse side, without a ratio).
+
+Usage: ``fpsim experiment model-seeds [--quick] [--out results] [--render]``; the first run
+trains the two models (about 22 minutes each on one core), later runs reuse them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import fpsim
+
+from . import bootstrap, context
+from .bootstrap import fmt_ci
+from .range_vs_precision import split_format
+from .recipes import Recipe
+from .report import figure, load_json, num, save, table, write_json
+
+NAME = "model-seeds"
+SEEDS = (0, 1, 2)           # 0: the embedded model; the others are trained on demand
+STEPS, QUICK_STEPS = 900, 20
+CACHE = Path(os.environ.get("FPSIM_CACHE", Path.home() / ".cache" / "fpsim"))
+E3M4, E4M3, E5M2 = split_format(3, 4), split_format(4, 3), split_format(5, 2)
+
+# (name, numerator, denominator, what it isolates): ratios of end-to-end KL
+COMPARISONS = (
+    ("e3m4 / e4m3, no scaling", "e3m4", "e4m3",
+     "range at the bottom and top (flush, subnormals, overflow) against one mantissa bit"),
+    ("e5m2 / e4m3, no scaling", "e5m2", "e4m3", "one mantissa bit against range"),
+    ("subnormal bits: e3m4 LN FP32 no flush / + full subnormals", "e3m4 nf", "e3m4 nf full",
+     "the precision values below the smallest normal lose"),
+    ("e3m4 LN FP32, no flush, full subnormals / e4m3", "e3m4 nf full", "e4m3",
+     "what is left without flush and subnormal loss: one more mantissa bit"),
+    ("bf16 / fp16", "bf16", "fp16", "3 mantissa bits against FP32's exponent range"),
+)
+
+
+def recipes() -> dict[str, tuple[Recipe, bool]]:
+    """Run name -> (recipe, LayerNorm inputs kept in FP32)."""
+    return {
+        "e3m4": (Recipe("e3m4", E3M4), False),
+        "e4m3": (Recipe("e4m3", E4M3), False),
+        "e5m2": (Recipe("e5m2", E5M2), False),
+        "e3m4 nf": (Recipe("e3m4 LN FP32, no flush", E3M4, flush=False), True),
+        "e3m4 nf full": (
+            Recipe("e3m4 LN FP32, no flush, full subnormals", E3M4, flush=False,
+                   full_subnormals=True),
+            True,
+        ),
+        "fp16": (Recipe("fp16", "fp16", output="fp16"), False),
+        "bf16": (Recipe("bf16", "bf16", output="bf16"), False),
+    }
+
+
+def checkpoint(seed: int, quick: bool, cache: Path = CACHE) -> Path:
+    """The tiny model of ``seed``: the embedded one for seed 0, else trained once into ``cache``
+    with :mod:`experiments.gpt2.train_tiny` (``STEPS`` steps, a step-based schedule)."""
+    if seed == 0:
+        return context.DEFAULT_MODEL
+    steps = QUICK_STEPS if quick else STEPS
+    out = cache / f"tiny-seed{seed}-{steps}steps"
+    if not (out / "model.safetensors").exists():
+        from .gpt2 import train_tiny
+        threads = torch.get_num_threads()
+        train_tiny.train(train_tiny.parse_args(
+            ["--seed", str(seed), "--max-steps", str(steps), "--minutes", "1e9", "--out", str(out),
+             "--eval-every", str(steps)]))
+        torch.set_num_threads(threads)
+    return out
+
+
+def run_seed(seed: int, sizes: context.Sizes, quick: bool) -> dict[str, Any]:
+    """End-to-end metrics of every recipe on the model of ``seed``."""
+    ctx = context.build(checkpoint(seed, quick), sizes, quick)
+    runs = {}
+    for name, (recipe, ln_fp32) in recipes().items():
+        per_site = (
+            {n: recipe for n, s in ctx.sites.items() if s.kind != "layernorm"} if ln_fp32
+            else recipe
+        )
+        e2e = ctx.end_to_end(per_site)
+        e2e.pop("events")
+        runs[name] = e2e
+    return {"seed": seed, "model": ctx.model_name, "tokens": ctx.tokens, "runs": runs}
+
+
+def ratios(data: dict) -> list[dict[str, Any]]:
+    """Every comparison on every seed: KL ratio, its paired CI and its verdict."""
+    out = []
+    for name, num_, den, what in COMPARISONS:
+        per_seed = []
+        for s in data["seeds"]:
+            a, b = s["runs"][num_], s["runs"][den]
+            if math.isfinite(a["kl"]) and math.isfinite(b["kl"]):
+                q, ci = bootstrap.ratio(a, b)
+                verdict = bootstrap.verdict(ci, "above 1", "below 1")
+            else:   # a side with inf/NaN logits is the worse one; no ratio to bootstrap
+                q, ci = math.nan, [math.nan, math.nan]
+                verdict = "below 1" if math.isfinite(a["kl"]) else (
+                    "above 1" if math.isfinite(b["kl"]) else "both inf/NaN")
+            per_seed.append({"seed": s["seed"], "ratio": q, "ci": ci, "verdict": verdict,
+                             "nonfinite": [n for n, r in ((num_, a), (den, b))
+                                           if not math.isfinite(r["kl"])]})
+        verdicts = {p["verdict"] for p in per_seed}
+        out.append({"comparison": name, "isolates": what, "seeds": per_seed,
+                    "holds": verdicts.pop() if len(verdicts) == 1 else "differs between seeds"})
+    return out
+
+
+def conclusions(data: dict) -> list[str]:
+    """One line per comparison: each seed's ratio with its CI, and whether all agree."""
+    lines = []
+    for r in ratios(data):
+        parts = "; ".join(
+            f"seed {p['seed']} " + (
+                f"{' and '.join(p['nonfinite'])} inf/NaN logits" if p["nonfinite"]
+                else f"{num(p['ratio'])}× {fmt_ci(p['ci'])}"
+            )
+            for p in r["seeds"]
+        )
+        verdict = {
+            "above 1": "worse on every seed (CI above 1, or inf/NaN logits)",
+            "below 1": "better on every seed (CI below 1)",
+            "no measurable difference": "no measurable difference on any seed",
+        }.get(r["holds"], "the seeds disagree")
+        lines.append(f"KL {r['comparison']} ({r['isolates']}): {parts}: {verdict}.")
+    return lines
+
+
+def render(data: dict, out: Path) -> str:
+    """REPORT.md: the conclusions, a figure of every ratio per seed and the KL table."""
+    rs = ratios(data)
+    fig, axes = figure(1, 1, 8.0, 0.9 + 0.55 * len(rs))
+    ax = axes[0, 0]
+    colors = ("tab:blue", "tab:orange", "tab:green")
+    for i, r in enumerate(rs):
+        for j, p in enumerate(r["seeds"]):
+            if p["nonfinite"]:
+                continue
+            y = i + (j - 1) * 0.2
+            lo, hi = p["ci"]
+            ax.errorbar([p["ratio"]], [y], xerr=[[p["ratio"] - lo], [hi - p["ratio"]]],
+                        fmt="o", color=colors[j % 3], label=f"seed {p['seed']}" if i == 0 else None)
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(rs)), [r["comparison"] for r in rs], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("end-to-end KL ratio (95% bootstrap CI over windows)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    name = save(fig, out / "ratios_per_seed.png")
+    runs = list(recipes())
+    rows = [[s["seed"], s["model"], s["tokens"]]
+            + [num(s["runs"][n]["kl"]) for n in runs] for s in data["seeds"]]
+    meta = data["meta"]
+    return "\n".join([
+        f"# {NAME}", "",
+        f"Tiny byte-level GPT-2 (4 layers, width 256) trained from seeds {list(SEEDS)}: seed 0 is "
+        f"the embedded model, the others {meta['steps']} steps of the same recipe. "
+        f"{meta['seconds']} s. The CIs cover held-out windows; the three seeds show how much the "
+        "model's own training seed moves each ratio. Three seeds of one tiny model say nothing "
+        "about GPT-2 124M.", "",
+        "## Conclusions", "",
+        *[f"- {c}" for c in conclusions(data)], "",
+        f"![ratios per seed]({name})", "",
+        "End-to-end KL (nats/token) per seed:", "",
+        table(["seed", "model", "tokens", *runs], rows), "",
+    ])
+
+
+def main(args: argparse.Namespace) -> int:
+    """``fpsim experiment model-seeds``: run (or ``--render``) and write ``OUT/model-seeds/``."""
+    out = args.out / NAME
+    if not args.render:
+        torch.set_num_threads(args.threads)
+        sizes = context.QUICK if args.quick else context.FULL
+        if args.tokens:
+            sizes = dataclasses.replace(sizes, tokens=args.tokens)
+        start = time.perf_counter()
+        data = {"seeds": [run_seed(s, sizes, args.quick) for s in SEEDS]}
+        data["meta"] = {"quick": args.quick, "steps": QUICK_STEPS if args.quick else STEPS,
+                        "tokens": data["seeds"][0]["tokens"], "model": "tiny, seeds 0-2",
+                        "python": sys.version.split()[0], "torch": torch.__version__,
+                        "fpsim": fpsim.__version__, "machine": platform.machine(),
+                        "seconds": round(time.perf_counter() - start, 1)}
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "results.json", data)
+    (out / "REPORT.md").write_text(render(load_json(out / "results.json"), out))
+    print(f"{NAME}: {out / 'REPORT.md'}")
+    return 0
