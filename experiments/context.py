@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import copy
 import functools
-import platform
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
-
-import fpsim
 
 from . import bootstrap, endtoend, replay
 from .capture import Site, capture
@@ -29,6 +25,7 @@ from .gpt2.data import heldout_bytes, heldout_text, windows
 from .gpt2.model import GPT2, site_order
 from .gpt2.tokenizer import load_bpe
 from .recipes import FP32, FP64, Recipe
+from .report import versions
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = REPO / "experiments" / "gpt2" / "tiny"
@@ -174,10 +171,7 @@ class Context:
             "replay_rows": rows(self.sites),
             "emulation_rows": rows(self.emulation_sites),
             "quick": self.quick,
-            "python": sys.version.split()[0],
-            "torch": torch.__version__,
-            "fpsim": fpsim.__version__,
-            "machine": platform.machine(),
+            **versions(),
         }
 
 

@@ -54,6 +54,28 @@ def load_json(path: Path) -> dict:
     return _loose(json.loads(Path(path).read_text()))
 
 
+def versions() -> dict[str, str]:
+    """What produced the numbers: Python, torch and fpsim versions and the machine."""
+    import platform
+    import sys
+
+    import torch
+
+    import fpsim
+    return {"python": sys.version.split()[0], "torch": torch.__version__,
+            "fpsim": fpsim.__version__, "machine": platform.machine()}
+
+
+def finish(name: str, out: Path, data: dict | None, render: Any) -> None:
+    """Write ``data`` (None: keep the existing JSON) to ``out/results.json``, then
+    ``out/REPORT.md`` from that JSON with ``render(data, out)``, and print where it is."""
+    if data is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "results.json", data)
+    (out / "REPORT.md").write_text(render(load_json(out / "results.json"), out))
+    print(f"{name}: {out / 'REPORT.md'}")
+
+
 def in_forward_order(sites: Sequence[str]) -> list[str]:
     """Site names sorted as the forward pass meets them: the first is where trouble starts."""
     return sorted(sites, key=site_order)

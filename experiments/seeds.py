@@ -18,21 +18,18 @@ import argparse
 import dataclasses
 import math
 import os
-import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-import fpsim
 
 from . import bootstrap, context
 from .bootstrap import fmt_ci
 from .range_vs_precision import split_format
 from .recipes import Recipe
-from .report import figure, load_json, num, save, table, write_json
+from .report import figure, finish, num, save, table, versions
 
 NAME = "model-seeds"
 SEEDS = (0, 1, 2)           # 0: the embedded model; the others are trained on demand
@@ -187,7 +184,7 @@ def render(data: dict, out: Path) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """``fpsim experiment model-seeds``: run (or ``--render``) and write ``OUT/model-seeds/``."""
-    out = args.out / NAME
+    data = None
     if not args.render:
         torch.set_num_threads(args.threads)
         sizes = context.QUICK if args.quick else context.FULL
@@ -197,11 +194,6 @@ def main(args: argparse.Namespace) -> int:
         data = {"seeds": [run_seed(s, sizes, args.quick) for s in SEEDS]}
         data["meta"] = {"quick": args.quick, "steps": QUICK_STEPS if args.quick else STEPS,
                         "tokens": data["seeds"][0]["tokens"], "model": "tiny, seeds 0-2",
-                        "python": sys.version.split()[0], "torch": torch.__version__,
-                        "fpsim": fpsim.__version__, "machine": platform.machine(),
-                        "seconds": round(time.perf_counter() - start, 1)}
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(out / "results.json", data)
-    (out / "REPORT.md").write_text(render(load_json(out / "results.json"), out))
-    print(f"{NAME}: {out / 'REPORT.md'}")
+                        **versions(), "seconds": round(time.perf_counter() - start, 1)}
+    finish(NAME, args.out / NAME, data, render)
     return 0

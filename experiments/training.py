@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import platform
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,7 +40,7 @@ from fpsim.nn import LossScaler, round_through
 from .gpt2.data import heldout_bytes, random_windows, train_bytes, windows
 from .gpt2.model import GPT2, GPT2Config, TorchOps
 from .gpt2.train_tiny import learning_rate, make_optimizer
-from .report import figure, load_json, num, pct, save, table, write_json
+from .report import figure, finish, num, pct, save, table, versions
 
 NAME = "training"
 MODEL = GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=64, vocab_size=256)
@@ -540,7 +538,7 @@ def render(data: dict, out: Path) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """``fpsim experiment training``: run (or ``--render``) and write ``OUT/training/``."""
-    out = args.out / NAME
+    data = None
     if not args.render:
         torch.set_num_threads(args.threads)
         plan = QUICK if args.quick else FULL
@@ -552,11 +550,6 @@ def main(args: argparse.Namespace) -> int:
                                  f"byte-level, {MODEL.n_positions} positions",
                         "config": MODEL.to_hf_dict(), "quick": args.quick,
                         "tokens": plan.steps * plan.batch * MODEL.n_positions,
-                        "python": sys.version.split()[0], "torch": torch.__version__,
-                        "fpsim": fpsim.__version__, "machine": platform.machine(),
-                        "seconds": round(time.perf_counter() - start, 1)}
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(out / "results.json", data)
-    (out / "REPORT.md").write_text(render(load_json(out / "results.json"), out))
-    print(f"{NAME}: {out / 'REPORT.md'}")
+                        **versions(), "seconds": round(time.perf_counter() - start, 1)}
+    finish(NAME, args.out / NAME, data, render)
     return 0
