@@ -235,10 +235,13 @@ def fine_grained(a: np.ndarray, w: np.ndarray, scale_dtype: str) -> tuple[np.nda
     """DeepSeek-V3's fine-grained FP8: E4M3FN elements, one scale (amax / 448) per 1×BLOCK tile
     of the activation ``a`` (rows, K) and per BLOCK×BLOCK block of the weight ``w`` (K, N).
     Returns the elements (unscaled) and scales: a's (rows, K), (rows, K/BLOCK); w's (K, N),
-    (K/BLOCK, N/BLOCK)."""
+    (K/BLOCK, N/BLOCK).  K and N off the BLOCK grid (GPT-2's vocabulary, 50257) are padded
+    with zeros, as a GEMM library pads its last tile: zeros change no amax and add exact zero
+    products, so the arrays returned are the padded ones."""
+    pad_k, pad_n = -w.shape[0] % BLOCK, -w.shape[1] % BLOCK
+    a = np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, pad_k)])
+    w = np.pad(w, [(0, pad_k), (0, pad_n)])
     k, n = w.shape
-    if k % BLOCK or n % BLOCK:
-        raise ValueError(f"weight of shape {w.shape}: both sides must be multiples of {BLOCK}")
     qa = fpsim.scaled_quantize(a, ELEMENTS, granularity=("block", BLOCK), axis=-1,
                                scale_dtype=scale_dtype)
     tiles = w.reshape(k // BLOCK, BLOCK, n // BLOCK, BLOCK).transpose(0, 2, 1, 3)
@@ -271,7 +274,7 @@ def site_jobs(a: np.ndarray, w: np.ndarray, cols: np.ndarray,
         name = f"{scale_dtype} scales, promoted"
         refs[name] = exact(ca, cw, s64)[-1]
         if scale_dtype == "fp32":
-            imb = sign_imbalance(ca, cw, refs[name])
+            imb = sign_imbalance(ca[:, :a.shape[-1]], cw[:a.shape[-1]], refs[name])  # unpadded K
         for f in frac_bits:
             jobs[(name, f)] = lambda f=f, ca=ca, cw=cw, s=s32: promoted(ca, cw, model(f), s)[-1]
         if scale_dtype == "e8m0":       # powers of two: scaled products stay exact

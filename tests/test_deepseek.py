@@ -84,8 +84,14 @@ def test_fine_grained_scales_tiles_and_blocks() -> None:
     np.testing.assert_array_equal((ca * np.repeat(sa, 128, axis=1)).astype(np.float32), want)
     _, s2, _, w2 = ds.fine_grained(a, w, "e8m0")
     assert np.all(np.log2(s2) == np.round(np.log2(s2))) and np.all(np.log2(w2) % 1 == 0)
-    with pytest.raises(ValueError, match="multiples of 128"):
-        ds.fine_grained(a, w[:, :200], "fp32")
+    # K and N off the 128 grid (GPT-2's lm_head, N = 50257): zero padding, same tiles and blocks
+    cut = ds.fine_grained(a[:, :200], w[:200, :300], "fp32")
+    padded = ds.fine_grained(np.pad(a[:, :200], [(0, 0), (0, 56)]),
+                             np.pad(w[:200, :300], [(0, 56), (0, 84)]), "fp32")
+    for got, want in zip(cut, padded):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(cut[2][:200, :300], cw[:200, :300])
+    assert cut[2].shape == (256, 384) and np.all(cut[2][200:] == 0) and np.all(cut[0][:, 200:] == 0)
 
 
 def test_statistics_by_hand() -> None:
