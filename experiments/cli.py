@@ -29,6 +29,7 @@ EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (
 # train their own models; not in all
 STANDALONE: dict[str, ModuleType] = {training.NAME: training, seeds.NAME: seeds}
 DEFAULT_OUT = Path("results")
+ALL_TOKENS = 2**62   # --tokens all: more than any text, so every held-out window is taken
 LIMITS = ("What a tiny model cannot tell about GPT-2 124M: these numbers come from one training "
           "seed of a 4-layer, width-256 byte-level model whose largest residual value is about 20; "
           "GPT-2 124M has outlier channels in the thousands, 12 layers and a 50k vocabulary, so "
@@ -36,6 +37,11 @@ LIMITS = ("What a tiny model cannot tell about GPT-2 124M: these numbers come fr
           "must be measured on it (`--model gpt2`); the bootstrap covers the choice of held-out "
           "windows, not the choice of model; `model-seeds` reruns the B=8 comparisons on tiny "
           "models from two more training seeds.")
+
+
+def _tokens(text: str) -> int:
+    """argparse type of ``--tokens``: a positive integer, or ``all`` (every held-out window)."""
+    return ALL_TOKENS if text == "all" else _positive(text)
 
 
 def _positive(text: str) -> int:
@@ -69,8 +75,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--tokens",
-        type=_positive,
-        help="held-out tokens for end-to-end metrics "
+        type=_tokens,
+        help="held-out tokens for end-to-end metrics, or 'all' for every held-out window "
         f"(default {context.FULL.tokens}, --quick {context.QUICK.tokens})",
     )
     p.add_argument(

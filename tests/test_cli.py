@@ -279,3 +279,15 @@ def test_experiment_help_lists_every_experiment(argv, capsys):
     out = capsys.readouterr().out
     for name in ("range-vs-precision", "fp16-vs-bf16", "practice", "training", "all", "--quick"):
         assert name in out
+
+
+def test_experiment_tokens_all_takes_every_window():
+    from experiments import cli
+    from experiments.gpt2.data import heldout_bytes, windows
+
+    assert cli.parse_args(["fp8", "--tokens", "all"]).tokens == cli.ALL_TOKENS
+    assert cli.parse_args(["fp8", "--tokens", "4096"]).tokens == 4096
+    data = heldout_bytes()
+    assert len(windows(data, 256, cli.ALL_TOKENS // 256)) == (data.numel() - 1) // 256
+    with pytest.raises(SystemExit):
+        cli.parse_args(["fp8", "--tokens", "most"])
