@@ -110,8 +110,14 @@ def test_hopper_fp8_error_grows_with_k_and_promotion_bounds_it():
 
 
 def test_presets_follow_mma_sim():
-    assert {m.frac_bits for n, m in TENSOR_CORES.items() if "fp8" not in n and "mx" not in n} \
-        == {23, 24, 25}
+    assert {m.frac_bits for n, m in TENSOR_CORES.items() if "fp8" not in n and "mx" not in n
+            and m.structure != "fma"} == {23, 24, 25}
+    fma = {n for n, m in TENSOR_CORES.items() if m.structure == "fma"}
+    assert fma == {"ampere_fp64", "hopper_fp64", "cdna1_fp32", "cdna2_fp32", "cdna2_fp64",
+                   "cdna3_fp32", "cdna3_fp64"}
+    assert all(TENSOR_CORES[n].group == 1 and not TENSOR_CORES[n].canonical_nan for n in fma)
+    assert TENSOR_CORES["cdna3_fp16_k4"].group == 4 and TENSOR_CORES["cdna3_fp16"].group == 8
+    assert TENSOR_CORES["cdna2_bf16_k2"].group == 2 and TENSOR_CORES["cdna2_bf16"].group == 4
     assert TENSOR_CORES["blackwell_mxf4nvf4"].frac_bits == 35
     assert TENSOR_CORES["volta_fp16"].frac_bits == 23
     assert TENSOR_CORES["hopper_fp8"].frac_bits == TENSOR_CORES["ada_fp8"].frac_bits == 13
@@ -216,3 +222,60 @@ def test_c_starts_or_ends_the_sum(order):
 def test_c_must_broadcast():
     with pytest.raises(ValueError, match="c has shape"):
         fpsim.matmul(np.ones((2, 3)), np.ones((3, 4)), c=np.ones((3, 4)))
+
+
+def ref_fma_chain(xs, ys, c: float, accum: str) -> float:
+    """MMA-Sim's FP64/FP32 instructions: acc = fma(x, y, acc) left to right from C, each
+    rounded once (FP64: test_fma's Fraction reference; FP32: the exact product added)."""
+    from test_fma import ref_fma
+
+    acc = c
+    for x, y in zip(xs, ys):
+        if accum == "fp64":
+            acc = ref_fma(float(x), float(y), acc)
+        else:
+            from test_arith import exact_product
+            acc = add_rounded(acc, exact_product(float(x), float(y)), FP32, "rne")
+    return acc
+
+
+@pytest.mark.parametrize("preset", ["ampere_fp64", "hopper_fp64", "cdna2_fp64", "cdna3_fp64",
+                                    "cdna1_fp32", "cdna3_fp32"])
+def test_fma_presets_chain_fused_multiply_adds(preset):
+    """FP64 (DMMA, FP64 MFMA) and FP32 MFMA: one correctly rounded fma per product, in
+    order, from C; wide exponents, cancellation, subnormals, zeros and inf."""
+    model = TENSOR_CORES[preset]
+    fmt = model.accum_format.name
+    rng = np.random.default_rng(len(preset))
+    M, K, N = 5, 13, 4
+    lo, hi = (-540, 500) if fmt == "fp64" else (-75, 60)
+    a = rng.standard_normal((M, K)) * np.exp2(rng.integers(lo, hi, (M, K)))
+    b = rng.standard_normal((K, N)) * np.exp2(rng.integers(lo, hi, (K, N)) // 4)
+    a, b = fpsim.quantize(a, fmt), fpsim.quantize(b, fmt)
+    a[0, 3], a[1, :] = 0.0, -0.0
+    a[2, 4] = np.inf
+    b[:, 0] = abs(b[:, 0])
+    b[:, 1] = -b[:, 0]
+    a[3] = a[4]
+    b[5, :] = 2.0 ** get_format(fmt).emin
+    c = fpsim.quantize(rng.standard_normal((M, N)) * np.exp2(rng.integers(lo, hi, (M, N))), fmt)
+    c[1, :] = -0.0
+    c[4] = -fpsim.quantize(a[4].astype(np.float64) @ b.astype(np.float64), fmt)
+    got = fpsim.matmul(a, b, c=c, order="tensor_core", tensor_core=preset)
+    assert got.dtype == (np.float64 if fmt == "fp64" else np.float32)
+    want = np.array([[ref_fma_chain(a[i], b[:, j], float(c[i, j]), fmt) for j in range(N)]
+                     for i in range(M)])
+    assert same_bits(got, want)
+    assert np.signbit(got[1, 0]) and not np.signbit(got[1, 1])  # IEEE: -0·x + -0 is -0
+
+
+def test_fp64_presets_need_numpy_and_no_chunk():
+    torch = pytest.importorskip("torch")
+    a = torch.ones((2, 4), dtype=torch.float64)
+    with pytest.raises(ValueError, match="NumPy backend only"):
+        fpsim.matmul(a, a.T, order="tensor_core", tensor_core="hopper_fp64", backend="torch")
+    got = fpsim.matmul(a, a.T, order="tensor_core", tensor_core="hopper_fp64")   # CPU: NumPy
+    assert torch.equal(got, torch.full((2, 2), 4.0, dtype=torch.float64))
+    with pytest.raises(ValueError, match="FP64 already"):
+        fpsim.matmul(np.ones((2, 8)), np.ones((8, 2)), order="tensor_core",
+                     tensor_core="ampere_fp64", chunk=4)

@@ -155,13 +155,15 @@ def _profile(x: Any) -> Profile:
 def _lanes_for(plan: Plan, prod: Profile, operands_fit_f32: bool, like: Any) -> Lanes:
     """The narrowest lanes that hold the operands and their exact products, with guard bits
     below the accumulator."""
-    if not plan.native_product and not prod.fits(F64):
+    fma = plan.model is not None and plan.model.structure == "fma"
+    if not plan.native_product and not prod.fits(F64) and not (
+            fma and plan.model.accum_format.name == "fp64"):    # FP64 fma forms them itself
         raise ValueError(
             f"products of these operands are not exact in float64 (they need {prod.sig} "
             f"significant bits, exponents 2^{prod.low}..2^{prod.high}): quantize the operands "
             "first (inputs='fp32' or narrower), or round each product as a float64 multiply "
             "does (product='fp64')")
-    if plan.model is not None and prod.low < plan.model.frac_bits - 1022:
+    if plan.model is not None and not fma and prod.low < plan.model.frac_bits - 1022:
         raise ValueError(f"products as small as 2^{prod.low} are beyond the tensor-core model's "
                          "alignment in float64; scale the operands up")
     compiled = plan.backend == "compiled"

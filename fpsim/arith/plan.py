@@ -96,6 +96,9 @@ def _chunk(chunk: Any, order: str, model: TensorCoreModel | None) -> int | None:
         raise ValueError(f"chunk applies to order='chunked' or 'tensor_core', not {order!r}")
     if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
         raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+    if model is not None and model.accum_format == FP64:
+        raise ValueError(f"chunk promotes partial sums to FP32; tensor_core={model.name!r} "
+                         "accumulates in FP64 already: leave chunk=None")
     if model is not None and chunk % model.group:
         raise ValueError(f"chunk={chunk} must be a multiple of the tensor core's group "
                          f"({model.group}): promotion happens between instructions")

@@ -15,7 +15,7 @@ from ..rounding import check_mode
 MMASIM = "MMA-Sim (arXiv 2511.10909), simulator/nv_ptx.py"
 SUM_ROUNDINGS = ("rtz", "rdown", "rne")
 SCALED = (None, "elements", "runs")
-STRUCTURES = ("fused", "fma_tree")
+STRUCTURES = ("fused", "fma_tree", "fma")
 RUN = 16            # mxf4nvf4: products summed exactly in runs of 16
 
 
@@ -41,9 +41,12 @@ class TensorCoreModel:
     ``halves`` (CDNA3 FP8): the even and odd products are fused apart first.
     ``canonical_nan``: NaN results are NVIDIA's 0x7FFFFFFF (MMA-Sim does not model AMD's NaN
     payloads; fpsim's NaN there is 0x7FC00000).
-    ``structure``: "fused" (one fused dot-add per group) or "fma_tree" (AMD CDNA1/2: each
+    ``structure``: "fused" (one fused dot-add per group), "fma_tree" (AMD CDNA1/2: each
     group's products rounded to the result format and added pairwise, each addition rounded,
-    the group's sum then added to C with one more rounding; ``frac_bits`` unused).
+    the group's sum then added to C with one more rounding; ``frac_bits`` unused) or "fma"
+    (FP64 and FP32 instructions: a chain of fused multiply-adds, D = fma(a_k, b_k, D) for k in
+    order, each rounded once to the result format, which may be FP64; ``frac_bits`` is the
+    result's own mantissa width, ``group`` 1).
     ``flush_subnormals`` (fma_tree): subnormal operands and C become +0 and subnormal partial
     sums ±0 (CDNA2).
     ``instruction`` / ``source``: the PTX instructions modelled and where the figures come from.
@@ -70,7 +73,8 @@ class TensorCoreModel:
         if not isinstance(self.group, int) or self.group < 1:
             raise ValueError("TensorCoreModel.group must be a positive integer, not "
                              f"{self.group!r}")
-        if not isinstance(self.frac_bits, int) or not 0 <= self.frac_bits <= 48:
+        fma = self.structure == "fma"
+        if not isinstance(self.frac_bits, int) or not 0 <= self.frac_bits <= (52 if fma else 48):
             raise ValueError("TensorCoreModel.frac_bits must be an integer in [0, 48] (aligned "
                              f"sums stay exact in float64), got {self.frac_bits!r}")
         check_mode(self.rounding)
@@ -92,9 +96,15 @@ class TensorCoreModel:
             raise ValueError(f"TensorCoreModel.structure {self.structure!r}: choose one of "
                              f"{', '.join(STRUCTURES)}")
         fmt = get_format(self.accum)
-        if fmt.is_int or fmt.mbits > 50:
+        if fmt.is_int or (fmt.mbits > 50 and not (fma and fmt.name == "fp64")):
             raise ValueError(f"TensorCoreModel.accum {fmt.name!r}: choose a float format with at "
-                             "most 50 mantissa bits (e.g. 'fp32', 'e8m13', 'fp16')")
+                             "most 50 mantissa bits (e.g. 'fp32', 'e8m13', 'fp16'), or 'fp64' "
+                             "with structure='fma'")
+        if fma and (self.rounding != "rne" or self.align_accumulator
+                    or self.scaled is not None or self.sum_bits is not None):
+            raise ValueError("TensorCoreModel with structure='fma' rounds each fused "
+                             "multiply-add to nearest even: rounding='rne', "
+                             "align_accumulator=False, no block scales, no sum_bits")
 
     @property
     def accum_format(self) -> Format:
@@ -102,9 +112,9 @@ class TensorCoreModel:
 
     @property
     def c_format(self) -> Format:
-        """The register format of C and D: FP16 for FP16 results, else FP32."""
+        """The register format of C and D: FP16 or FP64 for such results, else FP32."""
         fmt = self.accum_format
-        return fmt if fmt.name in ("fp16", "fp32") else get_format("fp32")
+        return fmt if fmt.name in ("fp16", "fp32", "fp64") else get_format("fp32")
 
 
 def _nv(name: str, group: int, frac_bits: int, instruction: str, accum: str = "fp32",
@@ -130,6 +140,13 @@ def _cdna12(name: str, group: int, flush: bool, instruction: str) -> TensorCoreM
     return TensorCoreModel(group, 23, "fp32", "rne", False, name, "rtz", instruction,
                            "MMA-Sim (arXiv 2511.10909), simulator/amd.py: pairwise_dot",
                            canonical_nan=False, structure="fma_tree", flush_subnormals=flush)
+
+
+def _fma(name: str, accum: str, instruction: str, simulator: str) -> TensorCoreModel:
+    return TensorCoreModel(1, get_format(accum).mbits, accum, "rne", False, name, "rtz",
+                           instruction, f"MMA-Sim (arXiv 2511.10909), simulator/{simulator}: a "
+                           "chain of correctly rounded fma (the host's libm)",
+                           canonical_nan=False, structure="fma")
 
 
 _SPLIT = "k split in two fused dot-adds"
@@ -178,12 +195,29 @@ TENSOR_CORES: dict[str, TensorCoreModel] = {m.name: m for m in [
     _nv("rtx_blackwell_fp8_k16", 16, 25, "mma.m16n8k16.f32.e4m3|e5m2 (sm_120)"),
     _nv("rtx_blackwell_fp8_f16", 32, 25, "mma.m16n8k32.f16.e4m3|e5m2|e2m1 (sm_120)", "fp16",
         _F16),
+    _fma("ampere_fp64", "fp64", "mma.m8n8k4.f64.f64.f64.f64 (sm_80; also sm_89, sm_100, "
+         "sm_120)", "nv_ptx.py"),
+    _fma("hopper_fp64", "fp64", "mma.m16n8k4 / m16n8k8 / m16n8k16 .f64 (sm_90)", "nv_ptx.py"),
+    _fma("cdna1_fp32", "fp32", "v_mfma_f32_32x32x2f32, 16x16x4f32, 4x4x1f32, 32x32x1f32, "
+         "16x16x1f32 (MI100)", "amd.py"),
+    _fma("cdna2_fp32", "fp32", "v_mfma_f32_32x32x2f32, 16x16x4f32, 4x4x1f32, 32x32x1f32, "
+         "16x16x1f32 (MI200)", "amd.py"),
+    _fma("cdna2_fp64", "fp64", "v_mfma_f64_16x16x4f64, 4x4x4f64 (MI200)", "amd.py"),
+    _fma("cdna3_fp32", "fp32", "v_mfma_f32_32x32x2_f32, 16x16x4_f32, 32x32x1_2b_f32, "
+         "16x16x1_4b_f32, 4x4x1_16b_f32 (MI300)", "amd.py"),
+    _fma("cdna3_fp64", "fp64", "v_mfma_f64_16x16x4_f64, 4x4x4_4b_f64 (MI300)", "amd.py"),
     _cdna12("cdna1_fp16", 4, False, "v_mfma_f32_4x4x4f16, 32x32x4f16 (MI100)"),
     _cdna12("cdna1_bf16", 2, False, "v_mfma_f32_4x4x2bf16, 32x32x2bf16 (MI100)"),
     _cdna12("cdna2_fp16", 4, True, "v_mfma_f32_4x4x4f16, 32x32x4f16 (MI200)"),
     _cdna12("cdna2_bf16", 4, True, "v_mfma_f32_4x4x4bf16_1k, 32x32x4bf16_1k (MI200)"),
+    _cdna12("cdna2_bf16_k2", 2, True, "v_mfma_f32_32x32x4bf16, 32x32x2bf16, 16x16x8bf16, "
+            "16x16x2bf16, 4x4x2bf16 (MI200: CDNA1's encodings, products in pairs)"),
     _cdna3("cdna3_fp16", 8, "v_mfma_f32_16x16x16_f16, 32x32x8_f16 (MI300)"),
     _cdna3("cdna3_bf16", 8, "v_mfma_f32_16x16x16_bf16, 32x32x8_bf16 (MI300)"),
+    _cdna3("cdna3_fp16_k4", 4, "v_mfma_f32_32x32x4_2b_f16, 16x16x4_4b_f16, 4x4x4_16b_f16 "
+           "(MI300)"),
+    _cdna3("cdna3_bf16_k4", 4, "v_mfma_f32_32x32x4_2b_bf16, 16x16x4_4b_bf16, 4x4x4_16b_bf16 "
+           "(MI300)"),
     _cdna3("cdna3_xf32", 4, "v_mfma_f32_16x16x8_xf32, 32x32x4_xf32 (MI300)"),
     _cdna3("cdna3_fp8", 16, "v_mfma_f32_16x16x32_fp8/bf8, 32x32x16 (MI300; FNUZ formats)",
            halves=True),

@@ -44,6 +44,7 @@ from ..convert import quantize
 from ..formats import Format, get_format
 from ..rounding import F64
 from .accumulate import Adder, Operands, Stats, Steps, compile_step, counted
+from .fma import fma
 from .lanes import Lanes
 from .tc_models import RUN, TENSOR_CORES, TensorCoreModel, get_model
 
@@ -78,15 +79,20 @@ class GroupStep:
         self.model, self.steps, self.lanes = model, steps, steps.lanes
         f = model.frac_bits
         self.fmt = model.accum_format
-        self.beyond = 2.0 ** (self.fmt.emax + 1)   # the least value whose exponent overflows
+        # the least value whose exponent overflows (none beyond FP64's)
+        self.beyond = math.ldexp(1.0, self.fmt.emax + 1) if self.fmt.emax < 1023 else math.inf
         # |term| < 2^(f+2), one more bit for a term rounded up; a run of 16 FP4 products with
         # UE4M3 scales: < 16 * 36 * 4 * 2^f
         width = f + 3 + (12 if model.scaled == "runs" else 0)
         self.trunc = Format(f"int{width + 1}", 0, width, inf=False, nan="none")
-        self.unaligned = None if model.align_accumulator else Adder(
+        fp64 = model.structure == "fma" and self.fmt.name == "fp64"
+        if fp64 and self.lanes.torch:
+            raise ValueError(f"tensor_core={model.name!r} (FP64 fused multiply-adds) runs on "
+                             "the NumPy backend only: pass backend='numpy' (CPU tensors work)")
+        self.unaligned = None if model.align_accumulator or fp64 else Adder(
             self.fmt, model.rounding, self.lanes, steps.rng, plain=False, may_overflow=True)
-        fn = (self._tree_step if model.structure == "fma_tree" else
-              self._step if model.sum_bits is None else self._cdna3_step)
+        fn = {"fma_tree": self._tree_step, "fma": self._fma_step}.get(
+            model.structure, self._step if model.sum_bits is None else self._cdna3_step)
         self.step = compile_step(fn) if compiled else fn
 
     def _step(self, acc: Any, a: Any, b: Any, ea: Any, eb: Any, st: Stats) -> tuple[Any, Stats]:
@@ -196,6 +202,19 @@ class GroupStep:
         group = tree(p)
         new = rounded(acc + group)
         return new, counted(lanes, acc, group, new, st)
+
+
+    def _fma_step(self, acc: Any, a: Any, b: Any, ea: Any, eb: Any,
+                  st: Stats) -> tuple[Any, Stats]:
+        """FP64/FP32 instructions (MMA-Sim's ``fma`` chains): D = fma(a_k, b_k, D) for each k in
+        order, rounded once to nearest even.  FP32 products are exact in float64 lanes, so the
+        round-to-odd Adder rounds a·b + D once; FP64 needs :func:`fpsim.arith.fma.fma`."""
+        p, st = self.steps.products(a, b, st)
+        for k in range(p.shape[0]):
+            new = fma(a[k], b[k], acc) if self.unaligned is None else self.unaligned(acc, p[k])
+            st = counted(self.lanes, acc, p[k], new, st)
+            acc = new
+        return acc, st
 
 
 def run(operands: Operands, exps: Operands, K: int, shape: tuple, step: GroupStep, st: Stats,
