@@ -4,9 +4,11 @@ For every preset of ``fpsim.arith.TENSOR_CORES`` this runs the PTX instruction i
 microsoft/MMA-Sim (its Python models run on the CPU) twice in a chain, D = A2·B2 + (A1·B1 + C),
 on inputs built to break a model: zeros beside large values (the alignment of zero operands),
 subnormals and near-maximal values, products straddling the alignment cut-off, C cancelling
-the sum (results truncated to zero, their sign), inf and NaN, overflow.  The fixture stores the
-inputs as float32 codes and MMA-Sim's D as codes of its result format; the test
-``tests/test_tensor_core_fixture.py`` compares fpsim bit for bit without MMA-Sim.
+the sum (results truncated to zero, their sign), inf and NaN, overflow; for the FMA chains
+(FP64, AMD FP32) also products whose order changes the result.  The fixture stores the inputs
+as float32 codes (float64 for FP64 instructions) and MMA-Sim's D as codes of its result
+format; the test ``tests/test_tensor_core_fixture.py`` compares fpsim bit for bit without
+MMA-Sim.
 
     python scripts/mmasim_fixture.py [--mmasim PATH/TO/MMA-Sim] [--out tests/data/...npz]
 
@@ -63,12 +65,22 @@ INSTRUCTIONS: dict[str, tuple[str, str, str, str, str]] = {
                               "e4m3"),
     "rtx_blackwell_fp8_f16": ("RTX Blackwell", "mma", "m16n8k32.f16.e4m3.e4m3.f16", "e4m3",
                               "e4m3"),
+    "ampere_fp64": ("Ampere", "mma", "m8n8k4.f64.f64.f64.f64", "fp64", "fp64"),
+    "hopper_fp64": ("Hopper", "mma", "m16n8k16.f64.f64.f64.f64", "fp64", "fp64"),
+    "cdna1_fp32": ("CDNA1", "mfma", "f32_32x32x2f32", "fp32", "fp32"),
+    "cdna2_fp32": ("CDNA2", "mfma", "f32_16x16x4f32", "fp32", "fp32"),
+    "cdna2_fp64": ("CDNA2", "mfma", "f64_16x16x4f64", "fp64", "fp64"),
+    "cdna3_fp32": ("CDNA3", "mfma", "f32_16x16x4_f32", "fp32", "fp32"),
+    "cdna3_fp64": ("CDNA3", "mfma", "f64_16x16x4_f64", "fp64", "fp64"),
     "cdna1_fp16": ("CDNA1", "mfma", "f32_32x32x4f16", "fp16", "fp16"),
     "cdna1_bf16": ("CDNA1", "mfma", "f32_32x32x2bf16", "bf16", "bf16"),
     "cdna2_fp16": ("CDNA2", "mfma", "f32_32x32x4f16", "fp16", "fp16"),
     "cdna2_bf16": ("CDNA2", "mfma", "f32_32x32x4bf16_1k", "bf16", "bf16"),
+    "cdna2_bf16_k2": ("CDNA2", "mfma", "f32_32x32x2bf16", "bf16", "bf16"),
     "cdna3_fp16": ("CDNA3", "mfma", "f32_16x16x16_f16", "fp16", "fp16"),
     "cdna3_bf16": ("CDNA3", "mfma", "f32_16x16x16_bf16", "bf16", "bf16"),
+    "cdna3_fp16_k4": ("CDNA3", "mfma", "f32_32x32x4_2b_f16", "fp16", "fp16"),
+    "cdna3_bf16_k4": ("CDNA3", "mfma", "f32_16x16x4_4b_bf16", "bf16", "bf16"),
     "cdna3_xf32": ("CDNA3", "mfma", "f32_16x16x8_xf32", "tf32", "tf32"),
     "cdna3_fp8": ("CDNA3", "mfma", "f32_16x16x32_fp8_bf8", "fp8_e4m3fnuz", "fp8_e5m2fnuz"),
 }
@@ -131,6 +143,14 @@ def case(name: str, rng: np.random.Generator, m: int, k: int,
     a[3, 5] = np.nan
     # row 4: every value near the maximum (overflow of narrow results)
     a[4, :] = ga.max * np.sign(rng.standard_normal(K) + 0.5)
+    if model.structure == "fma":
+        # row 5: +big, -big, then small products: each fma rounds, so the order shows
+        big, small = 2.0 ** (ga.emax // 2), 2.0 ** -(ga.mbits + 5)
+        a[5, :3], b[:3, :] = 1.0, np.array([[big], [-big], [small]])
+        # row 6: products that fall below the least subnormal unless C and their sum keep them
+        a[6, :] = ga.min_normal * rng.uniform(0, 1, K)
+        # row 7: -0 products onto C = -0 (column 5) stay -0 in IEEE fma
+        a[7, :], b[:, 5] = -0.0, abs(b[:, 5])
     c = values(cfmt, (rows, 8), rng, mixed)
     c[:, 5] = -0.0
     exact = a.astype(np.float64) @ b.astype(np.float64)
@@ -179,8 +199,8 @@ def run_mmasim(name: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
         B[:, :cols] = torch.from_numpy(b[r * k:(r + 1) * k]).to(inst.b_type)
         D = inst(A, B, D)
     D = D[:rows, :cols].contiguous()
-    bits = torch.int16 if D.dtype == torch.float16 else torch.int32
-    return D.view(bits).numpy().view(np.uint16 if bits == torch.int16 else np.uint32)
+    bits = {torch.float16: torch.int16, torch.float64: torch.int64}.get(D.dtype, torch.int32)
+    return D.view(bits).numpy().view(f"u{bits.itemsize}")
 
 
 def codes(spec: str, shape: tuple, rng: np.random.Generator, mixed: bool) -> np.ndarray:
@@ -277,9 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, (arch, cls, q, fa, fb) in INSTRUCTIONS.items():
         inst = instruction(name)
         cases = [case(name, rng, inst.m, inst.k, mixed=i > 0) for i in range(CASES)]
+        wide = "fp64" in (fa, fb)                  # FP64 operands: float64 codes
         for key in "abc":
             arrays[f"{name}.{key}"] = np.stack([x[key] for x in cases]).astype(
-                np.float32).view(np.uint32)
+                np.float64 if wide else np.float32).view(np.uint64 if wide else np.uint32)
         arrays[f"{name}.d"] = np.stack([run_mmasim(name, x) for x in cases])
         meta[name] = {"arch": arch, "instruction": f"{cls}.{q}", "inputs": [fa, fb]}
         print(f"{name}: {arch} {cls}.{q}", flush=True)

@@ -20,6 +20,8 @@ FIXTURE = np.load(Path(__file__).parent / "data" / "mmasim_fixture.npz")
 META = json.loads(str(FIXTURE["meta"]))
 
 
+FLOAT = {np.dtype(np.uint16): np.float16, np.dtype(np.uint32): np.float32,
+         np.dtype(np.uint64): np.float64}
 PLAIN = sorted(k for k, v in META.items() if "mx" not in v)
 SCALED = sorted(k for k, v in META.items() if "mx" in v)
 
@@ -33,28 +35,36 @@ def _compare(got: np.ndarray, want: np.ndarray, any_nan: bool = False) -> None:
     NaN counts as equal to every other."""
     if want.dtype == np.uint16:
         got = got.astype(np.float16)
+    floats = FLOAT[want.dtype]
     got = got.view(want.dtype)
     same = got == want
     if any_nan:
-        same |= np.isnan(got.view(np.float32)) & np.isnan(want.view(np.float32))
+        same |= np.isnan(got.view(floats)) & np.isnan(want.view(floats))
     bad = np.argwhere(~same)
     assert bad.size == 0, (f"{len(bad)} of {want.size} differ, first at {tuple(bad[0])}: "
                            f"fpsim {got[tuple(bad[0])]:#x}, MMA-Sim {want[tuple(bad[0])]:#x}")
 
 
 def _inputs(name: str) -> tuple[np.ndarray, ...]:
-    return tuple(FIXTURE[f"{name}.{k}"].view(np.float32) for k in "abc")
+    """A, B and C of a preset's cases (float32 codes, float64 for FP64 instructions)."""
+    return tuple(FIXTURE[f"{name}.{k}"].view(FLOAT[FIXTURE[f"{name}.{k}"].dtype])
+                 for k in "abc")
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 @pytest.mark.parametrize("name", PLAIN)
 def test_preset_matches_mma_sim(name, backend):
     a, b, c = _inputs(name)
+    options = dict(c=c, inputs=tuple(META[name]["inputs"]), order="tensor_core",
+                   tensor_core=name, backend=backend)
     if backend == "torch":
         torch = pytest.importorskip("torch")
-        a, b, c = (torch.from_numpy(x) for x in (a, b, c))
-    got = fpsim.matmul(a, b, c=c, inputs=tuple(META[name]["inputs"]), order="tensor_core",
-                       tensor_core=name, backend=backend)
+        a, b, options["c"] = (torch.from_numpy(x) for x in (a, b, c))
+        if TENSOR_CORES[name].accum_format.name == "fp64":
+            with pytest.raises(ValueError, match="NumPy backend only"):
+                fpsim.matmul(a, b, **options)
+            return
+    got = fpsim.matmul(a, b, **options)
     _compare(np.asarray(got), FIXTURE[f"{name}.d"], not TENSOR_CORES[name].canonical_nan)
 
 
