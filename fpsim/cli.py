@@ -240,14 +240,19 @@ def cmd_tensor_cores(args: argparse.Namespace) -> int:
             print(f"{field.name:17} {value.name if isinstance(value, Format) else value}")
         print(f"{'c_format':17} {m.c_format.name}")
         return 0
-    header = ["preset", "group", "frac bits", "result", "rounding", "instruction"]
-    rows = [[m.name, str(m.group), str(m.frac_bits), m.accum_format.name, m.rounding,
-             m.instruction] for m in TENSOR_CORES.values()]
+    header = ["preset", "group", "frac bits", "result", "rounding", "structure", "source",
+              "instruction"]
+    rows = []
+    for m in TENSOR_CORES.values():
+        source = re.search(r"simulator/(\w+\.py)", m.source)
+        rows.append([m.name, str(m.group), str(m.frac_bits), m.accum_format.name, m.rounding,
+                     m.structure, source.group(1) if source else "-", m.instruction])
     _print_table(header, rows)
-    print("\nNVIDIA: fused dot-add of `group` exact products and C, aligned to the largest "
-          "exponent,\neach cut toward zero to `frac bits`. AMD and block-scaled presets differ; "
-          "fpsim tensor-cores\nNAME shows one preset in full, with its source (MMA-Sim, "
-          "arXiv 2511.10909).")
+    print("\nfused: one fused dot-add of `group` exact products and C, aligned to the largest "
+          "exponent,\neach cut to `frac bits` (NVIDIA: toward zero). fma_tree: products rounded "
+          "and added\npairwise (AMD CDNA1/2). fma: a chain of correctly rounded fused "
+          "multiply-adds (FP64,\nAMD FP32). source: the file of MMA-Sim (arXiv 2511.10909) each "
+          "preset follows;\nfpsim tensor-cores NAME shows one preset in full.")
     return 0
 
 

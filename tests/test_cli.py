@@ -220,9 +220,15 @@ def test_tensor_cores_lists_every_preset_with_its_parameters(capsys):
     table = rows(out)
     assert code == 0 and set(fpsim.arith.TENSOR_CORES) <= set(table)
     assert table["hopper_fp8"][1:5] == ["32", "13", "e8m13", "rtz"]
-    assert table["ampere_fp16_f16"][1:5] == ["8", "24", "fp16", "rne"]
+    assert table["ampere_fp16_f16"][1:7] == ["8", "24", "fp16", "rne", "fused", "nv_ptx.py"]
+    assert table["hopper_fp64"][1:7] == ["1", "52", "fp64", "rne", "fma", "nv_ptx.py"]
+    assert table["cdna3_fp32"][1:7] == ["1", "23", "fp32", "rne", "fma", "amd.py"]
+    assert table["cdna2_bf16_k2"][1:7] == ["2", "23", "fp32", "rne", "fma_tree", "amd.py"]
+    assert table["cdna3_fp16_k4"][1:3] == ["4", "24"]
     code, out, _ = run(capsys, "tensor-cores", "blackwell_tf32")
     assert code == 0 and "tcgen05.mma kind::tf32" in out and "MMA-Sim" in out
+    code, out, _ = run(capsys, "tensor-cores", "cdna2_fp64")
+    assert code == 0 and "v_mfma_f64_16x16x4f64" in out and "amd.py" in out
 
 
 # -- errors and help --------------------------------------------------------------------------

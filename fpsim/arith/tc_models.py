@@ -198,26 +198,21 @@ TENSOR_CORES: dict[str, TensorCoreModel] = {m.name: m for m in [
     _fma("ampere_fp64", "fp64", "mma.m8n8k4.f64.f64.f64.f64 (sm_80; also sm_89, sm_100, "
          "sm_120)", "nv_ptx.py"),
     _fma("hopper_fp64", "fp64", "mma.m16n8k4 / m16n8k8 / m16n8k16 .f64 (sm_90)", "nv_ptx.py"),
-    _fma("cdna1_fp32", "fp32", "v_mfma_f32_32x32x2f32, 16x16x4f32, 4x4x1f32, 32x32x1f32, "
-         "16x16x1f32 (MI100)", "amd.py"),
-    _fma("cdna2_fp32", "fp32", "v_mfma_f32_32x32x2f32, 16x16x4f32, 4x4x1f32, 32x32x1f32, "
-         "16x16x1f32 (MI200)", "amd.py"),
+    _fma("cdna1_fp32", "fp32", "v_mfma_f32_32x32x2f32, 16x16x4f32, 4x4x1f32 (MI100)", "amd.py"),
+    _fma("cdna2_fp32", "fp32", "v_mfma_f32_32x32x2f32, 16x16x4f32, 4x4x1f32 (MI200)", "amd.py"),
     _fma("cdna2_fp64", "fp64", "v_mfma_f64_16x16x4f64, 4x4x4f64 (MI200)", "amd.py"),
-    _fma("cdna3_fp32", "fp32", "v_mfma_f32_32x32x2_f32, 16x16x4_f32, 32x32x1_2b_f32, "
-         "16x16x1_4b_f32, 4x4x1_16b_f32 (MI300)", "amd.py"),
+    _fma("cdna3_fp32", "fp32", "v_mfma_f32_32x32x2_f32, 16x16x4_f32, 4x4x1_16b_f32 (MI300)", "amd.py"),
     _fma("cdna3_fp64", "fp64", "v_mfma_f64_16x16x4_f64, 4x4x4_4b_f64 (MI300)", "amd.py"),
     _cdna12("cdna1_fp16", 4, False, "v_mfma_f32_4x4x4f16, 32x32x4f16 (MI100)"),
     _cdna12("cdna1_bf16", 2, False, "v_mfma_f32_4x4x2bf16, 32x32x2bf16 (MI100)"),
     _cdna12("cdna2_fp16", 4, True, "v_mfma_f32_4x4x4f16, 32x32x4f16 (MI200)"),
     _cdna12("cdna2_bf16", 4, True, "v_mfma_f32_4x4x4bf16_1k, 32x32x4bf16_1k (MI200)"),
-    _cdna12("cdna2_bf16_k2", 2, True, "v_mfma_f32_32x32x4bf16, 32x32x2bf16, 16x16x8bf16, "
-            "16x16x2bf16, 4x4x2bf16 (MI200: CDNA1's encodings, products in pairs)"),
+    _cdna12("cdna2_bf16_k2", 2, True, "v_mfma_f32_32x32x2bf16, 16x16x8bf16, 4x4x2bf16 (MI200, "
+            "CDNA1 encodings)"),
     _cdna3("cdna3_fp16", 8, "v_mfma_f32_16x16x16_f16, 32x32x8_f16 (MI300)"),
     _cdna3("cdna3_bf16", 8, "v_mfma_f32_16x16x16_bf16, 32x32x8_bf16 (MI300)"),
-    _cdna3("cdna3_fp16_k4", 4, "v_mfma_f32_32x32x4_2b_f16, 16x16x4_4b_f16, 4x4x4_16b_f16 "
-           "(MI300)"),
-    _cdna3("cdna3_bf16_k4", 4, "v_mfma_f32_32x32x4_2b_bf16, 16x16x4_4b_bf16, 4x4x4_16b_bf16 "
-           "(MI300)"),
+    _cdna3("cdna3_fp16_k4", 4, "v_mfma_f32_32x32x4_2b_f16, 4x4x4_16b_f16 (MI300)"),
+    _cdna3("cdna3_bf16_k4", 4, "v_mfma_f32_32x32x4_2b_bf16, 4x4x4_16b_bf16 (MI300)"),
     _cdna3("cdna3_xf32", 4, "v_mfma_f32_16x16x8_xf32, 32x32x4_xf32 (MI300)"),
     _cdna3("cdna3_fp8", 16, "v_mfma_f32_16x16x32_fp8/bf8, 32x32x16 (MI300; FNUZ formats)",
            halves=True),
