@@ -27,7 +27,7 @@ import numpy as np
 
 import fpsim
 
-#: preset -> (MMA-Sim architecture, instruction class, qualifier, format of A, format of B)
+#: preset[:variant] -> (MMA-Sim architecture, instruction class, qualifier, format of A, of B)
 INSTRUCTIONS: dict[str, tuple[str, str, str, str, str]] = {
     "volta_fp16": ("Volta", "mma", "m8n8k4.f32.f16.f16.f32", "fp16", "fp16"),
     "volta_fp16_f16": ("Volta", "mma", "m8n8k4.f16.f16.f16.f16", "fp16", "fp16"),
@@ -83,6 +83,10 @@ INSTRUCTIONS: dict[str, tuple[str, str, str, str, str]] = {
     "cdna3_bf16_k4": ("CDNA3", "mfma", "f32_16x16x4_4b_bf16", "bf16", "bf16"),
     "cdna3_xf32": ("CDNA3", "mfma", "f32_16x16x8_xf32", "tf32", "tf32"),
     "cdna3_fp8": ("CDNA3", "mfma", "f32_16x16x32_fp8_bf8", "fp8_e4m3fnuz", "fp8_e5m2fnuz"),
+    # FP32 operands that TF32/XF32 instructions truncate to TF32 (preset:variant entries)
+    "ampere_tf32:fp32": ("Ampere", "mma", "m16n8k8.f32.tf32.tf32.f32", "fp32", "fp32"),
+    "hopper_tf32:fp32": ("Hopper", "wgmma", "m64n8k8.f32.tf32.tf32", "fp32", "fp32"),
+    "cdna3_xf32:fp32": ("CDNA3", "mfma", "f32_16x16x8_xf32", "fp32", "fp32"),
 }
 #: block-scaled entries -> (preset, MMA-Sim architecture, class, qualifier, MX format of A, of
 #: B, block size)
@@ -126,7 +130,7 @@ def case(name: str, rng: np.random.Generator, m: int, k: int,
          mixed: bool) -> dict[str, np.ndarray]:
     """Inputs of one preset's chain: A (ROWS, K), B (K, 8), C (ROWS, 8), K = CHAIN*k or 8."""
     _, _, q, fa, fb = INSTRUCTIONS[name]
-    model = fpsim.arith.TENSOR_CORES[name]
+    model = fpsim.arith.TENSOR_CORES[name.split(":")[0]]
     cfmt = model.c_format.name
     rows, K = min(ROWS, m), max(CHAIN * k, 8)
     a, b = values(fa, (rows, K), rng, mixed), values(fb, (K, 8), rng, mixed)
@@ -302,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
             arrays[f"{name}.{key}"] = np.stack([x[key] for x in cases]).astype(
                 np.float64 if wide else np.float32).view(np.uint64 if wide else np.uint32)
         arrays[f"{name}.d"] = np.stack([run_mmasim(name, x) for x in cases])
-        meta[name] = {"arch": arch, "instruction": f"{cls}.{q}", "inputs": [fa, fb]}
+        meta[name] = {"arch": arch, "instruction": f"{cls}.{q}", "inputs": [fa, fb],
+                      "preset": name.split(":")[0]}
         print(f"{name}: {arch} {cls}.{q}", flush=True)
     for entry, (preset, arch, cls, q, fa, fb, bs) in BLOCK_SCALED.items():
         inst = getattr(nv_ptx, cls)(arch, q)

@@ -115,6 +115,8 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
         ops.a = quantize(ops.a, fa)
     if fb is not None:
         ops.b = quantize(ops.b, fb)
+    if plan.model is not None and plan.model.truncate is not None:   # TF32 reads 19 bits
+        ops.a, ops.b = (quantize(x, plan.model.truncate, rounding="rtz") for x in (ops.a, ops.b))
     init = None if c is None else addend(c, ops, plan.c_format, use_torch)
     emins = tuple((f or g).emin if (f or g) else -1022 for f, g in zip(plan.inputs, ops.formats))
     pa, pb = _profile(ops.a), _profile(ops.b)

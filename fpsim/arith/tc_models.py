@@ -50,6 +50,9 @@ class TensorCoreModel:
     ``flush_subnormals`` (fma_tree): subnormal operands and C become +0 and subnormal partial
     sums ±0 (CDNA2).
     ``instruction`` / ``source``: the PTX instructions modelled and where the figures come from.
+    ``truncate``: a format the operands are cut to, toward zero, inside the unit ("tf32": TF32
+    and XF32 instructions read only the top 19 bits of each FP32 register, MMA-Sim's
+    ``truncate_to_tf32``); None: operands are used as given.
     """
 
     group: int
@@ -68,6 +71,7 @@ class TensorCoreModel:
     halves: bool = False
     structure: str = "fused"
     flush_subnormals: bool = False
+    truncate: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.group, int) or self.group < 1:
@@ -92,6 +96,8 @@ class TensorCoreModel:
                 self.sum_bits is not None and not 0 < self.c_bits <= self.sum_bits <= 40):
             raise ValueError("TensorCoreModel.sum_bits and c_bits go together (AMD CDNA3: 31 "
                              "and 24), with 0 < c_bits <= sum_bits <= 40")
+        if self.truncate is not None:
+            get_format(self.truncate)
         if self.structure not in STRUCTURES:
             raise ValueError(f"TensorCoreModel.structure {self.structure!r}: choose one of "
                              f"{', '.join(STRUCTURES)}")
@@ -122,7 +128,7 @@ def _nv(name: str, group: int, frac_bits: int, instruction: str, accum: str = "f
     rounding = "rne" if accum == "fp16" else "rtz"
     source = MMASIM + (f"; {note}" if note else "")
     return TensorCoreModel(group, frac_bits, accum, rounding, True, name, "rtz", instruction,
-                           source)
+                           source, truncate="tf32" if "tf32" in name else None)
 
 
 def _bs(name: str, group: int, frac_bits: int, scaled: str, instruction: str) -> TensorCoreModel:
@@ -133,7 +139,8 @@ def _bs(name: str, group: int, frac_bits: int, scaled: str, instruction: str) ->
 def _cdna3(name: str, group: int, instruction: str, halves: bool = False) -> TensorCoreModel:
     return TensorCoreModel(group, 24, "fp32", "rne", False, name, "rtz", instruction,
                            "MMA-Sim (arXiv 2511.10909), simulator/amd.py: fused_dot_rd_add",
-                           None, 31, 24, False, halves)
+                           None, 31, 24, False, halves,
+                           truncate="tf32" if "xf32" in name else None)
 
 
 def _cdna12(name: str, group: int, flush: bool, instruction: str) -> TensorCoreModel:
@@ -154,8 +161,9 @@ _F16 = "FP16 result rounded to nearest even after the fused sum"
 
 #: Presets after MMA-Sim, named architecture_inputs[_f16] (``_f16``: FP16 result, else FP32).
 #: ``group`` is the instruction's k, halved where MMA-Sim splits k (Ampere/Ada m16n8k16
-#: FP16/BF16, m16n8k8 TF32, m16n8k32 FP8).  TF32 operands are taken as given: round them with
-#: ``inputs="tf32"`` (nearest) or truncate them yourself (MMA-Sim truncates FP32 to TF32).
+#: FP16/BF16, m16n8k8 TF32, m16n8k32 FP8).  TF32 and XF32 presets truncate FP32 operands to
+#: TF32 (``truncate``), as MMA-Sim does and the hardware reads them; round them first with
+#: ``inputs="tf32"`` (nearest, as cuBLAS converts) to make the truncation a no-op.
 TENSOR_CORES: dict[str, TensorCoreModel] = {m.name: m for m in [
     _nv("volta_fp16", 4, 23, "mma.m8n8k4.f32.f16.f16.f32"),
     _nv("volta_fp16_f16", 4, 23, "mma.m8n8k4.f16.f16.f16.f16", "fp16", _F16),
