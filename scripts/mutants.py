@@ -41,6 +41,7 @@ MX = ["tests/test_mx.py"]
 PACKING = ["tests/test_packing.py", "tests/test_mx.py"]
 SCALING = ["tests/test_scaling.py"]
 TENSOR_CORE = ["tests/test_arith_tensor_core.py"]
+FMA = ["tests/test_fma.py"]
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,27 @@ MUTANTS = [
            'total = quantize(p * up, self.trunc, rounding=cut, backend=back).sum(0)',
            'total = quantize(p * up, self.trunc, rounding="rne", backend=back).sum(0)',
            TENSOR_CORE),
+    Mutant("tensor-core-chain-order", "instructions (and FP64 fmas) run from the last K group "
+           "to the first", "for g0 in range(0, K, step.model.group):",
+           "for g0 in reversed(range(0, K, step.model.group)):", TENSOR_CORE),
+    Mutant("fma-unfused", "the FP64 fma chain rounds each product before adding it",
+           "new = fma(a[k], b[k], acc) if self.unaligned is None else self.unaligned(acc, p[k])",
+           "new = p[k] + acc if self.unaligned is None else self.unaligned(acc, p[k])",
+           TENSOR_CORE),
+    Mutant("tf32-truncation", "TF32 presets round FP32 operands to nearest instead of truncating",
+           "ops.a, ops.b = (quantize(x, plan.model.truncate, rounding=\"rtz\") for x in (ops.a, "
+           "ops.b))",
+           "ops.a, ops.b = (quantize(x, plan.model.truncate, rounding=\"rne\") for x in (ops.a, "
+           "ops.b))", TENSOR_CORE),
+    # the FP64 fused multiply-add
+    Mutant("fma-ties", "the FP64 fma rounds ties away from zero, not to even",
+           "m = m + (rbit & ((sticky | ((m & _U(1)) == 1)).astype(_U)))", "m = m + rbit", FMA),
+    Mutant("fma-sticky", "the FP64 fma forgets the bits shifted out of its window",
+           "sticky = (below & (k > 0)) | lost", "sticky = below & (k > 0)", FMA),
+    Mutant("fma-borrow", "subtracting a term with lost bits takes no extra unit off",
+           "dl, dh = dl - small_lost, dh - borrow", "dl, dh = dl, dh", FMA),
+    Mutant("fma-window", "the FP64 fma's window is 30 bits narrower (cancellation loses bits)",
+           "low = np.maximum(tp, tc) - WINDOW", "low = np.maximum(tp, tc) - WINDOW + 30", FMA),
     # MX, NVFP4, packing, scaling
     Mutant("mx-floor-scale", "the OCP floor rule takes one binade too many",
            "s = e - spec.emax", "s = e - spec.emax + 1", MX),

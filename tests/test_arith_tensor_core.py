@@ -279,3 +279,18 @@ def test_fp64_presets_need_numpy_and_no_chunk():
     with pytest.raises(ValueError, match="FP64 already"):
         fpsim.matmul(np.ones((2, 8)), np.ones((8, 2)), order="tensor_core",
                      tensor_core="ampere_fp64", chunk=4)
+
+
+@pytest.mark.parametrize("preset", ["ampere_tf32", "hopper_tf32", "cdna3_xf32"])
+def test_tf32_presets_truncate_fp32_operands(preset):
+    """TF32/XF32 instructions read the top 19 bits of each FP32 operand (MMA-Sim's
+    truncate_to_tf32): raw FP32 operands give the result of their bit-truncated copies,
+    which differs from rounding them to nearest first."""
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((4, 16)).astype(np.float32)
+    b = rng.standard_normal((16, 3)).astype(np.float32)
+    cut = [(x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32) for x in (a, b)]
+    options = dict(order="tensor_core", tensor_core=preset)
+    got = fpsim.matmul(a, b, **options)
+    assert same_bits(got, fpsim.matmul(*cut, **options))
+    assert not same_bits(got, fpsim.matmul(a, b, inputs="tf32", **options))

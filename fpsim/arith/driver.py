@@ -92,7 +92,8 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     :class:`MatmulStats`.  Exactly zero sums follow IEEE 754 §6.3: +0 (-0 when both addends
     are -0), except with ``rounding="rdown"``, where they are -0 (+0 when both addends are +0).
     With ``order="tensor_core"`` zeros are +0 (any rounding) and NaN is NVIDIA's 0x7FFFFFFF,
-    as MMA-Sim has them.
+    as MMA-Sim has them; the FMA-chain presets (FP64 DMMA/MFMA, AMD FP32 MFMA) follow IEEE
+    754's fma instead (-0·x + -0 is -0; NumPy's NaN), and FP64 ones run on NumPy only.
     """
     keyword = "backend"
     if engine is not None:

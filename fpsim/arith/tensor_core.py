@@ -25,7 +25,10 @@ is checked bit for bit against MMA-Sim's outputs (``tests/test_tensor_core_fixtu
 
 The AMD models (CDNA1/2 FMA trees, CDNA3 fused sums cut toward -inf) and the block-scaled
 Blackwell instructions are variants of the same step, described by the fields of
-:class:`TensorCoreModel` (``fpsim tensor-cores NAME`` prints them).
+:class:`TensorCoreModel` (``fpsim tensor-cores NAME`` prints them).  FP64 instructions (NVIDIA
+DMMA, AMD FP64 MFMA) and AMD's FP32 MFMA are chains of correctly rounded fused multiply-adds
+(``structure="fma"``; FP64 through :func:`fpsim.arith.fma.fma`, NumPy only).  TF32 and XF32
+presets truncate FP32 operands to TF32 first, as MMA-Sim does (``truncate``).
 
 DeepSeek-V3 (arXiv 2412.19437, §3.3.2) measured the same effect on H800: FP8 GEMM accumulation
 retains about 14 bits, giving a maximum relative error of nearly 2% at K = 4096; their fix is
