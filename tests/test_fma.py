@@ -114,6 +114,25 @@ def test_ties():
     assert check(np.r_[a, a2], np.r_[b, b2], np.r_[c, c2]) == n + m
 
 
+def test_ties_decided_by_far_terms():
+    """a·b exactly halfway between two doubles (odd 54-bit products) plus a c of either sign
+    60 to 400 binades below: c lies outside the integer window, and only its sticky bit,
+    taken off or added, breaks the tie (to even it would go without c)."""
+    rng = np.random.default_rng(7)
+    n = 3000
+    A, B = odd(rng, 4 * n, 28), odd(rng, 4 * n, 27)
+    keep = A * B < 2.0**54                                  # exactly 54 bits: a tie
+    A, B = A[keep][:n], B[keep][:n]
+    x, y = rng.integers(-300, 300, n), rng.integers(-300, 300, n)
+    a, b = np.ldexp(A, x) * signed(rng, n), np.ldexp(B, y) * signed(rng, n)
+    c = np.ldexp(rng.uniform(1, 2, n), x + y + 54 - rng.integers(60, 400, n)) * signed(rng, n)
+    assert check(a, b, c) == n
+    even = 2.0**53 + 2.0**27 + 2.0**26                      # the product is even + 1: a tie
+    assert fma(2.0**27 + 1, 2.0**26 + 1, 0.0) == even
+    assert fma(2.0**27 + 1, 2.0**26 + 1, 2.0**-200) == even + 2
+    assert fma(2.0**27 + 1, 2.0**26 + 1, -2.0**-200) == even
+
+
 def test_subnormal_results_and_operands():
     rng = np.random.default_rng(5)
     n = 3000
