@@ -65,7 +65,8 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     (nearest even, like ``fpsim.quantize``: overflow gives inf, or NaN in E4M3FN, without
     saturation; pre-scale or saturate operands yourself for torch's saturating FP8 cast); None
     takes them as given.  With ``order="tensor_core"`` operand exponents are clamped at the
-    least normal exponent of ``inputs`` (or of the array's dtype when ``inputs`` is None).
+    least normal exponent of ``inputs`` (or of the array's dtype when ``inputs`` is None), and
+    TF32/XF32 presets then truncate the operands to TF32, as the hardware reads FP32 registers.
     ``product``: "exact" (as tensor cores and FMA form them), a format each product is rounded
     to with ``rounding`` before it is added, or "fp64" (a float64 multiply).
     ``accum``: accumulator format; every addition is rounded to it once with ``rounding``

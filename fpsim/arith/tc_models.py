@@ -52,7 +52,8 @@ class TensorCoreModel:
     ``instruction`` / ``source``: the PTX instructions modelled and where the figures come from.
     ``truncate``: a format the operands are cut to, toward zero, inside the unit ("tf32": TF32
     and XF32 instructions read only the top 19 bits of each FP32 register, MMA-Sim's
-    ``truncate_to_tf32``); None: operands are used as given.
+    ``truncate_to_tf32``; a NaN stays NaN, where MMA-Sim's bit truncation makes a NaN whose
+    payload lies in the low 13 bits inf); None: operands are used as given.
     """
 
     group: int
