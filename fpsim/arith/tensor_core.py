@@ -206,7 +206,6 @@ class GroupStep:
         new = rounded(acc + group)
         return new, counted(lanes, acc, group, new, st)
 
-
     def _fma_step(self, acc: Any, a: Any, b: Any, ea: Any, eb: Any,
                   st: Stats) -> tuple[Any, Stats]:
         """FP64/FP32 instructions (MMA-Sim's ``fma`` chains): D = fma(a_k, b_k, D) for each k in
