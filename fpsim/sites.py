@@ -194,13 +194,15 @@ def _operands(
 def _emulated_matmul(a: Tensor, b: Tensor, recipe: Recipe, events: dict | None) -> Tensor:
     """``a @ b`` (matmul broadcasting) with the accumulator emulated by :func:`fpsim.matmul`.
 
-    Products are exact; fills ``events["accum"]`` with the accumulator's overflow, largest
+    Products are exact (float64 operands: a float64 multiply, as the FP64 hardware rounds
+    it); fills ``events["accum"]`` with the accumulator's overflow, largest
     partial sum and swamped additions when ``events`` is given.
     """
     y = emulated_matmul(
         a,
         b,
         accum=recipe.accum,
+        product="fp64" if a.dtype == torch.float64 else "exact",
         order=recipe.order or "sequential",
         chunk=recipe.chunk,
         rounding=recipe.rounding,
