@@ -24,6 +24,7 @@ from torch import Tensor
 
 from . import recipes
 from .gpt2.model import GPT2
+from .gpt2.ops import forward
 from .recipes import FP32, Recipe
 
 EVENTS = ("elements", "overflow", "saturated", "flushed")
@@ -87,7 +88,7 @@ def logits(model: GPT2, wins: Tensor, ops: object = None, batch_size: int = 8) -
     ``ops`` defaults to the deterministic FP32 reference (:class:`RecipeOps` of FP32).
     """
     ops = RecipeOps(FP32) if ops is None else ops
-    return [model(chunk[:, :-1], ops=ops) for chunk in wins.split(batch_size)]
+    return [forward(model, chunk[:, :-1], ops) for chunk in wins.split(batch_size)]
 
 
 def _per_window(z: Tensor, r: Tensor, target: Tensor) -> dict[str, Tensor]:
@@ -106,7 +107,7 @@ def compare(model: GPT2, wins: Tensor, ref: list[Tensor], ops: object = None,
             batch_size: int = 8) -> dict:
     """Loss, perplexity, KL from the reference logits ``ref`` and top-1 agreement under ``ops``
     (:func:`compare_logits` of ``model``'s logits on each batch)."""
-    outputs = (model(chunk[:, :-1], ops=ops) for chunk in wins.split(batch_size))
+    outputs = (forward(model, chunk[:, :-1], ops) for chunk in wins.split(batch_size))
     return compare_logits(wins, ref, outputs, batch_size)
 
 

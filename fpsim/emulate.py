@@ -2,8 +2,9 @@
 
 Inside ``with fpsim.emulate(recipe) as em:`` every matrix-multiply-like op a model calls
 (``F.linear``, ``addmm``, ``matmul``/``@``, ``mm``, ``bmm``, ``baddbmm``, two-operand
-``einsum`` that is a batched product, the Q.K^T and P.V of ``scaled_dot_product_attention``,
-and the statistics of ``layer_norm``, ``rms_norm`` and of ``x.pow(2).mean(-1)`` as HF's
+``einsum`` that is a batched product, the Q.K^T and P.V of ``scaled_dot_product_attention``
+(its softmax, like any softmax over the last axis where attention is emulated, in FP64 rounded
+once), and the statistics of ``layer_norm``, ``rms_norm`` and of ``x.pow(2).mean(-1)`` as HF's
 RMSNorm writes it) is computed by :mod:`fpsim.sites` under the recipe that :class:`Rules`
 selects for it: operands rounded to the recipe's formats, summed in its accumulator and order
 (:func:`fpsim.matmul`), the result written in its output format.  Each op is a *site* named

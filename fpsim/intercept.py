@@ -45,6 +45,7 @@ class Interceptor(TorchFunctionMode):
             torch.baddbmm: self.baddbmm, Tensor.baddbmm: self.baddbmm,
             torch.einsum: self.einsum,
             F.scaled_dot_product_attention: self.attention,
+            torch.softmax: self.softmax, Tensor.softmax: self.softmax, F.softmax: self.softmax,
             F.layer_norm: self.layer_norm,
             F.rms_norm: self.rms_norm,
             Tensor.pow: self.pow, torch.pow: self.pow, Tensor.__pow__: self.pow,
@@ -211,6 +212,15 @@ class Interceptor(TorchFunctionMode):
         if dropout_p > 0:
             probs = F.dropout(probs, dropout_p)
         return self.product("attention", "pv", probs, value, None, lambda: probs @ value)
+
+    def softmax(self, native: Native, input: Tensor, dim: int | None = None, *args: Any,
+                **kwargs: Any) -> Any:
+        """A softmax over the last axis where attention is emulated: in FP64, rounded once
+        (:func:`fpsim.sites.softmax`, the same on any machine)."""
+        if dim not in (-1, input.dim() - 1) or args or kwargs.get("dtype") is not None \
+                or not _floating(input) or self.left_to_torch("attention"):
+            return NotImplemented
+        return sites.softmax(input)
 
     # ---------------------------------------------------------------------------------------
     # Norm statistics
