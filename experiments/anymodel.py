@@ -1,4 +1,5 @@
-"""Experiment ``any-model``: FP8 and BF16 recipes on any Hugging Face causal LM, through fpsim.emulate.
+"""Experiment ``any-model``: FP8 and BF16 recipes on any Hugging Face causal LM, through
+fpsim.emulate.
 
 Loads a local Hugging Face causal-LM directory (``config.json``, weights, and ``tokenizer.json``
 unless the vocabulary is the 256 bytes) with ``transformers``; nothing is downloaded.  The

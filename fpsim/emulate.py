@@ -8,9 +8,9 @@ once), and the statistics of ``layer_norm``, ``rms_norm`` and of ``x.pow(2).mean
 RMSNorm writes it) is computed by :mod:`fpsim.sites` under the recipe that :class:`Rules`
 selects for it: operands rounded to the recipe's formats, summed in its accumulator and order
 (:func:`fpsim.matmul`), the result written in its output format.  Each op is a *site* named
-``"<module path>:<op>"`` (``"transformer.h.0.attn.c_attn:addmm"``, ``"model.layers.1.self_attn:qk"``);
-the module path comes from forward pre-hooks on every module, and a module that calls the same
-op again in one forward pass gets ``#2``, ``#3``...  With ``capture=True`` the context also
+``"<module path>:<op>"`` (``"transformer.h.0.attn.c_attn:addmm"``,
+``"model.layers.1.self_attn:qk"``); the module path comes from forward pre-hooks on every
+module, and a module that calls the same op again in one forward pass gets ``#2``, ``#3``...  With ``capture=True`` the context also
 keeps per-site statistics (:class:`SiteStats`: operand amax, overflowed / saturated / flushed
 operand elements, SNR of the result against FP64 arithmetic on the same operands, swamped
 additions of an emulated accumulator) in ``em.sites``; ``em.table()`` lists them.

@@ -48,7 +48,8 @@ def test_any_model_runs_a_llama_directory(llama_dir: Path, tmp_path: Path) -> No
     for run in data["runs"]:
         assert math.isfinite(run["e2e"]["kl"]) and run["e2e"]["kl"] > 0
         sites = {s["site"]: s for s in run["sites"]}
-        assert {"model.layers.1.self_attn:qk", "model.norm:rms_norm", "lm_head:linear"} <= set(sites)
+        assert {"model.layers.1.self_attn:qk", "model.norm:rms_norm",
+                "lm_head:linear"} <= set(sites)
         assert all(s["calls"] == 1 for s in run["sites"])
     linear_only = {s["site"]: s["recipe"] for s in data["runs"][0]["sites"]}
     assert linear_only["model.layers.0.mlp.up_proj:linear"] == "E4M3 per-tensor"

@@ -249,3 +249,26 @@ def test_experiments_share_the_library_recipe():
 
     assert recipes.Recipe is fpsim.Recipe and recipes.FP32 is FP32
     assert recipes.linear is sites.linear and recipes.layernorm is sites.layernorm
+
+
+def test_norm_functions_and_their_statistics():
+    """F.rms_norm and F.layer_norm (with and without affine parameters) under the FP64 recipe
+    are torch's own in FP64; under FP16 sums their statistic swamps like any dot product."""
+    F = torch.nn.functional
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 64, generator=g, dtype=torch.float64)
+    w = torch.randn(64, generator=g, dtype=torch.float64)
+    with fpsim.emulate(FP64, capture=True) as em:
+        rms = F.rms_norm(x, (64,), w, eps=1e-6)
+        ln = F.layer_norm(x, (64,))
+    assert torch.allclose(rms, F.rms_norm(x, (64,), w, eps=1e-6), rtol=1e-14, atol=0)
+    assert torch.allclose(ln, F.layer_norm(x, (64,)), rtol=1e-13, atol=1e-15)
+    assert list(em.sites) == [":rms_norm", ":layer_norm"]
+    assert {s.kind for s in em.sites.values()} == {"norm"}
+    big = torch.full((1, 1025), 1.0)
+    big[0, 0] = 64.0                                    # 64^2 = 4096: then 1024 additions of 1
+    fp16 = Recipe("fp16 sums", accum="fp16", order="sequential")
+    with fpsim.emulate(fp16, capture=True) as em:
+        y = F.rms_norm(big, (1025,), eps=0.0)
+    assert em.sites[":rms_norm"].swamped == 1024       # ulp of 4096 in FP16 is 4
+    assert torch.equal(y, big * torch.rsqrt(torch.tensor(4096.0 / 1025)))

@@ -2,8 +2,8 @@
 
 ``tests/data/gpt2_emulation_before.json`` holds, for a few quick recipes on the embedded tiny
 GPT-2, the SHA-256 of the logits' bytes and the comparison metrics, recorded with the code of
-``main`` before the experiments' arithmetic moved onto :func:`fpsim.emulate`.  Regenerate only on purpose:
-``PYTHONPATH=. python tests/test_gpt2_emulation.py``.
+``main`` before the experiments' arithmetic moved onto :func:`fpsim.emulate`.  Regenerate
+only on purpose: ``PYTHONPATH=. python tests/test_gpt2_emulation.py``.
 """
 
 from __future__ import annotations
