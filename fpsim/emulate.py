@@ -45,8 +45,9 @@ class Emulation:
             raise RuntimeError("this fpsim.emulate context is already active; make a new one")
         from .intercept import Interceptor   # imports torch
 
-        self._state = Interceptor(self)
-        self._state.start()
+        state = Interceptor(self)
+        state.start()
+        self._state = state
         return self
 
     def __exit__(self, *exc: Any) -> None:

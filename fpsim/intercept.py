@@ -26,6 +26,8 @@ class Interceptor(TorchFunctionMode):
     """Computes the sites of whatever runs while it is active under ``em.rules`` (``em``: the
     :class:`fpsim.emulate.Emulation`, whose ``sites`` it fills when ``em.capture``)."""
 
+    active = False                                # an interceptor is running (they do not nest)
+
     def __init__(self, em: Any) -> None:
         super().__init__()
         self.em = em
@@ -56,6 +58,12 @@ class Interceptor(TorchFunctionMode):
     # Activation and module paths
     # ---------------------------------------------------------------------------------------
     def start(self) -> None:
+        """Register the module hooks and enter the mode (one interceptor at a time: a nested
+        one would see the outer one's own arithmetic as the model's)."""
+        if Interceptor.active:
+            raise RuntimeError("an fpsim.emulate context is already active; they do not nest: "
+                               "leave it first, or give one context Rules for every site")
+        Interceptor.active = True
         self.hooks = [nn_module.register_module_forward_pre_hook(self.enter_module),
                       nn_module.register_module_forward_hook(self.leave_module, always_call=True)]
         self.__enter__()
@@ -64,6 +72,7 @@ class Interceptor(TorchFunctionMode):
         self.__exit__(None, None, None)
         for h in self.hooks:
             h.remove()
+        Interceptor.active = False
 
     def enter_module(self, module: torch.nn.Module, args: Any) -> None:
         if not self.stack:                        # an outermost call: a new forward pass

@@ -272,3 +272,18 @@ def test_norm_functions_and_their_statistics():
         y = F.rms_norm(big, (1025,), eps=0.0)
     assert em.sites[":rms_norm"].swamped == 1024       # ulp of 4096 in FP16 is 4
     assert torch.equal(y, big * torch.rsqrt(torch.tensor(4096.0 / 1025)))
+
+
+def test_contexts_do_not_nest_and_end_cleanly():
+    layer, x = adversarial_layer()
+    with fpsim.emulate(FP32):
+        with pytest.raises(RuntimeError, match="do not nest"):
+            with fpsim.emulate(FP64):
+                pass
+    with pytest.raises(ZeroDivisionError):
+        with fpsim.emulate(FP32):
+            1 / 0
+    with torch.no_grad():
+        assert layer(x).item() == 3048.0                  # torch again, nothing left registered
+        with fpsim.emulate(Recipe("fp16", accum="fp16", order="sequential")):
+            assert layer(x).item() == 2048.0
