@@ -31,7 +31,7 @@ class Interceptor(TorchFunctionMode):
     def __init__(self, em: Any) -> None:
         super().__init__()
         self.em = em
-        self.cache: dict = {}                     # quantized weights (sites.linear's cache)
+        self.cache: dict = {}                     # quantized parameters (sites.linear's cache)
         self.stack: list[str] = []                # module paths of the forward calls under way
         self.names: dict[int, str] = {}           # id(module) -> path from the outermost module
         self.counts: dict[str, int] = {}          # calls per site name in this forward pass
@@ -124,8 +124,9 @@ class Interceptor(TorchFunctionMode):
             y = native()
         elif bias is None and kind != "linear":
             y = sites.matmul(recipe, a, b, events)
-        else:
-            y = sites.linear(recipe, a, b, bias, events, self.cache)
+        else:                                      # only parameters live long enough to cache
+            cache = self.cache if _parameter(b) else None
+            y = sites.linear(recipe, a, b, bias, events, cache)
         if events is not None:
             ref = sites.linear(FP64, a.double(), b.double(),
                                None if bias is None else bias.double())
@@ -336,6 +337,11 @@ class Interceptor(TorchFunctionMode):
 
 def _sum_squares(recipe: Recipe, x: Tensor, events: dict | None = None) -> Tensor:
     return sites.sum_squares(recipe, x, events)
+
+
+def _parameter(t: Tensor) -> bool:
+    """True for an ``nn.Parameter`` or a view of one (``weight.t()``)."""
+    return isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)
 
 
 def _floating(*ts: Any) -> bool:

@@ -287,3 +287,14 @@ def test_contexts_do_not_nest_and_end_cleanly():
         assert layer(x).item() == 3048.0                  # torch again, nothing left registered
         with fpsim.emulate(Recipe("fp16", accum="fp16", order="sequential")):
             assert layer(x).item() == 2048.0
+
+
+def test_only_parameters_are_cached():
+    """A right operand that is not a parameter is quantized at every call, even when its
+    address, shape and version stay the same (``.data`` writes do not bump the version)."""
+    rec = Recipe("e4m3", "e4m3", scaling="tensor")
+    x, w = torch.ones(2, 8), torch.ones(8, 8)
+    with fpsim.emulate(rec):
+        for scale in (1.0, 2.0, 3.0):
+            w.data.fill_(scale)
+            assert torch.equal(torch.addmm(torch.zeros(8), x, w), torch.full((2, 8), 8 * scale))
