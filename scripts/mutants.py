@@ -96,10 +96,12 @@ MUTANTS = [
     Mutant("fn-nan-code", "fn formats (E4M3FN) lose their NaN code to a finite value",
            "return all_ones - 1 - self.inf", "return all_ones - self.inf", CORE),
     # lookup tables and integer inputs
-    Mutant("table-sticky", "the lookup table forgets the sticky bit (one-chunk arrays)",
-           "idx = (u >> shift) | ((u & below) != 0)", "idx = (u >> shift)", CORE),
-    Mutant("table-sticky-chunked", "the lookup table forgets the sticky bit (long arrays)",
-           "np.minimum(st, 1, out=st)", "np.minimum(st, 0, out=st)", CORE),
+    Mutant("table-sticky", "the lookup table forgets the sticky bit",
+           "idx += below", "idx &= 0", CORE),
+    Mutant("table-sticky-chunked", "long arrays index the table without the sticky bit",
+           "table.take(index(part, idx[:part.size]), out=out[lo:lo + part.size])",
+           "table.take(np.right_shift(part, shift, out=idx[:part.size]), "
+           "out=out[lo:lo + part.size])", CORE),
     Mutant("float64-round-to-odd", "float64 inputs reach float32 by nearest, not rounded to odd",
            "fix = (back != x) & ((u & 1) == 0) & (x == x)",
            "fix = (back != x) & ((u & 1) == 0) & (x == x) & False", CORE),
