@@ -180,8 +180,9 @@ def _numpy_plan(fmt: Format, rounding: str, saturate: bool, subnormals: bool, wa
         return cast
     low = _table_low_bits(fmt, rounding, src)
     if wide and not low and _via_float32(fmt):
+        near = rounding in ("rne", "rna") and not saturate and fmt.zero and not fmt.is_int
         return _through_float32(_numpy_plan(fmt, rounding, saturate, subnormals, want, False),
-                                want)
+                                want, _midpoint_test(fmt) if near else None)
     if low:
         return _table_plan(_lookup_table(fmt, rounding, saturate, subnormals, want, low, src),
                            low, src)
@@ -261,25 +262,66 @@ def _convert_first(plan: Callable, dtype: Any, want: str) -> Callable:
     return run
 
 
-def _through_float32(plan32: Callable, want: str) -> Callable:
+def _through_float32(plan32: Callable, want: str,
+                     midpoints: Callable[[np.ndarray], np.ndarray] | None = None) -> Callable:
     """float64 input to a format that float32 holds with two bits to spare: round to odd into
     float32 first (exact, cheap), then the float32 plan.  Rounding to odd at 24 bits and then
     to at most 22 bits in any deterministic mode equals rounding once (Boldo & Melquiond): the
     odd result lies strictly inside the same interval between the target's values and midpoints
-    as the input (every one of them is even in float32)."""
+    as the input (every one of them is even in float32).
+
+    With ``midpoints`` (nearest modes without saturation) NumPy's nearest cast comes first and
+    only the elements it put on a target midpoint (``midpoints`` of their float32 bits) are
+    rounded to odd: the nearest cast never crosses a midpoint, a value or the overflow
+    threshold (all lie on float32's grid), so elsewhere the target rounding sees the same side
+    of every one of them as the input; beyond float32's range it gives inf, as the target does."""
     def run(flat: np.ndarray, out: np.ndarray) -> None:
         buf = np.empty(min(flat.size, CHUNK), np.float32)
         res = out if want != "value" else np.empty(min(flat.size, CHUNK), np.float32)
         for lo in range(0, flat.size, CHUNK):
             part = flat[lo:lo + CHUNK]
             n = part.size
-            f = _round_to_odd_float32(part, buf[:n])
+            if midpoints is None:
+                f = _round_to_odd_float32(part, buf[:n])
+            else:
+                f = _nearest_float32(part, buf[:n], midpoints)
             if want == "value":
                 plan32(f, res[:n])
                 out[lo:lo + n] = res[:n]
             else:
                 plan32(f, out[lo:lo + n])
     return run
+
+
+def _nearest_float32(x: np.ndarray, f: np.ndarray,
+                     midpoints: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """``x`` (float64) cast to nearest into float32 ``f``, then rounded to odd wherever the cast
+    landed on a target midpoint (see ``_through_float32``)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.copyto(f, x, casting="unsafe")
+    hit = np.flatnonzero(midpoints(f.view(np.uint32)))
+    if hit.size:
+        f[hit] = _round_to_odd_float32(x[hit], np.empty(hit.size, np.float32))
+    return f
+
+
+@functools.lru_cache(maxsize=64)
+def _midpoint_test(fmt: Format) -> Callable[[np.ndarray], np.ndarray]:
+    """Which float32 bit patterns may be midpoints between two values of ``fmt``: those whose
+    ``23 - mbits`` dropped bits are exactly one half, and every magnitude below the target's
+    least normal when its subnormal grid is not float32's with the same bits dropped."""
+    drop = F32.mbits - fmt.mbits
+    low = np.array((1 << drop) - 1, np.uint32)
+    half = np.array(1 << (drop - 1), np.uint32)
+    floor = np.array((fmt.emin + F32.bias) << F32.mbits, np.uint32)
+    mag = np.array(0x7FFFFFFF, np.uint32)
+
+    def test(u: np.ndarray) -> np.ndarray:
+        hit = (u & low) == half
+        if fmt.emin > F32.emin:
+            hit |= (u & mag) < floor
+        return hit
+    return test
 
 
 def _via_float32(fmt: Format) -> bool:
