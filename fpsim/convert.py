@@ -315,10 +315,11 @@ def _midpoint_test(fmt: Format) -> Callable[[np.ndarray], np.ndarray]:
     half = np.array(1 << (drop - 1), np.uint32)
     floor = np.array((fmt.emin + F32.bias) << F32.mbits, np.uint32)
     mag = np.array(0x7FFFFFFF, np.uint32)
+    other_subnormals = fmt.emin > F32.emin
 
     def test(u: np.ndarray) -> np.ndarray:
         hit = (u & low) == half
-        if fmt.emin > F32.emin:
+        if other_subnormals:
             hit |= (u & mag) < floor
         return hit
     return test
