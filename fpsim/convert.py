@@ -200,8 +200,8 @@ def _table_plan(table: np.ndarray, low: int, src: Source) -> Callable:
     shift = np.array(low - 1, utype)
     below = np.array((1 << (low - 1)) - 1, utype)
 
-    def index(u: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        np.bitwise_and(u, below, out=idx)
+    def index(u: np.ndarray, idx: np.ndarray | None) -> np.ndarray:
+        idx = np.bitwise_and(u, below, out=idx)         # None: a new array
         idx += below
         idx |= u
         idx >>= shift
@@ -210,7 +210,7 @@ def _table_plan(table: np.ndarray, low: int, src: Source) -> Callable:
     def lookup(flat: np.ndarray, out: np.ndarray) -> None:
         u = flat.view(utype)
         if u.size <= CHUNK:
-            table.take(index(u, np.empty(u.size, utype)), out=out)  # the method: no wrapper
+            table.take(index(u, None), out=out)     # the method: no wrapper cost
             return
         idx = np.empty(CHUNK, utype)
         for lo in range(0, u.size, CHUNK):
