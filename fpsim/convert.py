@@ -210,12 +210,12 @@ def _table_plan(table: np.ndarray, low: int, src: Source) -> Callable:
     def lookup(flat: np.ndarray, out: np.ndarray) -> None:
         u = flat.view(utype)
         if u.size <= CHUNK:
-            table.take(index(u, None), out=out)     # the method: no wrapper cost
+            table.take(index(u, None), out=out, mode="wrap")  # "raise" buffers out
             return
         idx = np.empty(CHUNK, utype)
         for lo in range(0, u.size, CHUNK):
             part = u[lo:lo + CHUNK]
-            table.take(index(part, idx[:part.size]), out=out[lo:lo + part.size])
+            table.take(index(part, idx[:part.size]), out=out[lo:lo + part.size], mode="wrap")
     return lookup
 
 

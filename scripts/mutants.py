@@ -99,9 +99,9 @@ MUTANTS = [
     Mutant("table-sticky", "the lookup table forgets the sticky bit",
            "idx += below", "idx &= 0", CORE),
     Mutant("table-sticky-chunked", "long arrays index the table without the sticky bit",
-           "table.take(index(part, idx[:part.size]), out=out[lo:lo + part.size])",
+           'table.take(index(part, idx[:part.size]), out=out[lo:lo + part.size], mode="wrap")',
            "table.take(np.right_shift(part, shift, out=idx[:part.size]), "
-           "out=out[lo:lo + part.size])", CORE),
+           'out=out[lo:lo + part.size], mode="wrap")', CORE),
     Mutant("float64-round-to-odd", "float64 inputs reach float32 by nearest, not rounded to odd",
            "fix = (back != x) & ((u & 1) == 0) & (x == x)",
            "fix = (back != x) & ((u & 1) == 0) & (x == x) & False", CORE),
