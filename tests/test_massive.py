@@ -1,0 +1,53 @@
+"""The synthetic massive-activation checkpoint: it loads, carries its massive values where its
+build log says, and is labelled synthetic everywhere a reader meets it."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from experiments.context import DEFAULT_MODEL, synthetic_note  # noqa: E402
+from experiments.gpt2.checkpoint import load_gpt2  # noqa: E402
+from experiments.gpt2.data import heldout_bytes, windows  # noqa: E402
+from experiments.gpt2.massive import DEFAULT_OUT, residuals  # noqa: E402
+from experiments.report import page  # noqa: E402
+
+MASSIVE = DEFAULT_OUT
+LOG = json.loads((MASSIVE / "build_log.json").read_text())
+
+
+def _first_tokens() -> torch.Tensor:
+    return windows(heldout_bytes(), 64, 4)[:, :-1]
+
+
+def test_checkpoint_is_small_and_labelled_synthetic():
+    assert (MASSIVE / "model.safetensors").stat().st_size <= 15 * 2**20
+    assert "synthetic" in (MASSIVE / "README.md").read_text().lower()
+    note = synthetic_note(MASSIVE)
+    assert note is not None and "SYNTHETIC" in note
+    assert synthetic_note(Path(DEFAULT_MODEL)) is None          # the trained model is not
+
+
+@pytest.mark.parametrize("model_dir, massive", [(MASSIVE, True), (DEFAULT_MODEL, False)])
+def test_first_token_residual_is_massive_in_the_named_channels(model_dir, massive):
+    model = load_gpt2(model_dir)
+    channels = LOG["channels"]
+    assert 1 <= len(channels) <= 3
+    for name, x in residuals(model, _first_tokens()).items():
+        first = x[:, 0, channels].abs()
+        elsewhere = x[:, 1:].abs().max()
+        if massive:      # every LayerNorm input, every window: > 500, while the rest stays small
+            assert first.min() > 500 and elsewhere < 100, name
+        else:            # the tiny model it was made from has nothing of the kind
+            assert first.max() < 100, name
+
+
+def test_reports_name_the_model_synthetic():
+    meta = {"model": "experiments/gpt2/massive_synthetic [SYNTHETIC]",
+            "synthetic": synthetic_note(MASSIVE)}
+    text = page("Title", meta, "intro", ["a conclusion"], [])
+    assert text.startswith("# Title (experiments/gpt2/massive_synthetic [SYNTHETIC])")
+    assert "**Synthetic model:** SYNTHETIC stress variant" in text
+    assert "Synthetic model" not in page("Title", {"model": "tiny"}, "intro", [], [])
