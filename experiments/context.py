@@ -21,9 +21,8 @@ from torch import Tensor
 
 from . import bootstrap, endtoend, replay
 from .capture import Site, capture
-from .gpt2.checkpoint import load_gpt2, resolve_checkpoint
+from .gpt2.checkpoint import SYNTHETIC_KEY, load_gpt2, resolve_checkpoint
 from .gpt2.data import heldout_bytes, heldout_text, windows
-from .gpt2.massive import SYNTHETIC_KEY
 from .gpt2.model import GPT2, site_order
 from .gpt2.tokenizer import load_bpe
 from .recipes import FP32, FP64, Recipe
@@ -67,7 +66,7 @@ def display_name(model: str | Path) -> str:
 
 def synthetic_note(checkpoint: Path) -> str | None:
     """The description a synthetic checkpoint carries in ``config.json`` (key
-    ``fpsim_synthetic``, written by :mod:`experiments.gpt2.massive`), else None: reports print
+    ``fpsim_synthetic``, e.g. written by :mod:`experiments.gpt2.massive`), else None: reports print
     it so that numbers from a stress model are never read as a trained model's."""
     note = json.loads((checkpoint / "config.json").read_text()).get(SYNTHETIC_KEY)
     return str(note) if note else None

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 from experiments.context import DEFAULT_MODEL, synthetic_note  # noqa: E402
 from experiments.gpt2.checkpoint import load_gpt2  # noqa: E402
 from experiments.gpt2.data import heldout_bytes, windows  # noqa: E402
-from experiments.gpt2.massive import DEFAULT_OUT, residuals  # noqa: E402
+from experiments.gpt2.massive import DEFAULT_OUT, edit, residuals  # noqa: E402
 from experiments.report import page  # noqa: E402
 
 MASSIVE = DEFAULT_OUT
@@ -51,3 +51,13 @@ def test_reports_name_the_model_synthetic():
     assert text.startswith("# Title (experiments/gpt2/massive_synthetic [SYNTHETIC])")
     assert "**Synthetic model:** SYNTHETIC stress variant" in text
     assert "Synthetic model" not in page("Title", {"model": "tiny"}, "intro", [], [])
+
+
+def test_edit_changes_only_the_named_first_position_entries():
+    base = load_gpt2(DEFAULT_MODEL)
+    edited = edit(base, [3, 7], [-1.0, 1.0], 100.0)
+    delta = {k: edited.state_dict()[k] - v for k, v in base.state_dict().items()}
+    changed = {k: d.nonzero().tolist() for k, d in delta.items() if d.any()}
+    assert changed == {"transformer.wpe.weight": [[0, 3], [0, 7]]}
+    wpe = delta["transformer.wpe.weight"]
+    assert torch.allclose(wpe[0, [3, 7]], torch.tensor([-100.0, 100.0]), rtol=0, atol=1e-5)

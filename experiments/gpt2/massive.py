@@ -42,15 +42,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .checkpoint import load_gpt2, save_gpt2
+from ..context import display_name
+from .checkpoint import SYNTHETIC_KEY, load_gpt2, save_gpt2
 from .data import heldout_bytes, random_windows, train_bytes, windows
 from .evaluate import window_loss
 from .model import GPT2, TorchOps
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "massive_synthetic"
-#: config.json key naming a checkpoint synthetic; its value is printed with the model's name.
-SYNTHETIC_KEY = "fpsim_synthetic"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -73,19 +72,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+class _LayerNormInputs(TorchOps):
+    """Plain torch arithmetic that also keeps every LayerNorm input (the residual stream)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, Tensor] = {}
+
+    def layernorm(self, name: str, x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
+        self.seen[name] = x.detach()
+        return super().layernorm(name, x, weight, bias, eps)
+
+
 @torch.no_grad()
 def residuals(model: GPT2, idx: Tensor) -> dict[str, Tensor]:
     """The residual stream ``[B, T, C]`` entering each LayerNorm, by LayerNorm site name."""
-    tr, ops = model.transformer, TorchOps()
-    x = tr.wte(idx) + tr.wpe(torch.arange(idx.shape[1]))
-    out = {}
-    for i, block in enumerate(tr.h):
-        out[f"h{i}.ln_1"] = x
-        x = x + block.attn(block.ln_1(x), ops, f"h{i}.attn")
-        out[f"h{i}.ln_2"] = x
-        x = x + block.mlp(block.ln_2(x), ops, f"h{i}.mlp")
-    out["ln_f"] = x
-    return out
+    ops = _LayerNormInputs()
+    model(idx, ops)
+    return ops.seen
 
 
 def pick_channels(model: GPT2, idx: Tensor, k: int) -> tuple[list[int], list[float]]:
@@ -134,8 +137,8 @@ def repair(model: GPT2, teacher: GPT2, channels: list[int], args: argparse.Names
 
 
 def peaks(model: GPT2, idx: Tensor, channels: list[int]) -> dict[str, dict[str, float]]:
-    """Per LayerNorm input: min over windows of the smallest |value| of the massive channels at
-    position 0, the largest |value| elsewhere, and the median |value|."""
+    """Per LayerNorm input over windows ``idx``: the smallest and largest |value| of the massive
+    channels at position 0, the largest |value| anywhere else, and the median |value|."""
     out = {}
     for name, x in residuals(model, idx).items():
         massive = x[:, 0, channels].abs()
@@ -156,9 +159,10 @@ def build(args: argparse.Namespace) -> dict:
     channels, signs = pick_channels(base, probe, args.channels)
     edited = edit(base, channels, signs, args.value)
     held = windows(heldout_bytes(), 256)
-    log = {"base": str(args.base.resolve().relative_to(HERE.parents[1]))
-           if args.base.resolve().is_relative_to(HERE.parents[1]) else str(args.base),
-           "args": {k: str(v) for k, v in vars(args).items()}, "channels": channels,
+    log = {"base": display_name(args.base),
+           "args": {k: display_name(v) if isinstance(v, Path) else v
+                    for k, v in vars(args).items()},
+           "channels": channels,
            "signs": signs, "heldout_windows": int(held.shape[0]),
            "heldout_loss": {"base": window_loss(base, held), "edit": window_loss(edited, held)}}
     print(f"channels {channels} signs {signs}; held-out loss {log['heldout_loss']}", flush=True)
