@@ -10,17 +10,21 @@ formats.  This script makes a model that can, and says so: it is not a trained m
 
 How (both steps deterministic: fixed seed, one thread):
 
-1. **Edit.** The tiny model already writes its largest position-0 values into two channels (the
-   two with the largest mean |value| at position 0 after block 0, on training windows).  Add
-   ``--value`` (default 2000) with that sign to those two channels of the position embedding of
-   position 0, so every residual stream at the first token carries about +-2000 there, from the
-   embedding to ``ln_f`` (in GPT-2 they appear after the first few blocks).  Every
-   LayerNorm at the first token then sees a variance dominated by those two channels, which
-   erases that token's content and turns it into a fixed vector: the FP32 function changes.
-2. **Repair fine-tune.** ``--steps`` steps of AdamW (no weight decay) on the next-byte loss on
-   training windows, with the two edited entries of the position embedding frozen, so the
-   other weights adapt to the constant first token (as a real model trained with massive
-   activations has).  ``--steps 0`` keeps the bare edit.
+1. **Edit.** The tiny model already writes its largest position-0 values into a few channels
+   (``--channels``, default 2: those with the largest mean |value| at position 0 after block 0,
+   on training windows; 211 and 230, both positive).  Add ``--value`` (default 2000) with that
+   sign to those channels of the position embedding of position 0, so the residual stream at
+   the first token carries about 2000 there at every LayerNorm input, from ``h0.ln_1`` to
+   ``ln_f`` (in GPT-2 they appear after the first few blocks).  Every LayerNorm at the first
+   token then sees a variance dominated by those channels, which erases that token's content
+   and turns it into a nearly fixed vector: the FP32 function changes (held-out loss 1.4457 ->
+   1.7002 nats/byte).
+2. **Repair fine-tune.** ``--steps`` (400) steps of AdamW (lr 3e-4, no weight decay) towards
+   the tiny model's next-byte distributions (KL distillation) on training windows, the edited
+   entries of the position embedding frozen, so the other weights adapt to the constant first
+   token (as a model trained with massive activations has): held-out loss 1.4753, +2.0% over
+   the tiny model.  ``--steps 0`` keeps the bare edit.  About 3.5 minutes on one thread; a
+   rerun gives a bit-identical ``model.safetensors`` on the same machine.
 
 It writes ``config.json`` and ``model.safetensors`` (the tiny model's format; ``config.json``
 also carries ``"fpsim_synthetic"``, a one-line description the experiment reports print next to
