@@ -26,7 +26,7 @@ from timing import best_times, machine
 
 FORMATS = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "e4m3": ml_dtypes.float8_e4m3fn,
            "e5m2": ml_dtypes.float8_e5m2, "e2m3": ml_dtypes.float6_e2m3fn,
-           "e2m1": ml_dtypes.float4_e2m1fn}
+           "e3m2": ml_dtypes.float6_e3m2fn, "e2m1": ml_dtypes.float4_e2m1fn}
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "e4m3": "float8_e4m3fn",
                 "e5m2": "float8_e5m2"}
 
@@ -67,12 +67,16 @@ def main() -> None:
     print("16-element e4m3 call, microseconds:",
           {k: round(v, 2) for k, v in per_call.items()}, flush=True)
     torch_rows = [] if args.no_torch else _torch_rows(x, args)
+    meta["load_average_after"] = os.getloadavg()
 
     print(f"\nfpsim / ml_dtypes throughput, {n:,} elements, best of {args.repeat}, same run "
-          f"({meta['cpu']}, {meta['cores']} cores, load {meta['load_average_1_5_15'][0]:.1f})")
+          f"({meta['cpu']}, {meta['cores']} cores, load {meta['load_average_1_5_15'][0]:.1f} before, "
+          f"{meta['load_average_after'][0]:.1f} after)")
     print(f"{'format':8}{'input':9}{'encode':>9}{'quantize':>10}")
     for r in rows:
         print(f"{r['format']:8}{r['input']:9}{r['encode ratio']:9.2f}{r['quantize ratio']:10.2f}")
+    print(f"16-element e4m3 encode: {per_call['fpsim.encode']:.2f} us, "
+          f"{per_call['encode / ml_dtypes (time)']:.1f}x ml_dtypes' time")
     out = {"meta": {**meta, "elements": n, "repeat": args.repeat, "numpy": np.__version__,
                     "ml_dtypes": ml_dtypes.__version__, "unit": "elements per second",
                     "ratios": "peer time / fpsim time in the same run (> 1: fpsim faster); "

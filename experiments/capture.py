@@ -1,6 +1,6 @@
 """Capture the operands of every dot-product site of one GPT-2 forward pass.
 
-An ``ops`` object (see :mod:`experiments.gpt2.model`) records each site's operands and result
+An ``ops`` object (see :mod:`experiments.gpt2.ops`) records each site's operands and result
 while computing as the deterministic FP32 (or FP64) reference does (:mod:`experiments.recipes`:
 dot products and softmax in FP64, rounded once), so the captured operands are what the
 reference network feeds that site, bit for bit on any machine.  LayerNorm sites record their
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .gpt2.model import GPT2, TorchOps
+from .gpt2.model import GPT2
+from .gpt2.ops import TorchOps, forward
 from . import recipes
 from .recipes import FP32, FP64, Recipe, layernorm_stats
 
@@ -136,5 +137,5 @@ class CaptureOps(TorchOps):
 def capture(model: GPT2, idx: Tensor) -> tuple[dict[str, Site], Tensor]:
     """Every site of ``model(idx)`` (in the model's dtype) and the logits."""
     ops = CaptureOps()
-    logits = model(idx, ops=ops)
+    logits = forward(model, idx, ops)
     return ops.sites, logits

@@ -17,8 +17,8 @@ from types import ModuleType
 
 import torch
 
-from . import (accumulation, activations, context, deepseek, fp8, fp16_vs_bf16, histograms,
-               practice, range_vs_precision, seeds, training)
+from . import (accumulation, activations, anymodel, context, deepseek, fp8, fp16_vs_bf16,
+               histograms, practice, range_vs_precision, seeds, training)
 from fpsim.cliparse import OneLineParser
 
 from .report import load_json, write_json
@@ -27,7 +27,8 @@ EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (
     activations, range_vs_precision, fp16_vs_bf16, fp8, practice, accumulation, histograms,
     deepseek)}
 # train their own models; not in all
-STANDALONE: dict[str, ModuleType] = {training.NAME: training, seeds.NAME: seeds}
+STANDALONE: dict[str, ModuleType] = {training.NAME: training, seeds.NAME: seeds,
+                                     anymodel.NAME: anymodel}
 DEFAULT_OUT = Path("results")
 ALL_TOKENS = 2**62   # --tokens all: more than any text, so every held-out window is taken
 LIMITS = ("What a tiny model cannot tell about GPT-2 124M: these numbers come from one training "
@@ -71,7 +72,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--model",
         default=str(context.DEFAULT_MODEL),
         help="checkpoint directory or Hugging Face name in the offline cache "
-        "(default: the tiny byte-level model)",
+        f"(default: the tiny byte-level model); {anymodel.NAME} takes any local Hugging Face "
+        "causal-LM directory",
     )
     p.add_argument(
         "--tokens",
@@ -105,6 +107,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                 "run this one with --device cpu (the default for it)")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no CUDA device; use --device cpu")
+    kind = anymodel.model_type(args.model)
+    if args.name != anymodel.NAME and kind not in (None, "gpt2"):
+        p.error(f"--model {args.model}: a {kind} model; {args.name} studies GPT-2's sites, "
+                f"run `fpsim experiment {anymodel.NAME} --model {args.model}` for any causal LM")
     return args
 
 

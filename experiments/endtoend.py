@@ -16,7 +16,7 @@ count and machine.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +24,7 @@ from torch import Tensor
 
 from . import recipes
 from .gpt2.model import GPT2
+from .gpt2.ops import forward
 from .recipes import FP32, Recipe
 
 EVENTS = ("elements", "overflow", "saturated", "flushed")
@@ -87,7 +88,7 @@ def logits(model: GPT2, wins: Tensor, ops: object = None, batch_size: int = 8) -
     ``ops`` defaults to the deterministic FP32 reference (:class:`RecipeOps` of FP32).
     """
     ops = RecipeOps(FP32) if ops is None else ops
-    return [model(chunk[:, :-1], ops=ops) for chunk in wins.split(batch_size)]
+    return [forward(model, chunk[:, :-1], ops) for chunk in wins.split(batch_size)]
 
 
 def _per_window(z: Tensor, r: Tensor, target: Tensor) -> dict[str, Tensor]:
@@ -104,15 +105,24 @@ def _per_window(z: Tensor, r: Tensor, target: Tensor) -> dict[str, Tensor]:
 @torch.no_grad()
 def compare(model: GPT2, wins: Tensor, ref: list[Tensor], ops: object = None,
             batch_size: int = 8) -> dict:
-    """Loss, perplexity, KL from the reference logits ``ref`` and top-1 agreement under ``ops``.
+    """Loss, perplexity, KL from the reference logits ``ref`` and top-1 agreement under ``ops``
+    (:func:`compare_logits` of ``model``'s logits on each batch)."""
+    outputs = (forward(model, chunk[:, :-1], ops) for chunk in wins.split(batch_size))
+    return compare_logits(wins, ref, outputs, batch_size)
+
+
+@torch.no_grad()
+def compare_logits(wins: Tensor, ref: list[Tensor], outputs: Iterable[Tensor],
+                   batch_size: int = 8) -> dict:
+    """Loss, perplexity, KL from the reference logits ``ref`` and top-1 agreement of the logits
+    ``outputs`` (one tensor per batch of ``batch_size`` windows of ``wins``, any model).
 
     Means over all positions, plus ``windows``: each metric's per-window sum (``positions``
     per window) for the bootstrap.  ``kl_finite`` is KL over the positions whose logits are
     all finite (NaN when there is none).
     """
     parts: dict[str, list[float]] = {}
-    for chunk, r in zip(wins.split(batch_size), ref, strict=True):
-        z = model(chunk[:, :-1], ops=ops)
+    for chunk, r, z in zip(wins.split(batch_size), ref, outputs, strict=True):
         for key, v in _per_window(z, r, chunk[:, 1:]).items():
             parts.setdefault(key, []).extend(float(x) for x in v.tolist())
     positions = wins.shape[1] - 1

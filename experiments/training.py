@@ -38,7 +38,8 @@ from fpsim.formats import get_format
 from fpsim.nn import LossScaler, round_through
 
 from .gpt2.data import heldout_bytes, random_windows, train_bytes, windows
-from .gpt2.model import GPT2, GPT2Config, TorchOps
+from .gpt2.model import GPT2, GPT2Config
+from .gpt2.ops import TorchOps, forward
 from .gpt2.train_tiny import learning_rate, make_optimizer
 from .report import figure, finish, num, pct, save, table, versions
 
@@ -237,7 +238,7 @@ def train_one(recipe: Recipe, seed: int, plan: Plan, init: dict, data: Tensor, h
             g["lr"] = learning_rate(args, step, step / plan.steps)
         batch = random_windows(data, config.n_positions, plan.batch, gen).to(device)
         rec.on = step in plan.record_steps
-        logits = model(batch[:, :-1], ops)
+        logits = forward(model, batch[:, :-1], ops)
         loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
         opt.zero_grad(set_to_none=True)
         part = loss / recipe.accumulate

@@ -27,15 +27,38 @@ from .inputs import check_input, check_seed, exact_cast
 CHUNK = 1 << 16  # elements per slice: temporaries stay in cache, memory stays near the output's
 _NP = NumpyOps()
 BF16 = FORMATS["bf16"]
-#: the common call, resolved once: a native float32/float64 ndarray and a deterministic mode
 _NATIVE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-_TABLE_MODES = frozenset(rounding.MODES) - {"stochastic"}
+#: NumPy float32/float64 calls resolved once: the arguments as given -> (plan, code dtype,
+#: whether NaN inputs must be looked for), or None where the general path runs
+_FAST: dict[tuple, tuple[Callable, np.dtype, bool] | None] = {}
+_FAST_ENTRIES = 4096
 
 
-@functools.lru_cache(maxsize=512)
-def _resolve(fmt: str | Format) -> Format:
-    """``get_format``, cached: names resolve once per process."""
-    return get_format(fmt)
+def _fast_plan(fmt: Any, rounding: Any, saturate: Any, subnormals: Any, backend: Any,
+               on_nan: Any, dtype: np.dtype, want: str) -> tuple[Callable, np.dtype, bool] | None:
+    """The plan of a NumPy float32/float64 call with deterministic rounding, looked up by the
+    arguments as given: a repeated call costs one tuple and one dict lookup, no resolving and
+    no context managers.  None (stochastic rounding, other dtypes, torch backends, options the
+    general path must check or reject) sends the call the general way."""
+    key = (fmt, rounding, saturate, subnormals, backend, on_nan, dtype, want)
+    try:
+        return _FAST[key]
+    except KeyError:
+        pass
+    except TypeError:                                  # unhashable: the general path says why
+        return None
+    entry = None
+    if (dtype in _NATIVE_FLOATS and isinstance(fmt, (str, Format)) and isinstance(rounding, str)
+            and backend in ("auto", "numpy") and on_nan in ("raise", "zero")):
+        f, mode, _ = _options(fmt, rounding, backend)
+        if mode != "stochastic":
+            plan = _numpy_plan(f, mode, check_saturate(saturate), subnormals, want,
+                               dtype == _NATIVE_FLOATS[1])
+            entry = (plan, code_dtype(f), on_nan == "raise" and not f.has_nan)
+    if len(_FAST) >= _FAST_ENTRIES:
+        _FAST.clear()
+    _FAST[key] = entry
+    return entry
 
 
 def _source_for(fmt: Format, wide: bool) -> Source:
@@ -157,8 +180,9 @@ def _numpy_plan(fmt: Format, rounding: str, saturate: bool, subnormals: bool, wa
         return cast
     low = _table_low_bits(fmt, rounding, src)
     if wide and not low and _via_float32(fmt):
+        near = rounding in ("rne", "rna") and not saturate and fmt.zero and not fmt.is_int
         return _through_float32(_numpy_plan(fmt, rounding, saturate, subnormals, want, False),
-                                want)
+                                want, _midpoint_test(fmt) if near else None)
     if low:
         return _table_plan(_lookup_table(fmt, rounding, saturate, subnormals, want, low, src),
                            low, src)
@@ -168,28 +192,30 @@ def _numpy_plan(fmt: Format, rounding: str, saturate: bool, subnormals: bool, wa
 
 def _table_plan(table: np.ndarray, low: int, src: Source) -> Callable:
     """Index = the input's high bits and one sticky bit for its ``low`` low bits; one gather.
-    ``u >> (low - 1)`` keeps the high bits above bit 0, whose bit 0 is the top low bit: OR-ing
-    in "any lower bit set" makes it the sticky bit of all ``low`` of them."""
+    ``(u & below) + below`` (``below`` = the ``low - 1`` bits under the top low bit) carries
+    into the top low bit exactly when a bit below it is set: OR-ing that into ``u`` and
+    shifting by ``low - 1`` leaves high * 2 + sticky of all ``low`` bits.  In-place steps with
+    0-d operands, NumPy's cheapest form for tiny arrays as for chunks."""
     utype = np.uint64 if src is F64 else np.uint32
-    shift = utype(low - 1)
-    below = utype((1 << (low - 1)) - 1)
+    shift = np.array(low - 1, utype)
+    below = np.array((1 << (low - 1)) - 1, utype)
+
+    def index(u: np.ndarray, idx: np.ndarray | None) -> np.ndarray:
+        idx = np.bitwise_and(u, below, out=idx)         # None: a new array
+        idx += below
+        idx |= u
+        idx >>= shift
+        return idx
 
     def lookup(flat: np.ndarray, out: np.ndarray) -> None:
         u = flat.view(utype)
         if u.size <= CHUNK:
-            idx = (u >> shift) | ((u & below) != 0)
-            table.take(idx, out=out)        # the method: no wrapper cost on tiny arrays
+            table.take(index(u, None), out=out, mode="wrap")  # "raise" buffers out
             return
-        idx, sticky = np.empty(CHUNK, utype), np.empty(CHUNK, utype)
+        idx = np.empty(CHUNK, utype)
         for lo in range(0, u.size, CHUNK):
             part = u[lo:lo + CHUNK]
-            n = part.size
-            i, st = idx[:n], sticky[:n]
-            np.right_shift(part, shift, out=i)
-            np.bitwise_and(part, below, out=st)
-            np.minimum(st, 1, out=st)
-            np.bitwise_or(i, st, out=i)
-            table.take(i, out=out[lo:lo + n])
+            table.take(index(part, idx[:part.size]), out=out[lo:lo + part.size], mode="wrap")
     return lookup
 
 
@@ -236,25 +262,67 @@ def _convert_first(plan: Callable, dtype: Any, want: str) -> Callable:
     return run
 
 
-def _through_float32(plan32: Callable, want: str) -> Callable:
+def _through_float32(plan32: Callable, want: str,
+                     midpoints: Callable[[np.ndarray], np.ndarray] | None = None) -> Callable:
     """float64 input to a format that float32 holds with two bits to spare: round to odd into
     float32 first (exact, cheap), then the float32 plan.  Rounding to odd at 24 bits and then
     to at most 22 bits in any deterministic mode equals rounding once (Boldo & Melquiond): the
     odd result lies strictly inside the same interval between the target's values and midpoints
-    as the input (every one of them is even in float32)."""
+    as the input (every one of them is even in float32).
+
+    With ``midpoints`` (nearest modes without saturation) NumPy's nearest cast comes first and
+    only the elements it put on a target midpoint (``midpoints`` of their float32 bits) are
+    rounded to odd: the nearest cast never crosses a midpoint, a value or the overflow
+    threshold (all lie on float32's grid), so elsewhere the target rounding sees the same side
+    of every one of them as the input; beyond float32's range it gives inf, as the target does."""
     def run(flat: np.ndarray, out: np.ndarray) -> None:
         buf = np.empty(min(flat.size, CHUNK), np.float32)
         res = out if want != "value" else np.empty(min(flat.size, CHUNK), np.float32)
         for lo in range(0, flat.size, CHUNK):
             part = flat[lo:lo + CHUNK]
             n = part.size
-            f = _round_to_odd_float32(part, buf[:n])
+            if midpoints is None:
+                f = _round_to_odd_float32(part, buf[:n])
+            else:
+                f = _nearest_float32(part, buf[:n], midpoints)
             if want == "value":
                 plan32(f, res[:n])
                 out[lo:lo + n] = res[:n]
             else:
                 plan32(f, out[lo:lo + n])
     return run
+
+
+def _nearest_float32(x: np.ndarray, f: np.ndarray,
+                     midpoints: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """``x`` (float64) cast to nearest into float32 ``f``, then rounded to odd wherever the cast
+    landed on a target midpoint (see ``_through_float32``)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.copyto(f, x, casting="unsafe")
+    hit = np.flatnonzero(midpoints(f.view(np.uint32)))
+    if hit.size:
+        f[hit] = _round_to_odd_float32(x[hit], np.empty(hit.size, np.float32))
+    return f
+
+
+@functools.lru_cache(maxsize=64)
+def _midpoint_test(fmt: Format) -> Callable[[np.ndarray], np.ndarray]:
+    """Which float32 bit patterns may be midpoints between two values of ``fmt``: those whose
+    ``23 - mbits`` dropped bits are exactly one half, and every magnitude below the target's
+    least normal when its subnormal grid is not float32's with the same bits dropped."""
+    drop = F32.mbits - fmt.mbits
+    low = np.array((1 << drop) - 1, np.uint32)
+    half = np.array(1 << (drop - 1), np.uint32)
+    floor = np.array((fmt.emin + F32.bias) << F32.mbits, np.uint32)
+    mag = np.array(0x7FFFFFFF, np.uint32)
+    other_subnormals = fmt.emin > F32.emin
+
+    def test(u: np.ndarray) -> np.ndarray:
+        hit = (u & low) == half
+        if other_subnormals:
+            hit |= (u & mag) < floor
+        return hit
+    return test
 
 
 def _via_float32(fmt: Format) -> bool:
@@ -389,14 +457,12 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
     torch tensors (see :func:`fpsim.dispatch.route`): ``"auto"``, ``"numpy"``, ``"torch"`` or
     ``"triton"``.
     """
-    if type(x) is np.ndarray and x.dtype in _NATIVE_FLOATS and rounding in _TABLE_MODES \
-            and saturate in (False, True) and backend in ("auto", "numpy") \
-            and isinstance(fmt, (str, Format)):
-        plan = _numpy_plan(_resolve(fmt), rounding, bool(saturate), subnormals, "value",
-                           x.dtype == _NATIVE_FLOATS[1])
-        out = np.empty(x.shape, x.dtype)
-        plan(np.ascontiguousarray(x).reshape(-1), out.reshape(-1))
-        return out
+    if type(x) is np.ndarray:
+        fast = _fast_plan(fmt, rounding, saturate, subnormals, backend, "raise", x.dtype, "value")
+        if fast:
+            out = np.empty(x.shape, x.dtype)
+            fast[0](x.ravel(), out.reshape(-1))
+            return out
     fmt, rounding, backend = _options(fmt, rounding, backend)
     saturate = check_saturate(saturate)
     x = check_input(x)
@@ -439,15 +505,11 @@ def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool |
     torch tensors give torch tensors on the same device, in :func:`fpsim.backend.code_dtype`'s
     torch dtype: uint8 for codes of up to 8 bits, else int32/int64 lanes.
     """
-    if type(x) is np.ndarray and x.dtype in _NATIVE_FLOATS and rounding in _TABLE_MODES \
-            and saturate in (False, True) and on_nan in ("raise", "zero") and not deprecated \
-            and backend in ("auto", "numpy") and isinstance(fmt, (str, Format)):
-        fmt = _resolve(fmt)
-        if on_nan == "zero" or fmt.has_nan or not np.isnan(x).any():
-            out = np.empty(x.shape, code_dtype(fmt))
-            _numpy_plan(fmt, rounding, bool(saturate), subnormals, "code",
-                        x.dtype == _NATIVE_FLOATS[1])(np.ascontiguousarray(x).reshape(-1),
-                                                      out.reshape(-1))
+    if type(x) is np.ndarray and not deprecated:
+        fast = _fast_plan(fmt, rounding, saturate, subnormals, backend, on_nan, x.dtype, "code")
+        if fast and (not fast[2] or not np.isnan(x).any()):
+            out = np.empty(x.shape, fast[1])
+            fast[0](x.ravel(), out.reshape(-1))
             return out
     on_nan = on_nan_keyword(on_nan, deprecated, "encode")
     fmt, rounding, backend = _options(fmt, rounding, backend)

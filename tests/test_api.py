@@ -302,3 +302,53 @@ def test_options_are_checked_whatever_the_input():
         fpsim.quantize([1.0], "e4m3", rounding="rnee")
     with pytest.raises(TypeError, match="seed"):
         fpsim.quantize(np.ones(3), "e4m3", rounding="stochastic", seed=object())
+
+
+def test_resolved_once_calls_equal_the_general_path():
+    """NumPy float arrays take plans cached by their arguments (fpsim.convert._fast_plan); lists
+    take the general path.  Same bits for names and Format objects, any case of the mode,
+    saturate="finite", 0-d, strided and Fortran-ordered arrays, and NaN into formats without
+    one (a ValueError on both paths)."""
+    rng = np.random.default_rng(5)
+    base = (rng.standard_normal((6, 5)) * 2.0 ** rng.integers(-20, 20, (6, 5)))
+    base[0, :4] = [np.inf, -np.inf, 0.0, -0.0]
+    for dt in (np.float32, np.float64):
+        x = base.astype(dt)
+        for arr in (x, x[::2, 1::2], np.asfortranarray(x), x[2, 3].reshape(())):
+            for fmt in ("e4m3", fpsim.get_format("e2m1"), "bf16", "fp16"):
+                for kw in ({}, {"rounding": "RTZ"}, {"saturate": "finite"}, {"saturate": True}):
+                    q = fpsim.quantize(arr, fmt, **kw)
+                    assert q.dtype == arr.dtype and q.shape == arr.shape
+                    ref = np.array(fpsim.quantize(arr.tolist(), fmt, **kw), dtype=arr.dtype)
+                    assert np.array_equal(q.reshape(-1).view(np.uint8),
+                                          ref.reshape(-1).view(np.uint8)), (fmt, kw)
+                    c = fpsim.encode(arr, fmt, **kw)
+                    assert np.array_equal(c, fpsim.encode(arr.tolist(), fmt, **kw)), (fmt, kw)
+        with pytest.raises(ValueError, match="NaN"):
+            fpsim.encode(np.array([1.0, np.nan], dt), "e2m1")
+        assert fpsim.encode(np.array([1.0, np.nan], dt), "e2m1", on_nan="zero")[1] == 0
+
+
+@pytest.mark.slow
+def test_bf16_delegated_cast_equals_the_table_on_every_float32():
+    """float32 -> bf16 is ml_dtypes' cast (convert._delegate); the lookup table is the rounding
+    routine's (test_lookup_tables_equal_the_rounding_routine).  Every one of the 2^32 float32
+    bit patterns, in chunks, codes and values (about a minute)."""
+    from fpsim import convert as C
+    from fpsim.rounding import F32
+
+    fmt = fpsim.get_format("bf16")
+    low = C._table_low_bits(fmt, "rne", F32)
+    plans = {want: (C._numpy_plan(fmt, "rne", False, True, want, False),
+                    C._table_plan(C._lookup_table(fmt, "rne", False, True, want, low, F32),
+                                  low, F32)) for want in ("code", "value")}
+    step = 1 << 24
+    for lo in range(0, 1 << 32, step):
+        x = np.arange(lo, lo + step, dtype=np.uint32).view(np.float32)
+        for want, (fast, table) in plans.items():
+            dt = np.uint16 if want == "code" else np.float32
+            got, ref = np.empty(step, dt), np.empty(step, dt)
+            fast(x, got)
+            table(x, ref)
+            assert np.array_equal(got.view(np.uint16 if want == "code" else np.uint32),
+                                  ref.view(np.uint16 if want == "code" else np.uint32)), hex(lo)

@@ -581,3 +581,82 @@ def test_threaded_tiles_keep_floating_point_warnings_quiet():
                                        "tensor_core": "hopper_fp8"}):
             out = fpsim.matmul(a, b, **kw)
             assert np.isnan(out).any() and np.isfinite(out).any()
+
+
+# ----------------------------------------------------------------------------------------------
+# One float64 addition then one rounding (fused.py) against the round-to-odd adder
+# ----------------------------------------------------------------------------------------------
+def _boundary_sums(fmt: Format, sig: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every finite value x of ``fmt`` with addends y of ``sig`` significant bits that bring
+    x + y onto, or 1-2 units of y's last bit either side of, the rounding boundary just above
+    and just below x (midpoints, and max + half a spacing): where float64's sum could land
+    on a boundary the exact sum is not."""
+    v = fpsim.values(fmt)
+    top = np.concatenate([v, [fmt.max + (fmt.max - v[-2])]])        # one spacing beyond max
+    mids = (top[1:] + top[:-1]) / 2
+    lanes = Format("lanes", 11, sig - 1)
+    xs, ys = [], []
+    for x, mu in ((v[:-1], mids[:-1]), (v[1:], mids[:-1]), (v, mids)):
+        y = fpsim.quantize(mu - x, lanes)
+        for k in (-2, -1, 0, 1, 2):
+            step = np.abs(y) * 2.0**(1 - sig)                          # about y's last bit
+            xs.append(x)
+            ys.append(y + k * np.where(y == 0, 2.0**-60, step))
+    return np.concatenate(xs), fpsim.quantize(np.concatenate(ys), lanes)
+
+
+@pytest.mark.parametrize("name, sig", [("fp16", 22), ("fp16", 41), ("e5m3", 30)])
+@pytest.mark.parametrize("mode", ["rne", "rna"])
+def test_one_float64_rounding_equals_round_to_odd_at_every_boundary(name, sig, mode):
+    """fused.OneRounding against accumulate.Adder (TwoSum, round to odd, one rounding) on sums
+    built to land float64 on each of the format's midpoints and its overflow threshold, with
+    addends of up to the proof's largest significant-bit count (51 - mbits)."""
+    from fpsim.arith import accumulate, fused
+    from fpsim.arith.lanes import Lanes
+    from fpsim.rounding import F64
+
+    fmt = get_format(name)
+    assert sig <= 51 - fmt.mbits and fmt.emin - fmt.mbits >= fmt.emax - 52
+    x, y = _boundary_sums(fmt, sig)
+    x, y = np.concatenate([x, -x]), np.concatenate([y, -y])
+    lanes = Lanes(F64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = accumulate.Adder(fmt, mode, lanes, None, plain=False, may_overflow=False)(x, y)
+        got = fused.OneRounding(fmt, mode, lanes)(x, y)
+    assert np.array_equal(got.view(np.int64), want.view(np.int64))
+
+
+@pytest.mark.parametrize("order", ["sequential", "chunked", "pairwise"])
+def test_fp16_matmul_one_rounding_path_equals_round_to_odd_path(order, monkeypatch):
+    """The FP16-accumulated product through float64's own sums (fused.py) gives the bits of
+    the round-to-odd path, on operands spanning FP16's range (subnormal products included) and
+    long cancelling sums."""
+    from fpsim.arith import fused
+
+    rng = np.random.default_rng(3)
+    a = (rng.standard_normal((24, 300)) * 2.0 ** rng.integers(-14, 8, (24, 300)))
+    b = (rng.standard_normal((300, 20)) * 2.0 ** rng.integers(-14, 6, (300, 20)))
+    a, b = a.astype(np.float16), b.astype(np.float16)
+    a[:, 150:] = -a[:, :150]                                     # long cancellations
+    got = fpsim.matmul(a, b, accum="fp16", order=order, chunk=None if order != "chunked" else 64)
+    used = []
+    applies = fused.applies
+    monkeypatch.setattr(fused, "applies", lambda *x: used.append(applies(*x)) or False)
+    want = fpsim.matmul(a, b, accum="fp16", order=order, chunk=None if order != "chunked" else 64)
+    assert used and (used[0] or order == "pairwise")
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_boundary_sums_find_double_rounding_beyond_the_proofs_bound():
+    """The sums above are adversarial: with addends of 44 significant bits (beyond FP16's
+    bound of 41) float64's sum does land on boundaries, and one rounding after it is wrong."""
+    from fpsim.arith import accumulate, fused
+    from fpsim.arith.lanes import Lanes
+    from fpsim.rounding import F64
+
+    fmt = get_format("fp16")
+    x, y = _boundary_sums(fmt, 44)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = accumulate.Adder(fmt, "rne", Lanes(F64), None, plain=False, may_overflow=False)(x, y)
+        got = fused.OneRounding(fmt, "rne", Lanes(F64))(x, y)
+    assert not np.array_equal(got.view(np.int64), want.view(np.int64))

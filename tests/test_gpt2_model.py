@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from experiments.gpt2.checkpoint import load_gpt2, save_gpt2
 from experiments.gpt2.data import heldout_bytes, split_topics, windows
 from experiments.gpt2.evaluate import window_loss
-from experiments.gpt2.model import TorchOps
+from experiments.gpt2.ops import TorchOps, forward
 from experiments.gpt2.tokenizer import decode_bytes, encode_bytes, load_bpe
 
 CFG = {"n_layer": 2, "n_head": 4, "n_embd": 32, "n_positions": 16, "vocab_size": 50,
@@ -179,7 +179,7 @@ def test_ops_hook_sees_every_site_once(tmp_path, sd, ids):
     model = load_gpt2(write_checkpoint(tmp_path / "d", sd, "", "safetensors"))
     ops = RecordingOps()
     x = torch.from_numpy(ids)
-    assert torch.equal(model(x, ops=ops), model(x))
+    assert torch.equal(forward(model, x, ops), model(x))
     want = []
     for i in range(CFG["n_layer"]):
         want += [("layernorm", f"h{i}.ln_1"), ("linear", f"h{i}.attn.c_attn"), ("matmul", f"h{i}.attn.qk"),

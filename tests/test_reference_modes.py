@@ -119,3 +119,40 @@ def test_float64_inputs_through_float32_round_once(name, saturate):
     for mode in MODES:
         got = fpsim.quantize(xs, fmt, rounding=mode, saturate=saturate)
         _check(got, xs, fmt, mode, saturate)
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16", "tf32", "e6m9", "e5m12fn"])
+@pytest.mark.parametrize("mode", ["rne", "rna"])
+def test_float64_nearest_route_equals_the_routine(name, mode):
+    """float64 into formats rounded through NumPy's nearest float32 cast (only casts landing on
+    a target midpoint are redone): every midpoint of the target (bf16, fp16: all of them) and
+    float64 neighbours 1-3 ulps and 2^-30 relative to each side (the cast lands on the
+    midpoint), below the least normal, and random bit patterns, against the routine on float64
+    bits, codes and values."""
+    from fpsim import rounding as R
+    from fpsim.backend import NumpyOps
+
+    fmt = fpsim.get_format(name)
+    if fmt.bits <= 16:
+        v = fpsim.values(fmt)
+    else:
+        v = np.unique(fpsim.quantize(np.array(random_doubles(40_000, -40, 40, seed=6)), fmt))
+        v = v[np.isfinite(v)]
+    v = np.concatenate([v, [fmt.max + (fmt.max - v[v < fmt.max][-1])]])   # overflow midpoint
+    mids = np.concatenate([(v[1:] + v[:-1]) / 2, v])
+    steps = [np.nextafter(mids, np.inf), np.nextafter(mids, -np.inf)]
+    for k in range(2):
+        steps += [np.nextafter(steps[-2], np.inf), np.nextafter(steps[-1], -np.inf)]
+    xs = np.concatenate([mids, *steps, mids * (1 + 2.0**-30), mids * (1 - 2.0**-30),
+                         np.array(random_doubles(100_000, -160, 140, seed=7))])
+    xs = np.concatenate([xs, -xs, [np.inf, -np.inf, np.nan, 5e-324, 1e300]])
+    bits = xs.view(np.int64)
+    a, neg = bits & np.int64(2**63 - 1), bits < 0
+    for want in ("code", "value"):
+        ref = R.round_bits(NumpyOps(), a, neg, R.F64, fmt, mode, want=want)
+        if want == "code":
+            got = fpsim.encode(xs, fmt, rounding=mode, on_nan="zero")
+            assert np.array_equal(got, ref.astype(got.dtype))
+        else:
+            got = fpsim.quantize(xs, fmt, rounding=mode)
+            assert np.array_equal(got.view(np.int64), ref)

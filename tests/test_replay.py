@@ -12,6 +12,7 @@ from experiments.capture import capture
 from experiments.endtoend import RecipeOps, compare, logits
 from experiments.gpt2.checkpoint import load_gpt2, save_gpt2
 from experiments.gpt2.model import GPT2, GPT2Config
+from experiments.gpt2.ops import forward
 from experiments.recipes import FP32, Recipe, layernorm, linear, matmul, quantize_operand
 from experiments.replay import error_stats, reference, references, replay, site_output, summary
 
@@ -50,7 +51,7 @@ def test_capture_gets_every_site_with_its_shapes(model: GPT2, wins: torch.Tensor
     for name, (a, b, o) in expected.items():
         s = sites[name]
         assert (tuple(s.a.shape), None if s.b is None else tuple(s.b.shape), tuple(s.output.shape)) == (a, b, o), name
-    assert torch.equal(out, model(wins[:, :-1], ops=RecipeOps(FP32)))  # the deterministic reference
+    assert torch.equal(out, forward(model, wins[:, :-1], RecipeOps(FP32)))  # the deterministic reference
     assert sites["h1.attn.qk"].mask.tolist() == torch.ones(16, 16, dtype=torch.bool).tril().tolist()
 
 
@@ -110,7 +111,7 @@ def test_per_site_recipes_only_change_their_site(model: GPT2, wins: torch.Tensor
     ops = RecipeOps({"lm_head": recipe})
     assert ops.recipe_for("lm_head").name == "e3m2" and ops.recipe_for("h0.attn.qk") is FP32
     x = wins[:, :-1]
-    got = model(x, ops=ops)
+    got = forward(model, x, ops)
     # every site before lm_head is the reference: lm_head's input is the captured one, bit for bit
     sites, ref = capture(model, x)
     W = model.transformer.wte.weight.t()

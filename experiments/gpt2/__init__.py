@@ -1,6 +1,7 @@
 """GPT-2 model, checkpoints, data and tiny-model training for the fpsim experiments."""
 
 from .checkpoint import load_gpt2, save_gpt2
-from .model import GPT2, GPT2Config, TorchOps
+from .model import GPT2, GPT2Config
+from .ops import TorchOps
 
 __all__ = ["GPT2", "GPT2Config", "TorchOps", "load_gpt2", "save_gpt2"]

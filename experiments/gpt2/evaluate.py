@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .model import GPT2
+from .ops import forward
 
 
 @torch.no_grad()
@@ -17,7 +18,7 @@ def window_loss(model: GPT2, wins: Tensor, ops: Any = None, batch_size: int = 16
     included)."""
     total, count = 0.0, 0
     for chunk in wins.split(batch_size):
-        logits = model(chunk[:, :-1], ops=ops)
+        logits = forward(model, chunk[:, :-1], ops)
         total += F.cross_entropy(
             logits.flatten(0, 1).double(), chunk[:, 1:].flatten(), reduction="sum"
         ).item()

@@ -1,12 +1,11 @@
-"""Compact GPT-2 whose every dot-product site goes through a replaceable ``ops`` object.
+"""Compact GPT-2 in plain torch.
 
 The parameter layout and arithmetic follow Hugging Face's ``GPT2LMHeadModel``
 (pre-LayerNorm blocks, Conv1D weights stored as ``[in, out]``, tanh GELU,
 learned position embeddings, ``lm_head`` tied to ``wte``), so HF checkpoints load
-unchanged. Routing all matrix products and LayerNorms through ``ops`` lets a
-replay module capture operands and substitute emulated arithmetic per site.
-
-Site names (``i`` is the block index)::
+unchanged.  The experiments replace the arithmetic of its dot-product sites through
+:func:`fpsim.emulate`'s interception (:mod:`experiments.gpt2.ops`), under these site names
+(``i`` is the block index)::
 
     h{i}.ln_1  h{i}.attn.c_attn  h{i}.attn.qk  h{i}.attn.av  h{i}.attn.c_proj
     h{i}.ln_2  h{i}.mlp.c_fc     h{i}.mlp.c_proj   ln_f   lm_head
@@ -79,35 +78,6 @@ def site_order(name: str) -> tuple[int, int]:
     return (int(block), BLOCK_SITES.index(site))
 
 
-class TorchOps:
-    """Default arithmetic: plain torch ops in the tensors' own dtype.
-
-    A replacement must provide the same four methods; ``name`` identifies the site.
-    """
-
-    def linear(self, name: str, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
-        """Conv1D semantics: ``x @ W + b`` with ``W`` shaped ``[in, out]``; ``b`` may be None.
-
-        Uses ``addmm`` with the bias, as HF's Conv1D does, so FP32 results match HF.
-        """
-        if b is None:
-            return x @ W
-        return torch.addmm(b, x.reshape(-1, x.shape[-1]), W).view(*x.shape[:-1], W.shape[1])
-
-    def matmul(self, name: str, a: Tensor, b: Tensor) -> Tensor:
-        """Batched ``a @ b`` (attention scores ``q @ k^T`` and ``probs @ v``)."""
-        return a @ b
-
-    def layernorm(self, name: str, x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
-        """LayerNorm over the last dimension (biased variance, as torch/HF)."""
-        return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
-
-    def softmax(self, name: str, x: Tensor) -> Tensor:
-        """Softmax of the masked attention scores over the last dimension (``name``:
-        ``*.softmax``)."""
-        return torch.softmax(x, dim=-1)
-
-
 def gelu_new(x: Tensor) -> Tensor:
     """HF ``gelu_new``: tanh approximation of GELU, written exactly as HF does."""
     return (
@@ -116,12 +86,18 @@ def gelu_new(x: Tensor) -> Tensor:
 
 
 class Conv1D(nn.Module):
-    """Parameter holder in HF Conv1D layout: ``weight`` is ``[in, out]``."""
+    """HF Conv1D: ``x @ weight + bias`` with ``weight`` stored ``[in, out]``.
+
+    ``F.linear`` of the transposed weight is HF's ``addmm`` on the flattened input, bit for bit.
+    """
 
     def __init__(self, n_in: int, n_out: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(n_in, n_out))
         self.bias = nn.Parameter(torch.zeros(n_out))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight.t(), self.bias)
 
 
 class Attention(nn.Module):
@@ -131,17 +107,17 @@ class Attention(nn.Module):
         self.c_attn = Conv1D(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = Conv1D(cfg.n_embd, cfg.n_embd)
 
-    def forward(self, x: Tensor, ops: Any, prefix: str) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         B, T, C = x.shape
         hd = C // self.n_head
-        qkv = ops.linear(f"{prefix}.c_attn", x, self.c_attn.weight, self.c_attn.bias)
+        qkv = self.c_attn(x)
         q, k, v = (t.view(B, T, self.n_head, hd).transpose(1, 2) for t in qkv.split(C, dim=2))
-        scores = ops.matmul(f"{prefix}.qk", q, k.transpose(-1, -2)) / math.sqrt(hd)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         scores = scores.masked_fill(causal, torch.finfo(scores.dtype).min)
-        probs = ops.softmax(f"{prefix}.softmax", scores)
-        y = ops.matmul(f"{prefix}.av", probs, v).transpose(1, 2).reshape(B, T, C)
-        return ops.linear(f"{prefix}.c_proj", y, self.c_proj.weight, self.c_proj.bias)
+        probs = torch.softmax(scores, dim=-1)
+        y = (probs @ v).transpose(1, 2).reshape(B, T, C)
+        return self.c_proj(y)
 
 
 class MLP(nn.Module):
@@ -150,31 +126,21 @@ class MLP(nn.Module):
         self.c_fc = Conv1D(cfg.n_embd, 4 * cfg.n_embd)
         self.c_proj = Conv1D(4 * cfg.n_embd, cfg.n_embd)
 
-    def forward(self, x: Tensor, ops: Any, prefix: str) -> Tensor:
-        h = gelu_new(ops.linear(f"{prefix}.c_fc", x, self.c_fc.weight, self.c_fc.bias))
-        return ops.linear(f"{prefix}.c_proj", h, self.c_proj.weight, self.c_proj.bias)
+    def forward(self, x: Tensor) -> Tensor:
+        return self.c_proj(gelu_new(self.c_fc(x)))
 
 
 class Block(nn.Module):
     def __init__(self, cfg: GPT2Config) -> None:
         super().__init__()
-        self.eps = cfg.layer_norm_epsilon
-        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=self.eps)
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self.attn = Attention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=self.eps)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: Tensor, ops: Any, prefix: str) -> Tensor:
-        x = x + self.attn(
-            ops.layernorm(f"{prefix}.ln_1", x, self.ln_1.weight, self.ln_1.bias, self.eps),
-            ops,
-            f"{prefix}.attn",
-        )
-        return x + self.mlp(
-            ops.layernorm(f"{prefix}.ln_2", x, self.ln_2.weight, self.ln_2.bias, self.eps),
-            ops,
-            f"{prefix}.mlp",
-        )
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
 
 
 class GPT2(nn.Module):
@@ -210,16 +176,13 @@ class GPT2(nn.Module):
                 )
                 nn.init.normal_(p, mean=0.0, std=std)
 
-    def forward(self, idx: Tensor, ops: Any = None) -> Tensor:
-        """Logits ``[B, T, vocab]`` for token ids ``idx`` ``[B, T]``, computed with ``ops``
-        (default FP32/FP64 torch)."""
-        ops = TorchOps() if ops is None else ops
+    def forward(self, idx: Tensor) -> Tensor:
+        """Logits ``[B, T, vocab]`` for token ids ``idx`` ``[B, T]``."""
         T = idx.shape[1]
         if T > self.config.n_positions:
             raise ValueError(f"sequence length {T} exceeds n_positions={self.config.n_positions}")
         tr = self.transformer
         x = tr.wte(idx) + tr.wpe(torch.arange(T, device=idx.device))
-        for i, block in enumerate(tr.h):
-            x = block(x, ops, f"h{i}")
-        x = ops.layernorm("ln_f", x, tr.ln_f.weight, tr.ln_f.bias, self.config.layer_norm_epsilon)
-        return ops.linear("lm_head", x, tr.wte.weight.t(), None)
+        for block in tr.h:
+            x = block(x)
+        return F.linear(tr.ln_f(x), tr.wte.weight)

@@ -23,7 +23,7 @@ from ..convert import quantize
 from ..formats import Format
 from ..inputs import check_input, check_seed
 from ..rounding import F32, F64
-from . import accumulate, block_scaled
+from . import accumulate, block_scaled, fused
 from .tensor_core import (GroupStep, TensorCoreModel, canonical_nan, exponents,
                           run as run_tensor_core)
 from .accumulate import Stats
@@ -171,6 +171,8 @@ def _lanes_for(plan: Plan, prod: Profile, operands_fit_f32: bool, like: Any) -> 
         raise ValueError(f"products as small as 2^{prod.low} are beyond the tensor-core model's "
                          "alignment in float64; scale the operands up")
     compiled = plan.backend == "compiled"
+    if fused.applies(plan, prod, like is None):
+        return Lanes(F64)                   # float64's own sums: one rounding (fused.py)
     if plan.model is None and not plan.plain and operands_fit_f32 and prod.fits(F32) \
             and guarded(F32, plan.accum) \
             and (plan.product is None or holds(F32, plan.product)):
@@ -276,8 +278,11 @@ def _steps(plan: Plan, lanes: Lanes, wide: Lanes, prod: Profile, rng: Any) -> tu
            str(lanes.device))
     if lanes.compiled and key in _COMPILED:
         return _COMPILED[key]
-    add = accumulate.Adder(accum, plan.rounding, lanes, rng, plain=plan.plain,
-                     may_overflow=may_overflow)
+    if lanes.src is F64 and fused.applies(plan, prod, not lanes.torch):
+        add = fused.OneRounding(accum, plan.rounding, lanes)
+    else:
+        add = accumulate.Adder(accum, plan.rounding, lanes, rng, plain=plan.plain,
+                               may_overflow=may_overflow)
     steps = accumulate.Steps(add, plan.product, plan.rounding, rng, lanes.compiled)
     fp32 = accumulate.Adder(FP32, "rne", wide, None, plain=False, may_overflow=False)
     outer = accumulate.Steps(fp32, None, "rne", None, lanes.compiled)

@@ -1,0 +1,356 @@
+"""A dot-product site computed under a :class:`fpsim.recipe.Recipe`, on torch tensors.
+
+The functions :func:`linear`, :func:`matmul`, :func:`layernorm`, :func:`rmsnorm` and
+:func:`layernorm_stats` compute one site under a recipe; :func:`fpsim.emulate` and the
+experiments (per-site replay and end-to-end) use them, so all measure the same arithmetic.
+
+Operands are quantized with :func:`fpsim.quantize` (no scaling), :func:`fpsim.scaled_quantize`
+(per-tensor or per-channel amax scaling) or :func:`fpsim.mx.quantize` (MX and NVFP4 blocks),
+then multiplied exactly and summed by torch, unless the recipe asks for another accumulator
+or an explicit order, which :func:`fpsim.matmul` emulates.  An FP32 accumulator is computed
+in FP64 and rounded once to FP32 (a correctly rounded FP32 dot product, barring FP64 ties): the
+same bits on any thread count and machine, which torch's own FP32 matmul does not promise.  Scales
+follow the reduction axis: per-channel means one scale per row of the left operand and per
+column of the right one, so the scales factor out of every dot product.  This module imports
+torch; ``import fpsim`` does not import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import mx
+from .arith import matmul as emulated_matmul
+from .convert import quantize
+from .formats import Format, get_format
+from .scaling import scaled_quantize
+from .recipe import TILE, FormatLike, Recipe
+
+NATIVE_ACCUMULATORS = {"fp32": torch.float32, "fp64": torch.float64}  # rounded to; summed in FP64
+
+
+# --------------------------------------------------------------------------------------------
+# Operands
+# --------------------------------------------------------------------------------------------
+def rounding_limit(fmt: Format) -> float:
+    """Magnitude from which a value no longer rounds to ``fmt``'s largest finite value (max + half
+    an ulp)."""
+    ulp = 1.0 if fmt.is_int else math.ldexp(1.0, fmt.emax - fmt.mbits)
+    return fmt.max + ulp / 2
+
+
+def quantize_operand(
+    x: Tensor, fmt: FormatLike | None, recipe: Recipe, axis: int
+) -> tuple[Tensor, Any]:
+    """``x`` rounded to ``fmt`` under the recipe's scaling, reducing along ``axis``.
+
+    Returns the dequantized values (``x``'s dtype) and, per element (a float or a tensor that
+    broadcasts against ``x``), the magnitude from which it is clamped or overflows instead of
+    rounded: its :func:`rounding_limit` times its scale.
+    """
+    if fmt is None:
+        return x, math.inf
+    if recipe.scaling == "block":
+        arr = mx.quantize(x, fmt, axis=axis, rounding=recipe.rounding,
+                          scale_rounding=recipe.scale_rounding)
+        top = dataclasses.replace(arr, codes=torch.full_like(arr.codes, arr.fmt.elem.max_code))
+        elem = arr.fmt.elem
+        return arr.dequantize(x.dtype), top.dequantize(torch.float64) * (
+            rounding_limit(elem) / elem.max
+        )
+    f = get_format(fmt)
+    if recipe.scaling == "none":
+        q = quantize(x, f, rounding=recipe.rounding, saturate=recipe.saturate)
+        if recipe.full_subnormals:
+            q = widen_subnormals(x, q, f, recipe.rounding)
+        return q, rounding_limit(f)
+    if recipe.scaling == "tile":
+        return tile_quantize(x, f, axis, recipe.rounding), math.inf
+    # one scale per tensor or per row along the reduction axis; float64 keeps x / scale finite
+    # for formats wider than float32, whose fp32 scales stop at 2^-126
+    moved = x.movedim(axis, -1)
+    channel = recipe.scaling == "channel"
+    st = scaled_quantize(
+        moved.reshape(-1, moved.shape[-1]).double(),
+        f,
+        granularity=recipe.scaling,
+        axis=0 if channel else None,
+        rounding=recipe.rounding,
+    )
+    q = st.values.reshape(moved.shape).movedim(-1, axis).to(x.dtype)
+    scales = st.scales.double()
+    if channel:
+        scales = scales.reshape(*moved.shape[:-1], 1).movedim(-1, axis)
+    return q, scales * rounding_limit(f)
+
+
+def widen_subnormals(x: Tensor, q: Tensor, f: Format, rounding: str = "rne") -> Tensor:
+    """``q`` (``x`` rounded to ``f``) with every nonzero value below ``f``'s smallest normal
+    rounded instead at ``f``'s full mantissa width (the exponent range of FP32), so subnormals
+    lose no bits; values ``f`` flushes to zero stay zero."""
+    wide = Format(f"e8m{f.mbits}", 8, f.mbits)
+    below = (q != 0) & (x.abs() < f.min_normal)
+    return torch.where(below, quantize(x, wide, rounding=rounding), q)
+
+
+def tile_quantize(x: Tensor, f: Format, axis: int, rounding: str = "rne") -> Tensor:
+    """DeepSeek-V3 fine-grained scaling: amax scales per 1 x 128 tile along the reduction axis
+    of a left operand (``axis=-1``), per 128 x 128 block of a right operand (``axis=-2``).
+
+    Scales are amax / format max in FP32 (:func:`fpsim.scaled_quantize`); an axis that is not
+    a multiple of 128 ends in a short tile.  Amax scaling never overflows (limit: inf).
+    """
+    moved = x.movedim(axis, -1).double()
+    if axis == -1:
+        st = scaled_quantize(moved, f, granularity=("block", TILE), axis=-1,
+                                   rounding=rounding)
+        return st.values.movedim(-1, axis).to(x.dtype)
+    # right operand [..., K, N] moved to [..., N, K]: blocks of 128 columns x 128 reduction steps
+    *batch, n, k = moved.shape
+    pn, pk = -n % TILE, -k % TILE
+    padded = torch.nn.functional.pad(moved, (0, pk, 0, pn))
+    N, K = (n + pn) // TILE, (k + pk) // TILE
+    blocks = padded.reshape(*batch, N, TILE, K, TILE).movedim(-3, -2)
+    flat = blocks.reshape(-1, TILE * TILE)
+    st = scaled_quantize(flat, f, granularity="channel", axis=0, rounding=rounding)
+    q = st.values.reshape(blocks.shape).movedim(-2, -3).reshape(padded.shape)[..., :n, :k]
+    return q.movedim(-1, axis).to(x.dtype)
+
+
+def operand_events(x: Tensor, q: Tensor, limit: Any) -> dict[str, int]:
+    """Counts of elements of ``x`` that overflowed to inf/NaN, saturated, or flushed to zero in
+    ``q``.
+
+    Saturated: ``q`` finite although ``|x|`` reached ``limit`` (see :func:`quantize_operand`).
+    """
+    fx, fq = torch.isfinite(x), torch.isfinite(q)
+    return {
+        "elements": x.numel(),
+        "overflow": int((fx & ~fq).sum()),
+        "saturated": int((fx & fq & (x.abs() >= limit)).sum()),
+        "flushed": int((fx & (x != 0) & (q == 0)).sum()),
+    }
+
+
+def _quantize_counted(
+    x: Tensor, fmt: FormatLike | None, recipe: Recipe, axis: int, count: bool
+) -> tuple[Tensor, dict[str, int] | None]:
+    q, limit = quantize_operand(x, fmt, recipe, axis)
+    events = operand_events(x, q, limit) if count else None
+    return unflush(x, q, recipe), events
+
+
+def unflush(x: Tensor, q: Tensor, recipe: Recipe) -> Tensor:
+    """``q`` with flushed elements (nonzero in ``x``, zero in ``q``) put back when ``flush`` is
+    off."""
+    return q if recipe.flush else torch.where((q == 0) & (x != 0), x, q)
+
+
+def _operands(
+    recipe: Recipe, a: Tensor, b: Tensor, events: dict | None, cache: dict | None = None
+) -> tuple[Tensor, Tensor]:
+    """Quantize ``a`` (reducing along its last axis) and ``b`` (along its second to last).
+
+    ``cache`` keeps ``b``'s quantization by storage, version (in-place updates bump it), shape
+    and recipe: pass one for weights, which every batch and every replay of the same recipe
+    would otherwise quantize again.
+    """
+    count = events is not None
+    qa, ev_a = _quantize_counted(a, recipe.inputs, recipe, -1, count)
+    key = (
+        b.data_ptr(),
+        b._version,
+        tuple(b.shape),
+        b.stride(),
+        recipe.weight_format,
+        recipe.scaling,
+        recipe.rounding,
+        recipe.saturate,
+        recipe.flush,
+        recipe.scale_rounding,
+        recipe.full_subnormals,
+    )
+    if cache is None or key not in cache or (count and cache[key][1] is None):
+        found = _quantize_counted(b, recipe.weight_format, recipe, -2, count)
+        if cache is not None:
+            cache[key] = found
+    else:
+        found = cache[key]
+    qb, ev_b = found
+    if count:
+        events["a"], events["b"] = ev_a, ev_b
+    return qa, qb
+
+
+# --------------------------------------------------------------------------------------------
+# Accumulation and output
+# --------------------------------------------------------------------------------------------
+def _emulated_matmul(a: Tensor, b: Tensor, recipe: Recipe, events: dict | None) -> Tensor:
+    """``a @ b`` (matmul broadcasting) with the accumulator emulated by :func:`fpsim.matmul`.
+
+    Products are exact (float64 operands: a float64 multiply, as the FP64 hardware rounds
+    it); fills ``events["accum"]`` with the accumulator's overflow, largest
+    partial sum and swamped additions when ``events`` is given.
+    """
+    y = emulated_matmul(
+        a,
+        b,
+        accum=recipe.accum,
+        product="fp64" if a.dtype == torch.float64 else "exact",
+        order=recipe.order or "sequential",
+        chunk=recipe.chunk,
+        rounding=recipe.rounding,
+        tensor_core=recipe.tensor_core,
+        return_stats=events is not None,
+    )
+    if events is None:
+        return y.to(a.dtype)
+    y, stats = y
+    events["accum"] = {
+        "outputs": y.numel(),
+        "overflow": int(stats.overflow.sum()),
+        "max_partial": float(stats.max_partial.max()) if y.numel() else 0.0,
+        "swamped": int(stats.swamped.sum()),
+    }
+    return y.to(a.dtype)
+
+
+def _product(
+    recipe: Recipe, a: Tensor, b: Tensor, bias: Tensor | None, events: dict | None
+) -> Tensor:
+    """``a @ b (+ bias)`` accumulated as the recipe says, in ``a``'s dtype; bias added at the
+    end."""
+    if recipe.emulated:
+        y = _emulated_matmul(a, b, recipe, events)
+        return y if bias is None else y + bias
+    acc, f64 = NATIVE_ACCUMULATORS[recipe.accum], torch.float64
+    if bias is None:
+        return (a.to(f64) @ b.to(f64)).to(acc).to(a.dtype)
+    a2 = a.reshape(-1, a.shape[-1]).to(f64)
+    y = torch.addmm(bias.to(f64), a2, b.to(f64)).to(acc).to(a.dtype)
+    return y.view(*a.shape[:-1], b.shape[-1])
+
+
+def _row_dot(recipe: Recipe, u: Tensor, v: Tensor, events: dict | None = None) -> Tensor:
+    """Dot products of ``u`` and ``v`` along their last axis, accumulated as the recipe says."""
+    if recipe.emulated:
+        return _emulated_matmul(u[..., None, :], v[..., :, None], recipe, events)[..., 0, 0]
+    acc = NATIVE_ACCUMULATORS[recipe.accum]
+    return (u.double() * v.double()).sum(-1).to(acc).to(u.dtype)
+
+
+def round_output(y: Tensor, recipe: Recipe) -> Tensor:
+    """The site result written in the recipe's output format."""
+    if recipe.output is None:
+        return y
+    return quantize(y, recipe.output, rounding=recipe.rounding, saturate=recipe.saturate)
+
+
+# --------------------------------------------------------------------------------------------
+# Sites
+# --------------------------------------------------------------------------------------------
+def linear(
+    recipe: Recipe,
+    x: Tensor,
+    W: Tensor,
+    b: Tensor | None,
+    events: dict | None = None,
+    cache: dict | None = None,
+) -> Tensor:
+    """Conv1D ``x @ W + b`` (``W`` is ``[in, out]``) under ``recipe``; fills ``events`` if given.
+
+    ``cache`` (a dict the caller keeps per model) holds quantized weights between calls.
+    """
+    qx, qW = _operands(recipe, x, W, events, cache)
+    return round_output(_product(recipe, qx, qW, b, events), recipe)
+
+
+def matmul(recipe: Recipe, a: Tensor, b: Tensor, events: dict | None = None) -> Tensor:
+    """Batched ``a @ b`` under ``recipe``; fills ``events`` if given."""
+    qa, qb = _operands(recipe, a, b, events)
+    return round_output(_product(recipe, qa, qb, None, events), recipe)
+
+
+def _layernorm_parts(
+    recipe: Recipe, x: Tensor, events: dict | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Centred quantized input ``d``, per-row mean and sum of squares ``d . d`` under ``recipe``."""
+    qx, limit = quantize_operand(x, recipe.inputs, recipe, axis=-1)
+    if events is not None:
+        events["a"] = operand_events(x, qx, limit)
+    mean = round_output(_row_dot(recipe, qx, torch.ones_like(qx)), recipe) / x.shape[-1]
+    d = qx - mean[..., None]
+    return d, mean, round_output(_row_dot(recipe, d, d, events), recipe)
+
+
+def layernorm_stats(recipe: Recipe, x: Tensor, events: dict | None = None) -> tuple[Tensor, Tensor]:
+    """Per-row mean and sum of squares ``sum((x - mean)^2)`` of LayerNorm, under ``recipe``.
+
+    Both are dot products: ``x`` is quantized like a left operand, ``x . 1`` and ``d . d``
+    (``d = x - mean``) are accumulated and written in the recipe's output format.
+    """
+    _, mean, ssq = _layernorm_parts(recipe, x, events)
+    return mean, ssq
+
+
+def layernorm(
+    recipe: Recipe,
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    eps: float,
+    events: dict | None = None,
+) -> Tensor:
+    """LayerNorm over the last axis with its statistics computed under ``recipe`` (``weight``,
+    ``bias``: None for none).
+
+    A plain recipe is torch's LayerNorm computed in FP64 and rounded to the accumulator.
+    """
+    if recipe.plain:
+        y = F.layer_norm(x.double(), (x.shape[-1],), _double(weight), _double(bias), eps)
+        return y.to(NATIVE_ACCUMULATORS[recipe.accum]).to(x.dtype)
+    d, _, ssq = _layernorm_parts(recipe, x, events)
+    return _affine(d * torch.rsqrt(ssq[..., None] / x.shape[-1] + eps), weight, bias)
+
+
+def sum_squares(recipe: Recipe, x: Tensor, events: dict | None = None) -> Tensor:
+    """Per-row ``x . x`` (RMSNorm's statistic times the row length) under ``recipe``: ``x``
+    quantized like a left operand, the dot product accumulated and written as the recipe says."""
+    qx, limit = quantize_operand(x, recipe.inputs, recipe, axis=-1)
+    if events is not None:
+        events["a"] = operand_events(x, qx, limit)
+    return round_output(_row_dot(recipe, qx, qx, events), recipe)
+
+
+def rmsnorm(
+    recipe: Recipe, x: Tensor, weight: Tensor | None, eps: float, events: dict | None = None
+) -> Tensor:
+    """RMSNorm over the last axis, ``x / sqrt(mean(x^2) + eps) * weight``, with the mean square
+    computed under ``recipe`` (a plain recipe: all in FP64, rounded to the accumulator)."""
+    if recipe.plain:
+        xd = x.double()
+        y = _affine(xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps), _double(weight), None)
+        return y.to(NATIVE_ACCUMULATORS[recipe.accum]).to(x.dtype)
+    ms = sum_squares(recipe, x, events)[..., None] / x.shape[-1]
+    return _affine(x * torch.rsqrt(ms + eps), weight, None)
+
+
+def _double(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.double()
+
+
+def _affine(y: Tensor, weight: Tensor | None, bias: Tensor | None) -> Tensor:
+    """``y * weight + bias``, either left out when None."""
+    y = y if weight is None else y * weight
+    return y if bias is None else y + bias
+
+
+def softmax(x: Tensor) -> Tensor:
+    """Softmax over the last axis computed in FP64 and rounded to ``x``'s dtype (deterministic)."""
+    return torch.softmax(x.double(), dim=-1).to(x.dtype)

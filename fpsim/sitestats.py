@@ -1,0 +1,51 @@
+"""Per-site statistics that :func:`fpsim.emulate` captures (plain Python: no torch)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+#: Columns of :meth:`Emulation.table`, in order.
+COLUMNS = ("site", "kind", "recipe", "calls", "elements", "amax", "overflow", "saturated",
+           "flushed", "outputs", "nonfinite", "snr_db", "swamped")
+
+
+@dataclass
+class SiteStats:
+    """What one site did, summed over its calls.
+
+    ``elements``: operand elements (both operands, every call); ``amax``: the largest finite
+    operand magnitude; ``overflow`` / ``saturated`` / ``flushed``: operand elements the recipe
+    sent to inf/NaN, clamped at the format's largest value, or flushed to zero; ``outputs``:
+    results, ``nonfinite`` those inf/NaN where the FP64 reference is finite; ``signal`` /
+    ``noise``: energy of the FP64 reference and of the error, over results finite in both;
+    ``swamped``: additions an emulated accumulator left unchanged although the addend was
+    non-zero (None: the accumulator is torch's, not measured).
+    """
+
+    site: str
+    kind: str
+    recipe: str | None
+    calls: int = 0
+    elements: int = 0
+    amax: float = 0.0
+    overflow: int = 0
+    saturated: int = 0
+    flushed: int = 0
+    outputs: int = 0
+    nonfinite: int = 0
+    signal: float = 0.0
+    noise: float = 0.0
+    swamped: int | None = None
+
+    @property
+    def snr_db(self) -> float:
+        """Signal-to-noise ratio of the results against FP64, in dB (inf: no error)."""
+        if self.noise == 0:
+            return math.inf if self.signal > 0 else math.nan
+        return 10 * math.log10(self.signal / self.noise) if self.signal > 0 else -math.inf
+
+    def row(self) -> dict[str, Any]:
+        """The site as a table row keyed by :data:`COLUMNS`."""
+        return {c: self.snr_db if c == "snr_db" else getattr(self, c) for c in COLUMNS}

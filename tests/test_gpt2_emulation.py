@@ -1,0 +1,68 @@
+"""The GPT-2 experiments' end-to-end numbers stay bit for bit what they were.
+
+``tests/data/gpt2_emulation_before.json`` holds, for a few quick recipes on the embedded tiny
+GPT-2, the SHA-256 of the logits' bytes and the comparison metrics, recorded with the code of
+``main`` before the experiments' arithmetic moved onto :func:`fpsim.emulate`.  Regenerate
+only on purpose: ``PYTHONPATH=. python tests/test_gpt2_emulation.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from experiments.context import DEFAULT_MODEL
+from experiments.endtoend import RecipeOps, compare, logits
+from experiments.gpt2.checkpoint import load_gpt2
+from experiments.recipes import FP32, FP64, Recipe
+
+FIXTURE = Path(__file__).parent / "data" / "gpt2_emulation_before.json"
+E4M3 = Recipe("e4m3 tensor", "e4m3", scaling="tensor")
+RECIPES = {
+    "fp32": FP32,
+    "fp64": FP64,
+    "e4m3 per-tensor": E4M3,
+    "e3m4 unscaled, saturating": Recipe("e3m4", "e3m4", saturate=True),
+    "e3m2 unscaled": Recipe("e3m2", "e3m2"),
+    "mxfp8 e4m3": Recipe("mxfp8", "mxfp8_e4m3", scaling="block"),
+    "bf16 output, fp32 accum": Recipe("bf16", "bf16", output="bf16"),
+    "e5m2 lm_head only": {"lm_head": Recipe("e5m2", "e5m2")},
+    "fp16 accumulator, attention": {f"h{i}.attn.{s}": Recipe("fp16 acc", accum="fp16",
+                                                            order="sequential")
+                                    for i in range(4) for s in ("qk", "av")},
+}
+
+
+def numbers() -> dict[str, dict]:
+    """Per recipe: SHA-256 of the logits (float32 bytes), the metrics and the event counts."""
+    model = load_gpt2(DEFAULT_MODEL)
+    wins = torch.randint(0, model.config.vocab_size, (2, 33),
+                         generator=torch.Generator().manual_seed(5))
+    ref = logits(model, wins)
+    out = {}
+    for name, recipe in RECIPES.items():
+        ops = RecipeOps(recipe)
+        z = torch.cat(logits(model, wins, ops))
+        metrics = compare(model, wins, ref, RecipeOps(recipe))
+        metrics.pop("windows")
+        out[name] = {"sha256": hashlib.sha256(z.numpy().tobytes()).hexdigest(),
+                     "metrics": {k: repr(v) for k, v in metrics.items()},
+                     "nonfinite": ops.nonfinite,
+                     "events": {k: v for k, v in ops.events.items()
+                                if v["overflow"] or v["saturated"] or v["flushed"]}}
+    return out
+
+
+def test_gpt2_numbers_are_unchanged() -> None:
+    want = json.loads(FIXTURE.read_text())
+    got = numbers()
+    assert set(got) == set(want)
+    for name in want:
+        assert got[name] == want[name], name
+
+
+if __name__ == "__main__":
+    FIXTURE.write_text(json.dumps(numbers(), indent=1, sort_keys=True) + "\n")
