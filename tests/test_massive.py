@@ -35,7 +35,9 @@ def test_first_token_residual_is_massive_in_the_named_channels(model_dir, massiv
     model = load_gpt2(model_dir)
     channels = LOG["channels"]
     assert 1 <= len(channels) <= 3
-    for name, x in residuals(model, _first_tokens()).items():
+    seen = residuals(model, _first_tokens())
+    assert list(seen) == [f"h{i}.ln_{j}" for i in range(4) for j in (1, 2)] + ["ln_f"]
+    for name, x in seen.items():
         first = x[:, 0, channels].abs()
         elsewhere = x[:, 1:].abs().max()
         if massive:      # every LayerNorm input, every window: > 500, while the rest stays small

@@ -44,13 +44,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..context import display_name
 from .checkpoint import SYNTHETIC_KEY, load_gpt2, save_gpt2
 from .data import heldout_bytes, random_windows, train_bytes, windows
 from .evaluate import window_loss
-from .model import GPT2, TorchOps
+from .model import GPT2
+from .ops import site_name
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "massive_synthetic"
@@ -76,23 +77,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-class _LayerNormInputs(TorchOps):
-    """Plain torch arithmetic that also keeps every LayerNorm input (the residual stream)."""
-
-    def __init__(self) -> None:
-        self.seen: dict[str, Tensor] = {}
-
-    def layernorm(self, name: str, x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
-        self.seen[name] = x.detach()
-        return super().layernorm(name, x, weight, bias, eps)
-
-
 @torch.no_grad()
 def residuals(model: GPT2, idx: Tensor) -> dict[str, Tensor]:
     """The residual stream ``[B, T, C]`` entering each LayerNorm, by LayerNorm site name."""
-    ops = _LayerNormInputs()
-    model(idx, ops)
-    return ops.seen
+    seen: dict[str, Tensor] = {}
+    hooks = [module.register_forward_pre_hook(
+        lambda _, args, name=site_name(f"{path}:layer_norm"): seen.__setitem__(name, args[0]))
+        for path, module in model.named_modules() if isinstance(module, nn.LayerNorm)]
+    try:
+        model(idx)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen
 
 
 def pick_channels(model: GPT2, idx: Tensor, k: int) -> tuple[list[int], list[float]]:
