@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from torch import Tensor
 
 from . import bootstrap, endtoend, replay
 from .capture import Site, capture
-from .gpt2.checkpoint import load_gpt2, resolve_checkpoint
+from .gpt2.checkpoint import SYNTHETIC_KEY, load_gpt2, resolve_checkpoint
 from .gpt2.data import heldout_bytes, heldout_text, windows
 from .gpt2.model import GPT2, site_order
 from .gpt2.tokenizer import load_bpe
@@ -63,6 +64,14 @@ def display_name(model: str | Path) -> str:
     return str(p.relative_to(REPO)) if p.exists() and p.is_relative_to(REPO) else str(model)
 
 
+def synthetic_note(checkpoint: Path) -> str | None:
+    """The description a synthetic checkpoint carries in ``config.json`` (key
+    ``fpsim_synthetic``, e.g. written by :mod:`experiments.gpt2.massive`), else None: reports print
+    it so that numbers from a stress model are never read as a trained model's."""
+    note = json.loads((checkpoint / "config.json").read_text()).get(SYNTHETIC_KEY)
+    return str(note) if note else None
+
+
 def _subsample(
     sites: dict[str, Site], rows: int | None, cols: int | None, seed: int
 ) -> dict[str, Site]:
@@ -84,6 +93,7 @@ class Context:
     quick: bool
     seed: int = 0
     batch_size: int = 8
+    synthetic: str | None = None
     sites: dict[str, Site] = field(init=False)
     emulation_sites: dict[str, Site] = field(init=False)
     ref_logits: list[Tensor] = field(init=False)
@@ -171,6 +181,7 @@ class Context:
             "replay_rows": rows(self.sites),
             "emulation_rows": rows(self.emulation_sites),
             "quick": self.quick,
+            **({"synthetic": self.synthetic} if self.synthetic else {}),
             **versions(),
         }
 
@@ -187,4 +198,6 @@ def build(
     batch = (
         8 if net.config.vocab_size <= 4096 else 1
     )  # a GPT-2 vocabulary makes float64 logits large
-    return Context(net, display_name(model), wins, sites, sizes, quick, seed, batch)
+    note = synthetic_note(checkpoint)
+    name = display_name(model) + (" [SYNTHETIC]" if note else "")
+    return Context(net, name, wins, sites, sizes, quick, seed, batch, note)

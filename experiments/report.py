@@ -154,10 +154,14 @@ def page(
     body: Sequence[str],
     lead: Sequence[str] = (),
 ) -> str:
-    """A report page as every experiment writes it: title naming the model, intro paragraph,
+    """A report page as every experiment writes it: title naming the model, a line saying so
+    when the model is synthetic (``meta["synthetic"]``), intro paragraph,
     ``lead`` (e.g. a headline figure and table), the conclusions as bullets, then ``body``
     (figures, tables), one line per item."""
-    lines = [f"# {title} ({meta['model']})", "", intro, ""]
+    lines = [f"# {title} ({meta['model']})", ""]
+    if meta.get("synthetic"):
+        lines += [f"**Synthetic model:** {meta['synthetic']}.", ""]
+    lines += [intro, ""]
     lines += [*lead, ""] if lead else []
     lines += ["## Conclusions", ""]
     lines += [f"- {c}" for c in conclusions] + [""] + list(body)
