@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import dispatch
 from ..backend import is_torch, is_torch_generator
 from ..convert import quantize
 from ..formats import Format
@@ -104,7 +105,7 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     plan = make_plan(inputs, accum, order, chunk, product, rounding, output, tensor_core, backend,
                      keyword)
     use_torch = plan.backend in ("torch", "compiled") or (plan.backend == "auto" and (
-        any(is_torch(x) and x.device.type != "cpu" for x in (a, b)) or is_torch_generator(seed)))
+        any(is_torch(x) and dispatch.device_kind(x) != "cpu" for x in (a, b)) or is_torch_generator(seed)))
     scaled = block_scaled.split(a, b, plan.model)
     if scaled is not None:
         if plan.inputs != (None, None):
