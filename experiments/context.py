@@ -5,6 +5,11 @@ end-to-end metrics use ``Sizes.tokens`` held-out tokens.  The sites are captured
 ``Sizes.capture_windows`` windows; ``full_sites`` keeps them whole (activation statistics),
 ``sites`` may subsample them for the per-site replay, and ``emulation_sites`` subsamples them
 further for recipes whose accumulator :func:`fpsim.matmul` emulates one addition at a time.
+
+Everything lives on one device (``build(device=...)``): on CUDA the model, the windows, the
+captures, the references and every replay stay on the GPU, and fpsim's ``"auto"`` engine choice
+runs the emulation there (Triton kernels for FP32 casts and MX blocks, the torch engine for the
+rest).  Tensors become NumPy only where numbers are reported.
 """
 
 from __future__ import annotations
@@ -87,6 +92,11 @@ class Context:
     sites: dict[str, Site] = field(init=False)
     emulation_sites: dict[str, Site] = field(init=False)
     ref_logits: list[Tensor] = field(init=False)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model, the windows and the captured sites live."""
+        return self.wins.device
 
     def __post_init__(self) -> None:
         s = self.sizes
@@ -171,18 +181,25 @@ class Context:
             "replay_rows": rows(self.sites),
             "emulation_rows": rows(self.emulation_sites),
             "quick": self.quick,
+            "device": self.device.type,
             **versions(),
         }
 
 
 def build(
-    model: str | Path = DEFAULT_MODEL, sizes: Sizes = FULL, quick: bool = False, seed: int = 0
+    model: str | Path = DEFAULT_MODEL,
+    sizes: Sizes = FULL,
+    quick: bool = False,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
 ) -> Context:
-    """Load the model and held-out data, capture the sites and compute the references."""
+    """Load the model and held-out data onto ``device``, capture the sites and compute the
+    references (the numbers are the same bits on any device)."""
     checkpoint = resolve_checkpoint(model)
-    net = load_gpt2(checkpoint, torch.float32)
+    net = load_gpt2(checkpoint, torch.float32).to(device)
     block = min(BLOCK, net.config.n_positions)
     wins = windows(heldout_tokens(net, checkpoint), block, max(1, sizes.tokens // block))
+    wins = wins.to(device)
     sites, _ = capture(net, wins[: sizes.capture_windows, :-1])
     batch = (
         8 if net.config.vocab_size <= 4096 else 1
