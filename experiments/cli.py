@@ -4,7 +4,7 @@ Each experiment writes ``results.json`` (every number, with what it was measured
 long it took), PNG figures and ``REPORT.md`` generated from the JSON.  ``all`` runs every
 experiment on one shared capture and writes ``OUT/REPORT.md`` with every conclusion.
 ``--quick`` uses few tokens and subsampled sites.  ``--device cuda`` (the default when torch
-sees a GPU) runs the model and the emulation on the GPU, with the same numbers as on the CPU.
+sees a GPU) runs the model and the emulation on the GPU.
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--device", choices=["cpu", "cuda"],
                    help="where the model, the captured sites and the emulation run (default: "
-                        "cuda when torch sees a GPU, else cpu); the numbers are the same on both")
+                        "cuda when torch sees a GPU, else cpu); the emulation gives the same "
+                        "bits on both")
     p.add_argument(
         "--threads",
         type=_positive,

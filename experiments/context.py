@@ -9,7 +9,9 @@ further for recipes whose accumulator :func:`fpsim.matmul` emulates one addition
 Everything lives on one device (``build(device=...)``): on CUDA the model, the windows, the
 captures, the references and every replay stay on the GPU, and fpsim's ``"auto"`` engine choice
 runs the emulation there (Triton kernels for FP32 casts and MX blocks, the torch engine for the
-rest).  Tensors become NumPy only where numbers are reported.
+rest), which gives the CPU's bits on the same operands.  The model's own FP32 GELU (torch's tanh
+and pow) and float64 BLAS/libm calls are the device's and may differ from the CPU's in the last
+bit.  Tensors become NumPy only where numbers are reported.
 """
 
 from __future__ import annotations
@@ -194,7 +196,7 @@ def build(
     device: str | torch.device = "cpu",
 ) -> Context:
     """Load the model and held-out data onto ``device``, capture the sites and compute the
-    references (the numbers are the same bits on any device)."""
+    references there."""
     checkpoint = resolve_checkpoint(model)
     net = load_gpt2(checkpoint, torch.float32).to(device)
     block = min(BLOCK, net.config.n_positions)
