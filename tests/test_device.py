@@ -30,9 +30,10 @@ from experiments.report import load_json
 SCALED = (Recipe("fp16 in/out", "fp16", output="fp16"),          # Triton cast (FP32 lanes)
           Recipe("e4m3/channel", "e4m3", scaling="channel"),     # torch engine (float64 scales)
           Recipe("mxfp8_e4m3/block", "mxfp8_e4m3", scaling="block"))  # Triton MX kernel
-#: An emulated accumulator (fpsim.matmul's torch engine) on two small sites: every addition
-#: rounds through the Triton cast, which the interpreter runs slowly.
-ACCUM = Recipe("bf16 acc", "bf16", accum="bf16", order="sequential", output="bf16")
+#: Emulated accumulators (fpsim.matmul's torch engine) on two small sites: every addition of
+#: the first rounds through the Triton cast, which the interpreter runs slowly.
+ACCUM = (Recipe("bf16 acc", "bf16", accum="bf16", order="sequential", output="bf16"),
+         Recipe("tensor core", "bf16", order="tensor_core", tensor_core="hopper_bf16"))
 ACCUM_SITES = ("h0.ln_1", "h0.attn.qk")
 
 
@@ -65,8 +66,9 @@ def _measure(ctx: context.Context) -> dict[str, Any]:
                        "e2e": endtoend.compare_logits(ctx.wins, ctx.ref_logits, logits),
                        "events": ops.events, "nonfinite": ops.nonfinite}
     sites = {n: ctx.emulation_sites[n] for n in ACCUM_SITES}
-    out[ACCUM.name] = replay.replay(sites, ACCUM, {n: ctx.refs(ctx.emulation_sites)[n]
-                                                   for n in ACCUM_SITES})
+    refs = {n: ctx.refs(ctx.emulation_sites)[n] for n in ACCUM_SITES}
+    for r in ACCUM:
+        out[r.name] = replay.replay(sites, r, refs)
     out["fp32_logits_sha256"] = _digest(ctx.ref_logits)
     return out
 
@@ -124,8 +126,8 @@ def test_sites_replay_on_cuda_to_the_cpu_bits():
     """The emulation itself on a real GPU: the same captured operands, replayed on CUDA (Triton
     kernels, torch engine) and on the CPU (NumPy), give the same output bits."""
     ctx = _context()
-    for recipe, sites in [*((r, ctx.sites) for r in SCALED),
-                          (ACCUM, {n: ctx.emulation_sites[n] for n in ACCUM_SITES})]:
+    small = {n: ctx.emulation_sites[n] for n in ACCUM_SITES}
+    for recipe, sites in [*((r, ctx.sites) for r in SCALED), *((r, small) for r in ACCUM)]:
         for name, site in sites.items():
             gpu = dataclasses.replace(site, **{k: getattr(site, k).cuda() for k in
                                                ("a", "output", "b", "bias", "mask")
