@@ -4,7 +4,9 @@ Without a GPU, :func:`fpsim.dispatch.device_kind` is patched to call CPU tensors
 every ``"auto"`` engine choice takes the CUDA route (the Triton kernels, in Triton's interpreter,
 for FP32 casts and MX blocks; the torch engine for float64 casts and emulated accumulators) while
 the default CPU run takes NumPy's: their replay statistics, end-to-end metrics and logits must be
-the same bits.  With a GPU, one quick experiment runs on both devices and is compared.
+the same bits.  With a GPU, the same captured operands are replayed on both devices (bit for
+bit) and one quick experiment runs on both (JSON to 1e-4: the model's own FP32 GELU and float64
+libm/BLAS calls are the device's).
 """
 
 from __future__ import annotations
