@@ -39,7 +39,7 @@ def _where(t: Tensor) -> list[int]:
 
 def _causal(t: Tensor) -> Tensor:
     """The causal (lower-triangular) part of the last two axes of ``t``, flattened."""
-    keep = torch.ones(t.shape[-2], t.shape[-1], dtype=torch.bool).tril()
+    keep = torch.ones(t.shape[-2], t.shape[-1], dtype=torch.bool, device=t.device).tril()
     return t[keep.expand_as(t)]
 
 

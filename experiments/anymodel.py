@@ -162,15 +162,14 @@ def main(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         model, ids = load(args.model)
         block = context_length(model)
-        device = args.device or "cpu"
-        model = model.to(device)
-        wins = windows(ids, block, max(1, tokens // block)).to(device)
+        model = model.to(args.device)
+        wins = windows(ids, block, max(1, tokens // block)).to(args.device)
         data = run(model, wins, batch_size=8)
         data["meta"] = {"model": context.display_name(args.model),
                         "model_type": model.config.model_type,
                         "parameters": sum(p.numel() for p in model.parameters()),
                         "tokens": wins.shape[0] * (wins.shape[1] - 1), "window": block,
-                        "quick": args.quick, **versions(),
+                        "quick": args.quick, "device": args.device, **versions(),
                         "seconds": round(time.perf_counter() - start, 1)}
     finish(NAME, args.out / NAME, data, render)
     return 0

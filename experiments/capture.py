@@ -61,11 +61,12 @@ class Site:
         """A smaller site: at most ``rows`` rows of ``a`` and ``cols`` columns of ``b``.
 
         Batched products keep at most two batch entries.  Picks are random and sorted, so a
-        causal mask stays causal.  For cheap emulation of slow accumulators.
+        causal mask stays causal.  For cheap emulation of slow accumulators.  ``gen`` is a CPU
+        generator: the picks are the same whatever device the site lives on.
         """
 
         def pick(n: int, k: int) -> Tensor:
-            return torch.randperm(n, generator=gen)[:k].sort().values
+            return torch.randperm(n, generator=gen)[:k].sort().values.to(self.a.device)
 
         if self.kind == "layernorm":
             a = self.a.reshape(-1, self.reduction)
@@ -120,7 +121,7 @@ class CaptureOps(TorchOps):
         y = recipes.matmul(NATIVE[a.dtype], a, b)
         mask = None
         if name.endswith(".qk"):
-            mask = torch.ones(y.shape[-2], y.shape[-1], dtype=torch.bool).tril()
+            mask = torch.ones(y.shape[-2], y.shape[-1], dtype=torch.bool, device=y.device).tril()
         self._keep(Site(name, "matmul", a.detach(), y.detach(), b.detach(), mask=mask))
         return y
 

@@ -3,7 +3,8 @@
 Each experiment writes ``results.json`` (every number, with what it was measured on and how
 long it took), PNG figures and ``REPORT.md`` generated from the JSON.  ``all`` runs every
 experiment on one shared capture and writes ``OUT/REPORT.md`` with every conclusion.
-``--quick`` uses few tokens and subsampled sites.
+``--quick`` uses few tokens and subsampled sites.  ``--device cuda`` (the default when torch
+sees a GPU) runs the model and the emulation on the GPU.
 """
 
 from __future__ import annotations
@@ -88,8 +89,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--quick", action="store_true", help="few tokens and subsampled sites: a smoke run"
     )
     p.add_argument("--device", choices=["cpu", "cuda"],
-                   help="where the model and the emulation run (training: default cuda when "
-                        "available; the others: cpu only)")
+                   help="where the model, the captured sites and the emulation run (default: "
+                        "cuda when torch sees a GPU, else cpu); the emulation gives the same "
+                        "bits on both")
     p.add_argument(
         "--threads",
         type=_positive,
@@ -102,11 +104,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="only regenerate figures and REPORT.md from an existing results.json",
     )
     args = p.parse_args(argv)
-    if args.device == "cuda" and args.name not in STANDALONE:
-        p.error("--device cuda: only the training experiment runs on a GPU so far; "
-                "run this one with --device cpu (the default for it)")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no CUDA device; use --device cpu")
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     kind = anymodel.model_type(args.model)
     if args.name != anymodel.NAME and kind not in (None, "gpt2"):
         p.error(f"--model {args.model}: a {kind} model; {args.name} studies GPT-2's sites, "
@@ -176,7 +177,7 @@ def main(argv: list[str]) -> int:
     sizes = context.QUICK if args.quick else context.FULL
     if args.tokens:
         sizes = dataclasses.replace(sizes, tokens=args.tokens)
-    ctx = context.build(args.model, sizes, args.quick)
+    ctx = context.build(args.model, sizes, args.quick, device=args.device)
     for name in names:
         start = time.perf_counter()
         data = EXPERIMENTS[name].run(ctx)

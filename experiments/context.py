@@ -5,6 +5,13 @@ end-to-end metrics use ``Sizes.tokens`` held-out tokens.  The sites are captured
 ``Sizes.capture_windows`` windows; ``full_sites`` keeps them whole (activation statistics),
 ``sites`` may subsample them for the per-site replay, and ``emulation_sites`` subsamples them
 further for recipes whose accumulator :func:`fpsim.matmul` emulates one addition at a time.
+
+Everything lives on one device (``build(device=...)``): on CUDA the model, the windows, the
+captures, the references and every replay stay on the GPU, and fpsim's ``"auto"`` engine choice
+runs the emulation there (Triton kernels for FP32 casts and MX blocks, the torch engine for the
+rest), which gives the CPU's bits on the same operands.  The model's own FP32 GELU (torch's tanh
+and pow) and float64 BLAS/libm calls are the device's and may differ from the CPU's in the last
+bit.  Tensors become NumPy only where numbers are reported.
 """
 
 from __future__ import annotations
@@ -98,6 +105,11 @@ class Context:
     emulation_sites: dict[str, Site] = field(init=False)
     ref_logits: list[Tensor] = field(init=False)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model, the windows and the captured sites live."""
+        return self.wins.device
+
     def __post_init__(self) -> None:
         s = self.sizes
         self.sites = _subsample(self.full_sites, s.rows, s.cols, self.seed)
@@ -182,18 +194,25 @@ class Context:
             "emulation_rows": rows(self.emulation_sites),
             "quick": self.quick,
             **({"synthetic": self.synthetic} if self.synthetic else {}),
+            "device": self.device.type,
             **versions(),
         }
 
 
 def build(
-    model: str | Path = DEFAULT_MODEL, sizes: Sizes = FULL, quick: bool = False, seed: int = 0
+    model: str | Path = DEFAULT_MODEL,
+    sizes: Sizes = FULL,
+    quick: bool = False,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
 ) -> Context:
-    """Load the model and held-out data, capture the sites and compute the references."""
+    """Load the model and held-out data onto ``device``, capture the sites and compute the
+    references there."""
     checkpoint = resolve_checkpoint(model)
-    net = load_gpt2(checkpoint, torch.float32)
+    net = load_gpt2(checkpoint, torch.float32).to(device)
     block = min(BLOCK, net.config.n_positions)
     wins = windows(heldout_tokens(net, checkpoint), block, max(1, sizes.tokens // block))
+    wins = wins.to(device)
     sites, _ = capture(net, wins[: sizes.capture_windows, :-1])
     batch = (
         8 if net.config.vocab_size <= 4096 else 1

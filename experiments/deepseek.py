@@ -297,8 +297,8 @@ def gpt2(ctx: Context, sizes: Sizes, workers: int) -> dict[str, Any]:
     rows = np.sort(rng.choice(tokens, sizes.rows, replace=False))
     jobs, refs, imb = {}, {}, {}
     for name, site in sites.items():
-        a = site.a.reshape(-1, site.reduction)[rows].numpy()     # FP32, scaled in FP32
-        w = site.b.numpy()
+        a = site.a.reshape(-1, site.reduction)[rows].cpu().numpy()  # FP32, scaled in FP32
+        w = site.b.cpu().numpy()
         cols = np.sort(rng.choice(w.shape[1], sizes.cols, replace=False))
         site_job, refs[name], imb[name] = site_jobs(a, w, cols, sizes.frac_bits)
         jobs.update({(name, *key): job for key, job in site_job.items()})

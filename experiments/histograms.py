@@ -48,7 +48,7 @@ def histogram(y: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
     counts."""
     y, ref = y.double(), ref.double()
     fin = torch.isfinite(y) & torch.isfinite(ref) & (ref != 0)
-    rel = ((y[fin] - ref[fin]).abs() / ref[fin].abs()).numpy()
+    rel = ((y[fin] - ref[fin]).abs() / ref[fin].abs()).cpu().numpy()  # the reporting edge
     exact = int((rel == 0).sum())
     logs = np.log10(rel[rel > 0])
     counts, _ = np.histogram(np.clip(logs, EDGES[0], EDGES[-1]), EDGES)

@@ -63,7 +63,7 @@ def error_stats(y: Tensor, ref: Tensor, output_max: float = math.inf) -> dict[st
     both = fin_ref & fin_y
     err = (y[both] - ref[both]).abs()
     r = ref[both]
-    rel = (err[r != 0] / r[r != 0].abs()).numpy()
+    rel = (err[r != 0] / r[r != 0].abs()).cpu().numpy()     # the reporting edge
     signal, noise = float((r * r).sum()), float((err * err).sum())
     return {
         "outputs": int(fin_ref.sum()),

@@ -84,9 +84,9 @@ def checkpoint(seed: int, quick: bool, cache: Path = CACHE) -> Path:
     return out
 
 
-def run_seed(seed: int, sizes: context.Sizes, quick: bool) -> dict[str, Any]:
-    """End-to-end metrics of every recipe on the model of ``seed``."""
-    ctx = context.build(checkpoint(seed, quick), sizes, quick)
+def run_seed(seed: int, sizes: context.Sizes, quick: bool, device: str = "cpu") -> dict[str, Any]:
+    """End-to-end metrics of every recipe on the model of ``seed``, run on ``device``."""
+    ctx = context.build(checkpoint(seed, quick), sizes, quick, device=device)
     runs = {}
     for name, (recipe, ln_fp32) in recipes().items():
         per_site = (
@@ -191,8 +191,9 @@ def main(args: argparse.Namespace) -> int:
         if args.tokens:
             sizes = dataclasses.replace(sizes, tokens=args.tokens)
         start = time.perf_counter()
-        data = {"seeds": [run_seed(s, sizes, args.quick) for s in SEEDS]}
+        data = {"seeds": [run_seed(s, sizes, args.quick, args.device) for s in SEEDS]}
         data["meta"] = {"quick": args.quick, "steps": QUICK_STEPS if args.quick else STEPS,
+                        "device": args.device,
                         "tokens": data["seeds"][0]["tokens"], "model": "tiny, seeds 0-2",
                         **versions(), "seconds": round(time.perf_counter() - start, 1)}
     finish(NAME, args.out / NAME, data, render)

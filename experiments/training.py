@@ -544,9 +544,8 @@ def main(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
         plan = QUICK if args.quick else FULL
         start = time.perf_counter()
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        data = run(plan, device)
-        data["meta"] = {"device": device,
+        data = run(plan, args.device)
+        data["meta"] = {"device": args.device,
                         "model": f"GPT-2 {MODEL.n_layer} layers, width {MODEL.n_embd}, "
                                  f"byte-level, {MODEL.n_positions} positions",
                         "config": MODEL.to_hf_dict(), "quick": args.quick,

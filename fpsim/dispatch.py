@@ -20,12 +20,20 @@ CONVERT_BACKENDS = ("auto", "numpy", "torch", "triton")
 BLOCK_BACKENDS = ("auto", "torch", "triton")
 
 
+def device_kind(x: Any) -> str:
+    """The device type of torch tensor ``x`` (``"cpu"``, ``"cuda"``...) as every ``"auto"``
+    choice of engine reads it: CUDA tensors run the Triton kernels or the torch engine, CPU ones
+    NumPy.  The one place the choice looks at the device, so a test can send CPU tensors down the
+    CUDA path (the experiments' ``--device cuda`` test)."""
+    return x.device.type
+
+
 def kernel_input(x: Any) -> bool:
     """A CUDA float32/float16/bfloat16 tensor, with triton and ``kernels`` installed: the
     kernels' inputs (the "use the Triton kernel?" test of every entry point)."""
     import torch
 
-    return (x.device.type == "cuda" and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    return (device_kind(x) == "cuda" and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
             and importlib.util.find_spec("triton") is not None
             and importlib.util.find_spec("kernels") is not None)
 
@@ -39,7 +47,7 @@ def route(x: Any, backend: str, fmt: Format, seed: Any = None) -> str:
         if (F32.holds(fmt) and (seed is None or isinstance(seed, numbers.Integral)
                                 or is_torch_generator(seed)) and kernel_input(x)):
             return "triton"
-        return "torch" if (x.device.type != "cpu" or is_torch_generator(seed)) else "numpy"
+        return "torch" if (device_kind(x) != "cpu" or is_torch_generator(seed)) else "numpy"
     if backend == "numpy" and x.device.type != "cpu":
         raise ValueError("backend='numpy' needs a CPU tensor; move it with .cpu() or use 'torch'")
     return backend

@@ -660,3 +660,26 @@ def test_boundary_sums_find_double_rounding_beyond_the_proofs_bound():
         want = accumulate.Adder(fmt, "rne", Lanes(F64), None, plain=False, may_overflow=False)(x, y)
         got = fused.OneRounding(fmt, "rne", Lanes(F64))(x, y)
     assert not np.array_equal(got.view(np.int64), want.view(np.int64))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_profile_measures_a_tensor_on_its_device_as_numpy_does(dtype):
+    """The lanes' measure of a torch tensor (taken where the tensor lives, no host copy) equals
+    NumPy's, chunk boundaries included, and a hand count on a small case."""
+    torch = pytest.importorskip("torch")
+    from fpsim.arith.lanes import EMPTY, Profile, profile
+
+    # 0.75 = 3 * 2^-2 (2 bits), 2^-149 / 2^-1074 the smallest subnormal, max finite (24/53 bits)
+    tiny = np.finfo(dtype).smallest_subnormal
+    big = np.finfo(dtype).max
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 0.75, -tiny, big], dtype)
+    rng = np.random.default_rng(5)
+    x = np.concatenate([special, rng.standard_normal(1000).astype(dtype), special])
+    for chunk in (None, 7):
+        want = profile(x, chunk)
+        assert profile(torch.from_numpy(x), chunk) == want
+    mbits = np.finfo(dtype).nmant + 1
+    emin = int(np.log2(np.finfo(dtype).smallest_normal)) - (mbits - 1)
+    assert want.sig == mbits and want.low == emin and want.high == np.finfo(dtype).maxexp - 1
+    assert profile(torch.tensor([0.75, -1.5], dtype=torch.float32)) == Profile(2, -2, 0)
+    assert profile(torch.tensor([0.0, np.nan, np.inf])) == EMPTY

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import dispatch
 from ..backend import is_torch, is_torch_generator
 from ..convert import quantize
 from ..formats import Format
@@ -104,7 +105,7 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     plan = make_plan(inputs, accum, order, chunk, product, rounding, output, tensor_core, backend,
                      keyword)
     use_torch = plan.backend in ("torch", "compiled") or (plan.backend == "auto" and (
-        any(is_torch(x) and x.device.type != "cpu" for x in (a, b)) or is_torch_generator(seed)))
+        any(is_torch(x) and dispatch.device_kind(x) != "cpu" for x in (a, b)) or is_torch_generator(seed)))
     scaled = block_scaled.split(a, b, plan.model)
     if scaled is not None:
         if plan.inputs != (None, None):
@@ -121,7 +122,7 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
         ops.a, ops.b = (quantize(x, plan.model.truncate, rounding="rtz") for x in (ops.a, ops.b))
     init = None if c is None else addend(c, ops, plan.c_format, use_torch)
     emins = tuple((f or g).emin if (f or g) else -1022 for f, g in zip(plan.inputs, ops.formats))
-    pa, pb = _profile(ops.a), _profile(ops.b)
+    pa, pb = profile(ops.a), profile(ops.b)
     prod = pa.times(pb)
     lanes = _lanes_for(plan, prod, pa.fits(F32) and pb.fits(F32), ops.a if use_torch else None)
     with np.errstate(invalid="ignore", over="ignore"):      # inf - inf inside TwoSum
@@ -150,10 +151,6 @@ def dot(a: Any, b: Any, **options: Any) -> Any:
             raise ValueError(f"dot: operand {which} has shape {tuple(np.shape(x))}; dot takes "
                              "two vectors (use matmul for matrices)")
     return matmul(a, b, **options)
-
-
-def _profile(x: Any) -> Profile:
-    return profile(x.cpu().numpy() if hasattr(x, "cpu") else x)
 
 
 def _lanes_for(plan: Plan, prod: Profile, operands_fit_f32: bool, like: Any) -> Lanes:

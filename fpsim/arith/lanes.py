@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import NumpyOps, ops_for
+from ..backend import NumpyOps, is_torch, ops_for
 from ..formats import Format
 from ..rounding import F32, Source
 
@@ -53,19 +53,32 @@ class Profile:
 EMPTY = Profile(0, _NONE, -_NONE)
 
 
-def profile(x: np.ndarray, chunk: int = 1 << 16) -> Profile:
-    """Measure the finite non-zero values of a float32/float64 array (inf and NaN are exact),
-    a slice at a time so that memory stays small."""
+def profile(x: Any, chunk: int | None = None) -> Profile:
+    """Measure the finite non-zero values of a float32/float64 array or torch tensor (inf and
+    NaN are exact), a slice of ``chunk`` elements at a time so that memory stays small.  A tensor
+    is measured on its own device (no copy to the host); its default slices are larger (2^22
+    elements, not 2^16) since each one synchronises a GPU three times."""
+    tensor = is_torch(x)
     flat = x.reshape(-1)
+    size = flat.numel() if tensor else flat.size
+    step = chunk or (1 << 22 if tensor else 1 << 16)
     sig, low, high = 0, _NONE, -_NONE
-    for lo in range(0, flat.size, chunk):
-        part = flat[lo:lo + chunk]
-        v = np.abs(part[np.isfinite(part) & (part != 0)]).astype(np.float64)
-        if v.size == 0:
-            continue
-        mant, exp = np.frexp(v)                    # v = mant * 2^exp, 0.5 <= mant < 1
-        m = (mant * 2.0**53).astype(np.int64)      # the significand as an exact integer
-        tz = np.frexp((m & -m).astype(np.float64))[1] - 1
+    for lo in range(0, size, step):
+        part = flat[lo:lo + step]
+        if tensor:
+            v = part[part.isfinite() & (part != 0)].abs().double()
+            if v.numel() == 0:
+                continue
+            mant, exp = v.frexp()                  # v = mant * 2^exp, 0.5 <= mant < 1
+            m = (mant * 2.0**53).long()            # the significand as an exact integer
+            tz = (m & -m).double().frexp()[1] - 1
+        else:
+            v = np.abs(part[np.isfinite(part) & (part != 0)]).astype(np.float64)
+            if v.size == 0:
+                continue
+            mant, exp = np.frexp(v)
+            m = (mant * 2.0**53).astype(np.int64)
+            tz = np.frexp((m & -m).astype(np.float64))[1] - 1
         sig = max(sig, int((53 - tz).max()))
         low = min(low, int((exp - 53 + tz).min()))
         high = max(high, int(exp.max()) - 1)
