@@ -96,7 +96,8 @@ def run_seed(seed: int, sizes: context.Sizes, quick: bool, device: str = "cpu") 
         e2e = ctx.end_to_end(per_site)
         e2e.pop("events")
         runs[name] = e2e
-    return {"seed": seed, "model": ctx.model_name, "tokens": ctx.tokens, "runs": runs}
+    model = ctx.model_name if seed == 0 else f"$FPSIM_CACHE/{Path(ctx.model_name).name}"
+    return {"seed": seed, "model": model, "tokens": ctx.tokens, "runs": runs}
 
 
 def ratios(data: dict) -> list[dict[str, Any]]:
