@@ -258,7 +258,7 @@ class Interceptor(TorchFunctionMode):
         eps = torch.finfo(input.dtype).eps if eps is None else eps
         y = native() if recipe is None else sites.rmsnorm(recipe, input, weight, eps)
         if self.em.capture:
-            self.norm_stats(name, recipe, input, _sum_squares)
+            self.norm_stats(name, recipe, input, sites.sum_squares)
         return y
 
     def pow(self, native: Native, base: Any, exponent: Any) -> Any:
@@ -285,7 +285,7 @@ class Interceptor(TorchFunctionMode):
             y = sites.sum_squares(recipe, base) / base.shape[-1]
             y = y[..., None] if keepdim else y
         if self.em.capture:
-            self.norm_stats(name, recipe, base, _sum_squares)
+            self.norm_stats(name, recipe, base, sites.sum_squares)
         return y
 
     def norm_stats(self, name: str, recipe: Recipe | None, x: Tensor,
@@ -333,10 +333,6 @@ class Interceptor(TorchFunctionMode):
         st.nonfinite += int((fin_r & ~fin_y).sum())
         st.signal += float((rd[both] ** 2).sum())
         st.noise += float(((yd[both] - rd[both]) ** 2).sum())
-
-
-def _sum_squares(recipe: Recipe, x: Tensor, events: dict | None = None) -> Tensor:
-    return sites.sum_squares(recipe, x, events)
 
 
 def _parameter(t: Tensor) -> bool:
