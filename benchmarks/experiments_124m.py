@@ -4,8 +4,8 @@ Builds a *random* Hugging Face ``GPT2LMHeadModel`` with GPT-2 small's shape (12 
 12 heads, 1024 positions, 50257-token vocabulary), saved with ``save_pretrained`` beside a
 byte-level BPE ``tokenizer.json`` trained locally (nothing is downloaded), then runs
 ``fpsim experiment NAME --model DIR`` for each experiment in its own process and records wall
-time, CPU time and peak resident memory (GNU time's maximum resident set size of the child).  The numbers say what a run
-costs, not what the formats do: the weights are random.
+time, CPU time and peak resident memory (GNU time's maximum resident set size of the child).
+The numbers say what a run costs, not what the formats do: the weights are random.
 
     python benchmarks/experiments_124m.py --quick --tokens 2048 --only activations fp16-vs-bf16
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -28,6 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from timing import machine  # noqa: E402  (beside this file)
+
 EXPERIMENTS = ("activations", "range-vs-precision", "fp16-vs-bf16", "fp8", "practice",
                "accumulation", "histograms", "deepseek-accumulation")
 
@@ -36,17 +37,12 @@ def build(out: Path, vocab: int = 2000) -> Path:
     """Random GPT-2 124M-shaped checkpoint and a local BPE tokenizer in ``out``."""
     import torch
     import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from experiments.gpt2.data import split_topics
+    from experiments.gpt2.tokenizer import train_byte_bpe
     from pydoc_data.topics import topics
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([topics[k] for k in split_topics()[0]], trainer)
+    tok = train_byte_bpe([topics[k] for k in split_topics()[0]], vocab)
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
     torch.manual_seed(0)
@@ -57,8 +53,9 @@ def build(out: Path, vocab: int = 2000) -> Path:
 
 def run(name: str, model: Path, args: argparse.Namespace, out: Path) -> dict:
     """One experiment in a child process: wall/CPU seconds, peak RSS, exit status."""
-    cmd = ["/usr/bin/time", "-f", "maxrss_kb=%M", sys.executable, "-m", "fpsim.cli", "experiment", name, "--model", str(model),
-           "--out", str(out), "--threads", str(args.threads)]
+    cmd = ["/usr/bin/time", "-f", "maxrss_kb=%M", sys.executable, "-m", "fpsim.cli",
+           "experiment", name, "--model", str(model), "--out", str(out),
+           "--threads", str(args.threads)]
     cmd += ["--quick"] if args.quick else []
     cmd += ["--tokens", str(args.tokens)] if args.tokens else []
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -86,20 +83,19 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=1800, help="seconds per experiment")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "out" / "experiments_124m.json"))
     args = ap.parse_args()
-    load = os.getloadavg()
+    meta = machine()
     with tempfile.TemporaryDirectory() as tmp:
         model = build(Path(tmp) / "gpt2-124m-random")
         rows = [run(n, model, args, Path(tmp) / "results") for n in args.only]
-    meta = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "load_average_before": [round(v, 2) for v in load],
-            "load_average_after": [round(v, 2) for v in os.getloadavg()],
-            "quick": args.quick, "tokens": args.tokens, "threads": args.threads,
-            "model": "random GPT-2 124M shape (12 x 768, 50257 tokens), BPE tokenizer 2000"}
+    meta.update({"load_average_after": os.getloadavg(), "quick": args.quick,
+                 "tokens": args.tokens, "threads": args.threads,
+                 "model": "random GPT-2 124M shape (12 x 768, 50257 tokens), BPE tokenizer 2000"})
     print(f"{'experiment':<24}{'status':>8}{'wall s':>9}{'CPU s':>9}{'peak GiB':>10}")
     for r in rows:
         print(f"{r['experiment']:<24}{r['status']!s:>8}{r['wall_s']:>9}{r['cpu_s']:>9}"
               f"{r['peak_rss_gib']:>10}")
-    print(f"load average before {meta['load_average_before']}, after {meta['load_average_after']}")
+    print(f"{meta['cpu']}, {meta['cores']} cores, load average before "
+          f"{meta['load_average_1_5_15'][0]:.2f}, after {meta['load_average_after'][0]:.2f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     return 0 if all(r["status"] == 0 for r in rows) else 1

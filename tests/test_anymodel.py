@@ -15,6 +15,7 @@ tokenizers = pytest.importorskip("tokenizers")
 
 from experiments import anymodel, cli  # noqa: E402
 from experiments.gpt2.data import heldout_text  # noqa: E402
+from experiments.gpt2.tokenizer import train_byte_bpe  # noqa: E402
 
 VOCAB = 300
 
@@ -22,12 +23,7 @@ VOCAB = 300
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("llama")
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="[UNK]"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=VOCAB, special_tokens=["[UNK]"],
-        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([heldout_text()[:20000]], trainer)
+    tok = train_byte_bpe([heldout_text()[:20000]], VOCAB, special_tokens=("[UNK]",))
     tok.save(str(d / "tokenizer.json"))
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,

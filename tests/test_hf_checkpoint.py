@@ -15,6 +15,7 @@ tokenizers = pytest.importorskip("tokenizers", reason="tokenizers not installed 
 from experiments.context import heldout_tokens  # noqa: E402
 from experiments.gpt2.checkpoint import load_gpt2  # noqa: E402
 from experiments.gpt2.data import heldout_text, split_topics  # noqa: E402
+from experiments.gpt2.tokenizer import train_byte_bpe  # noqa: E402
 from pydoc_data.topics import topics  # noqa: E402
 
 VOCAB = 320
@@ -22,15 +23,7 @@ VOCAB = 320
 
 def bpe_tokenizer() -> "tokenizers.Tokenizer":
     """A byte-level BPE (GPT-2's scheme) trained on a few training topics."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([topics[k] for k in split_topics()[0][:20]], trainer)
-    return tok
+    return train_byte_bpe([topics[k] for k in split_topics()[0][:20]], VOCAB)
 
 
 @pytest.fixture(scope="module")

@@ -41,3 +41,19 @@ def load_bpe(checkpoint_dir: str | os.PathLike) -> Any:
             "the 'tokenizers' package is not installed; pass pre-tokenized GPT-2 ids instead"
         ) from e
     return Tokenizer.from_file(str(path))
+
+
+def train_byte_bpe(texts: list[str], vocab_size: int, special_tokens: tuple[str, ...] = ()) -> Any:
+    """A byte-level BPE ``tokenizers.Tokenizer`` (GPT-2's scheme) trained on ``texts``: small
+    checkpoints made locally for tests and benchmarks get a real ``tokenizer.json`` this way."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    unk = special_tokens[0] if special_tokens else None
+    tok = Tokenizer(models.BPE(unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                  special_tokens=list(special_tokens),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    return tok
