@@ -144,7 +144,7 @@ def ops_for(x: Any) -> NumpyOps | TorchOps:
 # The backend= keyword
 # --------------------------------------------------------------------------------------------
 #: Every value of the ``backend=`` keyword; each function accepts those that apply to it.
-BACKENDS = ("auto", "numpy", "torch", "compiled", "triton")
+BACKENDS = ("auto", "numpy", "numba", "torch", "compiled", "triton")
 
 
 def check_backend(backend: str, allowed: tuple[str, ...]) -> str:

@@ -24,7 +24,7 @@ from ..convert import quantize
 from ..formats import Format
 from ..inputs import check_input, check_seed
 from ..rounding import F32, F64
-from . import accumulate, block_scaled, fused
+from . import accumulate, block_scaled, fused, jit
 from .tensor_core import (GroupStep, TensorCoreModel, canonical_nan, exponents,
                           run as run_tensor_core)
 from .accumulate import Stats
@@ -83,11 +83,16 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     FP16; with ``chunk``: FP32).  It starts the running sum (the first instruction's C, or the
     FP32 outer sum with ``chunk``); ``order="pairwise"`` adds it to the tree's sum.
     ``seed``: seed or generator for stochastic rounding (NumPy Generator / torch Generator).
-    ``backend``: "numpy", "torch" (any device), "compiled" (torch.compile fuses each loop step
-    into one kernel: several times faster once compiled, which takes seconds to a minute per
-    configuration; no stochastic rounding), or "auto" (torch for GPU tensors or a torch.Generator
-    seed, else NumPy, whose tiles run on every core; CPU tensors come back as tensors).  Every
-    backend gives the same bits.  ``engine`` is its old name (a DeprecationWarning).
+    ``backend``: "numpy", "numba" (:mod:`fpsim.arith.jit`, needs numba: ``pip install
+    fpsim[fast]``; one compiled loop on every core, many times faster than "numpy"; exact
+    products, orders sequential/fma/chunked/pairwise, modes other than stochastic, signed
+    accumulators with a zero, no ``return_stats``; else a ValueError says what it lacks; the
+    first call of a session loads or compiles its kernels, seconds), "torch" (any device),
+    "compiled" (torch.compile fuses each loop step into one kernel: several times faster once
+    compiled, which takes seconds to a minute per configuration; no stochastic rounding), or
+    "auto" (torch for GPU tensors or a torch.Generator seed; for NumPy operands "numba" when
+    numba is installed and covers the options, else NumPy, whose tiles run on every core; CPU
+    tensors take NumPy and come back as tensors).  Every backend gives the same bits.  ``engine`` is its old name (a DeprecationWarning).
 
     Returns an array of float32 when the result's format fits it, else float64 (a torch tensor
     on the operands' device when either operand is one) and, with ``return_stats``, a
@@ -125,8 +130,13 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     pa, pb = profile(ops.a), profile(ops.b)
     prod = pa.times(pb)
     lanes = _lanes_for(plan, prod, pa.fits(F32) and pb.fits(F32), ops.a if use_torch else None)
-    with np.errstate(invalid="ignore", over="ignore"):      # inf - inf inside TwoSum
-        out, stats = _run(plan, lanes, prod, ops, emins, seed, return_stats, init, exps)
+    if _compiled_engine(plan, prod, ops, return_stats, scaled is not None, keyword):
+        a3, idx_a = batched(ops.a, ops.batch)
+        b3, idx_b = batched(ops.b, ops.batch)
+        out, stats = jit.run(plan, prod, a3, b3, idx_a, idx_b, init), ()
+    else:
+        with np.errstate(invalid="ignore", over="ignore"):      # inf - inf inside TwoSum
+            out, stats = _run(plan, lanes, prod, ops, emins, seed, return_stats, init, exps)
     if plan.output is not None:
         out = quantize(out, plan.output)
     narrow = holds(F32, plan.result_format)
@@ -151,6 +161,24 @@ def dot(a: Any, b: Any, **options: Any) -> Any:
             raise ValueError(f"dot: operand {which} has shape {tuple(np.shape(x))}; dot takes "
                              "two vectors (use matmul for matrices)")
     return matmul(a, b, **options)
+
+
+def _compiled_engine(plan: Plan, prod: Profile, ops: Operands, want_stats: bool,
+                     scaled: bool, keyword: str) -> bool:
+    """Whether the Numba engine (:mod:`fpsim.arith.jit`) runs this product: always with
+    backend="numba" (or a ValueError saying why it cannot), with "auto" for NumPy operands when
+    numba is installed and the plan is one it covers."""
+    why = jit.reason(plan, prod)
+    if why is None and want_stats:
+        why = "return_stats=True"
+    if why is None and scaled:
+        why = "block-scaled operands"
+    if plan.backend == "numba":
+        if why is not None:
+            raise ValueError(f"{keyword}='numba' does not run {why}: use {keyword}='numpy' "
+                             f"(or 'auto', which picks the engine)")
+        return True
+    return plan.backend == "auto" and why is None and ops.device is None and jit.available()
 
 
 def _lanes_for(plan: Plan, prod: Profile, operands_fit_f32: bool, like: Any) -> Lanes:

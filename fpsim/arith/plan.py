@@ -14,7 +14,7 @@ from .tensor_core import TENSOR_CORES, TensorCoreModel, get_model
 
 ORDERS = ("sequential", "pairwise", "chunked", "fma", "tensor_core")
 #: ``backend=`` values of matmul and dot.
-MATMUL_BACKENDS = ("auto", "numpy", "torch", "compiled")
+MATMUL_BACKENDS = ("auto", "numpy", "numba", "torch", "compiled")
 ENGINES = MATMUL_BACKENDS          # the old name
 FP32, FP64 = get_format("fp32"), get_format("fp64")
 
