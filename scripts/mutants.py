@@ -42,6 +42,7 @@ PACKING = ["tests/test_packing.py", "tests/test_mx.py"]
 SCALING = ["tests/test_scaling.py"]
 TENSOR_CORE = ["tests/test_arith_tensor_core.py"]
 FMA = ["tests/test_fma.py"]
+JIT = ["tests/test_jit_matmul.py"]
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,23 @@ MUTANTS = [
     Mutant("zero-point-ties", "asymmetric zero points round ties away from zero",
            "zp = qmin - _round_int(ops.where(bad, 0.0, divide(lo, scale)))",
            'zp = qmin - _round_int(ops.where(bad, 0.0, divide(lo, scale)), "rna")', SCALING),
+    # the compiled (Numba) matmul engine
+    Mutant("jit-round-to-odd", "the compiled TwoSum adder drops its round-to-odd step",
+           "s = _float((sb + ((_bits(e) ^ sb) >> 63)) | 1)", "s = _float(sb)", JIT),
+    Mutant("jit-zero-sign", "the compiled nearest rounding loses the sign of a zero result",
+           "rb = _bits(r) | sign", "rb = _bits(r)", JIT),
+    Mutant("jit-rne-ties", "the compiled integer rounding rounds every tie down",
+           "q = (sig + (mask >> 1) + (low & mask & 1)) >> shift",
+           "q = (sig + (mask >> 1)) >> shift", JIT),
+    Mutant("jit-one-rounding-bound", "the compiled engine trusts one float64 rounding beyond "
+           "fused.py's bound (51 - mbits product bits)",
+           "acc_prod = _fast(plan, prod.sig <= 51 - acc.mbits)",
+           "acc_prod = _fast(plan, prod.sig <= 54 - acc.mbits)", JIT),
+    Mutant("jit-pairwise-carry", "the compiled pairwise tree drops an odd last term",
+           "size = h + size % 2", "size = h", JIT),
+    Mutant("jit-chunk", "the compiled chunked order promotes every chunk + 1 terms",
+           "if chunk and k and k % chunk == 0:", "if chunk and k and k % (chunk + 1) == 0:",
+           JIT),
 ]
 
 

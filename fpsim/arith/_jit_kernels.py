@@ -12,8 +12,14 @@ from numba import njit, prange
 from numba.core import types
 from numba.extending import intrinsic
 
-from .jit import COLS, JIT_OPTIONS, PAIR_COLS, ROWS
 
+#: numba's options for every kernel: exact IEEE arithmetic (no fastmath, so no FMA
+#: contraction), compiled code cached on disk.  (Kept here, with the block sizes: numba's disk
+#: cache is invalidated by changes to this file only.)
+JIT_OPTIONS = dict(cache=True, fastmath=False, nogil=True)
+ROWS = 8            # output rows of a block: each step reuses one row of b ROWS times
+COLS = 256          # output columns of a block (sequential): ROWS x COLS float64 sums in L1
+PAIR_COLS = 64      # columns of a pairwise block: its tree holds K/2 x PAIR_COLS float64s
 _SIGN = -(1 << 63)
 _MAG = (1 << 63) - 1
 _EXP = 0x7FF << 52
@@ -77,10 +83,10 @@ def _rounded(s, f):
     mask = (1 << shift) - 1
     low = sig >> shift
     # 3. the mode's bias before the shift
-    if mode == 0:
-        q = (sig + ((mask >> 1) + (low & mask & 1))) >> shift
-    elif mode == 1:
-        q = (sig + ((mask + 1) >> 1)) >> shift
+    if mode == 0:                              # ties to even: half - 1 + the last kept bit
+        q = (sig + (mask >> 1) + (low & mask & 1)) >> shift
+    elif mode == 1:                            # ties away: half
+        q = (sig + (1 << (shift - 1))) >> shift
     elif mode == 3:
         q = (sig + (0 if neg else mask)) >> shift
     elif mode == 4:

@@ -38,10 +38,6 @@ from .plan import FP32, Plan
 #: ``rounding=`` modes the kernels implement (stochastic rounding stays with NumPy/torch).
 MODES = {"rne": 0, "rna": 1, "rtz": 2, "rup": 3, "rdown": 4, "rto": 5}
 ORDERS = ("sequential", "fma", "chunked", "pairwise")
-ROWS = 8            # output rows of a block: each step reuses one row of b ROWS times
-COLS = 256          # output columns of a block (sequential): ROWS x COLS float64 sums in L1
-PAIR_COLS = 64      # columns of a pairwise block: its tree holds K/2 x PAIR_COLS float64s
-JIT_OPTIONS = dict(cache=True, fastmath=False, nogil=True)   # exact IEEE arithmetic
 
 _MAG = (1 << 63) - 1
 _NAN = 0x7FF8 << 48

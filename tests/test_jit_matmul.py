@@ -1,0 +1,336 @@
+"""The compiled (Numba) matmul engine gives the NumPy engine's bits, NaN and signed zeros
+included, for every order, mode and accumulator it covers; what it does not cover falls back.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("numba", reason="the compiled engine needs numba (pip install fpsim[fast])")
+
+import fpsim  # noqa: E402
+from fpsim import Format, get_format  # noqa: E402
+from fpsim.arith import jit  # noqa: E402
+
+ORDERS = ("sequential", "fma", "chunked", "pairwise")
+MODES = ("rne", "rna", "rtz", "rup", "rdown", "rto")
+ACCUMS = ("fp16", "bf16", "fp32", "tf32", "fp8_e4m3fn", "fp8_e5m2", "fp8_e4m3fnuz",
+          "fp8_e4m3", "fp6_e3m2")
+
+
+def codes(x: np.ndarray) -> np.ndarray:
+    """The bit patterns of a float32/float64 result (NaN payloads and signs included)."""
+    x = np.asarray(x)
+    return x.view(np.uint32 if x.dtype == np.float32 else np.uint64)
+
+
+def assert_same(a, b, nan_sign: bool = True, **kw) -> np.ndarray:
+    """backend="numba" and backend="numpy" give the same codes; returns the result.
+
+    ``nan_sign=False`` where two NaNs of opposite signs can meet in a sum: IEEE 754 leaves the
+    sign of such a NaN open, and NumPy's own loops pick either (its strided and contiguous
+    loops differ, so the NumPy engine's answer depends on the tile's shape)."""
+    got = fpsim.matmul(a, b, backend="numba", **kw)
+    want = fpsim.matmul(a, b, backend="numpy", **kw)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    cg, cw = codes(got), codes(want)
+    if not nan_sign:
+        top = cg.dtype.type(1 << (8 * cg.itemsize - 1))
+        both = np.isnan(got) & np.isnan(want)
+        cg, cw = np.where(both, cg & ~top, cg), np.where(both, cw & ~top, cw)
+    bad = cg != cw
+    assert not bad.any(), (f"{int(bad.sum())} of {bad.size} differ, e.g. "
+                           f"{got[bad][:4]} vs {want[bad][:4]}")
+    return got
+
+
+def operands(fmt: str, shape: tuple, rng: np.random.Generator, spread: int = 6) -> np.ndarray:
+    """Values of ``fmt`` over ``2*spread`` binades, as float64."""
+    x = rng.standard_normal(shape) * 2.0 ** rng.integers(-spread, spread, shape)
+    return fpsim.quantize(x, fmt)
+
+
+# ----------------------------------------------------------------------------------------------
+# random operands: every order, accumulator and mode
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("accum", ACCUMS)
+def test_random_operands_every_mode(order, accum):
+    rng = np.random.default_rng(sum(map(ord, order + accum)))
+    inputs = "fp16" if get_format(accum).mbits >= 7 else "fp8_e4m3fn"
+    a = operands(inputs, (7, 37), rng)
+    b = operands(inputs, (37, 9), rng)
+    for mode in MODES:
+        assert_same(a, b, accum=accum, order=order, rounding=mode,
+                    chunk=8 if order == "chunked" else None)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("order", ["sequential", "pairwise", "chunked"])
+def test_narrow_dtypes_as_operands(dtype, order):
+    """fp16/bf16/fp8 arrays go in as they are (ml_dtypes for the narrow ones)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    dt = np.dtype(getattr(ml_dtypes, dtype, None) or dtype)
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((16, 100)).astype(dt)
+    b = (rng.standard_normal((100, 12)) * 0.1).astype(dt)
+    for accum in ("fp16", "bf16", "fp32"):
+        assert_same(a, b, accum=accum, order=order)
+
+
+def test_benchmark_shape_fp16():
+    """The benchmark's case, fp16 operands and accumulator, at a GPT-2 width."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((20, 768)).astype(np.float16)
+    b = (rng.standard_normal((768, 96)) * 0.02).astype(np.float16)
+    for order in ("sequential", "chunked", "pairwise"):
+        assert_same(a, b, accum="fp16", order=order)
+
+
+# ----------------------------------------------------------------------------------------------
+# rounding itself: K = 1 products x * 1 are the accumulator's rounding of x
+# ----------------------------------------------------------------------------------------------
+def finite_values(fmt: Format) -> np.ndarray:
+    """Every finite value of ``fmt``; for formats beyond 16 bits a random sample over all of
+    their binades (subnormals included) with the two largest values."""
+    if fmt.bits <= 16:
+        return fpsim.values(fmt)
+    u = np.random.default_rng(0).integers(0, 2**31, 20000).astype(np.uint32).view(np.float32)
+    u = fpsim.quantize(u[np.isfinite(u)].astype(np.float64), fmt, rounding="rtz")
+    top = [fmt.max - 2.0 ** (fmt.emax - fmt.mbits), fmt.max, 0.0]
+    return np.unique(np.concatenate([u[np.isfinite(u)], top]))
+
+
+def boundaries(fmt: Format) -> np.ndarray:
+    """Float64 values at and next to (one 51-bit ulp) every rounding boundary of ``fmt``
+    (midpoints, values, the overflow threshold), both signs, with zeros, infinities, NaNs and
+    float64 subnormals of both signs."""
+    v = finite_values(fmt)
+    v = v[v >= 0]
+    top = np.concatenate([v, [fmt.max + (fmt.max - v[-2])]])
+    pts = np.concatenate([v, (top[1:] + top[:-1]) / 2, [2 * fmt.max, 1e300]])
+    lanes = Format("lanes", 11, 50)                  # x * 1.0 must be exact in float64
+    up = fpsim.quantize(np.nextafter(pts, np.inf), lanes, rounding="rup")
+    down = fpsim.quantize(np.nextafter(pts, -np.inf), lanes, rounding="rdown")
+    x = np.concatenate([pts, up, down, [np.inf, np.nan, 2.0**-1070, 1e-310]])
+    return np.concatenate([x, -x])
+
+
+@pytest.mark.parametrize("accum", ACCUMS + ("fp8_e5m2fnuz", "fp4_e2m1"))
+@pytest.mark.parametrize("mode", MODES)
+def test_rounding_at_every_boundary_equals_quantize(accum, mode):
+    """A 1-term sum is the accumulator's rounding of the product: numba against NumPy and
+    against fpsim.quantize, on each boundary of the format and next to it."""
+    fmt = get_format(accum)
+    x = boundaries(fmt)
+    if fmt.mbits >= 10:                                  # keep the NumPy engine's time short
+        x = x[np.random.default_rng(0).permutation(len(x))[:4000]]
+    a, b = x[:, None], np.ones((1, 1))
+    got = assert_same(a, b, accum=accum, rounding=mode)
+    want = fpsim.quantize(x, fmt, rounding=mode)
+    got = got[:, 0].astype(np.float64)
+    nan = np.isnan(want)          # (rdown's -((-0) - y) flips a NaN's sign: both engines do)
+    assert np.array_equal(nan, np.isnan(got))
+    assert np.array_equal(codes(got[~nan]), codes(want[~nan]))
+
+
+def test_accumulator_without_subnormals():
+    """An accumulator that flushes subnormal results to zero (the integer rounding path)."""
+    fmt = Format("e5m10_nosub", 5, 10, subnormals=False)
+    rng = np.random.default_rng(2)
+    a = operands("fp16", (6, 40), rng, spread=12)
+    b = operands("fp16", (40, 7), rng, spread=12)
+    for mode in ("rne", "rtz", "rdown"):
+        assert_same(a, b, accum=fmt, rounding=mode)
+
+
+# ----------------------------------------------------------------------------------------------
+# adversarial sums
+# ----------------------------------------------------------------------------------------------
+def boundary_sums(fmt: Format, sig: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs (x, y): x a value of ``fmt``, y of ``sig`` significant bits bringing x + y onto,
+    or 1-2 units of y's last bit from, the midpoints next to x (above max: the overflow
+    threshold)."""
+    v = finite_values(fmt)
+    v = np.unique(np.concatenate([v, -v]))
+
+    def spacing(z: np.ndarray) -> np.ndarray:
+        e = np.floor(np.log2(np.where(z == 0, 1.0, np.abs(z))))
+        return 2.0 ** (np.maximum(e, fmt.emin) - fmt.mbits)
+
+    lanes = Format("lanes", 11, sig - 1)
+    xs, ys = [], []
+    for mu in (v + spacing(np.nextafter(v, np.inf)) / 2, v - spacing(np.nextafter(v, -np.inf)) / 2):
+        y = fpsim.quantize(mu - v, lanes)
+        for k in (-2, -1, 0, 1, 2):
+            xs.append(v)
+            ys.append(y + k * np.where(y == 0, 2.0**-60, np.abs(y) * 2.0**(1 - sig)))
+    return np.concatenate(xs), fpsim.quantize(np.concatenate(ys), lanes)
+
+
+@pytest.mark.parametrize("accum, sig", [("fp16", 21), ("fp16", 40), ("fp16", 44), ("bf16", 24),
+                                        ("fp8_e4m3fn", 30), ("fp32", 40)])
+@pytest.mark.parametrize("order", ["sequential", "pairwise"])
+def test_sums_landing_on_every_midpoint(accum, sig, order):
+    """x + 1 * y with float64's sum on (or next to) each midpoint: the one-rounding path
+    (sig <= 51 - mbits for FP16), the round-to-odd path beyond it and for wide formats."""
+    fmt = get_format(accum)
+    x, y = boundary_sums(fmt, sig)
+    keep = np.random.default_rng(1).permutation(len(x))[:3000]
+    a = np.stack([x[keep], y[keep]], axis=1)
+    b = np.ones((2, 1))
+    for mode in ("rne", "rna", "rup", "rdown"):
+        assert_same(a, b, accum=accum, order=order, rounding=mode)
+
+
+def test_subnormal_partial_sums_overflow_and_cancellation():
+    """Partial sums through the subnormal range, sums overflowing (inf; NaN in E4M3FN) and
+    later terms that would cancel them back."""
+    rng = np.random.default_rng(4)
+    tiny = fpsim.quantize(rng.standard_normal((8, 64)) * 2.0**-14, "fp16")
+    ones = np.where(rng.random((64, 5)) < 0.5, 1.0, -1.0) * 2.0**-10
+    big = np.full((3, 64), 240.0)
+    big[1, 32:] = -240.0
+    big[2, ::2] = -big[2, ::2]
+    for accum in ("fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2", "fp8_e4m3"):
+        for order in ("sequential", "pairwise", "chunked"):
+            for mode in ("rne", "rtz", "rup", "rdown"):
+                assert_same(tiny, ones, accum=accum, order=order, rounding=mode)
+                assert_same(big, np.abs(ones) * 2.0**10, accum=accum, order=order,
+                            rounding=mode, nan_sign=order != "pairwise")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("order", ORDERS)
+def test_signed_zeros(mode, order):
+    """Every sign combination of zero products and cancelling sums: +0 by IEEE 754 §6.3, -0
+    when both addends are -0, the opposite under rdown."""
+    z = np.array([0.0, -0.0, 1.0, -1.0])
+    rows = np.array(np.meshgrid(z, z, z, indexing="ij")).reshape(3, -1).T      # (64, 3)
+    cols = np.array([[1.0, -1.0, 0.0, -0.0]] * 3)
+    out = assert_same(rows, cols, accum="fp16", order=order, rounding=mode)
+    assert (out == 0).any() and np.signbit(out[out == 0]).any()
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_nan_and_inf_inputs_of_both_signs(order):
+    """NaN and inf operands of either sign, NaN times NaN, inf * 0, inf - inf: the NumPy
+    engine's NaN signs (the first operand's NaN wins on x86)."""
+    rng = np.random.default_rng(6)
+    a = operands("fp16", (12, 10), rng)
+    b = operands("fp16", (10, 11), rng)
+    specials = [np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0]
+    for i in range(12):
+        a[i, rng.integers(10, size=2)] = rng.choice(specials, 2)
+    for j in range(0, 11, 2):
+        b[rng.integers(10, size=2), j] = rng.choice(specials, 2)
+    for accum in ("fp16", "bf16", "fp8_e4m3fn", "fp8_e4m3fnuz"):
+        for mode in ("rne", "rdown", "rup"):
+            assert_same(a, b, accum=accum, order=order, rounding=mode, nan_sign=False)
+    a, b = (np.where(np.isnan(x), 1.0, x) for x in (a, b))            # NaN only from inf * 0
+    assert_same(a, b, accum="fp16", order=order)
+
+
+# ----------------------------------------------------------------------------------------------
+# shapes, addends and a property
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("sa, sb", [((5, 1), (1, 4)), ((5, 0), (0, 4)), ((1, 9), (9, 3)),
+                                    ((4, 9), (9, 1)), ((9,), (9, 3)), ((4, 9), (9,)),
+                                    ((9,), (9,)), ((3, 4, 9), (9, 5)), ((2, 1, 4, 9),
+                                    (3, 9, 5)), ((0, 9), (9, 3)), ((20, 300), (300, 70))])
+@pytest.mark.parametrize("order", ["sequential", "chunked", "pairwise"])
+def test_shapes(sa, sb, order):
+    rng = np.random.default_rng(7)
+    a, b = operands("bf16", sa, rng), operands("bf16", sb, rng)
+    assert_same(a, b, accum="bf16", order=order, chunk=4 if order == "chunked" else None)
+
+
+def test_non_contiguous_operands_and_addend():
+    rng = np.random.default_rng(8)
+    a = operands("fp16", (30, 20), rng)[::2, ::-1]
+    b = np.asfortranarray(operands("fp16", (20, 12), rng))[:, 1::2]
+    c = operands("fp16", (6,), rng)
+    for order in ("sequential", "chunked", "pairwise"):
+        for mode in ("rne", "rdown"):
+            assert_same(a, b, accum="fp16", order=order, rounding=mode, c=c)
+            assert_same(a, b, accum="fp16", order=order, rounding=mode, c=0.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(0, 5), k=st.integers(0, 12), n=st.integers(1, 5),
+       order=st.sampled_from(ORDERS), mode=st.sampled_from(MODES),
+       accum=st.sampled_from(("fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2")), data=st.data())
+def test_property_random_shapes_and_values(m, k, n, order, mode, accum, data):
+    vals = fpsim.values("fp8_e5m2")
+    pool = np.concatenate([vals, [np.nan, np.inf, -np.inf, -0.0]])
+    pick = st.integers(0, len(pool) - 1)
+    ia = data.draw(st.lists(pick, min_size=m * k, max_size=m * k))
+    ib = data.draw(st.lists(pick, min_size=k * n, max_size=k * n))
+    a, b = pool[ia].reshape(m, k), pool[ib].reshape(k, n)
+    assert_same(a, b, accum=accum, order=order, rounding=mode, nan_sign=False,
+                chunk=3 if order == "chunked" else None)
+
+
+# ----------------------------------------------------------------------------------------------
+# choosing the engine
+# ----------------------------------------------------------------------------------------------
+def test_auto_picks_numba_for_numpy_operands_and_falls_back(monkeypatch):
+    calls = []
+    run = jit.run
+    monkeypatch.setattr(jit, "run", lambda *x: calls.append(1) or run(*x))
+    a, b = np.ones((3, 4), np.float16), np.ones((4, 2), np.float16)
+    fpsim.matmul(a, b, accum="fp16")
+    assert calls == [1]
+    fpsim.matmul(a, b, accum="fp16", return_stats=True)
+    fpsim.matmul(a, b, accum="fp16", rounding="stochastic", seed=0)
+    fpsim.matmul(a, b, accum="fp16", product="bf16")
+    fpsim.matmul(a, b, accum="fp64")
+    fpsim.matmul(a, b, order="tensor_core", tensor_core="hopper_fp8", inputs="e4m3")
+    fpsim.matmul(a, b, accum="fp16", backend="numpy")
+    torch = pytest.importorskip("torch")
+    fpsim.matmul(torch.ones(3, 4), torch.ones(4, 2), accum="fp16")
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(rounding="stochastic"), "stochastic"), (dict(return_stats=True), "return_stats"),
+    (dict(product="bf16"), "rounded products"), (dict(accum="fp64"), "fp64"),
+    (dict(accum="e8m0"), "accumulator")])
+def test_explicit_numba_names_what_it_lacks(kw, match):
+    a, b = np.ones((3, 4)), np.ones((4, 2))
+    with pytest.raises(ValueError, match=match):
+        fpsim.matmul(a, b, backend="numba", **{"accum": "fp16", **kw})
+
+
+def test_torch_tensors_with_explicit_numba_come_back_as_tensors():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(9)
+    a, b = operands("bf16", (5, 30), rng), operands("bf16", (30, 4), rng)
+    got = fpsim.matmul(torch.from_numpy(a), torch.from_numpy(b), accum="bf16", backend="numba")
+    want = fpsim.matmul(a, b, accum="bf16", backend="numpy")
+    assert isinstance(got, torch.Tensor) and np.array_equal(codes(got.numpy()), codes(want))
+
+
+def test_kernels_compile_without_fma_contraction():
+    """The kernels' numba options keep a * b + c two roundings: on these operands an FMA
+    would give -2^-60 instead of 0."""
+    from numba import njit
+
+    from fpsim.arith._jit_kernels import JIT_OPTIONS
+
+    @njit(**{**JIT_OPTIONS, "cache": False})
+    def mul_add(x, y, z):
+        out = np.empty_like(x)
+        for i in range(len(x)):
+            out[i] = x[i] * y[i] + z[i]
+        return out
+
+    v = (1 + 2.0**-30, 1 - 2.0**-30, -1.0)
+    assert Fraction(v[0]) * Fraction(v[1]) + Fraction(v[2]) == -Fraction(2) ** -60
+    x, y, z = (np.full(64, t) for t in v)
+    assert np.all(mul_add(x, y, z) == 0.0)
