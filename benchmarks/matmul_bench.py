@@ -1,9 +1,10 @@
 """Emulated matmul: speed against the naive loop, on one GPT-2 projection, and tensor-core error.
 
-Headline: the exact NumPy engine (every FP16 addition correctly rounded, no compile) against the
-naive torch loop that adds in FP32 and casts to FP16 each step (inexact), same run, interleaved,
-for sequential, chunked and pairwise orders and M in --sweep-m; the ratio > 1 means fpsim is
-faster.  The machine and its load average are recorded beside every absolute number.
+Headline: the exact engines (every FP16 addition correctly rounded), NumPy (no compile) and
+numba (``backend="numba"``, its first call timed apart: a compile or a disk-cache load),
+against the naive torch loop that adds in FP32 and casts to FP16 each step (inexact), same run,
+interleaved, for sequential, chunked and pairwise orders and M in --sweep-m; a ratio > 1 means
+fpsim is faster.  The machine and its load average are recorded beside every absolute number.
 
 Speed: M=512, K=768, N=768 (GPT-2 small's attention output projection on 512 tokens), operands
 rounded to FP16, sequential FP16 accumulation, every addition rounded once.  Reports emulated
@@ -32,6 +33,7 @@ import numpy as np
 import fpsim
 
 CASE = dict(inputs="fp16", accum="fp16", order="sequential", rounding="rne")
+ORDERS = ("sequential", "chunked", "pairwise")
 
 
 def timed(fn, repeat: int) -> tuple[float, object]:
@@ -57,35 +59,63 @@ def naive_fp16_loop(ta, tb):
     return acc
 
 
+def first_calls(k: int, n: int) -> dict:
+    """Seconds of the numba engine's first call in this process, per kernel: a compile, or a
+    load from numba's disk cache (then well under a second).  Never inside a timed loop."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((8, k)).astype(np.float16)
+    b = rng.standard_normal((k, n)).astype(np.float16)
+    out = {}
+    for order in ("sequential", "pairwise"):
+        t = time.perf_counter()
+        fpsim.matmul(a, b, accum="fp16", order=order, backend="numba")
+        out[order] = time.perf_counter() - t
+    return out
+
+
 def against_loop(args: argparse.Namespace) -> list[dict]:
-    """Headline: the exact NumPy engine (no compile) against the naive loop, same run,
-    interleaved best of --repeat, for each order and several M (cost linear in M*K*N)."""
+    """Headline: the exact engines, NumPy (no compile) and numba (compiled beforehand), against
+    the naive loop, same run, interleaved best of --repeat, for each order and several M (cost
+    linear in M*K*N).  The numba engine's bits are checked against the NumPy engine's."""
     import torch
 
     from timing import best_times
 
     rng = np.random.default_rng(0)
+    engines = ("numpy", "numba")
     rows = []
+    print(f"{'M':>5} {'order':<11}{'naive loop':>11}{'numpy':>8}{'numba':>8}   "
+          "(ratios: naive loop time / engine time; > 1: fpsim is faster)   M MAC/s "
+          "naive / numpy / numba")
     for M in args.sweep_m:
         a = rng.standard_normal((M, args.k)).astype(np.float16)
         b = (rng.standard_normal((args.k, args.n)) * 0.02).astype(np.float16)
         ta, tb = torch.from_numpy(a), torch.from_numpy(b)
         fns = {"naive torch loop": lambda: naive_fp16_loop(ta, tb)}
-        for order in ("sequential", "chunked", "pairwise"):
-            fns[order] = lambda o=order: fpsim.matmul(a, b, accum="fp16", order=o,
-                                                      backend="numpy")
+        for order in ORDERS:
+            for engine in engines:
+                fns[engine, order] = lambda o=order, e=engine: fpsim.matmul(
+                    a, b, accum="fp16", order=o, backend=e)
         t = best_times(fns, args.repeat)
-        differ = float(np.mean(naive_fp16_loop(ta, tb).numpy()
-                               != fpsim.matmul(a, b, accum="fp16", backend="numpy")))
-        for order in ("sequential", "chunked", "pairwise"):
-            rows.append({"M": M, "K": args.k, "N": args.n, "order": order,
-                         "fpsim_mac_per_s": M * args.k * args.n / t[order],
-                         "loop_mac_per_s": M * args.k * args.n / t["naive torch loop"],
-                         "ratio": t["naive torch loop"] / t[order],
-                         "loop_outputs_differing_from_exact": differ})
-            print(f"M={M:5} {order:11} fpsim / naive loop = {rows[-1]['ratio']:5.2f}  "
-                  f"({rows[-1]['fpsim_mac_per_s'] / 1e6:6.0f} vs "
-                  f"{rows[-1]['loop_mac_per_s'] / 1e6:6.0f} M MAC/s)", flush=True)
+        exact = fpsim.matmul(a, b, accum="fp16", backend="numpy")
+        differ = float(np.mean(naive_fp16_loop(ta, tb).numpy() != exact))
+        macs = M * args.k * args.n
+        for order in ORDERS:
+            same = np.array_equal(
+                fpsim.matmul(a, b, accum="fp16", order=order, backend="numba").view(np.uint32),
+                fpsim.matmul(a, b, accum="fp16", order=order, backend="numpy").view(np.uint32))
+            row = {"M": M, "K": args.k, "N": args.n, "order": order,
+                   "loop_mac_per_s": macs / t["naive torch loop"],
+                   "loop_outputs_differing_from_exact": differ,
+                   "numba_same_bits_as_numpy": bool(same)}
+            for engine in engines:
+                row[f"{engine}_mac_per_s"] = macs / t[engine, order]
+                row[f"{engine}_ratio"] = t["naive torch loop"] / t[engine, order]
+            rows.append(row)
+            print(f"{M:5} {order:<11}{1:11.2f}{row['numpy_ratio']:8.2f}{row['numba_ratio']:8.2f}"
+                  f"   {row['loop_mac_per_s'] / 1e6:6.0f} / {row['numpy_mac_per_s'] / 1e6:5.0f} /"
+                  f" {row['numba_mac_per_s'] / 1e6:5.0f}" + ("" if same else "  BITS DIFFER"),
+                  flush=True)
     return rows
 
 
@@ -107,8 +137,10 @@ def speed(args: argparse.Namespace) -> dict:
                      "same_bits_as_numpy": same, **extra})
 
     t_peer, _ = timed(lambda: torch.matmul(ta, tb), 5)
-    t_np, ref = timed(lambda: fpsim.matmul(a, b, **CASE), args.repeat)
+    t_np, ref = timed(lambda: fpsim.matmul(a, b, backend="numpy", **CASE), args.repeat)
     row("numpy", t_np, True)
+    t_nb, got = timed(lambda: fpsim.matmul(a, b, backend="numba", **CASE), args.repeat)
+    row("numba", t_nb, bool(np.array_equal(got.view(np.uint32), ref.view(np.uint32))))
     t_torch, got = timed(lambda: fpsim.matmul(ta, tb, backend="torch", **CASE), args.repeat)
     row("torch (eager)", t_torch, bool(np.array_equal(got.numpy(), ref)))
     if not args.no_compile:
@@ -120,7 +152,7 @@ def speed(args: argparse.Namespace) -> dict:
         row("compiled", t_c, bool(np.array_equal(got.numpy(), ref)), compile_seconds=compile_s)
 
     tracemalloc.start()
-    fpsim.matmul(a, b, **CASE)
+    fpsim.matmul(a, b, backend="numpy", **CASE)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     return {"shape": {"M": M, "K": K, "N": N}, "case": CASE,
@@ -166,14 +198,17 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--no-compile", action="store_true", help="skip the compiled engine")
-    ap.add_argument("--sweep-m", type=int, nargs="*", default=[64, 256, 1024],
+    ap.add_argument("--sweep-m", type=int, nargs="*", default=[64, 256, 1024, 2048],
                     help="M values of the exact-engine vs naive-loop sweep")
     ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "matmul_bench.json"))
     args = ap.parse_args()
 
     from timing import machine
 
-    result = {"machine": machine(), "against_naive_loop": against_loop(args),
+    result = {"machine": machine(), "numba_first_call_seconds": first_calls(args.k, args.n)}
+    print("numba engine, first call in this process (compile or disk-cache load): "
+          + ", ".join(f"{k} {v:.1f} s" for k, v in result["numba_first_call_seconds"].items()))
+    result |= {"against_naive_loop": against_loop(args),
               "command": "python benchmarks/matmul_bench.py " + " ".join(
                   f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
                   if k not in ("out", "no_compile", "sweep_m")),

@@ -188,8 +188,12 @@ MUTANTS = [
            "acc_prod = _fast(plan, prod.sig <= 54 - acc.mbits)", JIT),
     Mutant("jit-pairwise-carry", "the compiled pairwise tree drops an odd last term",
            "size = h + size % 2", "size = h", JIT),
+    Mutant("jit-pairwise-merge", "the compiled pairwise tree merges its last partial sums left "
+           "to right", "_pair(st[q - 1], st[q - 1], st[q], n, finite, fast, rdown, magic, f)",
+           "_pair(st[0], st[0], st[q], n, finite, fast, rdown, magic, f)", JIT),
     Mutant("jit-chunk", "the compiled chunked order promotes every chunk + 1 terms",
-           "if chunk and k and k % chunk == 0:", "if chunk and k and k % (chunk + 1) == 0:",
+           "if chunk > 0 and k > 0 and k % chunk == 0:",
+           "if chunk > 0 and k > 0 and k % (chunk + 1) == 0:",
            JIT),
 ]
 

@@ -121,13 +121,21 @@ def boundaries(fmt: Format) -> np.ndarray:
     return np.concatenate([x, -x])
 
 
-@pytest.mark.parametrize("accum", ACCUMS + ("fp8_e5m2fnuz", "fp4_e2m1"))
+NOSUB = Format("e5m10_nosub", 5, 10, subnormals=False)
+
+
+@pytest.mark.parametrize("accum", ACCUMS + ("fp8_e5m2fnuz", "fp4_e2m1", NOSUB))
 @pytest.mark.parametrize("mode", MODES)
-def test_rounding_at_every_boundary_equals_quantize(accum, mode):
+@pytest.mark.parametrize("specials", [False, True])
+def test_rounding_at_every_boundary_equals_quantize(accum, mode, specials):
     """A 1-term sum is the accumulator's rounding of the product: numba against NumPy and
-    against fpsim.quantize, on each boundary of the format and next to it."""
+    against fpsim.quantize, on each boundary of the format and next to it.  ``specials``: with
+    inf and NaN operands (the kernels' path for NaNs that may meet: every mode's integer
+    rounding), else finite ones (nearest even by the magic constant)."""
     fmt = get_format(accum)
     x = boundaries(fmt)
+    if not specials:
+        x = x[np.isfinite(x)]
     if fmt.mbits >= 10:                                  # keep the NumPy engine's time short
         x = x[np.random.default_rng(0).permutation(len(x))[:4000]]
     a, b = x[:, None], np.ones((1, 1))
@@ -173,7 +181,8 @@ def boundary_sums(fmt: Format, sig: int) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(xs), fpsim.quantize(np.concatenate(ys), lanes)
 
 
-@pytest.mark.parametrize("accum, sig", [("fp16", 21), ("fp16", 40), ("fp16", 44), ("bf16", 24),
+@pytest.mark.parametrize("accum, sig", [("fp16", 21), ("fp16", 40), ("fp16", 42), ("fp16", 43),
+                                        ("fp16", 44), ("bf16", 24),
                                         ("fp8_e4m3fn", 30), ("fp32", 40)])
 @pytest.mark.parametrize("order", ["sequential", "pairwise"])
 def test_sums_landing_on_every_midpoint(accum, sig, order):
@@ -203,6 +212,18 @@ def test_subnormal_partial_sums_overflow_and_cancellation():
                 assert_same(tiny, ones, accum=accum, order=order, rounding=mode)
                 assert_same(big, np.abs(ones) * 2.0**10, accum=accum, order=order,
                             rounding=mode, nan_sign=order != "pairwise")
+
+
+@pytest.mark.parametrize("accum", ["fp8_e5m2", "fp16"])
+def test_pairwise_tree_shape_for_every_k(accum):
+    """K = 1..70 on sums whose value depends on the order of the additions (large and small
+    terms, truncation): the stack-built tree is the level-by-level one for every K."""
+    rng = np.random.default_rng(11)
+    for k in range(1, 71):
+        a = operands("fp8_e5m2", (4, k), rng, spread=8)
+        b = operands("fp8_e5m2", (k, 3), rng, spread=8)
+        for mode in ("rtz", "rne"):
+            assert_same(a, b, accum=accum, order="pairwise", rounding=mode)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -18,7 +18,7 @@ from numba.extending import intrinsic
 #: cache is invalidated by changes to this file only.)
 JIT_OPTIONS = dict(cache=True, fastmath=False, nogil=True)
 ROWS = 8            # output rows of a block: each step reuses one row of b ROWS times
-COLS = 256          # output columns of a block (sequential): ROWS x COLS float64 sums in L1
+COLS = 128          # output columns of a block (sequential): ROWS x COLS float64 sums in L1
 PAIR_COLS = 64      # columns of a pairwise block: its tree holds K/2 x PAIR_COLS float64s
 _SIGN = -(1 << 63)
 _MAG = (1 << 63) - 1
@@ -47,7 +47,9 @@ def _float(typingctx, x):  # noqa: ANN001, ANN202
 def _nearest(s, f):
     """``s`` rounded to nearest even in the format of ``f``: (s + C) - C with C = 1.5 *
     2^(k + 52 - m) rounds to multiples of 2^(k - m), ``k`` the binade of ``s`` clamped to the
-    format's (below emin: its subnormal spacing); then overflow, NaN and the sign."""
+    format's (below emin: its subnormal spacing); then overflow and the sign.  NaN payloads
+    and FNUZ's zeros are left to :func:`finish` (a zero's sign never changes a later sum that
+    is not zero, nor a NaN's payload anything but the final NaN)."""
     b = _bits(s)
     sign = b & _SIGN
     c = _float(min(max(b & _EXP, f[0]), f[1]) + f[2])
@@ -55,10 +57,6 @@ def _nearest(s, f):
     rb = _bits(r) | sign                      # a result rounded to zero keeps the sign of s
     if abs(r) > f[3]:
         rb = f[4] | sign
-    if s != s:
-        rb = _NAN | sign
-    if f[5] and ((rb & _MAG) == 0 or (rb & _MAG) == _NAN):     # FNUZ: no -0, one NaN
-        rb = rb & _MAG
     return _float(rb)
 
 
@@ -123,12 +121,14 @@ def _rounded(s, f):
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _sum(x, y, fast, rdown):
+def _sum(x, y, fast, rdown, nan):
     """x + y as the NumPy adder forms it before its one rounding: float64's sum (``fast``), or
-    that sum made round-to-odd by TwoSum's error; under rdown -((-x) - y) (IEEE 754 §6.3)."""
+    that sum made round-to-odd by TwoSum's error; under rdown -((-x) - y) (IEEE 754 §6.3).
+    ``nan``: NaNs may meet, and x86 (NumPy) returns the first operand's, so that is chosen
+    explicitly (LLVM may swap the operands of an add; the choice costs a third of the speed)."""
     s = -((-x) - y) if rdown else x + y
-    if x != x:
-        s = x                                 # x86: the first operand's NaN
+    if nan and x != x:
+        s = x
     if fast:
         return s
     t = s - x
@@ -141,43 +141,66 @@ def _sum(x, y, fast, rdown):
 
 @njit(inline="always", **JIT_OPTIONS)
 def _add(x, y, fast, rdown, magic, f):
-    """x + y rounded once to the accumulator."""
-    s = _sum(x, y, fast, rdown)
+    """x + y rounded once to the accumulator, NaNs of either operand possible."""
+    s = _sum(x, y, fast, rdown, True)
     return _nearest(s, f) if magic else _rounded(s, f)
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _step(row, x, brow, n, fast, rdown, magic, f):
-    """row[j] = round(row[j] + x * brow[j]) for j < n, with separate loops per variant so that
-    each vectorises."""
-    if x != x:                                 # x86: a * b is a's NaN when a is NaN
-        for j in range(n):
-            row[j] = _add(row[j], x, fast, rdown, magic, f)
-    elif fast and magic and not rdown:
-        for j in range(n):
-            acc = row[j]
-            s = acc + x * brow[j]
-            s = acc if acc != acc else s
-            row[j] = _nearest(s, f)
-    elif magic:
-        for j in range(n):
-            row[j] = _nearest(_sum(row[j], x * brow[j], False, rdown), f)
-    else:
-        for j in range(n):
-            row[j] = _rounded(_sum(row[j], x * brow[j], fast, rdown), f)
+def _product(x, y, nan):
+    """x * y with the NumPy engine's NaN (x86: the first operand's when both are NaN)."""
+    return x if nan and x != x else x * y
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _promote(tot, acc, rows, n, identity, f32):
-    """tot = RN_fp32(tot + acc) (the chunk's sum into the FP32 outer sum); acc restarts."""
+def _step(row, x, brow, n, finite, fast, rdown, magic, f):
+    """row[j] = round(row[j] + x * brow[j]) for j < n; a loop per variant, each vectorised.
+    ``finite``: no NaN or inf in the operands, so no two NaNs can meet."""
+    if x != x:                                 # a * b is a's NaN
+        for j in range(n):
+            row[j] = _add(row[j], x, fast, rdown, magic, f)
+    elif finite and fast and magic and not rdown:
+        for j in range(n):
+            row[j] = _nearest(row[j] + x * brow[j], f)
+    elif finite and magic:
+        for j in range(n):
+            row[j] = _nearest(_sum(row[j], x * brow[j], False, rdown, False), f)
+    else:
+        for j in range(n):
+            row[j] = _rounded(_sum(row[j], x * brow[j], fast, rdown, True), f)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _pair(dst, x, y, n, finite, fast, rdown, magic, f):
+    """dst[j] = round(x[j] + y[j]) for j < n (dst may be x); variants as in :func:`_step`."""
+    if finite and magic and fast and not rdown:
+        for j in range(n):
+            dst[j] = _nearest(x[j] + y[j], f)
+    elif finite and magic:
+        for j in range(n):
+            dst[j] = _nearest(_sum(x[j], y[j], False, rdown, False), f)
+    else:
+        for j in range(n):
+            dst[j] = _add(x[j], y[j], fast, rdown, magic, f)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _promote(tot, acc, rows, n, identity, fnuz, f32):
+    """tot = RN_fp32(tot + acc) (the chunk's sum into the FP32 outer sum); acc restarts.
+    ``fnuz``: the chunk's zeros and NaNs are unsigned (the accumulator has no -0 and one NaN;
+    :func:`_nearest` leaves that to the end, which comes here)."""
     for r in range(rows):
         for j in range(n):
-            tot[r, j] = _nearest(_sum(tot[r, j], acc[r, j] * 1.0, False, False), f32)
+            v = acc[r, j] * 1.0
+            if fnuz and (v == 0 or v != v):
+                v = abs(v)
+            tot[r, j] = _nearest(_sum(tot[r, j], v, False, False, True), f32)
             acc[r, j] = identity
 
 
 @njit(parallel=True, **JIT_OPTIONS)
-def sequential(a3, b3, ia, ib, c, has_init, out, chunk, identity, fast, rdown, magic, f, f32):
+def sequential(a3, b3, ia, ib, c, has_init, out, chunk, identity, finite, fast, rdown, magic,
+               f, f32):
     """Sequential (and fma, chunked) sums: blocks of ROWS x COLS outputs, over K."""
     B, M, K, N = len(ia), a3.shape[1], a3.shape[2], b3.shape[2]
     nrb = (M + ROWS - 1) // ROWS
@@ -196,69 +219,79 @@ def sequential(a3, b3, ia, ib, c, has_init, out, chunk, identity, fast, rdown, m
                     acc[r, j] = identity if chunk else start
                     tot[r, j] = start if has_init else -0.0
             for k in range(K):
-                if chunk and k and k % chunk == 0:
-                    _promote(tot, acc, rows, n, identity, f32)
+                if chunk > 0 and k > 0 and k % chunk == 0:
+                    _promote(tot, acc, rows, n, identity, f[5] != 0, f32)
                 brow = Bm[k, j0:j0 + n]
                 for r in range(rows):
-                    _step(acc[r], A[i0 + r, k], brow, n, fast, rdown, magic, f)
+                    _step(acc[r], A[i0 + r, k], brow, n, finite, fast, rdown, magic, f)
             if chunk:
-                _promote(tot, acc, rows, n, identity, f32)
+                _promote(tot, acc, rows, n, identity, f[5] != 0, f32)
             res = tot if chunk else acc
             for r in range(rows):
                 for j in range(n):
                     O[i0 + r, j0 + j] = res[r, j]
 
 
-@njit(inline="always", **JIT_OPTIONS)
-def _product(x, y):
-    """x * y with the NumPy engine's NaN (the first operand's when both are NaN)."""
-    return x if x != x else x * y
-
-
 @njit(parallel=True, **JIT_OPTIONS)
-def pairwise(a3, b3, ia, ib, c, has_init, out, identity, fast1, fast, rdown, magic, f):
-    """Balanced trees, level by level as accumulate.pairwise builds them (an odd last term
-    moves up as is): level 1 adds two products (``fast1``), the others accumulator values."""
+def pairwise(a3, b3, ia, ib, c, has_init, out, identity, finite, fast1, fast, rdown, magic, f):
+    """accumulate.pairwise's balanced tree (level by level, an odd last term moving up as is),
+    built as a stack: after the t-th sum of two products (level 1, ``fast1``), as many merges
+    of equal-sized neighbours (``fast``) as t has trailing zero bits; at the end the partial
+    sums left on the stack merge right to left (the carried terms join from the right, as
+    they do level by level).  Blocks of ROWS x PAIR_COLS outputs, each step's b rows reused."""
     B, M, K, N = len(ia), a3.shape[1], a3.shape[2], b3.shape[2]
-    for task in prange(B * M):
-        bi = task // M
-        i = task - bi * M
+    nrb = (M + ROWS - 1) // ROWS
+    depth = 2
+    while (1 << depth) <= K:
+        depth += 1
+    for task in prange(B * nrb):
+        bi = task // nrb
+        i0 = (task - bi * nrb) * ROWS
+        rows = min(ROWS, M - i0)
         A, Bm, O = a3[ia[bi]], b3[ib[bi]], out[bi]
-        lev = np.empty((K // 2 + 1, PAIR_COLS))
+        stack = np.empty((ROWS, depth, PAIR_COLS))
+        p0 = np.empty(PAIR_COLS)
+        p1 = np.empty(PAIR_COLS)
         for j0 in range(0, N, PAIR_COLS):
             n = min(PAIR_COLS, N - j0)
-            if K == 1:
-                x = A[i, 0]
+            sp = 0
+            for t in range(K // 2):
+                b0, b1 = Bm[2 * t, j0:j0 + n], Bm[2 * t + 1, j0:j0 + n]
+                merges = 0
+                while (((t + 1) >> merges) & 1) == 0:
+                    merges += 1
+                for r in range(rows):
+                    x0, x1 = A[i0 + r, 2 * t], A[i0 + r, 2 * t + 1]
+                    if finite:
+                        for j in range(n):
+                            p0[j] = x0 * b0[j]
+                            p1[j] = x1 * b1[j]
+                    else:
+                        for j in range(n):
+                            p0[j] = _product(x0, b0[j], True)
+                            p1[j] = _product(x1, b1[j], True)
+                    st = stack[r]
+                    _pair(st[sp], p0, p1, n, finite, fast1, rdown, magic, f)
+                    for q in range(merges):
+                        _pair(st[sp - q - 1], st[sp - q - 1], st[sp - q], n, finite, fast,
+                              rdown, magic, f)
+                sp += 1 - merges
+            if K % 2:                           # the odd last product (K = 1: identity + it)
+                for r in range(rows):
+                    x = A[i0 + r, K - 1]
+                    for j in range(n):
+                        stack[r, sp, j] = _product(x, Bm[K - 1, j0 + j], True)
+                    if K == 1:
+                        for j in range(n):
+                            p0[j] = identity
+                        _pair(stack[r, 0], p0, stack[r, 0], n, finite, fast, rdown, magic, f)
+                sp += 1
+            for r in range(rows):
+                st = stack[r]
+                for q in range(sp - 1, 0, -1):
+                    _pair(st[q - 1], st[q - 1], st[q], n, finite, fast, rdown, magic, f)
                 for j in range(n):
-                    lev[0, j] = _add(identity, _product(x, Bm[0, j0 + j]), fast, rdown,
-                                     magic, f)
-            else:
-                h = K // 2
-                for t in range(h):
-                    x0, x1 = A[i, 2 * t], A[i, 2 * t + 1]
-                    b0, b1 = Bm[2 * t, j0:j0 + n], Bm[2 * t + 1, j0:j0 + n]
-                    row = lev[t]
-                    for j in range(n):
-                        row[j] = _add(_product(x0, b0[j]), _product(x1, b1[j]), fast1, rdown,
-                                      magic, f)
-                size = h
-                if K % 2:
-                    x = A[i, K - 1]
-                    for j in range(n):
-                        lev[h, j] = _product(x, Bm[K - 1, j0 + j])
-                    size = h + 1
-                while size > 1:
-                    h = size // 2
-                    for t in range(h):
-                        r0, r1, row = lev[2 * t], lev[2 * t + 1], lev[t]
-                        for j in range(n):
-                            row[j] = _add(r0[j], r1[j], fast, rdown, magic, f)
-                    if size % 2:
-                        for j in range(n):
-                            lev[h, j] = lev[size - 1, j]
-                    size = h + size % 2
-            for j in range(n):
-                s = lev[0, j]
-                if has_init:
-                    s = _add(c[bi, i, j0 + j], s, False, rdown, magic, f)
-                O[i, j0 + j] = s
+                    s = st[0, j]
+                    if has_init:
+                        s = _add(c[bi, i0 + r, j0 + j], s, False, rdown, magic, f)
+                    O[i0 + r, j0 + j] = s

@@ -121,14 +121,27 @@ def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.nda
     spec = _spec(acc, mode)
     magic = mode == "rne" and acc.subnormals
     identity = 0.0 if mode == "rdown" else -0.0
+    finite = bool(np.isfinite(a3).all() and np.isfinite(b3).all())
     acc_prod = _fast(plan, prod.sig <= 51 - acc.mbits)
     if plan.order == "pairwise":
         prod_prod = _fast(plan, prod.low >= acc.emax - 52)
-        kern.pairwise(a3, b3, ia, ib, c, has_init, out, identity, prod_prod, acc_prod,
+        kern.pairwise(a3, b3, ia, ib, c, has_init, out, identity, finite, prod_prod, acc_prod,
                       mode == "rdown", magic, spec)
     else:
-        kern.sequential(a3, b3, ia, ib, c, has_init, out, plan.chunk or 0, identity, acc_prod,
-                        mode == "rdown", magic, spec, _spec(FP32, "rne"))
+        kern.sequential(a3, b3, ia, ib, c, has_init, out, plan.chunk or 0, identity, finite,
+                        acc_prod, mode == "rdown", magic, spec, _spec(FP32, "rne"))
+    return finish(out, FP32 if plan.chunk else acc)
+
+
+def finish(out: np.ndarray, fmt: Format) -> np.ndarray:
+    """NaNs as quantize makes them (0x7FF8... with their sign; FNUZ: unsigned) and FNUZ's
+    zeros unsigned, once at the end instead of in every step."""
+    bits = out.view(np.int64)
+    nan = np.isnan(out)
+    if nan.any():
+        bits[nan] = (bits[nan] & np.int64(-(1 << 63))) | _NAN
+    if fmt.nan == "fnuz":
+        bits[nan | (out == 0)] &= _MAG
     return out
 
 
