@@ -8,7 +8,7 @@ magic-constant rounding to nearest even, 6-15 for the integer algorithm of
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 from numba.core import types
 from numba.extending import intrinsic
 
@@ -16,7 +16,7 @@ from numba.extending import intrinsic
 #: numba's options for every kernel: exact IEEE arithmetic (no fastmath, so no FMA
 #: contraction), compiled code cached on disk.  (Kept here, with the block sizes: numba's disk
 #: cache is invalidated by changes to this file only.)
-JIT_OPTIONS = dict(cache=True, fastmath=False, nogil=True)
+JIT_OPTIONS = dict(cache=True, fastmath=False, nogil=True)    # nogil: one Python thread a core
 ROWS = 8            # output rows of a block: each step reuses one row of b ROWS times
 COLS = 128          # output columns of a block (sequential): ROWS x COLS float64 sums in L1
 PAIR_COLS = 64      # columns of a pairwise block: its tree holds K/2 x PAIR_COLS float64s
@@ -198,13 +198,14 @@ def _promote(tot, acc, rows, n, identity, fnuz, f32):
             acc[r, j] = identity
 
 
-@njit(parallel=True, **JIT_OPTIONS)
+@njit(**JIT_OPTIONS)
 def sequential(a3, b3, ia, ib, c, has_init, out, chunk, identity, finite, fast, rdown, magic,
-               f, f32):
-    """Sequential (and fma, chunked) sums: blocks of ROWS x COLS outputs, over K."""
-    B, M, K, N = len(ia), a3.shape[1], a3.shape[2], b3.shape[2]
+               f, f32, first, last):
+    """Sequential (and fma, chunked) sums: blocks of ROWS x COLS outputs, over K; the blocks
+    of rows first..last-1 (counted over the batch), so that threads share the work."""
+    M, K, N = a3.shape[1], a3.shape[2], b3.shape[2]
     nrb = (M + ROWS - 1) // ROWS
-    for task in prange(B * nrb):
+    for task in range(first, last):
         bi = task // nrb
         i0 = (task - bi * nrb) * ROWS
         rows = min(ROWS, M - i0)
@@ -232,19 +233,21 @@ def sequential(a3, b3, ia, ib, c, has_init, out, chunk, identity, finite, fast, 
                     O[i0 + r, j0 + j] = res[r, j]
 
 
-@njit(parallel=True, **JIT_OPTIONS)
-def pairwise(a3, b3, ia, ib, c, has_init, out, identity, finite, fast1, fast, rdown, magic, f):
+@njit(**JIT_OPTIONS)
+def pairwise(a3, b3, ia, ib, c, has_init, out, identity, finite, fast1, fast, rdown, magic, f,
+             first, last):
     """accumulate.pairwise's balanced tree (level by level, an odd last term moving up as is),
     built as a stack: after the t-th sum of two products (level 1, ``fast1``), as many merges
     of equal-sized neighbours (``fast``) as t has trailing zero bits; at the end the partial
     sums left on the stack merge right to left (the carried terms join from the right, as
-    they do level by level).  Blocks of ROWS x PAIR_COLS outputs, each step's b rows reused."""
-    B, M, K, N = len(ia), a3.shape[1], a3.shape[2], b3.shape[2]
+    they do level by level).  Blocks of ROWS x PAIR_COLS outputs, each step's b rows reused;
+    the blocks of rows first..last-1, as in :func:`sequential`."""
+    M, K, N = a3.shape[1], a3.shape[2], b3.shape[2]
     nrb = (M + ROWS - 1) // ROWS
     depth = 2
     while (1 << depth) <= K:
         depth += 1
-    for task in prange(B * nrb):
+    for task in range(first, last):
         bi = task // nrb
         i0 = (task - bi * nrb) * ROWS
         rows = min(ROWS, M - i0)

@@ -1,8 +1,8 @@
 """A compiled (Numba) engine for exact emulated matmul: the NumPy engine's bits in one pass.
 
 The NumPy engine (:mod:`fpsim.arith.driver`) walks K in Python with ~20 array passes per step;
-here one compiled loop does a step of a block of outputs in registers.  The arithmetic is the
-NumPy engine's, scalar by scalar:
+here one compiled loop runs all of K for a block of outputs held in L1, the blocks shared
+among one Python thread per core.  The arithmetic is the NumPy engine's, scalar by scalar:
 
 * the running sum is a float64 holding an exact accumulator value; a product of two operands
   is exact in float64 (``Profile.fits``);
@@ -15,8 +15,9 @@ NumPy engine's, scalar by scalar:
   subnormals and overflow come out right), or every mode by :func:`fpsim.rounding.round_bits`'
   integer algorithm, ported line by line to scalars;
 * NaN: x86 returns the first operand's NaN when both are NaN, and LLVM may swap the operands
-  of a commutative add, so the first operand's NaN is selected explicitly (the sign of a NaN
-  result is the NumPy engine's too).
+  of a commutative add, so where NaN or inf operands let two NaNs meet the first operand's is
+  selected explicitly (NumPy's own loops are not consistent there: strided and contiguous
+  ones differ); payloads are made quantize's once at the end.
 
 No fastmath: every operation rounds as IEEE 754 says, and nothing is contracted into an FMA.
 numba is optional (``pip install fpsim[fast]``) and imported only when this engine runs.
@@ -26,6 +27,8 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -92,11 +95,10 @@ def _spec(fmt: Format, rounding: str) -> tuple:
     m = fmt.mbits
     overflows = fmt.inf or fmt.has_nan
     over_bits = _INF if fmt.inf else (_NAN if fmt.has_nan else F64.float_bits(fmt.max))
-    inf_in = _INF if fmt.inf else (_NAN if fmt.has_nan else F64.float_bits(fmt.max))
     return ((fmt.emin + 1023) << 52, (fmt.emax + 1023) << 52, ((52 - m) << 52) + (1 << 51),
             float(fmt.max), over_bits, int(fmt.nan == "fnuz"),
             m, fmt.bias, fmt.max_code, fmt.max_biased_exp, MODES[rounding],
-            _INF if fmt.inf else _NAN, int(overflows), inf_in, int(fmt.subnormals),
+            _INF if fmt.inf else _NAN, int(overflows), over_bits, int(fmt.subnormals),
             math.ldexp(1.0, fmt.emin - m))
 
 
@@ -125,12 +127,30 @@ def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.nda
     acc_prod = _fast(plan, prod.sig <= 51 - acc.mbits)
     if plan.order == "pairwise":
         prod_prod = _fast(plan, prod.low >= acc.emax - 52)
-        kern.pairwise(a3, b3, ia, ib, c, has_init, out, identity, finite, prod_prod, acc_prod,
-                      mode == "rdown", magic, spec)
+        args = (a3, b3, ia, ib, c, has_init, out, identity, finite, prod_prod, acc_prod,
+                mode == "rdown", magic, spec)
+        kernel = kern.pairwise
     else:
-        kern.sequential(a3, b3, ia, ib, c, has_init, out, plan.chunk or 0, identity, finite,
-                        acc_prod, mode == "rdown", magic, spec, _spec(FP32, "rne"))
+        args = (a3, b3, ia, ib, c, has_init, out, plan.chunk or 0, identity, finite, acc_prod,
+                mode == "rdown", magic, spec, _spec(FP32, "rne"))
+        kernel = kern.sequential
+    _threads(kernel, args, B * -(-M // kern.ROWS))
     return finish(out, FP32 if plan.chunk else acc)
+
+
+def _threads(kernel: Any, args: tuple, blocks: int) -> None:
+    """``kernel(*args, first, last)`` over blocks of rows 0..blocks-1, one Python thread a
+    core (the kernels release the GIL).  Plain threads, not numba's parallel layer: its
+    OpenMP threads spin after each call and starve other OpenMP pools such as torch's."""
+    workers = min(blocks, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                  else os.cpu_count() or 1)
+    bounds = [blocks * w // workers for w in range(workers + 1)]
+    if workers == 1:
+        kernel(*args, 0, blocks)
+        return
+    with ThreadPoolExecutor(workers) as pool:
+        for done in [pool.submit(kernel, *args, lo, hi) for lo, hi in zip(bounds, bounds[1:])]:
+            done.result()
 
 
 def finish(out: np.ndarray, fmt: Format) -> np.ndarray:
