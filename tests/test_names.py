@@ -83,7 +83,7 @@ def test_backend_errors_name_the_values_that_apply():
         fpsim.quantize(A, "e4m3", backend="gpu")
     with pytest.raises(ValueError, match="unknown backend.*auto, torch, triton"):
         mx.quantize(np.ones(32), "mxfp4", backend="numpi")
-    with pytest.raises(ValueError, match="unknown backend.*auto, numpy, torch, compiled"):
+    with pytest.raises(ValueError, match="unknown backend.*auto, numpy, numba, torch, compiled"):
         fpsim.matmul(A[None], A[:, None], backend="triton")
 
 
