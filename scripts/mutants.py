@@ -191,6 +191,9 @@ MUTANTS = [
     Mutant("jit-pairwise-merge", "the compiled pairwise tree merges its last partial sums left "
            "to right", "_pair(st[q - 1], st[q - 1], st[q], n, finite, fast, rdown, magic, f)",
            "_pair(st[0], st[0], st[q], n, finite, fast, rdown, magic, f)", JIT),
+    Mutant("jit-exact-pairs", "the compiled pairwise tree takes sums of two products spanning "
+           "55 bits as exact in float64", "exact_pairs = prod.high + 2 - prod.low <= 53",
+           "exact_pairs = prod.high + 2 - prod.low <= 55", JIT),
     Mutant("jit-chunk", "the compiled chunked order promotes every chunk + 1 terms",
            "if chunk > 0 and k > 0 and k % chunk == 0:",
            "if chunk > 0 and k > 0 and k % (chunk + 1) == 0:",

@@ -226,6 +226,20 @@ def test_pairwise_tree_shape_for_every_k(accum):
             assert_same(a, b, accum=accum, order="pairwise", rounding=mode)
 
 
+def test_pairwise_sum_of_two_products_spanning_55_bits():
+    """x + y with x = u * w of 53 bits just below 2 and y = 2^-53 (products spanning 55 bits,
+    2^-53..2^1): float64's sum is a tie that rounds up, the exact sum lies 3/8 of a spacing
+    of a 51-bit accumulator above a value; rounded once it stays there (ties away too)."""
+    u, w = (2.0**27 - 1) * 2.0**-26, (2.0**26 - 1) * 2.0**-26
+    a, b = np.array([[u, 2.0**-27]]), np.array([[w], [2.0**-26]])
+    acc = Format("e8m50", 8, 50)
+    exact = Fraction(u) * Fraction(w) + Fraction(2) ** -53
+    for mode in ("rna", "rne"):
+        got = assert_same(a, b, accum=acc, order="pairwise", rounding=mode)
+        assert Fraction(float(got[0, 0])) == exact - Fraction(3, 8) * Fraction(2) ** -50
+        assert float(got[0, 0]) != fpsim.quantize(u * w + 2.0**-53, acc, rounding="rna")
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("order", ORDERS)
 def test_signed_zeros(mode, order):

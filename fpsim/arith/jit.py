@@ -126,7 +126,10 @@ def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.nda
     finite = bool(np.isfinite(a3).all() and np.isfinite(b3).all())
     acc_prod = _fast(plan, prod.sig <= 51 - acc.mbits)
     if plan.order == "pairwise":
-        prod_prod = _fast(plan, prod.low >= acc.emax - 52)
+        # two products, multiples of 2^low below 2^(high+1): their float64 sum is exact when
+        # it spans at most 53 bits (then any mode rounds it once), else fused.py's bound
+        exact_pairs = prod.high + 2 - prod.low <= 53
+        prod_prod = exact_pairs or _fast(plan, prod.low >= acc.emax - 52)
         args = (a3, b3, ia, ib, c, has_init, out, identity, finite, prod_prod, acc_prod,
                 mode == "rdown", magic, spec)
         kernel = kern.pairwise
