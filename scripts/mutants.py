@@ -186,8 +186,8 @@ MUTANTS = [
            "fused.py's bound (51 - mbits product bits)",
            "acc_prod = _fast(plan, prod.sig <= 51 - acc.mbits)",
            "acc_prod = _fast(plan, prod.sig <= 54 - acc.mbits)", JIT),
-    Mutant("jit-pairwise-carry", "the compiled pairwise tree drops an odd last term",
-           "size = h + size % 2", "size = h", JIT),
+    Mutant("jit-pairwise-carry", "the compiled pairwise tree drops an odd last term (K >= 3)",
+           "if K % 2:", "if K % 2 and K < 3:", JIT),
     Mutant("jit-pairwise-merge", "the compiled pairwise tree merges its last partial sums left "
            "to right", "_pair(st[q - 1], st[q - 1], st[q], n, finite, fast, rdown, magic, f)",
            "_pair(st[0], st[0], st[q], n, finite, fast, rdown, magic, f)", JIT),
