@@ -277,7 +277,8 @@ def test_nan_and_inf_inputs_of_both_signs(order):
 @pytest.mark.parametrize("sa, sb", [((5, 1), (1, 4)), ((5, 0), (0, 4)), ((1, 9), (9, 3)),
                                     ((4, 9), (9, 1)), ((9,), (9, 3)), ((4, 9), (9,)),
                                     ((9,), (9,)), ((3, 4, 9), (9, 5)), ((2, 1, 4, 9),
-                                    (3, 9, 5)), ((0, 9), (9, 3)), ((20, 300), (300, 70))])
+                                    (3, 9, 5)), ((0, 9), (9, 3)), ((20, 300), (300, 70)),
+                                    ((11, 7), (7, 2100))])      # ragged row and column blocks
 @pytest.mark.parametrize("order", ["sequential", "chunked", "pairwise"])
 def test_shapes(sa, sb, order):
     rng = np.random.default_rng(7)

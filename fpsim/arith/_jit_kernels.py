@@ -18,8 +18,8 @@ from numba.extending import intrinsic
 #: cache is invalidated by changes to this file only.)
 JIT_OPTIONS = dict(cache=True, fastmath=False, nogil=True)    # nogil: one Python thread a core
 ROWS = 8            # output rows of a block: each step reuses one row of b ROWS times
-COLS = 128          # output columns of a block (sequential): ROWS x COLS float64 sums in L1
-PAIR_COLS = 64      # columns of a pairwise block: its stack holds log2(K) rows of them
+COLS = 1024         # output columns of a block (sequential): long inner loops measured fastest
+PAIR_COLS = 256     # columns of a pairwise block: its stack holds log2(K) rows of them
 _SIGN = -(1 << 63)
 _MAG = (1 << 63) - 1
 _EXP = 0x7FF << 52
