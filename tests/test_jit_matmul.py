@@ -370,3 +370,12 @@ def test_kernels_compile_without_fma_contraction():
     assert Fraction(v[0]) * Fraction(v[1]) + Fraction(v[2]) == -Fraction(2) ** -60
     x, y, z = (np.full(64, t) for t in v)
     assert np.all(mul_add(x, y, z) == 0.0)
+
+
+def test_without_numba_auto_takes_numpy(monkeypatch):
+    """numba is optional: when it cannot be imported, "auto" runs the NumPy engine."""
+    calls = []
+    monkeypatch.setattr(jit, "available", lambda: False)
+    monkeypatch.setattr(jit, "run", lambda *x: calls.append(1))
+    out = fpsim.matmul(np.ones((3, 4), np.float16), np.ones((4, 2), np.float16), accum="fp16")
+    assert calls == [] and np.all(out == 4)
