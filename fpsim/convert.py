@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import dispatch
+from . import parallel
 from . import rounding
 from .backend import NumpyOps, check_backend, code_dtype, is_torch, on_nan_keyword, ops_for
 from .dispatch import CONVERT_BACKENDS as BACKENDS
@@ -54,7 +55,8 @@ def _fast_plan(fmt: Any, rounding: Any, saturate: Any, subnormals: Any, backend:
         if mode != "stochastic":
             plan = _numpy_plan(f, mode, check_saturate(saturate), subnormals, want,
                                dtype == _NATIVE_FLOATS[1])
-            entry = (plan, code_dtype(f), on_nan == "raise" and not f.has_nan)
+            entry = (parallel.elementwise(plan), code_dtype(f),
+                     on_nan == "raise" and not f.has_nan)
     if len(_FAST) >= _FAST_ENTRIES:
         _FAST.clear()
     _FAST[key] = entry
@@ -146,7 +148,8 @@ def _run_numpy(x: np.ndarray, fmt: Format, rounding: str, saturate: bool, subnor
     if rounding == "stochastic":
         _routine(flat, out, fmt, rounding, saturate, subnormals, want, _numpy_rng(seed))
     else:
-        _numpy_plan(fmt, rounding, saturate, subnormals, want, flat.dtype == np.float64)(flat, out)
+        parallel.elementwise(_numpy_plan(fmt, rounding, saturate, subnormals, want,
+                                         flat.dtype == np.float64))(flat, out)
     return out.reshape(x.shape)
 
 
