@@ -96,7 +96,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--threads",
         type=_positive,
         default=os.cpu_count() or 1,
-        help="torch CPU threads (default: all cores); results do not depend on it",
+        help="CPU threads of torch and of fpsim's casts (default: all cores); results do not "
+             "depend on it",
     )
     p.add_argument(
         "--render",
@@ -174,6 +175,7 @@ def main(argv: list[str]) -> int:
             (args.out / "REPORT.md").write_text(index(args.out, names))
         return 0
     torch.set_num_threads(args.threads)
+    os.environ["FPSIM_THREADS"] = str(args.threads)      # fpsim.parallel reads it per call
     sizes = context.QUICK if args.quick else context.FULL
     if args.tokens:
         sizes = dataclasses.replace(sizes, tokens=args.tokens)

@@ -46,11 +46,13 @@ class RecipeOps:
         self.events: dict[str, dict[str, int]] = {}
 
     def _watch(self, name: str, y: Tensor, events: dict) -> Tensor:
-        bad = ~torch.isfinite(y)
-        if name.endswith(".qk"):                     # the causal mask discards the upper triangle
-            T = y.shape[-1]
-            bad = bad & torch.ones(T, T, dtype=torch.bool, device=y.device).tril()
-        bad = int(bad.sum())
+        bad = 0
+        if y.numel() and not all(map(math.isfinite, map(float, torch.aminmax(y)))):  # NaN too
+            nonfinite = ~torch.isfinite(y)
+            if name.endswith(".qk"):                 # the causal mask discards the upper triangle
+                T = y.shape[-1]
+                nonfinite = nonfinite & torch.ones(T, T, dtype=torch.bool, device=y.device).tril()
+            bad = int(nonfinite.sum())
         if bad:
             self.nonfinite[name] = self.nonfinite.get(name, 0) + bad
         total = self.events.setdefault(name, dict.fromkeys(EVENTS, 0))

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import dispatch
+from . import parallel
 from . import rounding
 from .backend import NumpyOps, check_backend, code_dtype, is_torch, on_nan_keyword, ops_for
 from .dispatch import CONVERT_BACKENDS as BACKENDS
@@ -54,7 +55,8 @@ def _fast_plan(fmt: Any, rounding: Any, saturate: Any, subnormals: Any, backend:
         if mode != "stochastic":
             plan = _numpy_plan(f, mode, check_saturate(saturate), subnormals, want,
                                dtype == _NATIVE_FLOATS[1])
-            entry = (plan, code_dtype(f), on_nan == "raise" and not f.has_nan)
+            entry = (parallel.elementwise(plan), code_dtype(f),
+                     on_nan == "raise" and not f.has_nan)
     if len(_FAST) >= _FAST_ENTRIES:
         _FAST.clear()
     _FAST[key] = entry
@@ -146,7 +148,8 @@ def _run_numpy(x: np.ndarray, fmt: Format, rounding: str, saturate: bool, subnor
     if rounding == "stochastic":
         _routine(flat, out, fmt, rounding, saturate, subnormals, want, _numpy_rng(seed))
     else:
-        _numpy_plan(fmt, rounding, saturate, subnormals, want, flat.dtype == np.float64)(flat, out)
+        parallel.elementwise(_numpy_plan(fmt, rounding, saturate, subnormals, want,
+                                         flat.dtype == np.float64))(flat, out)
     return out.reshape(x.shape)
 
 
@@ -564,17 +567,47 @@ def decode(codes: Any, fmt: str | Format, *, dtype: Any = np.float64) -> Any:
         wide = codes.to(torch.int64)  # 64-bit codes arrive as int64 bit patterns: all valid
         if fmt.bits < 64 and wide.numel():
             _check_code_range(int(wide.min()), int(wide.max()), fmt)
-        ops = ops_for(codes)
-        out = ops.view(decode_bits(ops, wide, F64, fmt), torch.float64)
-        return exact_cast(out, dtype if isinstance(dtype, torch.dtype) else torch.float64)
+        if fmt.bits <= _TABLE_BITS:
+            out = _torch_decode_table(fmt, codes.device)[wide]
+        else:
+            ops = ops_for(codes)
+            out = ops.view(decode_bits(ops, wide, F64, fmt), torch.float64)
+        want = dtype if isinstance(dtype, torch.dtype) else torch.float64
+        return out if want == torch.float64 else exact_cast(out, want)
     arr, scalar = _as_array(codes)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"codes must be integers, got dtype {arr.dtype}")
     if arr.size:
         _check_code_range(int(arr.min()), int(arr.max()), fmt)
-    bits = decode_bits(_NP, arr.astype(np.uint64).view(np.int64), F64, fmt)
-    out = exact_cast(bits.view(np.float64), dtype)
+    if fmt.bits <= _TABLE_BITS:
+        out = _decode_table(fmt).take(arr)
+    else:
+        out = decode_bits(_NP, arr.astype(np.uint64).view(np.int64), F64, fmt).view(np.float64)
+    if np.dtype(dtype) != np.float64:
+        out = exact_cast(out, dtype)
     return float(out) if scalar else out
+
+
+#: Formats of at most this many bits decode through a table of every code's value.
+_TABLE_BITS = 16
+
+
+@functools.lru_cache(maxsize=64)
+def _decode_table(fmt: Format) -> np.ndarray:
+    """float64 value of every code of ``fmt`` (at most 2^16), computed once by :func:`decode_bits`:
+    decoding is then one gather, on NumPy or torch."""
+    codes = np.arange(fmt.num_codes, dtype=np.int64)
+    table = decode_bits(_NP, codes, F64, fmt).view(np.float64)
+    table.flags.writeable = False
+    return table
+
+
+@functools.lru_cache(maxsize=64)
+def _torch_decode_table(fmt: Format, device: Any) -> Any:
+    """:func:`_decode_table` as a float64 tensor on ``device``."""
+    import torch
+
+    return torch.tensor(_decode_table(fmt), dtype=torch.float64, device=device)
 
 
 def _check_code_range(lo: int, hi: int, fmt: Format) -> None:

@@ -61,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from . import blocks, dispatch
+from . import blocks, dispatch, parallel
 from .backend import float_input, is_torch, ops_for
 from .blockrules import (BLOCK_FORMATS, SCALE_ROUNDINGS, BlockFormat, ceil_exponent,
                          check_tensor_scale, element_values, get_block_format, mx_element_codes,
@@ -263,7 +263,15 @@ def _quantize_rows(rows: Any, spec: BlockFormat, scale_rows: Any, rounding: str,
     step = max(1, CHUNK // rows.shape[1])
     scales = np.empty(rows.shape[0], np.uint8)
     codes = np.empty(rows.shape, np.uint8)
+
+    def part(first: int, stop: int) -> None:
+        for lo in range(first, stop, step):
+            hi = min(stop, lo + step)
+            scales[lo:hi], codes[lo:hi] = codes_of(rows[lo:hi], rng)
+
     with np.errstate(over="ignore", invalid="ignore"):     # NaN-scale blocks, zeroed after
-        for lo in range(0, rows.shape[0], step):
-            scales[lo:lo + step], codes[lo:lo + step] = codes_of(rows[lo:lo + step], rng)
+        if rounding == "stochastic":                       # one seed, one sequence of bits
+            part(0, rows.shape[0])
+        else:                                              # row slices on every core
+            parallel.run(part, rows.shape[0], max(1, parallel.GRAIN // max(1, rows.shape[1])))
     return scales, codes

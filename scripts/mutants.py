@@ -174,6 +174,13 @@ MUTANTS = [
     Mutant("zero-point-ties", "asymmetric zero points round ties away from zero",
            "zp = qmin - _round_int(ops.where(bad, 0.0, divide(lo, scale)))",
            'zp = qmin - _round_int(ops.where(bad, 0.0, divide(lo, scale)), "rna")', SCALING),
+    Mutant("thread-pieces", "large jobs split over threads lose their last piece",
+           "futures = [_POOL.submit(contextvars.copy_context().run, job, lo, hi) for lo, hi in parts]",
+           "futures = [_POOL.submit(contextvars.copy_context().run, job, lo, hi) for lo, hi in parts[:-1]]",
+           ["tests/test_parallel.py"]),
+    Mutant("decode-table", "the decode table is built one code off",
+           "codes = np.arange(fmt.num_codes, dtype=np.int64)",
+           "codes = np.arange(1, fmt.num_codes + 1, dtype=np.int64) % fmt.num_codes", CORE),
     # the compiled (Numba) matmul engine
     Mutant("jit-round-to-odd", "the compiled TwoSum adder drops its round-to-odd step",
            "s = _float((sb + ((_bits(e) ^ sb) >> 63)) | 1)", "s = _float(sb)", JIT),

@@ -68,3 +68,20 @@ def test_practice_runs_every_recipe_with_intervals(small: context.Context, tmp_p
     data["meta"] = {**small.meta(), "seconds": 0}
     report = practice.render(data, tmp_path)
     assert "## Conclusions" in report and (tmp_path / "practice.png").is_file()
+
+
+@pytest.mark.parametrize("split", [(9, 2), (10, 1), (11, 4)])
+def test_clamped_per_tensor_scaling_is_the_unscaled_run(small: context.Context, split) -> None:
+    """range-vs-precision reuses the unscaled run where every FP32 scale is the clamp 2^-126:
+    computed anyway here, both give the same JSON to the last digit."""
+    import json
+
+    from experiments.range_vs_precision import scale_clamped, split_format
+    from experiments.recipes import Recipe
+
+    fmt = split_format(*split)
+    assert scale_clamped({"max": fmt.max})
+    runs = [small.run(Recipe("r", fmt, scaling=s)) for s in ("none", "tensor")]
+    for r in runs:
+        del r["recipe"]
+    assert json.dumps(runs[0], sort_keys=True) == json.dumps(runs[1], sort_keys=True)

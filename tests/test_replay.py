@@ -236,3 +236,41 @@ def test_inf_in_the_masked_half_of_qk_is_not_counted():
     y[0, 0, 3, 0] = float("inf")                   # a position the model uses
     ops._watch("h0.attn.qk", y, {})
     assert ops.nonfinite == {"h0.attn.qk": 1}
+
+
+def _events_by_definition(x: torch.Tensor, q: torch.Tensor, limit) -> dict[str, int]:
+    fx, fq = torch.isfinite(x), torch.isfinite(q)
+    return {"elements": x.numel(), "overflow": int((fx & ~fq).sum()),
+            "saturated": int((fx & fq & (x.abs() >= limit)).sum()),
+            "flushed": int((fx & (x != 0) & (q == 0)).sum())}
+
+
+@pytest.mark.parametrize("case", ["clean", "flush", "overflow", "saturate", "nan", "inf", "zeros",
+                                  "tensor-limit"])
+def test_operand_events_fast_and_full_paths_match_the_definition(case):
+    """The counts equal their definition whether they take the four-pass path (all finite and
+    below the limit) or the full one."""
+    from experiments.recipes import operand_events
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 48, generator=g, dtype=torch.float64) * 300
+    x[0, :5] = 0.0
+    x[1, :7] = 1e-9                                           # flushed by e4m3
+    recipe = Recipe("r", inputs="e4m3", saturate=case == "saturate")
+    if case == "nan":
+        x[2, 3] = float("nan")
+    elif case == "inf":
+        x[2, 3] = -float("inf")
+    elif case == "zeros":
+        x = torch.zeros_like(x)
+    elif case == "clean":
+        x = x.clamp(-400, 400)
+    scaling = "tensor" if case == "tensor-limit" else "none"
+    recipe = Recipe("r", inputs="e4m3", saturate=case == "saturate", scaling=scaling)
+    q, limit = quantize_operand(x, "e4m3", recipe, axis=-1)
+    want = _events_by_definition(x, q, limit)
+    assert operand_events(x, q, limit) == want
+    if case == "flush":
+        assert want["flushed"] == 7 and want["overflow"] > 0
+    if case in ("overflow", "saturate"):
+        assert want["overflow" if case == "overflow" else "saturated"] > 0

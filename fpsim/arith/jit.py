@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from .. import parallel
 from ..formats import Format
 from ..rounding import F64
 from .lanes import Profile, guarded, lane_max
@@ -137,23 +136,10 @@ def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.nda
         args = (a3, b3, ia, ib, c, has_init, out, plan.chunk or 0, identity, finite, acc_prod,
                 mode == "rdown", magic, spec, _spec(FP32, "rne"))
         kernel = kern.sequential
-    _threads(kernel, args, B * -(-M // kern.ROWS))
+    # blocks of rows over the cores (the kernels release the GIL): fpsim's thread pool, not
+    # numba's OpenMP layer, whose spinning threads starve other OpenMP pools such as torch's
+    parallel.run(lambda lo, hi: kernel(*args, lo, hi), B * -(-M // kern.ROWS), grain=1)
     return finish(out, FP32 if plan.chunk else acc)
-
-
-def _threads(kernel: Any, args: tuple, blocks: int) -> None:
-    """``kernel(*args, first, last)`` over blocks of rows 0..blocks-1, one Python thread a
-    core (the kernels release the GIL).  Plain threads, not numba's parallel layer: its
-    OpenMP threads spin after each call and starve other OpenMP pools such as torch's."""
-    workers = min(blocks, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                  else os.cpu_count() or 1)
-    bounds = [blocks * w // workers for w in range(workers + 1)]
-    if workers == 1:
-        kernel(*args, 0, blocks)
-        return
-    with ThreadPoolExecutor(workers) as pool:
-        for done in [pool.submit(kernel, *args, lo, hi) for lo, hi in zip(bounds, bounds[1:])]:
-            done.result()
 
 
 def finish(out: np.ndarray, fmt: Format) -> np.ndarray:
