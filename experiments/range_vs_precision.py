@@ -24,6 +24,7 @@ from tqdm import tqdm
 from fpsim import Format, get_format
 
 from .context import Context
+from .gpt2.model import site_kind
 from .recipes import Recipe, rounding_limit
 from . import bootstrap
 from .bootstrap import fmt_ci, verdict
@@ -135,7 +136,7 @@ def _p3109_run(ctx: Context, fmt: Format) -> dict:
 def _ablation_run(ctx: Context, budget: int, name: str, recipe: Recipe, ln_fp32: bool) -> dict:
     fmt = recipe.inputs
     per_site = (
-        {n: recipe for n, s in ctx.sites.items() if s.kind != "layernorm"} if ln_fp32 else recipe
+        {n: recipe for n in ctx.site_names if site_kind(n) != "layernorm"} if ln_fp32 else recipe
     )
     return {
         "budget": budget,
@@ -149,37 +150,34 @@ def _ablation_run(ctx: Context, budget: int, name: str, recipe: Recipe, ln_fp32:
     }
 
 
+def _head(budget: int, fmt: Format, scaling: str) -> dict[str, Any]:
+    """What a run of the split ``fmt`` of ``budget`` under ``scaling`` is."""
+    return {"budget": budget, "format": fmt.name, "ebits": fmt.ebits, "mbits": fmt.mbits,
+            "max": fmt.max, "min_subnormal": fmt.min_subnormal, "scaling": scaling}
+
+
 def run(ctx: Context) -> dict[str, Any]:
     """End-to-end and per-site results of every split, budget and scaling, the LayerNorm-in-FP32
     variant and the attribution ablations of the 3-exponent-bit splits."""
     plan = {b: splits(b) for b in BUDGETS}
-    jobs = [(b, f, s) for b, (formats, _) in plan.items() for f in formats for s in SCALINGS]
-    jobs += [(b, f, LN_FP32) for b, (formats, _) in plan.items() for f in formats]
-    runs, ln_runs = [], []
-    for budget, fmt, scaling in tqdm(jobs, desc=NAME, unit="recipe"):
-        head = {
-            "budget": budget,
-            "format": fmt.name,
-            "ebits": fmt.ebits,
-            "mbits": fmt.mbits,
-            "max": fmt.max,
-            "min_subnormal": fmt.min_subnormal,
-            "scaling": scaling,
-        }
-        if scaling == LN_FP32:
-            recipe = Recipe(f"{fmt.name}/none, LayerNorm FP32", fmt)
-            per_site = {n: recipe for n, s in ctx.sites.items() if s.kind != "layernorm"}
-            ln_runs.append(
-                {
-                    **head,
-                    "recipe": recipe.to_json(),
-                    "fp32_sites": sorted(set(ctx.sites) - set(per_site)),
-                    "e2e": ctx.end_to_end(per_site),
-                }
-            )
-            continue
-        result = ctx.run(Recipe(f"{fmt.name}/{scaling}", fmt, scaling=scaling))
-        runs.append({**head, **result})
+    scaled = [(b, f, s) for b, (formats, _) in plan.items() for f in formats for s in SCALINGS]
+    recipes = [Recipe(f"{f.name}/{s}", f, scaling=s) for _, f, s in scaled]
+    # one capture pass replays every split under both scalings
+    runs = [{**_head(*job), **result}
+            for job, result in zip(scaled, ctx.run(recipes, desc=NAME), strict=True)]
+    ln_runs = []
+    for budget, fmt in tqdm([(b, f) for b, (formats, _) in plan.items() for f in formats],
+                            desc=f"{NAME} LayerNorm FP32", unit="recipe"):
+        recipe = Recipe(f"{fmt.name}/none, LayerNorm FP32", fmt)
+        per_site = {n: recipe for n in ctx.site_names if site_kind(n) != "layernorm"}
+        ln_runs.append(
+            {
+                **_head(budget, fmt, LN_FP32),
+                "recipe": recipe.to_json(),
+                "fp32_sites": sorted(set(ctx.site_names) - set(per_site)),
+                "e2e": ctx.end_to_end(per_site),
+            }
+        )
     abl = [(b, *a) for b in BUDGETS for a in ablations(b)]
     ablation_runs = [_ablation_run(ctx, *a) for a in tqdm(abl, desc=f"{NAME} ablations")]
     p3109 = [f for x in P3109_SPLITS for f in p3109_formats(x)]
