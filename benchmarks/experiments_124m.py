@@ -9,7 +9,10 @@ The numbers say what a run costs, not what the formats do: the weights are rando
 
     python benchmarks/experiments_124m.py --quick --tokens 2048 --only activations fp16-vs-bf16
 
-Writes a table and ``--out`` JSON with the machine and its load average.
+Writes a table and ``--out`` JSON with the machine and its load average.  ``--combine A.json
+B.json ...`` makes one table of several such runs (e.g. one experiment rerun with fewer
+tokens): per experiment the last row that finished, each row with its own run's settings,
+date and load average.
 """
 
 from __future__ import annotations
@@ -74,6 +77,39 @@ def run(name: str, model: Path, args: argparse.Namespace, out: Path) -> dict:
             "peak_rss_gib": round(peak, 2), "last_line": tail[-200:]}
 
 
+def combine(paths: list[Path]) -> dict:
+    """One table from runs of this script: per experiment the last row with status 0 (else the
+    last row), carrying its run's settings, date, load average and file name."""
+    rows: dict[str, dict] = {}
+    for path in paths:
+        data = json.loads(path.read_text())
+        meta = data["meta"]
+        before = meta.get("load_average_1_5_15", meta.get("load_average_before"))
+        run = {"quick": meta["quick"], "tokens": meta["tokens"], "threads": meta["threads"],
+               "cpu": meta["cpu"], "date": meta.get("date"), "load_average_before_after": [before[0],
+                                                                       meta["load_average_after"][0]],
+               "source": path.name}
+        for row in data["rows"]:
+            if row["status"] == 0 or rows.get(row["experiment"], {}).get("status") != 0:
+                rows[row["experiment"]] = {**row, **run}
+    last = json.loads(paths[-1].read_text())["meta"]
+    meta = {k: last[k] for k in ("cpu", "cores", "model")}
+    return {"meta": {**meta, "combined_from": [p.name for p in paths]},
+            "rows": [rows[n] for n in EXPERIMENTS if n in rows]}
+
+
+def table(data: dict) -> str:
+    """The rows as a text table (settings per row when they differ)."""
+    lines = [f"{'experiment':<24}{'status':>8}{'wall s':>9}{'CPU s':>9}{'peak GiB':>10}"
+             f"{'tokens':>8}{'threads':>8}"]
+    for r in data["rows"]:
+        tokens, threads = r.get("tokens", data["meta"].get("tokens")), r.get(
+            "threads", data["meta"].get("threads"))
+        lines.append(f"{r['experiment']:<24}{r['status']!s:>8}{r['wall_s']:>9}{r['cpu_s']:>9}"
+                     f"{r['peak_rss_gib']:>10}{tokens!s:>8}{threads!s:>8}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", nargs="*", default=list(EXPERIMENTS), choices=EXPERIMENTS)
@@ -82,7 +118,15 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--limit", type=int, default=1800, help="seconds per experiment")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "out" / "experiments_124m.json"))
+    ap.add_argument("--combine", nargs="+", type=Path, metavar="JSON",
+                    help="make one table of these runs' JSON (nothing is run)")
     args = ap.parse_args()
+    if args.combine:
+        data = combine(args.combine)
+        print(table(data))
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
+        return 0
     meta = machine()
     with tempfile.TemporaryDirectory() as tmp:
         model = build(Path(tmp) / "gpt2-124m-random")
@@ -90,10 +134,7 @@ def main() -> int:
     meta.update({"load_average_after": os.getloadavg(), "quick": args.quick,
                  "tokens": args.tokens, "threads": args.threads,
                  "model": "random GPT-2 124M shape (12 x 768, 50257 tokens), BPE tokenizer 2000"})
-    print(f"{'experiment':<24}{'status':>8}{'wall s':>9}{'CPU s':>9}{'peak GiB':>10}")
-    for r in rows:
-        print(f"{r['experiment']:<24}{r['status']!s:>8}{r['wall_s']:>9}{r['cpu_s']:>9}"
-              f"{r['peak_rss_gib']:>10}")
+    print(table({"meta": meta, "rows": rows}))
     print(f"{meta['cpu']}, {meta['cores']} cores, load average before "
           f"{meta['load_average_1_5_15'][0]:.2f}, after {meta['load_average_after'][0]:.2f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

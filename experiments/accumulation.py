@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 from tqdm import tqdm
 
 from . import replay
-from .context import Context
+from .capture import Site
+from .context import Captured, Context
 from .recipes import Recipe
 from .report import figure, median_finite, num, page, save, snr_per_site, table
 
@@ -47,13 +49,10 @@ def recipes() -> list[Recipe]:
 QUANTIZED_REFERENCE = Recipe("fp64 native, bf16 operands", INPUTS, accum="fp64")
 
 
-def quantized_references(sites: dict) -> dict:
-    """FP64 result of every site on its operands rounded to BF16: what an exact accumulator would
+def quantized_reference(site: Site) -> Tensor:
+    """FP64 result of a site on its operands rounded to BF16: what an exact accumulator would
     give."""
-    return {
-        n: replay.used(replay.site_output(s.to(torch.float64), QUANTIZED_REFERENCE), s)
-        for n, s in sites.items()
-    }
+    return replay.used(replay.site_output(site.to(torch.float64), QUANTIZED_REFERENCE), site)
 
 
 def run(ctx: Context) -> dict[str, Any]:
@@ -62,15 +61,26 @@ def run(ctx: Context) -> dict[str, Any]:
     ``runs``: against the FP64 sum of the same BF16 operands (accumulator error only);
     ``input_floor``: the FP64 sum of the BF16 operands against FP64 on the FP32 operands.
     """
-    sites = ctx.emulation_sites
-    refs = quantized_references(sites)
-    runs = []
-    for r in tqdm(recipes(), desc=NAME, unit="recipe"):
-        stats = replay.replay(sites, r, refs, cache={})
-        runs.append({"recipe": r.to_json(), "summary": replay.summary(stats), "sites": stats})
+    rs = recipes()
+    stats: list[dict[str, dict]] = [{} for _ in rs]
+    floor: dict[str, dict] = {}
+    bar = tqdm(total=len(ctx.site_names), desc=NAME, unit="site")
+
+    def each(c: Captured) -> None:
+        ref = quantized_reference(c.emulation)
+        for r, st in zip(rs, stats):
+            st[c.name] = replay.replay_site(c.emulation, r, ref)
+        floor[c.name] = replay.replay_site(c.emulation, rs[0], c.emulation_ref)
+        bar.update()
+
+    ctx.stream(each)
+    bar.close()
+    runs = [{"recipe": r.to_json(), "summary": replay.summary(st), "sites": st}
+            for r, st in zip(rs, stats)]
     return {
         "runs": runs,
-        "input_floor": ctx.run(recipes()[0], e2e=False),
+        "input_floor": {"recipe": rs[0].to_json(), "summary": replay.summary(floor),
+                        "sites": floor},
         "inputs": INPUTS,
         "chunk": CHUNK,
         "reference": "fp64 sum of the same bf16 operands",

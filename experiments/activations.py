@@ -24,7 +24,7 @@ from torch import Tensor
 from fpsim import get_format
 
 from . import replay
-from .capture import Site, capture
+from .capture import Site, stream
 from .context import Context
 from .report import figure, num, page, save, table
 
@@ -76,10 +76,12 @@ def site_magnitudes(site: Site) -> dict[str, Any]:
 
 
 def run(ctx: Context) -> dict[str, Any]:
-    """Magnitudes of every site on every end-to-end window (captured again here, all at once)."""
-    sites, _ = capture(ctx.model, ctx.wins[:, :-1])
+    """Magnitudes of every site on every end-to-end window (captured again here, all windows
+    in one pass, each site measured and dropped as it is computed)."""
+    sites: dict[str, dict] = {}
+    stream(ctx.model, ctx.wins[:, :-1], lambda s: sites.__setitem__(s.name, site_magnitudes(s)))
     return {
-        "sites": {n: site_magnitudes(s) for n, s in sites.items()},
+        "sites": sites,
         "fp16_max": FP16_MAX,
         "massive": {"abs": MASSIVE_ABS, "ratio": MASSIVE_RATIO},
         "windows": int(ctx.wins.shape[0]),

@@ -6,11 +6,17 @@ dot products and softmax in FP64, rounded once), so the captured operands are wh
 reference network feeds that site, bit for bit on any machine.  LayerNorm sites record their
 input; their dot products are
 the row sum and the sum of squares (:func:`experiments.recipes.layernorm_stats`).
+
+:func:`stream` hands each site to a callback the moment the forward pass has computed it and
+keeps none, so a consumer that uses a site and drops it holds one site's operands at a time
+(plus the forward pass's own activations of the current block): memory does not grow with the
+number of layers.  :func:`capture` keeps them all (tests and small models).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -91,17 +97,24 @@ class Site:
 
 
 class CaptureOps(TorchOps):
-    """The reference arithmetic, recording every site into ``sites`` (in forward order)."""
+    """The reference arithmetic, handing every site to ``sink`` as it is computed (in forward
+    order) and keeping none.
 
-    def __init__(self) -> None:
-        self.sites: dict[str, Site] = {}
+    ``sink`` runs inside the forward pass's interception handler, where torch's function-mode
+    stack is suspended: its own torch calls are plain torch, not model sites.
+    """
+
+    def __init__(self, sink: Callable[[Site], None]) -> None:
+        self.sink = sink
+        self.seen: set[str] = set()
 
     def _keep(self, site: Site) -> None:
-        if site.name in self.sites:
+        if site.name in self.seen:
             raise ValueError(
                 f"site {site.name!r} seen twice: capture one forward pass per CaptureOps"
             )
-        self.sites[site.name] = site
+        self.seen.add(site.name)
+        self.sink(site)
 
     def linear(self, name: str, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
         y = recipes.linear(NATIVE[x.dtype], x, W, b)
@@ -135,8 +148,15 @@ class CaptureOps(TorchOps):
 
 
 @torch.no_grad()
+def stream(model: GPT2, idx: Tensor, sink: Callable[[Site], None]) -> Tensor:
+    """Run ``model(idx)`` (in the model's dtype), calling ``sink`` on each site as soon as it is
+    computed, in forward order; returns the logits.  Nothing here keeps a site: what ``sink``
+    drops is freed before the next one."""
+    return forward(model, idx, CaptureOps(sink))
+
+
 def capture(model: GPT2, idx: Tensor) -> tuple[dict[str, Site], Tensor]:
-    """Every site of ``model(idx)`` (in the model's dtype) and the logits."""
-    ops = CaptureOps()
-    logits = forward(model, idx, ops)
-    return ops.sites, logits
+    """Every site of ``model(idx)`` (in the model's dtype), all held at once, and the logits."""
+    sites: dict[str, Site] = {}
+    logits = stream(model, idx, lambda site: sites.__setitem__(site.name, site))
+    return sites, logits

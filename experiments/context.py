@@ -2,9 +2,16 @@
 
 Built once per command line (``fpsim experiment all`` shares it between experiments).  The
 end-to-end metrics use ``Sizes.tokens`` held-out tokens.  The sites are captured on the first
-``Sizes.capture_windows`` windows; ``full_sites`` keeps them whole (activation statistics),
-``sites`` may subsample them for the per-site replay, and ``emulation_sites`` subsamples them
-further for recipes whose accumulator :func:`fpsim.matmul` emulates one addition at a time.
+``Sizes.capture_windows`` windows and *streamed*, never held together: :meth:`Context.stream`
+runs the capture's forward pass and hands each site over as a :class:`Captured` (the whole
+site for activation statistics, ``sites``: the subsample for the per-site replay, and
+``emulation``: a smaller one for recipes whose accumulator :func:`fpsim.matmul` emulates one
+addition at a time, with their FP64 references), which the consumer uses and drops before the
+next one.  Memory is one site's operands plus the model, whatever the depth.  The trade-off:
+every experiment that replays sites runs that forward pass again (``all`` shares the model,
+the windows and the reference logits, not the captured operands); it is deterministic, so the
+sites are the same bits every time, and it costs one reference forward pass of
+``capture_windows`` windows, a few seconds at GPT-2 124M's size.
 
 Everything lives on one device (``build(device=...)``): on CUDA the model, the windows, the
 captures, the references and every replay stay on the GPU, and fpsim's ``"auto"`` engine choice
@@ -19,18 +26,20 @@ from __future__ import annotations
 import copy
 import functools
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
 from . import bootstrap, endtoend, replay
-from .capture import Site, capture
+from .capture import Site, stream
 from .gpt2.checkpoint import SYNTHETIC_KEY, load_gpt2, resolve_checkpoint
 from .gpt2.data import heldout_bytes, heldout_text, windows
-from .gpt2.model import GPT2, site_order
+from .gpt2.model import GPT2, site_names, site_order
 from .gpt2.tokenizer import load_bpe
 from .recipes import FP32, FP64, Recipe
 from .report import versions
@@ -79,30 +88,53 @@ def synthetic_note(checkpoint: Path) -> str | None:
     return str(note) if note else None
 
 
-def _subsample(
-    sites: dict[str, Site], rows: int | None, cols: int | None, seed: int
-) -> dict[str, Site]:
-    if rows is None:
-        return sites
-    gen = torch.Generator().manual_seed(seed)
-    return {n: s.subsample(rows, cols or rows, gen) for n, s in sites.items()}
+def _subsample(site: Site, rows: int | None, cols: int | None, gen: torch.Generator) -> Site:
+    """``site`` subsampled to ``rows`` x ``cols`` (``cols`` None: ``rows``), or whole when
+    ``rows`` is None."""
+    return site if rows is None else site.subsample(rows, cols or rows, gen)
+
+
+class Captured:
+    """One captured site as :meth:`Context.stream` hands it over: whole (``full``), subsampled
+    for the replay (``sites``) and for emulated accumulators (``emulation``), and the FP64
+    references of both subsamples (computed when first asked for)."""
+
+    def __init__(self, full: Site, sites: Site, emulation: Site) -> None:
+        self.full, self.sites, self.emulation = full, sites, emulation
+
+    @property
+    def name(self) -> str:
+        return self.full.name
+
+    @functools.cached_property
+    def ref(self) -> Tensor:
+        """:func:`replay.reference` of ``sites``."""
+        return replay.reference(self.sites)
+
+    @functools.cached_property
+    def emulation_ref(self) -> Tensor:
+        """:func:`replay.reference` of ``emulation``."""
+        return replay.reference(self.emulation)
+
+    def for_recipe(self, recipe: Recipe) -> tuple[Site, Tensor]:
+        """The subsample ``recipe`` is replayed on (``emulation`` when its accumulator is
+        emulated) and its reference."""
+        return (self.emulation, self.emulation_ref) if recipe.emulated else (self.sites, self.ref)
 
 
 @dataclass
 class Context:
-    """Model, data, captured sites and references shared by the experiments."""
+    """Model, data and FP32 reference logits shared by the experiments; captured sites are
+    streamed (:meth:`stream`)."""
 
     model: GPT2
     model_name: str
     wins: Tensor
-    full_sites: dict[str, Site]
     sizes: Sizes
     quick: bool
     seed: int = 0
     batch_size: int = 8
     synthetic: str | None = None
-    sites: dict[str, Site] = field(init=False)
-    emulation_sites: dict[str, Site] = field(init=False)
     ref_logits: list[Tensor] = field(init=False)
 
     @property
@@ -111,24 +143,58 @@ class Context:
         return self.wins.device
 
     def __post_init__(self) -> None:
-        s = self.sizes
-        self.sites = _subsample(self.full_sites, s.rows, s.cols, self.seed)
-        self.emulation_sites = _subsample(
-            self.full_sites, s.emulation_rows, s.emulation_cols, self.seed
-        )
-        self._refs = {
-            id(self.sites): replay.references(self.sites),
-            id(self.emulation_sites): replay.references(self.emulation_sites),
-        }
         self.ref_logits = endtoend.logits(self.model, self.wins, batch_size=self.batch_size)
 
     @property
     def tokens(self) -> int:
         return self.wins.shape[0] * (self.wins.shape[1] - 1)
 
-    def refs(self, sites: dict[str, Site]) -> dict[str, Tensor]:
-        """FP64 references of ``sites`` (``sites`` or ``emulation_sites``)."""
-        return self._refs[id(sites)]
+    @property
+    def site_names(self) -> list[str]:
+        """The model's sites in forward order: the names :meth:`stream` hands over."""
+        return site_names(self.model.config)
+
+    @property
+    def capture_tokens(self) -> int:
+        """Token rows of every captured site (the first ``capture_windows`` windows)."""
+        return min(self.sizes.capture_windows, self.wins.shape[0]) * (self.wins.shape[1] - 1)
+
+    def stream(self, consume: Callable[[Captured], None]) -> None:
+        """Capture the sites and call ``consume`` on each, in forward order, as soon as the
+        forward pass has computed it; none is kept here.
+
+        The subsamples are drawn site after site from generators seeded with ``seed`` (one
+        for ``sites``, one for ``emulation``), so every pass gives the same picks, on any
+        device.
+        """
+        s = self.sizes
+        gen = torch.Generator().manual_seed(self.seed)
+        emulation_gen = torch.Generator().manual_seed(self.seed)
+
+        def each(site: Site) -> None:
+            consume(Captured(site, _subsample(site, s.rows, s.cols, gen),
+                             _subsample(site, s.emulation_rows, s.emulation_cols, emulation_gen)))
+
+        stream(self.model, self.wins[: s.capture_windows, :-1], each)
+
+    def replay(self, recipes: Sequence[Recipe], where: Callable[[str], bool] | None = None,
+               desc: str | None = None) -> list[dict[str, dict]]:
+        """Per-site statistics of each recipe (on the ``emulation`` subsample when its
+        accumulator is emulated), from one capture pass: each site is replayed under every
+        recipe, then dropped.  ``where``: which site names to replay (default: all)."""
+        out: list[dict[str, dict]] = [{} for _ in recipes]
+        bar = tqdm(total=len(self.site_names), desc=desc, unit="site", disable=desc is None)
+
+        def each(c: Captured) -> None:
+            if where is None or where(c.name):
+                for recipe, stats in zip(recipes, out):
+                    site, ref = c.for_recipe(recipe)
+                    stats[c.name] = replay.replay_site(site, recipe, ref)
+            bar.update()
+
+        self.stream(each)
+        bar.close()
+        return out
 
     def end_to_end(self, recipe: Recipe | dict[str, Recipe]) -> dict[str, Any]:
         """End-to-end metrics of ``recipe`` against the FP32 reference, with bootstrap CIs.
@@ -153,18 +219,19 @@ class Context:
             "events": events,
         }
 
-    def replay(self, recipe: Recipe) -> dict[str, dict]:
-        """Per-site statistics of ``recipe`` (on ``emulation_sites`` when its accumulator is
-        emulated)."""
-        sites = self.emulation_sites if recipe.emulated else self.sites
-        return replay.replay(sites, recipe, self.refs(sites), cache={})
-
-    def run(self, recipe: Recipe, e2e: bool = True) -> dict[str, Any]:
-        """The recipe, its per-site statistics, their summary and (if ``e2e``) its end-to-end
-        metrics."""
-        sites = self.replay(recipe)
-        out = {"recipe": recipe.to_json(), "summary": replay.summary(sites), "sites": sites}
-        return {**out, "e2e": self.end_to_end(recipe)} if e2e else out
+    def run(self, recipes: Sequence[Recipe], e2e: Callable[[Recipe], bool] | bool = True,
+            desc: str | None = None) -> list[dict[str, Any]]:
+        """For each recipe: the recipe, its per-site statistics (:meth:`replay`, one capture pass
+        for all), their summary and, where ``e2e`` (a flag or a test of the recipe), its
+        end-to-end metrics."""
+        stats = self.replay(recipes, desc=None if desc is None else f"{desc} replay")
+        out = []
+        for recipe, sites in zip(recipes, tqdm(stats, desc=desc, unit="recipe",
+                                               disable=desc is None)):
+            run = {"recipe": recipe.to_json(), "summary": replay.summary(sites), "sites": sites}
+            wanted = e2e(recipe) if callable(e2e) else e2e
+            out.append({**run, "e2e": self.end_to_end(recipe)} if wanted else run)
+        return out
 
     @functools.cached_property
     def baseline(self) -> dict[str, dict[str, float]]:
@@ -178,20 +245,16 @@ class Context:
 
     def meta(self) -> dict[str, Any]:
         """What the numbers were measured on."""
-
-        def rows(sites: dict[str, Site]) -> int:
-            site = sites["lm_head"]
-            return int(site.a.reshape(-1, site.reduction).shape[0])
-
+        s, captured = self.sizes, self.capture_tokens
         return {
             "model": self.model_name,
             "config": self.model.config.to_hf_dict(),
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "tokens": self.tokens,
             "window": self.wins.shape[1] - 1,
-            "capture_tokens": rows(self.full_sites),
-            "replay_rows": rows(self.sites),
-            "emulation_rows": rows(self.emulation_sites),
+            "capture_tokens": captured,
+            "replay_rows": captured if s.rows is None else min(s.rows, captured),
+            "emulation_rows": min(s.emulation_rows, captured),
             "quick": self.quick,
             **({"synthetic": self.synthetic} if self.synthetic else {}),
             "device": self.device.type,
@@ -206,17 +269,16 @@ def build(
     seed: int = 0,
     device: str | torch.device = "cpu",
 ) -> Context:
-    """Load the model and held-out data onto ``device``, capture the sites and compute the
-    references there."""
+    """Load the model and held-out data onto ``device`` and compute the reference logits there
+    (sites are captured when an experiment streams them)."""
     checkpoint = resolve_checkpoint(model)
     net = load_gpt2(checkpoint, torch.float32).to(device)
     block = min(BLOCK, net.config.n_positions)
     wins = windows(heldout_tokens(net, checkpoint), block, max(1, sizes.tokens // block))
     wins = wins.to(device)
-    sites, _ = capture(net, wins[: sizes.capture_windows, :-1])
     batch = (
         8 if net.config.vocab_size <= 4096 else 1
     )  # a GPT-2 vocabulary makes float64 logits large
     note = synthetic_note(checkpoint)
     name = display_name(model) + (" [SYNTHETIC]" if note else "")
-    return Context(net, name, wins, sites, sizes, quick, seed, batch, note)
+    return Context(net, name, wins, sizes, quick, seed, batch, note)

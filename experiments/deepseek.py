@@ -43,7 +43,7 @@ import torch
 import fpsim
 from fpsim.arith import TENSOR_CORES, TensorCoreModel
 
-from .context import Context
+from .context import Captured, Context
 from .report import figure, num, pct, save, table
 
 NAME = "deepseek-accumulation"
@@ -291,31 +291,37 @@ def gpt2(ctx: Context, sizes: Sizes, workers: int) -> dict[str, Any]:
     """The linear sites' GEMMs on ``sizes.rows`` captured token rows and ``sizes.cols`` output
     columns per site: per site and pooled over sites (a row's unit statistics summed over
     sites; ``max`` then averages the per-site row maxima)."""
-    sites = {n: s for n, s in ctx.full_sites.items() if s.kind == "linear"}
     rng = np.random.default_rng(SEED)
-    tokens = next(iter(sites.values())).a[..., 0].numel()
+    tokens = ctx.capture_tokens
     rows = np.sort(rng.choice(tokens, sizes.rows, replace=False))
-    jobs, refs, imb = {}, {}, {}
-    for name, site in sites.items():
+    jobs, refs, imb, ks = {}, {}, {}, {}
+
+    def each(c: Captured) -> None:          # keeps the sampled rows and columns only
+        site, name = c.full, c.name
+        if site.kind != "linear":
+            return
         a = site.a.reshape(-1, site.reduction)[rows].cpu().numpy()  # FP32, scaled in FP32
         w = site.b.cpu().numpy()
         cols = np.sort(rng.choice(w.shape[1], sizes.cols, replace=False))
         site_job, refs[name], imb[name] = site_jobs(a, w, cols, sizes.frac_bits)
         jobs.update({(name, *key): job for key, job in site_job.items()})
+        ks[name] = site.reduction
+
+    ctx.stream(each)
     done = _parallel(jobs, workers)
     runs = []
     for variant in VARIANTS:
         for f in sizes.frac_bits:
-            per_site = {n: unit_stats(done[(n, variant, f)], refs[n][variant]) for n in sites}
+            per_site = {n: unit_stats(done[(n, variant, f)], refs[n][variant]) for n in ks}
             for n, st in per_site.items():
                 runs.append({"variant": variant, "frac_bits": f, "site": n,
-                             "k": sites[n].reduction, **summarize(st)})
+                             "k": ks[n], **summarize(st)})
             st = np.stack(list(per_site.values()))
             pooled = np.concatenate([st[..., :1].mean(0), st[..., 1:].sum(0)], axis=1)
             runs.append({"variant": variant, "frac_bits": f, "site": "all", "k": None,
                          **summarize(pooled)})
     return {"rows": int(sizes.rows), "cols": int(sizes.cols), "tokens": int(tokens),
-            "sites": {n: s.reduction for n, s in sites.items()}, "imbalance": imb, "runs": runs}
+            "sites": ks, "imbalance": imb, "runs": runs}
 
 
 def run(ctx: Context) -> dict[str, Any]:

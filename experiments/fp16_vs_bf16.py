@@ -12,7 +12,6 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
 
 from . import bootstrap
 from .bootstrap import fmt_ci
@@ -44,7 +43,7 @@ def recipes() -> list[Recipe]:
 
 def run(ctx: Context) -> dict[str, Any]:
     """Per-site statistics of every recipe; end-to-end metrics of the FP32-accumulating ones."""
-    runs = [ctx.run(r, e2e=not r.emulated) for r in tqdm(recipes(), desc=NAME, unit="recipe")]
+    runs = ctx.run(recipes(), e2e=lambda r: not r.emulated, desc=NAME)
     return {"runs": runs, "baseline": ctx.baseline}
 
 

@@ -13,7 +13,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
 
 from fpsim import get_format, mx
 
@@ -44,7 +43,7 @@ def bits_per_element(recipe: dict) -> float:
 
 def run(ctx: Context) -> dict[str, Any]:
     """End-to-end and per-site results of every recipe."""
-    runs = [ctx.run(r) for r in tqdm(recipes(), desc=NAME, unit="recipe")]
+    runs = ctx.run(recipes(), desc=NAME)
     for r in runs:
         r["bits"] = bits_per_element(r["recipe"])
     return {"runs": runs, "baseline": ctx.baseline}

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .context import Context
+from .context import Captured, Context
 from .recipes import Recipe
 from .replay import site_output, used
 from .report import figure, num, page, save, table
@@ -62,14 +62,16 @@ def histogram(y: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
 
 def run(ctx: Context) -> dict[str, Any]:
     """Histograms of every recipe at every site."""
-    out: dict[str, dict] = {}
-    refs = ctx.refs(ctx.sites)
-    for recipe in tqdm(RECIPES, desc=NAME, unit="recipe"):
-        cache: dict = {}
-        out[recipe.name] = {
-            n: histogram(used(site_output(s, recipe, cache=cache), s), refs[n])
-            for n, s in ctx.sites.items()
-        }
+    out: dict[str, dict] = {recipe.name: {} for recipe in RECIPES}
+    bar = tqdm(total=len(ctx.site_names), desc=NAME, unit="site")
+
+    def each(c: Captured) -> None:
+        for recipe in RECIPES:
+            out[recipe.name][c.name] = histogram(used(site_output(c.sites, recipe), c.sites), c.ref)
+        bar.update()
+
+    ctx.stream(each)
+    bar.close()
     return {"edges": EDGES.tolist(), "histograms": out}
 
 

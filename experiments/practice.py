@@ -42,7 +42,7 @@ FP8 = "e4m3"
 
 def sites_of(ctx: Context, kinds: tuple[str, ...]) -> list[str]:
     """Names of the model's sites whose per-block name is in ``kinds``."""
-    return [n for n in ctx.sites if n.split(".", 1)[-1] in kinds]
+    return [n for n in ctx.site_names if n.split(".", 1)[-1] in kinds]
 
 
 class DelayedScalingOps(RecipeOps):
@@ -111,12 +111,10 @@ def run(ctx: Context) -> dict[str, Any]:
     for name, spec in tqdm(end_to_end_recipes(ctx).items(), desc=NAME, unit="recipe"):
         e2e = ctx.end_to_end_ops(spec()) if callable(spec) else ctx.end_to_end(spec)
         runs.append({"name": name, "e2e": e2e})
-    linear = sites_of(ctx, LINEAR)
-    sites = {n: s for n, s in ctx.emulation_sites.items() if n in linear}
-    acc = []
-    for r in accumulator_recipes():
-        stats = replay.replay(sites, r, ctx.refs(ctx.emulation_sites), cache={})
-        acc.append({"recipe": r.to_json(), "summary": replay.summary(stats), "sites": stats})
+    linear = set(sites_of(ctx, LINEAR))
+    rs = accumulator_recipes()
+    acc = [{"recipe": r.to_json(), "summary": replay.summary(stats), "sites": stats}
+           for r, stats in zip(rs, ctx.replay(rs, where=linear.__contains__))]
     return {"runs": runs, "accumulators": acc, "baseline": ctx.baseline}
 
 

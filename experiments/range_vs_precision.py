@@ -24,6 +24,7 @@ from tqdm import tqdm
 from fpsim import Format, get_format
 
 from .context import Context
+from .gpt2.model import site_kind
 from .recipes import Recipe, rounding_limit
 from . import bootstrap
 from .bootstrap import fmt_ci, verdict
@@ -135,7 +136,7 @@ def _p3109_run(ctx: Context, fmt: Format) -> dict:
 def _ablation_run(ctx: Context, budget: int, name: str, recipe: Recipe, ln_fp32: bool) -> dict:
     fmt = recipe.inputs
     per_site = (
-        {n: recipe for n, s in ctx.sites.items() if s.kind != "layernorm"} if ln_fp32 else recipe
+        {n: recipe for n in ctx.site_names if site_kind(n) != "layernorm"} if ln_fp32 else recipe
     )
     return {
         "budget": budget,
@@ -149,45 +150,43 @@ def _ablation_run(ctx: Context, budget: int, name: str, recipe: Recipe, ln_fp32:
     }
 
 
+def _head(budget: int, fmt: Format, scaling: str) -> dict[str, Any]:
+    """What a run of the split ``fmt`` of ``budget`` under ``scaling`` is."""
+    return {"budget": budget, "format": fmt.name, "ebits": fmt.ebits, "mbits": fmt.mbits,
+            "max": fmt.max, "min_subnormal": fmt.min_subnormal, "scaling": scaling}
+
+
 def run(ctx: Context) -> dict[str, Any]:
     """End-to-end and per-site results of every split, budget and scaling, the LayerNorm-in-FP32
     variant and the attribution ablations of the 3-exponent-bit splits."""
     plan = {b: splits(b) for b in BUDGETS}
-    jobs = [(b, f, s) for b, (formats, _) in plan.items() for f in formats for s in SCALINGS]
-    jobs += [(b, f, LN_FP32) for b, (formats, _) in plan.items() for f in formats]
-    runs, ln_runs, unscaled = [], [], {}
-    for budget, fmt, scaling in tqdm(jobs, desc=NAME, unit="recipe"):
-        head = {
-            "budget": budget,
-            "format": fmt.name,
-            "ebits": fmt.ebits,
-            "mbits": fmt.mbits,
-            "max": fmt.max,
-            "min_subnormal": fmt.min_subnormal,
-            "scaling": scaling,
-        }
-        if scaling == LN_FP32:
-            recipe = Recipe(f"{fmt.name}/none, LayerNorm FP32", fmt)
-            per_site = {n: recipe for n, s in ctx.sites.items() if s.kind != "layernorm"}
-            ln_runs.append(
-                {
-                    **head,
-                    "recipe": recipe.to_json(),
-                    "fp32_sites": sorted(set(ctx.sites) - set(per_site)),
-                    "e2e": ctx.end_to_end(per_site),
-                }
-            )
-            continue
-        recipe = Recipe(f"{fmt.name}/{scaling}", fmt, scaling=scaling)
-        if scaling == "tensor" and scale_clamped(head):
-            # every scale is 2^-126: a power of two far inside the format's range, which changes
-            # no rounding, so the run is the unscaled one (tests/test_experiments.py checks)
-            result = {**unscaled[(budget, fmt.name)], "recipe": recipe.to_json()}
-        else:
-            result = ctx.run(recipe)
-        if scaling == "none":
-            unscaled[(budget, fmt.name)] = result
-        runs.append({**head, **result})
+    scaled = [(b, f, s) for b, (formats, _) in plan.items() for f in formats for s in SCALINGS]
+    # a per-tensor run whose every FP32 scale is the clamp 2^-126 (9+ exponent bits) is the
+    # unscaled run: that power of two lies far inside the format's range and changes no rounding
+    # (tests/test_practice.py computes both and compares), so it is not recomputed
+    clamped = {job for job in scaled if job[2] == "tensor" and scale_clamped({"max": job[1].max})}
+    todo = [job for job in scaled if job not in clamped]
+    # one capture pass replays every split under both scalings
+    done = dict(zip(todo, ctx.run([Recipe(f"{f.name}/{s}", f, scaling=s) for _, f, s in todo],
+                                  desc=NAME), strict=True))
+    runs = []
+    for b, f, s in scaled:
+        result = done[(b, f, "none" if (b, f, s) in clamped else s)]
+        runs.append({**_head(b, f, s), **result,
+                     "recipe": Recipe(f"{f.name}/{s}", f, scaling=s).to_json()})
+    ln_runs = []
+    for budget, fmt in tqdm([(b, f) for b, (formats, _) in plan.items() for f in formats],
+                            desc=f"{NAME} LayerNorm FP32", unit="recipe"):
+        recipe = Recipe(f"{fmt.name}/none, LayerNorm FP32", fmt)
+        per_site = {n: recipe for n in ctx.site_names if site_kind(n) != "layernorm"}
+        ln_runs.append(
+            {
+                **_head(budget, fmt, LN_FP32),
+                "recipe": recipe.to_json(),
+                "fp32_sites": sorted(set(ctx.site_names) - set(per_site)),
+                "e2e": ctx.end_to_end(per_site),
+            }
+        )
     abl = [(b, *a) for b in BUDGETS for a in ablations(b)]
     ablation_runs = [_ablation_run(ctx, *a) for a in tqdm(abl, desc=f"{NAME} ablations")]
     p3109 = [f for x in P3109_SPLITS for f in p3109_formats(x)]

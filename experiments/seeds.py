@@ -27,6 +27,7 @@ import torch
 
 from . import bootstrap, context
 from .bootstrap import fmt_ci
+from .gpt2.model import site_kind
 from .range_vs_precision import split_format
 from .recipes import Recipe
 from .report import figure, finish, num, save, table, versions
@@ -90,7 +91,7 @@ def run_seed(seed: int, sizes: context.Sizes, quick: bool, device: str = "cpu") 
     runs = {}
     for name, (recipe, ln_fp32) in recipes().items():
         per_site = (
-            {n: recipe for n, s in ctx.sites.items() if s.kind != "layernorm"} if ln_fp32
+            {n: recipe for n in ctx.site_names if site_kind(n) != "layernorm"} if ln_fp32
             else recipe
         )
         e2e = ctx.end_to_end(per_site)

@@ -23,7 +23,6 @@ import torch
 
 import fpsim.dispatch
 from experiments import cli, context, endtoend, replay
-from experiments.capture import capture
 from experiments.gpt2.checkpoint import load_gpt2
 from experiments.gpt2.data import windows
 from experiments.recipes import Recipe
@@ -44,10 +43,9 @@ def _context(device: str = "cpu") -> context.Context:
     enough for the Triton interpreter)."""
     net = load_gpt2(context.DEFAULT_MODEL).to(device)
     wins = windows(context.heldout_tokens(net, context.DEFAULT_MODEL), 32, 2).to(device)
-    sites, _ = capture(net, wins[:1, :-1])
     sizes = dataclasses.replace(context.QUICK, tokens=64, rows=16, cols=32, emulation_rows=2,
                                 emulation_cols=4)
-    return context.Context(net, "tiny", wins, sites, sizes, quick=True)
+    return context.Context(net, "tiny", wins, sizes, quick=True)
 
 
 def _digest(tensors: list[torch.Tensor]) -> str:
@@ -64,13 +62,11 @@ def _measure(ctx: context.Context) -> dict[str, Any]:
     for r in SCALED:
         ops = endtoend.RecipeOps(r)
         logits = endtoend.logits(ctx.model, ctx.wins, ops)
-        out[r.name] = {"sites": ctx.replay(r), "logits_sha256": _digest(logits),
+        out[r.name] = {"sites": ctx.replay([r])[0], "logits_sha256": _digest(logits),
                        "e2e": endtoend.compare_logits(ctx.wins, ctx.ref_logits, logits),
                        "events": ops.events, "nonfinite": ops.nonfinite}
-    sites = {n: ctx.emulation_sites[n] for n in ACCUM_SITES}
-    refs = {n: ctx.refs(ctx.emulation_sites)[n] for n in ACCUM_SITES}
-    for r in ACCUM:
-        out[r.name] = replay.replay(sites, r, refs)
+    for r, stats in zip(ACCUM, ctx.replay(ACCUM, where=ACCUM_SITES.__contains__)):
+        out[r.name] = stats
     out["fp32_logits_sha256"] = _digest(ctx.ref_logits)
     return out
 
@@ -127,9 +123,15 @@ def _close(a: Any, b: Any, rel: float) -> bool:
 def test_sites_replay_on_cuda_to_the_cpu_bits():
     """The emulation itself on a real GPU: the same captured operands, replayed on CUDA (Triton
     kernels, torch engine) and on the CPU (NumPy), give the same output bits."""
-    ctx = _context()
-    small = {n: ctx.emulation_sites[n] for n in ACCUM_SITES}
-    for recipe, sites in [*((r, ctx.sites) for r in SCALED), *((r, small) for r in ACCUM)]:
+    ctx, whole, small = _context(), {}, {}
+
+    def keep(c: context.Captured) -> None:
+        whole[c.name] = c.sites
+        if c.name in ACCUM_SITES:
+            small[c.name] = c.emulation
+
+    ctx.stream(keep)
+    for recipe, sites in [*((r, whole) for r in SCALED), *((r, small) for r in ACCUM)]:
         for name, site in sites.items():
             gpu = dataclasses.replace(site, **{k: getattr(site, k).cuda() for k in
                                                ("a", "output", "b", "bias", "mask")

@@ -70,6 +70,20 @@ BLOCK_SITES = (
 )
 
 
+def site_names(cfg: GPT2Config) -> list[str]:
+    """Every site of a model of shape ``cfg``, in forward-pass order (what a capture yields),
+    known without running the model."""
+    return [f"h{i}.{s}" for i in range(cfg.n_layer) for s in BLOCK_SITES] + ["ln_f", "lm_head"]
+
+
+def site_kind(name: str) -> str:
+    """The kind of site ``name`` (``layernorm``, ``matmul`` or ``linear``), as its capture
+    records it (:class:`experiments.capture.Site`)."""
+    if name == "ln_f" or name.endswith((".ln_1", ".ln_2")):
+        return "layernorm"
+    return "matmul" if name.endswith((".qk", ".av")) else "linear"
+
+
 def site_order(name: str) -> tuple[int, int]:
     """Sort key putting site names in forward-pass order: blocks first, then ln_f, lm_head."""
     if name in ("ln_f", "lm_head"):
