@@ -279,15 +279,19 @@ def _through_float32(plan32: Callable, want: str,
     threshold (all lie on float32's grid), so elsewhere the target rounding sees the same side
     of every one of them as the input; beyond float32's range it gives inf, as the target does."""
     def run(flat: np.ndarray, out: np.ndarray) -> None:
-        buf = np.empty(min(flat.size, CHUNK), np.float32)
-        res = out if want != "value" else np.empty(min(flat.size, CHUNK), np.float32)
+        m = min(flat.size, CHUNK)
+        buf = np.empty(m, np.float32)
+        res = out if want != "value" else np.empty(m, np.float32)
+        # scratch for the midpoint test, allocated once per call: fresh temporaries in every
+        # chunk cost page faults (glibc returns them to the system), in worker threads above all
+        scratch = (np.empty(m, np.uint32), np.empty(m, bool), np.empty(m, bool))
         for lo in range(0, flat.size, CHUNK):
             part = flat[lo:lo + CHUNK]
             n = part.size
             if midpoints is None:
                 f = _round_to_odd_float32(part, buf[:n])
             else:
-                f = _nearest_float32(part, buf[:n], midpoints)
+                f = _nearest_float32(part, buf[:n], midpoints, [a[:n] for a in scratch])
             if want == "value":
                 plan32(f, res[:n])
                 out[lo:lo + n] = res[:n]
@@ -296,20 +300,20 @@ def _through_float32(plan32: Callable, want: str,
     return run
 
 
-def _nearest_float32(x: np.ndarray, f: np.ndarray,
-                     midpoints: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+def _nearest_float32(x: np.ndarray, f: np.ndarray, midpoints: Callable[..., np.ndarray],
+                     scratch: list[np.ndarray]) -> np.ndarray:
     """``x`` (float64) cast to nearest into float32 ``f``, then rounded to odd wherever the cast
-    landed on a target midpoint (see ``_through_float32``)."""
+    landed on a target midpoint (see ``_through_float32``); ``scratch``: the test's buffers."""
     with np.errstate(over="ignore", invalid="ignore"):
         np.copyto(f, x, casting="unsafe")
-    hit = np.flatnonzero(midpoints(f.view(np.uint32)))
+    hit = np.flatnonzero(midpoints(f.view(np.uint32), *scratch))
     if hit.size:
         f[hit] = _round_to_odd_float32(x[hit], np.empty(hit.size, np.float32))
     return f
 
 
 @functools.lru_cache(maxsize=64)
-def _midpoint_test(fmt: Format) -> Callable[[np.ndarray], np.ndarray]:
+def _midpoint_test(fmt: Format) -> Callable[..., np.ndarray]:
     """Which float32 bit patterns may be midpoints between two values of ``fmt``: those whose
     ``23 - mbits`` dropped bits are exactly one half, and every magnitude below the target's
     least normal when its subnormal grid is not float32's with the same bits dropped."""
@@ -320,10 +324,11 @@ def _midpoint_test(fmt: Format) -> Callable[[np.ndarray], np.ndarray]:
     mag = np.array(0x7FFFFFFF, np.uint32)
     other_subnormals = fmt.emin > F32.emin
 
-    def test(u: np.ndarray) -> np.ndarray:
-        hit = (u & low) == half
+    def test(u: np.ndarray, tmp: np.ndarray, hit: np.ndarray, low_mag: np.ndarray) -> np.ndarray:
+        np.equal(np.bitwise_and(u, low, out=tmp), half, out=hit)
         if other_subnormals:
-            hit |= (u & mag) < floor
+            np.less(np.bitwise_and(u, mag, out=tmp), floor, out=low_mag)
+            np.logical_or(hit, low_mag, out=hit)
         return hit
     return test
 
