@@ -100,21 +100,21 @@ def _rounded(s, f):
                                       or (mode == 4 and neg))
     if over:
         code = limit
-    if f[14] == 0 and code < (1 << m):
+    if f[13] == 0 and code < (1 << m):
         code = 0
     # 7. value, specials, sign
     e = code >> m
     frac = code & ((1 << m) - 1)
     if e == 0:
-        val = _bits(float(frac) * f[15])
+        val = _bits(float(frac) * f[14])
     else:
         val = ((e + (1023 - bias)) << 52) | (frac << (52 - m))
     if to_inf:
         val = f[11]
     if is_nan:
         val = _NAN
-    elif special:
-        val = f[13]
+    elif special:                              # an input inf: what overflow gives
+        val = f[4]
     if f[5] and (val == 0 or val == _NAN):
         return _float(val)
     return _float(val | (b & _SIGN))

@@ -97,7 +97,7 @@ def _spec(fmt: Format, rounding: str) -> tuple:
     return ((fmt.emin + 1023) << 52, (fmt.emax + 1023) << 52, ((52 - m) << 52) + (1 << 51),
             float(fmt.max), over_bits, int(fmt.nan == "fnuz"),
             m, fmt.bias, fmt.max_code, fmt.max_biased_exp, MODES[rounding],
-            _INF if fmt.inf else _NAN, int(overflows), over_bits, int(fmt.subnormals),
+            _INF if fmt.inf else _NAN, int(overflows), int(fmt.subnormals),
             math.ldexp(1.0, fmt.emin - m))
 
 
