@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fpsim.sites import finite_below
+
 from . import recipes
 from .gpt2.model import GPT2
 from .gpt2.ops import forward
@@ -47,7 +49,7 @@ class RecipeOps:
 
     def _watch(self, name: str, y: Tensor, events: dict) -> Tensor:
         bad = 0
-        if y.numel() and not all(map(math.isfinite, map(float, torch.aminmax(y)))):  # NaN too
+        if y.numel() and not finite_below(y, math.inf):
             nonfinite = ~torch.isfinite(y)
             if name.endswith(".qk"):                 # the causal mask discards the upper triangle
                 T = y.shape[-1]

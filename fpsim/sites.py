@@ -131,7 +131,7 @@ def operand_events(x: Tensor, q: Tensor, limit: Any) -> dict[str, int]:
     """
     lim = limit if isinstance(limit, (int, float)) else float(limit.min()) if limit.numel() \
         else math.inf
-    if x.numel() and _finite_below(x, lim) and _finite_below(q, math.inf):
+    if x.numel() and finite_below(x, lim) and finite_below(q, math.inf):
         # the common case in four passes without temporaries: nothing overflowed or saturated,
         # and as quantization keeps zeros (and makes no zero non-zero), the flushed elements
         # are the non-zeros lost
@@ -146,7 +146,7 @@ def operand_events(x: Tensor, q: Tensor, limit: Any) -> dict[str, int]:
     }
 
 
-def _finite_below(t: Tensor, limit: float) -> bool:
+def finite_below(t: Tensor, limit: float) -> bool:
     """Whether every element of ``t`` (non-empty) is finite and of magnitude below ``limit``
     (NaN fails: ``aminmax`` propagates it)."""
     lo, hi = torch.aminmax(t)
