@@ -157,7 +157,7 @@ def main(args: argparse.Namespace) -> int:
     data = None
     if not args.render:
         torch.set_num_threads(args.threads)
-        sizes = context.QUICK if args.quick else context.FULL
+        sizes = context.QUICK if args.quick else context.SUBSET
         tokens = args.tokens or sizes.tokens
         start = time.perf_counter()
         model, ids = load(args.model)

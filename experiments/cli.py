@@ -31,7 +31,6 @@ EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (
 STANDALONE: dict[str, ModuleType] = {training.NAME: training, seeds.NAME: seeds,
                                      anymodel.NAME: anymodel}
 DEFAULT_OUT = Path("results")
-ALL_TOKENS = 2**62   # --tokens all: more than any text, so every held-out window is taken
 LIMITS = ("What a tiny model cannot tell about GPT-2 124M: these numbers come from one training "
           "seed of a 4-layer, width-256 byte-level model whose largest residual value is about 20; "
           "GPT-2 124M has outlier channels in the thousands, 12 layers and a 50k vocabulary, so "
@@ -43,7 +42,7 @@ LIMITS = ("What a tiny model cannot tell about GPT-2 124M: these numbers come fr
 
 def _tokens(text: str) -> int:
     """argparse type of ``--tokens``: a positive integer, or ``all`` (every held-out window)."""
-    return ALL_TOKENS if text == "all" else _positive(text)
+    return context.ALL_TOKENS if text == "all" else _positive(text)
 
 
 def _positive(text: str) -> int:
@@ -80,7 +79,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--tokens",
         type=_tokens,
         help="held-out tokens for end-to-end metrics, or 'all' for every held-out window "
-        f"(default {context.FULL.tokens}, --quick {context.QUICK.tokens})",
+        f"(default all; --quick {context.QUICK.tokens}; {seeds.NAME} and {anymodel.NAME} "
+        f"{context.SUBSET_TOKENS})",
     )
     p.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help="output directory (default results/)"

@@ -24,6 +24,7 @@ bit.  Tensors become NumPy only where numbers are reported.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 from collections.abc import Callable, Sequence
@@ -61,9 +62,16 @@ class Sizes:
     emulation_cols: int
 
 
+#: ``tokens`` that takes every held-out window (more than any text holds): the default.
+ALL_TOKENS = 2**62
+#: Held-out tokens of the experiments that train or load other models (``model-seeds``,
+#: ``any-model``), where every window would multiply an already long run.
+SUBSET_TOKENS = 8192
 FULL = Sizes(
-    tokens=8192, capture_windows=4, rows=None, cols=None, emulation_rows=64, emulation_cols=64
+    tokens=ALL_TOKENS, capture_windows=4, rows=None, cols=None, emulation_rows=64,
+    emulation_cols=64
 )
+SUBSET = dataclasses.replace(FULL, tokens=SUBSET_TOKENS)
 QUICK = Sizes(tokens=512, capture_windows=1, rows=64, cols=128, emulation_rows=8, emulation_cols=16)
 
 

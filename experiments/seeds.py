@@ -189,7 +189,7 @@ def main(args: argparse.Namespace) -> int:
     data = None
     if not args.render:
         torch.set_num_threads(args.threads)
-        sizes = context.QUICK if args.quick else context.FULL
+        sizes = context.QUICK if args.quick else context.SUBSET
         if args.tokens:
             sizes = dataclasses.replace(sizes, tokens=args.tokens)
         start = time.perf_counter()

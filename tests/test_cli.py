@@ -288,12 +288,14 @@ def test_experiment_help_lists_every_experiment(argv, capsys):
 
 
 def test_experiment_tokens_all_takes_every_window():
-    from experiments import cli
+    from experiments import cli, context
     from experiments.gpt2.data import heldout_bytes, windows
 
-    assert cli.parse_args(["fp8", "--tokens", "all"]).tokens == cli.ALL_TOKENS
+    assert cli.parse_args(["fp8", "--tokens", "all"]).tokens == context.ALL_TOKENS
     assert cli.parse_args(["fp8", "--tokens", "4096"]).tokens == 4096
     data = heldout_bytes()
-    assert len(windows(data, 256, cli.ALL_TOKENS // 256)) == (data.numel() - 1) // 256
+    assert len(windows(data, 256, context.ALL_TOKENS // 256)) == (data.numel() - 1) // 256
+    assert context.FULL.tokens == context.ALL_TOKENS      # every held-out window by default
+    assert context.SUBSET.tokens < (data.numel() - 1) // 256 * 256
     with pytest.raises(SystemExit):
         cli.parse_args(["fp8", "--tokens", "most"])
