@@ -59,6 +59,20 @@ def naive_fp16_loop(ta, tb):
     return acc
 
 
+def numpy_floor(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Not a result: the least any NumPy engine must do for sequential accumulation, one
+    float32 multiply and one float32 add per step over the whole M x N tile, with no rounding
+    to FP16 at all.  Its speed against the naive loop bounds what a NumPy (no compile) exact
+    engine can reach: rounding each step costs at least one more pass over the tile."""
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    acc = np.zeros((a.shape[0], b.shape[1]), np.float32)
+    prod = np.empty_like(acc)
+    for k in range(a.shape[1]):
+        np.multiply(a32[:, k:k + 1], b32[k], out=prod)
+        np.add(acc, prod, out=acc)
+    return acc
+
+
 def first_calls(k: int, n: int) -> dict:
     """Seconds of the numba engine's first call in this process, per kernel: a compile, or a
     load from numba's disk cache (then well under a second).  Never inside a timed loop."""
@@ -84,14 +98,15 @@ def against_loop(args: argparse.Namespace) -> list[dict]:
     rng = np.random.default_rng(0)
     engines = ("numpy", "numba")
     rows = []
-    print(f"{'M':>5} {'order':<11}{'naive loop':>11}{'numpy':>8}{'numba':>8}   "
-          "(ratios: naive loop time / engine time; > 1: fpsim is faster)   M MAC/s "
-          "naive / numpy / numba")
+    print(f"{'M':>5} {'order':<11}{'naive loop':>11}{'numpy':>8}{'numba':>8}{'floor':>7}   "
+          "(ratios: naive loop time / engine time; > 1: fpsim is faster; floor: NumPy multiply "
+          "+ add only, no rounding)   M MAC/s naive / numpy / numba")
     for M in args.sweep_m:
         a = rng.standard_normal((M, args.k)).astype(np.float16)
         b = (rng.standard_normal((args.k, args.n)) * 0.02).astype(np.float16)
         ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-        fns = {"naive torch loop": lambda: naive_fp16_loop(ta, tb)}
+        fns = {"naive torch loop": lambda: naive_fp16_loop(ta, tb),
+               "numpy floor": lambda: numpy_floor(a, b)}
         for order in ORDERS:
             for engine in engines:
                 fns[engine, order] = lambda o=order, e=engine: fpsim.matmul(
@@ -107,12 +122,14 @@ def against_loop(args: argparse.Namespace) -> list[dict]:
             row = {"M": M, "K": args.k, "N": args.n, "order": order,
                    "loop_mac_per_s": macs / t["naive torch loop"],
                    "loop_outputs_differing_from_exact": differ,
+                   "numpy_floor_ratio": t["naive torch loop"] / t["numpy floor"],
                    "numba_same_bits_as_numpy": bool(same)}
             for engine in engines:
                 row[f"{engine}_mac_per_s"] = macs / t[engine, order]
                 row[f"{engine}_ratio"] = t["naive torch loop"] / t[engine, order]
             rows.append(row)
             print(f"{M:5} {order:<11}{1:11.2f}{row['numpy_ratio']:8.2f}{row['numba_ratio']:8.2f}"
+                  f"{row['numpy_floor_ratio']:7.2f}"
                   f"   {row['loop_mac_per_s'] / 1e6:6.0f} / {row['numpy_mac_per_s'] / 1e6:5.0f} /"
                   f" {row['numba_mac_per_s'] / 1e6:5.0f}" + ("" if same else "  BITS DIFFER"),
                   flush=True)
