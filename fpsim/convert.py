@@ -184,8 +184,11 @@ def _numpy_plan(fmt: Format, rounding: str, saturate: bool, subnormals: bool, wa
     low = _table_low_bits(fmt, rounding, src)
     if wide and not low and _via_float32(fmt):
         near = rounding in ("rne", "rna") and not saturate and fmt.zero and not fmt.is_int
-        return _through_float32(_numpy_plan(fmt, rounding, saturate, subnormals, want, False),
-                                want, _midpoint_test(fmt) if near else None)
+        cast = _delegate(fmt, rounding, saturate, subnormals, want)
+        return _through_float32(cast or _numpy_plan(fmt, rounding, saturate, subnormals, want,
+                                                    False),
+                                want, _midpoint_test(fmt) if near else None,
+                                direct=cast is not None)
     if low:
         return _table_plan(_lookup_table(fmt, rounding, saturate, subnormals, want, low, src),
                            low, src)
@@ -266,7 +269,8 @@ def _convert_first(plan: Callable, dtype: Any, want: str) -> Callable:
 
 
 def _through_float32(plan32: Callable, want: str,
-                     midpoints: Callable[[np.ndarray], np.ndarray] | None = None) -> Callable:
+                     midpoints: Callable[..., np.ndarray] | None = None,
+                     direct: bool = False) -> Callable:
     """float64 input to a format that float32 holds with two bits to spare: round to odd into
     float32 first (exact, cheap), then the float32 plan.  Rounding to odd at 24 bits and then
     to at most 22 bits in any deterministic mode equals rounding once (Boldo & Melquiond): the
@@ -277,38 +281,49 @@ def _through_float32(plan32: Callable, want: str,
     only the elements it put on a target midpoint (``midpoints`` of their float32 bits) are
     rounded to odd: the nearest cast never crosses a midpoint, a value or the overflow
     threshold (all lie on float32's grid), so elsewhere the target rounding sees the same side
-    of every one of them as the input; beyond float32's range it gives inf, as the target does."""
+    of every one of them as the input; beyond float32's range it gives inf, as the target does.
+    ``direct``: ``plan32`` is a cast that writes values into the float64 output itself (no
+    float32 result and second copy).  With numba, arrays of at least ``JIT_SIZE`` elements are
+    rounded to odd in one compiled pass instead (:mod:`fpsim._cast_kernels`, the same bits)."""
     def run(flat: np.ndarray, out: np.ndarray) -> None:
         m = min(flat.size, CHUNK)
         buf = np.empty(m, np.float32)
-        res = out if want != "value" else np.empty(m, np.float32)
+        res = np.empty(m, np.float32) if want == "value" and not direct else None
+        kernel = _odd_kernel() if flat.size >= JIT_SIZE else None
         # scratch for the midpoint test, allocated once per call: fresh temporaries in every
         # chunk cost page faults (glibc returns them to the system), in worker threads above all
-        scratch = (np.empty(m, np.uint32), np.empty(m, bool), np.empty(m, bool))
+        if midpoints is not None and kernel is None:
+            scratch = (np.empty(m, np.uint32), np.empty(m, bool), np.empty(m, bool))
         for lo in range(0, flat.size, CHUNK):
             part = flat[lo:lo + CHUNK]
             n = part.size
-            if midpoints is None:
+            if kernel is not None:
+                f = buf[:n]
+                kernel(part, f.view(np.uint32))
+            elif midpoints is None:
                 f = _round_to_odd_float32(part, buf[:n])
             else:
-                f = _nearest_float32(part, buf[:n], midpoints, [a[:n] for a in scratch])
-            if want == "value":
+                f = _nearest_float32(part, buf[:n], midpoints,
+                                     scratch if n == m else [a[:n] for a in scratch])
+            if res is None:
+                plan32(f, out[lo:lo + n])
+            else:
                 plan32(f, res[:n])
                 out[lo:lo + n] = res[:n]
-            else:
-                plan32(f, out[lo:lo + n])
     return run
 
 
 def _nearest_float32(x: np.ndarray, f: np.ndarray, midpoints: Callable[..., np.ndarray],
-                     scratch: list[np.ndarray]) -> np.ndarray:
+                     scratch: Any) -> np.ndarray:
     """``x`` (float64) cast to nearest into float32 ``f``, then rounded to odd wherever the cast
     landed on a target midpoint (see ``_through_float32``); ``scratch``: the test's buffers."""
     with np.errstate(over="ignore", invalid="ignore"):
         np.copyto(f, x, casting="unsafe")
     hit = np.flatnonzero(midpoints(f.view(np.uint32), *scratch))
     if hit.size:
-        f[hit] = _round_to_odd_float32(x[hit], np.empty(hit.size, np.float32))
+        xs, fs = x[hit], f[hit]
+        if (fs != xs).any():          # exact casts are ties the target rounding breaks itself
+            f[hit] = _round_to_odd_float32(xs, fs)
     return f
 
 
@@ -338,6 +353,22 @@ def _via_float32(fmt: Format) -> bool:
     fraction bits and a least spacing of at least 2^-147 (four float32 subnormal steps)."""
     least = fmt.emin - (fmt.mbits if fmt.subnormals else 0)
     return F32.holds(fmt) and fmt.mbits <= 21 and (fmt.is_int or least >= -147)
+
+
+#: Fewest float64 elements rounded to odd by the compiled kernel: below, numba's first-use
+#: cost (import, cache load: about 0.3 s once per process) outweighs its gain.
+JIT_SIZE = 1 << 16
+
+
+@functools.cache
+def _odd_kernel() -> Callable[[np.ndarray, np.ndarray], None] | None:
+    """numba's one-pass twin of :func:`_round_to_odd_float32` (writing float32 bits), or None
+    without numba."""
+    try:
+        from ._cast_kernels import round_to_odd_float32
+    except ImportError:
+        return None
+    return round_to_odd_float32
 
 
 def _round_to_odd_float32(x: np.ndarray, f: np.ndarray) -> np.ndarray:
