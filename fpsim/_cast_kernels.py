@@ -1,8 +1,10 @@
-"""The Numba kernel of the float64-through-float32 casts (imported only when numba is there).
+"""Numba kernels of the casts in :mod:`fpsim.convert` (imported only when numba is there).
 
-:func:`round_to_odd_float32` is :func:`fpsim.convert._round_to_odd_float32` in one compiled
-pass (NumPy needs about eight, or a nearest cast and a midpoint test): every element the same
-operations, branch-free so that LLVM vectorises the loop.  Tests compare the two bit for bit.
+Each is a NumPy sequence of that module in one compiled pass over the elements, the same
+operations in the same order; tests compare the two bit for bit.
+:func:`round_to_odd_float32` is ``convert._round_to_odd_float32`` (NumPy needs about eight
+passes, or a nearest cast and a midpoint test), branch-free so that LLVM vectorises it;
+:func:`table_lookup` is ``convert._table_plan``'s index and gather (four passes and a take).
 """
 
 from __future__ import annotations
@@ -29,3 +31,12 @@ def round_to_odd_float32(x, u):  # noqa: ANN001, ANN201 (numba infers the array 
         fix = (back != xi) & ((b & _ONE) == _ZERO) & (xi == xi)
         step = _MINUS_ONE if abs(back) > abs(xi) else _ONE
         u[i] = b + (step if fix else _ZERO)
+
+
+@njit(cache=True, fastmath=False, nogil=True)
+def table_lookup(u, table, shift, below, out):  # noqa: ANN001, ANN201
+    """``out[i] = table[index]`` with ``convert._table_plan``'s index of the source bits
+    ``u[i]``: ``(((u & below) + below) | u) >> shift``, the high bits and one sticky bit."""
+    for i in range(u.size):
+        v = u[i]
+        out[i] = table[(((v & below) + below) | v) >> shift]

@@ -205,6 +205,7 @@ def _table_plan(table: np.ndarray, low: int, src: Source) -> Callable:
     utype = np.uint64 if src is F64 else np.uint32
     shift = np.array(low - 1, utype)
     below = np.array((1 << (low - 1)) - 1, utype)
+    args = (shift[()], below[()])                      # the compiled kernel's (scalars)
 
     def index(u: np.ndarray, idx: np.ndarray | None) -> np.ndarray:
         idx = np.bitwise_and(u, below, out=idx)         # None: a new array
@@ -215,6 +216,10 @@ def _table_plan(table: np.ndarray, low: int, src: Source) -> Callable:
 
     def lookup(flat: np.ndarray, out: np.ndarray) -> None:
         u = flat.view(utype)
+        jit = _jit() if u.size >= JIT_SIZE else None
+        if jit is not None:
+            jit.table_lookup(u, table, *args, out)
+            return
         if u.size <= CHUNK:
             table.take(index(u, None), out=out, mode="wrap")  # "raise" buffers out
             return
@@ -289,7 +294,8 @@ def _through_float32(plan32: Callable, want: str,
         m = min(flat.size, CHUNK)
         buf = np.empty(m, np.float32)
         res = np.empty(m, np.float32) if want == "value" and not direct else None
-        kernel = _odd_kernel() if flat.size >= JIT_SIZE else None
+        jit = _jit() if flat.size >= JIT_SIZE else None
+        kernel = jit.round_to_odd_float32 if jit is not None else None
         # scratch for the midpoint test, allocated once per call: fresh temporaries in every
         # chunk cost page faults (glibc returns them to the system), in worker threads above all
         if midpoints is not None and kernel is None:
@@ -355,20 +361,20 @@ def _via_float32(fmt: Format) -> bool:
     return F32.holds(fmt) and fmt.mbits <= 21 and (fmt.is_int or least >= -147)
 
 
-#: Fewest float64 elements rounded to odd by the compiled kernel: below, numba's first-use
-#: cost (import, cache load: about 0.3 s once per process) outweighs its gain.
+#: Fewest elements a compiled kernel takes: below, numba's first-use cost (import, cache load:
+#: about 0.3 s once per process) outweighs its gain.
 JIT_SIZE = 1 << 16
 
 
 @functools.cache
-def _odd_kernel() -> Callable[[np.ndarray, np.ndarray], None] | None:
-    """numba's one-pass twin of :func:`_round_to_odd_float32` (writing float32 bits), or None
-    without numba."""
+def _jit() -> Any:
+    """:mod:`fpsim._cast_kernels` (numba's one-pass twins of NumPy steps here), or None without
+    numba."""
     try:
-        from ._cast_kernels import round_to_odd_float32
+        from . import _cast_kernels
     except ImportError:
         return None
-    return round_to_odd_float32
+    return _cast_kernels
 
 
 def _round_to_odd_float32(x: np.ndarray, f: np.ndarray) -> np.ndarray:

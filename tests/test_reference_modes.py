@@ -228,7 +228,7 @@ def _all_routes(xs, fmt, mode, saturate, want, monkeypatch):
     out = {"small": (xs[:convert.JIT_SIZE - 1], call(xs[:convert.JIT_SIZE - 1])),
            "long": (long, call(long))}
     with monkeypatch.context() as m:
-        m.setattr(convert, "_odd_kernel", lambda: None)
+        m.setattr(convert, "_jit", lambda: None)
         out["long numpy"] = (long, call(long))
     return out
 
@@ -285,9 +285,9 @@ def test_compiled_round_to_odd_is_numpy_bit_for_bit():
     bit patterns, float32's range edges, subnormals, zeros, infinities, NaN payloads."""
     from fpsim import convert
 
-    kernel = convert._odd_kernel()
-    if kernel is None:
+    if convert._jit() is None:
         pytest.skip("numba is not installed")
+    kernel = convert._jit().round_to_odd_float32
     rng = np.random.default_rng(10)
     xs = np.concatenate([rng.integers(0, 2**64, 200_000, dtype=np.uint64).view(np.float64),
                          _hard_float64(fpsim.get_format("bf16")),
@@ -296,3 +296,34 @@ def test_compiled_round_to_odd_is_numpy_bit_for_bit():
     kernel(xs, got)
     want = convert._round_to_odd_float32(xs, np.empty(xs.size, np.float32)).view(np.uint32)
     assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16", "tf32", "fp8_e4m3fn", "fp8_e5m2fnuz",
+                                  "fp4_e2m1", "e8m0", "int8", "uint8"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_casts_are_numpy_bit_for_bit(name, dtype, monkeypatch):
+    """Long arrays (the compiled table lookup and round-to-odd where numba is installed)
+    against the same arrays with NumPy's steps only: random bit patterns of the input dtype
+    (every class: NaN payloads, subnormals, infinities) and the format's hard inputs, every
+    mode and saturation, codes and values."""
+    from fpsim import convert
+
+    if convert._jit() is None:
+        pytest.skip("numba is not installed")
+    fmt = fpsim.get_format(name)
+    utype = np.uint64 if dtype is np.float64 else np.uint32
+    rng = np.random.default_rng(11)
+    raw = rng.integers(0, np.iinfo(utype).max, 3 * convert.JIT_SIZE, dtype=utype, endpoint=True)
+    with np.errstate(over="ignore", invalid="ignore"):
+        hard = _hard_float64(fmt).astype(dtype)
+    xs = np.concatenate([raw.view(dtype), hard])
+    for mode in MODES:
+        for saturate in SATURATE:
+            kw = dict(rounding=mode, saturate=saturate)
+            got = (fpsim.encode(xs, fmt, on_nan="zero", **kw), fpsim.quantize(xs, fmt, **kw))
+            with monkeypatch.context() as m:
+                m.setattr(convert, "_jit", lambda: None)
+                want = (fpsim.encode(xs, fmt, on_nan="zero", **kw),
+                        fpsim.quantize(xs, fmt, **kw))
+            assert np.array_equal(got[0], want[0]), (name, mode, saturate)
+            assert np.array_equal(got[1].view(utype), want[1].view(utype)), (name, mode, saturate)
