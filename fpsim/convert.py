@@ -5,7 +5,9 @@ bits to the single rounding routine in :mod:`fpsim.rounding`.  Where the dropped
 (float32 into FP8/FP6/FP4, bf16, fp16, tf32 and integers; float64 into FP8/FP6/FP4, E8M0 and
 integers) the same routine is evaluated once on representative inputs and the result used as a
 lookup table: rounding to such a format depends only on the input's high bits and on whether
-any of its low bits is set (see ``_table_low_bits``).
+any of its low bits is set (see ``_table_low_bits``).  With numba installed, arrays of at least
+``JIT_SIZE`` elements run the table lookup and float64's rounding to odd into float32 in one
+compiled pass each (:mod:`fpsim._cast_kernels`, the NumPy steps' twins, tested bit for bit).
 """
 
 from __future__ import annotations
