@@ -363,8 +363,8 @@ def _via_float32(fmt: Format) -> bool:
     return F32.holds(fmt) and fmt.mbits <= 21 and (fmt.is_int or least >= -147)
 
 
-#: Fewest elements a compiled kernel takes: below, numba's first-use cost (import, cache load:
-#: about 0.3 s once per process) outweighs its gain.
+#: Fewest elements a compiled kernel takes: below, the gain is a few microseconds, and numba's
+#: first use costs about 0.5 s once per process (import, cache load; compiling when uncached).
 JIT_SIZE = 1 << 16
 
 
