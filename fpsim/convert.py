@@ -6,8 +6,9 @@ bits to the single rounding routine in :mod:`fpsim.rounding`.  Where the dropped
 integers) the same routine is evaluated once on representative inputs and the result used as a
 lookup table: rounding to such a format depends only on the input's high bits and on whether
 any of its low bits is set (see ``_table_low_bits``).  With numba installed, arrays of at least
-``JIT_SIZE`` elements run the table lookup and float64's rounding to odd into float32 in one
-compiled pass each (:mod:`fpsim._cast_kernels`, the NumPy steps' twins, tested bit for bit).
+``JIT_SIZE`` elements run the table lookup, float64's rounding to odd into float32 and nearest
+rounding into formats sharing float32's exponent field (bf16, tf32) in one compiled pass each
+(:mod:`fpsim._cast_kernels`, tested bit for bit against the NumPy steps).
 """
 
 from __future__ import annotations
@@ -175,7 +176,44 @@ def _numpy_plan(fmt: Format, rounding: str, saturate: bool, subnormals: bool, wa
                 wide: bool) -> Callable[[np.ndarray, np.ndarray], None]:
     """How a flat float32 (or, ``wide``, float64) array is rounded into ``out``, decided once per
     configuration: a lookup table, a delegated cast (bit-identical, see ``_delegate``), a float64
-    input first rounded to odd in float32 (``_via_float32``), or the routine itself."""
+    input first rounded to odd in float32 (``_via_float32``), or the routine itself; with numba,
+    long arrays into formats that share float32's exponent field in one pass (``_field_plan``)."""
+    plan = _numpy_steps(fmt, rounding, saturate, subnormals, want, wide)
+    if rounding in ("rne", "rna") and not saturate and subnormals and _float32_field(fmt):
+        return _field_plan(plan, fmt, rounding, want)
+    return plan
+
+
+def _float32_field(fmt: Format) -> bool:
+    """Whether ``fmt`` is float32 with at most 21 fraction bits (bf16, tf32, any e8mM): the same
+    sign, exponent field and bias, IEEE inf and NaN (float32's quiet NaN as its NaN code),
+    subnormals, the code laid out as float32's top bits."""
+    return (fmt.signed and not fmt.is_int and not fmt.p3109 and fmt.ebits == 8
+            and fmt.bias == 127 and fmt.nan == "ieee" and fmt.inf and fmt.zero
+            and fmt.subnormals and fmt.mbits <= 21 and fmt.bits == 9 + fmt.mbits
+            and fmt.nan_code << (F32.mbits - fmt.mbits) == 0x7FC00000)
+
+
+def _field_plan(plan: Callable, fmt: Format, rounding: str, want: str) -> Callable:
+    """Nearest rounding into a :func:`_float32_field` format, codes or values, from float32 or
+    float64 (rounded to odd into float32 on the way, see ``_through_float32``), in one compiled
+    pass over arrays of at least ``JIT_SIZE`` elements (:mod:`fpsim._cast_kernels`); ``plan``
+    (the NumPy steps) below that or without numba.  Tests compare the two bit for bit."""
+    args = (np.uint32(F32.mbits - fmt.mbits), rounding == "rna", np.uint32(fmt.nan_code),
+            want == "code")
+
+    def run(flat: np.ndarray, out: np.ndarray) -> None:
+        jit = _jit() if flat.size >= JIT_SIZE else None
+        if jit is None:
+            plan(flat, out)
+        else:
+            jit.nearest_float32_field(flat, out, *args)
+    return run
+
+
+def _numpy_steps(fmt: Format, rounding: str, saturate: bool, subnormals: bool, want: str,
+                 wide: bool) -> Callable[[np.ndarray, np.ndarray], None]:
+    """:func:`_numpy_plan` without the compiled one-pass plan."""
     src = _source_for(fmt, wide)
     if not wide and src is F64:
         return _convert_first(_numpy_plan(fmt, rounding, saturate, subnormals, want, True),

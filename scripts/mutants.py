@@ -117,6 +117,8 @@ MUTANTS = [
     Mutant("cast-jit-table-sticky", "the compiled table lookup forgets the sticky bit",
            "out[i] = table[(((v & below) + below) | v) >> shift]",
            "out[i] = table[v >> shift]", CORE),
+    Mutant("cast-jit-field-nan", "the compiled bf16/tf32 pass lets NaN payloads round",
+           "q = np.uint32(nan_code)", "q = q", CORE),
     Mutant("table-low-bits", "the lookup table folds the rounding bit into the sticky bit",
            "low = min(src.width - 16, least_shift - 1)", "low = min(src.width - 16, least_shift)",
            CORE),

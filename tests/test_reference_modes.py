@@ -161,7 +161,7 @@ def test_float64_nearest_route_equals_the_routine(name, mode):
 # --------------------------------------------------------------------------------------------
 # float64 through float32: the compiled round-to-odd kernel and both NumPy routes
 # --------------------------------------------------------------------------------------------
-THROUGH_F32 = ["bf16", "fp16", "tf32"]
+THROUGH_F32 = ["bf16", "fp16", "tf32", "e8m3"]
 SATURATE = [False, True, "finite"]
 
 
@@ -298,7 +298,7 @@ def test_compiled_round_to_odd_is_numpy_bit_for_bit():
     assert np.array_equal(got, want)
 
 
-@pytest.mark.parametrize("name", ["fp16", "bf16", "tf32", "fp8_e4m3fn", "fp8_e5m2fnuz",
+@pytest.mark.parametrize("name", ["fp16", "bf16", "tf32", "e8m3", "fp8_e4m3fn", "fp8_e5m2fnuz",
                                   "fp4_e2m1", "e8m0", "int8", "uint8"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_compiled_casts_are_numpy_bit_for_bit(name, dtype, monkeypatch):
