@@ -86,6 +86,8 @@ def main() -> None:
     print(f"{'format':8}{'input':9}{'encode':>9}{'quantize':>10}")
     for r in rows:
         print(f"{r['format']:8}{r['input']:9}{r['encode ratio']:9.2f}{r['quantize ratio']:10.2f}")
+    print("tf32's peer: NumPy's bit trick on float32 bits (no NaN handling; float64 input "
+          "rounded to float32 first, two roundings); fp16's: NumPy's cast")
     print(f"16-element e4m3 encode: {per_call['fpsim.encode']:.2f} us, "
           f"{per_call['encode / ml_dtypes (time)']:.1f}x ml_dtypes' time")
     out = {"meta": {**meta, "elements": n, "repeat": args.repeat, "numpy": np.__version__,
