@@ -8,6 +8,11 @@ call, and torch rows (a CPU tensor through fpsim's default NumPy driver, zero-co
 torch-op path, what CUDA tensors run without Triton, eager and under torch.compile, checked bit
 for bit) beside torch's own casts.  Note: ml_dtypes converts float64 to bfloat16 through float32
 (two roundings: 1 + 2^-8 + 2^-30 becomes 1.0, not 1.0078125); fpsim rounds once.
+
+tf32 has no ml_dtypes type: its peer is NumPy's round-to-nearest-even bit trick on float32 bits,
+``(b + 0xFFF + ((b >> 13) & 1)) & ~0x1FFF`` (the code: ``>> 13``), which ignores NaN payloads
+(a NaN can turn into inf or carry into the sign), so it does less than fpsim; float64 input goes
+through ``astype(float32)`` first (two roundings, like ml_dtypes' bfloat16).
 """
 
 from __future__ import annotations
@@ -43,19 +48,26 @@ def main() -> None:
     x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
     sources = {"float32": x, "float64": x.astype(np.float64)}
     rows = []
-    for name, md in FORMATS.items():
+    for name, md in [*FORMATS.items(), ("tf32", None)]:
         for src, arr in sources.items():
-            fns = {"ml_dtypes encode": lambda: arr.astype(md),
-                   "ml_dtypes round trip": lambda: arr.astype(md).astype(arr.dtype),
+            if md is None:                            # tf32: the bit-trick peer (see above)
+                peer = {"ml_dtypes encode": lambda: _tf32_trick(arr, code=True),
+                        "ml_dtypes round trip": lambda: _tf32_trick(arr, code=False)}
+            else:
+                peer = {"ml_dtypes encode": lambda: arr.astype(md),
+                        "ml_dtypes round trip": lambda: arr.astype(md).astype(arr.dtype)}
+            fns = {**peer,
                    "fpsim.encode": lambda: fpsim.encode(arr, name),
                    "fpsim.quantize": lambda: fpsim.quantize(arr, name)}
             t = best_times(fns, args.repeat)
-            r = {"format": name, "input": src, **{k: n / v for k, v in t.items()}}
+            r = {"format": name, "input": src, **{k: n / v for k, v in t.items()},
+                 "peer": "ml_dtypes" if md is not None else
+                 "NumPy RNE bit trick on float32 bits (no NaN handling; float64 via float32)"}
             r["encode ratio"] = t["ml_dtypes encode"] / t["fpsim.encode"]
             r["quantize ratio"] = t["ml_dtypes round trip"] / t["fpsim.quantize"]
             rows.append(r)
             print(f"{name:5} {src:8} encode {r['encode ratio']:5.2f}x  quantize "
-                  f"{r['quantize ratio']:5.2f}x  (ml_dtypes {r['ml_dtypes encode'] / 1e6:7.1f} "
+                  f"{r['quantize ratio']:5.2f}x  (peer {r['ml_dtypes encode'] / 1e6:7.1f} "
                   "M/s)", flush=True)
     small = x[:16]
     calls = best_times({"ml_dtypes": lambda: small.astype(FORMATS["e4m3"]),
@@ -74,6 +86,8 @@ def main() -> None:
     print(f"{'format':8}{'input':9}{'encode':>9}{'quantize':>10}")
     for r in rows:
         print(f"{r['format']:8}{r['input']:9}{r['encode ratio']:9.2f}{r['quantize ratio']:10.2f}")
+    print("tf32's peer: NumPy's bit trick on float32 bits (no NaN handling; float64 input "
+          "rounded to float32 first, two roundings); fp16's: NumPy's cast")
     print(f"16-element e4m3 encode: {per_call['fpsim.encode']:.2f} us, "
           f"{per_call['encode / ml_dtypes (time)']:.1f}x ml_dtypes' time")
     out = {"meta": {**meta, "elements": n, "repeat": args.repeat, "numpy": np.__version__,
@@ -84,6 +98,20 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
     print(f"\nwrote {args.out}")
+
+
+def _tf32_trick(arr: np.ndarray, code: bool) -> np.ndarray:
+    """tf32's peer: round-to-nearest-even of float32 bits by adding a bias (NaN, inf and
+    overflow not handled); float64 input is first rounded to float32 (two roundings).  The
+    19-bit codes, or the values in the input's dtype."""
+    b = arr.astype(np.float32, copy=False).view(np.uint32)
+    r = b + ((b >> np.uint32(13)) & np.uint32(1))
+    r += np.uint32(0xFFF)
+    if code:
+        r >>= np.uint32(13)
+        return r
+    r &= np.uint32(0xFFFFE000)
+    return r.view(np.float32).astype(arr.dtype, copy=False)
 
 
 def _torch_rows(x: np.ndarray, args: argparse.Namespace) -> list[dict]:

@@ -5,7 +5,10 @@ bits to the single rounding routine in :mod:`fpsim.rounding`.  Where the dropped
 (float32 into FP8/FP6/FP4, bf16, fp16, tf32 and integers; float64 into FP8/FP6/FP4, E8M0 and
 integers) the same routine is evaluated once on representative inputs and the result used as a
 lookup table: rounding to such a format depends only on the input's high bits and on whether
-any of its low bits is set (see ``_table_low_bits``).
+any of its low bits is set (see ``_table_low_bits``).  With numba installed, arrays of at least
+``JIT_SIZE`` elements run the table lookup, float64's rounding to odd into float32 and nearest
+rounding into formats sharing float32's exponent field (bf16, tf32) in one compiled pass each
+(:mod:`fpsim._cast_kernels`, tested bit for bit against the NumPy steps).
 """
 
 from __future__ import annotations
@@ -173,7 +176,44 @@ def _numpy_plan(fmt: Format, rounding: str, saturate: bool, subnormals: bool, wa
                 wide: bool) -> Callable[[np.ndarray, np.ndarray], None]:
     """How a flat float32 (or, ``wide``, float64) array is rounded into ``out``, decided once per
     configuration: a lookup table, a delegated cast (bit-identical, see ``_delegate``), a float64
-    input first rounded to odd in float32 (``_via_float32``), or the routine itself."""
+    input first rounded to odd in float32 (``_via_float32``), or the routine itself; with numba,
+    long arrays into formats that share float32's exponent field in one pass (``_field_plan``)."""
+    plan = _numpy_steps(fmt, rounding, saturate, subnormals, want, wide)
+    if rounding in ("rne", "rna") and not saturate and subnormals and _float32_field(fmt):
+        return _field_plan(plan, fmt, rounding, want)
+    return plan
+
+
+def _float32_field(fmt: Format) -> bool:
+    """Whether ``fmt`` is float32 with at most 21 fraction bits (bf16, tf32, any e8mM): the same
+    sign, exponent field and bias, IEEE inf and NaN (float32's quiet NaN as its NaN code),
+    subnormals, the code laid out as float32's top bits."""
+    return (fmt.signed and not fmt.is_int and not fmt.p3109 and fmt.ebits == 8
+            and fmt.bias == 127 and fmt.nan == "ieee" and fmt.inf and fmt.zero
+            and fmt.subnormals and fmt.mbits <= 21 and fmt.bits == 9 + fmt.mbits
+            and fmt.nan_code << (F32.mbits - fmt.mbits) == 0x7FC00000)
+
+
+def _field_plan(plan: Callable, fmt: Format, rounding: str, want: str) -> Callable:
+    """Nearest rounding into a :func:`_float32_field` format, codes or values, from float32 or
+    float64 (rounded to odd into float32 on the way, see ``_through_float32``), in one compiled
+    pass over arrays of at least ``JIT_SIZE`` elements (:mod:`fpsim._cast_kernels`); ``plan``
+    (the NumPy steps) below that or without numba.  Tests compare the two bit for bit."""
+    args = (np.uint32(F32.mbits - fmt.mbits), rounding == "rna", np.uint32(fmt.nan_code),
+            want == "code")
+
+    def run(flat: np.ndarray, out: np.ndarray) -> None:
+        jit = _jit() if flat.size >= JIT_SIZE else None
+        if jit is None:
+            plan(flat, out)
+        else:
+            jit.nearest_float32_field(flat, out, *args)
+    return run
+
+
+def _numpy_steps(fmt: Format, rounding: str, saturate: bool, subnormals: bool, want: str,
+                 wide: bool) -> Callable[[np.ndarray, np.ndarray], None]:
+    """:func:`_numpy_plan` without the compiled one-pass plan."""
     src = _source_for(fmt, wide)
     if not wide and src is F64:
         return _convert_first(_numpy_plan(fmt, rounding, saturate, subnormals, want, True),
@@ -184,8 +224,11 @@ def _numpy_plan(fmt: Format, rounding: str, saturate: bool, subnormals: bool, wa
     low = _table_low_bits(fmt, rounding, src)
     if wide and not low and _via_float32(fmt):
         near = rounding in ("rne", "rna") and not saturate and fmt.zero and not fmt.is_int
-        return _through_float32(_numpy_plan(fmt, rounding, saturate, subnormals, want, False),
-                                want, _midpoint_test(fmt) if near else None)
+        cast = _delegate(fmt, rounding, saturate, subnormals, want)
+        return _through_float32(cast or _numpy_plan(fmt, rounding, saturate, subnormals, want,
+                                                    False),
+                                want, _midpoint_test(fmt) if near else None,
+                                direct=cast is not None)
     if low:
         return _table_plan(_lookup_table(fmt, rounding, saturate, subnormals, want, low, src),
                            low, src)
@@ -202,6 +245,7 @@ def _table_plan(table: np.ndarray, low: int, src: Source) -> Callable:
     utype = np.uint64 if src is F64 else np.uint32
     shift = np.array(low - 1, utype)
     below = np.array((1 << (low - 1)) - 1, utype)
+    args = (shift[()], below[()])                      # the compiled kernel's (scalars)
 
     def index(u: np.ndarray, idx: np.ndarray | None) -> np.ndarray:
         idx = np.bitwise_and(u, below, out=idx)         # None: a new array
@@ -212,6 +256,10 @@ def _table_plan(table: np.ndarray, low: int, src: Source) -> Callable:
 
     def lookup(flat: np.ndarray, out: np.ndarray) -> None:
         u = flat.view(utype)
+        jit = _jit() if u.size >= JIT_SIZE else None
+        if jit is not None:
+            jit.table_lookup(u, table, *args, out)
+            return
         if u.size <= CHUNK:
             table.take(index(u, None), out=out, mode="wrap")  # "raise" buffers out
             return
@@ -266,7 +314,8 @@ def _convert_first(plan: Callable, dtype: Any, want: str) -> Callable:
 
 
 def _through_float32(plan32: Callable, want: str,
-                     midpoints: Callable[[np.ndarray], np.ndarray] | None = None) -> Callable:
+                     midpoints: Callable[..., np.ndarray] | None = None,
+                     direct: bool = False) -> Callable:
     """float64 input to a format that float32 holds with two bits to spare: round to odd into
     float32 first (exact, cheap), then the float32 plan.  Rounding to odd at 24 bits and then
     to at most 22 bits in any deterministic mode equals rounding once (Boldo & Melquiond): the
@@ -277,38 +326,50 @@ def _through_float32(plan32: Callable, want: str,
     only the elements it put on a target midpoint (``midpoints`` of their float32 bits) are
     rounded to odd: the nearest cast never crosses a midpoint, a value or the overflow
     threshold (all lie on float32's grid), so elsewhere the target rounding sees the same side
-    of every one of them as the input; beyond float32's range it gives inf, as the target does."""
+    of every one of them as the input; beyond float32's range it gives inf, as the target does.
+    ``direct``: ``plan32`` is a cast that writes values into the float64 output itself (no
+    float32 result and second copy).  With numba, arrays of at least ``JIT_SIZE`` elements are
+    rounded to odd in one compiled pass instead (:mod:`fpsim._cast_kernels`, the same bits)."""
     def run(flat: np.ndarray, out: np.ndarray) -> None:
         m = min(flat.size, CHUNK)
         buf = np.empty(m, np.float32)
-        res = out if want != "value" else np.empty(m, np.float32)
+        res = np.empty(m, np.float32) if want == "value" and not direct else None
+        jit = _jit() if flat.size >= JIT_SIZE else None
+        kernel = jit.round_to_odd_float32 if jit is not None else None
         # scratch for the midpoint test, allocated once per call: fresh temporaries in every
         # chunk cost page faults (glibc returns them to the system), in worker threads above all
-        scratch = (np.empty(m, np.uint32), np.empty(m, bool), np.empty(m, bool))
+        if midpoints is not None and kernel is None:
+            scratch = (np.empty(m, np.uint32), np.empty(m, bool), np.empty(m, bool))
         for lo in range(0, flat.size, CHUNK):
             part = flat[lo:lo + CHUNK]
             n = part.size
-            if midpoints is None:
+            if kernel is not None:
+                f = buf[:n]
+                kernel(part, f.view(np.uint32))
+            elif midpoints is None:
                 f = _round_to_odd_float32(part, buf[:n])
             else:
-                f = _nearest_float32(part, buf[:n], midpoints, [a[:n] for a in scratch])
-            if want == "value":
+                f = _nearest_float32(part, buf[:n], midpoints,
+                                     scratch if n == m else [a[:n] for a in scratch])
+            if res is None:
+                plan32(f, out[lo:lo + n])
+            else:
                 plan32(f, res[:n])
                 out[lo:lo + n] = res[:n]
-            else:
-                plan32(f, out[lo:lo + n])
     return run
 
 
 def _nearest_float32(x: np.ndarray, f: np.ndarray, midpoints: Callable[..., np.ndarray],
-                     scratch: list[np.ndarray]) -> np.ndarray:
+                     scratch: Any) -> np.ndarray:
     """``x`` (float64) cast to nearest into float32 ``f``, then rounded to odd wherever the cast
     landed on a target midpoint (see ``_through_float32``); ``scratch``: the test's buffers."""
     with np.errstate(over="ignore", invalid="ignore"):
         np.copyto(f, x, casting="unsafe")
     hit = np.flatnonzero(midpoints(f.view(np.uint32), *scratch))
     if hit.size:
-        f[hit] = _round_to_odd_float32(x[hit], np.empty(hit.size, np.float32))
+        xs, fs = x[hit], f[hit]
+        if (fs != xs).any():          # exact casts are ties the target rounding breaks itself
+            f[hit] = _round_to_odd_float32(xs, fs)
     return f
 
 
@@ -338,6 +399,22 @@ def _via_float32(fmt: Format) -> bool:
     fraction bits and a least spacing of at least 2^-147 (four float32 subnormal steps)."""
     least = fmt.emin - (fmt.mbits if fmt.subnormals else 0)
     return F32.holds(fmt) and fmt.mbits <= 21 and (fmt.is_int or least >= -147)
+
+
+#: Fewest elements a compiled kernel takes: below, the gain is a few microseconds, and numba's
+#: first use costs about 0.5 s once per process (import, cache load; compiling when uncached).
+JIT_SIZE = 1 << 16
+
+
+@functools.cache
+def _jit() -> Any:
+    """:mod:`fpsim._cast_kernels` (numba's one-pass twins of NumPy steps here), or None without
+    numba."""
+    try:
+        from . import _cast_kernels
+    except ImportError:
+        return None
+    return _cast_kernels
 
 
 def _round_to_odd_float32(x: np.ndarray, f: np.ndarray) -> np.ndarray:

@@ -36,16 +36,18 @@ def pieces(n: int, grain: int = GRAIN) -> list[tuple[int, int]]:
 
 
 def run(job: Callable[[int, int], Any], n: int, grain: int = GRAIN) -> list[Any]:
-    """``job(lo, hi)`` over :func:`pieces` of ``n``, on a shared thread pool when there is more
-    than one; the results in order."""
+    """``job(lo, hi)`` over :func:`pieces` of ``n``, the last one in the calling thread and the
+    others on a shared thread pool; the results in order."""
     global _POOL
     parts = pieces(n, grain)
     if len(parts) == 1 or threading.current_thread().name.startswith("fpsim"):
         return [job(lo, hi) for lo, hi in parts]       # inside a worker: no waiting on the pool
     if _POOL is None:
         _POOL = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="fpsim")
-    futures = [_POOL.submit(contextvars.copy_context().run, job, lo, hi) for lo, hi in parts]
-    return [f.result() for f in futures]
+    futures = [_POOL.submit(contextvars.copy_context().run, job, lo, hi)
+               for lo, hi in parts[:-1]]
+    last = job(*parts[-1])                             # the caller works too: one wake-up fewer
+    return [f.result() for f in futures] + [last]
 
 
 def elementwise(plan: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:

@@ -78,3 +78,28 @@ def test_float32_and_float64_inputs_agree(xs, name, mode):
     a = fpsim.quantize(x32, name, rounding=mode).astype(np.float64)
     b = fpsim.quantize(x32.astype(np.float64), name, rounding=mode)
     assert np.array_equal(a, b, equal_nan=True)
+
+
+@given(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=64),
+       st.sampled_from(["bf16", "fp16", "tf32"]), st.sampled_from(DETERMINISTIC),
+       st.sampled_from([False, True, "finite"]), st.booleans())
+@SET
+def test_float64_bit_patterns_through_float32_match_the_routine(bits, name, mode, saturate, jit):
+    """Random float64 bit patterns (NaN payloads, subnormals, every binade) into the formats
+    rounded through float32, long enough for the compiled kernel (``jit``) or not: codes and
+    values are fpsim.rounding's on the float64 bits."""
+    from fpsim import convert, rounding as R
+    from fpsim.backend import NumpyOps
+
+    raw = np.array(bits, np.uint64)
+    xs = np.resize(raw, convert.JIT_SIZE if jit else raw.size).view(np.float64)
+    fmt = fpsim.get_format(name)
+    a, neg = xs.view(np.int64) & np.int64(2**63 - 1), xs.view(np.int64) < 0
+    for want in ("code", "value"):
+        ref = R.round_bits(NumpyOps(), a, neg, R.F64, fmt, mode, saturate=saturate, want=want)
+        if want == "code":
+            got = fpsim.encode(xs, fmt, rounding=mode, saturate=saturate, on_nan="zero")
+            assert np.array_equal(got.astype(np.int64), ref)
+        else:
+            got = fpsim.quantize(xs, fmt, rounding=mode, saturate=saturate)
+            assert np.array_equal(got.view(np.int64), ref)

@@ -156,3 +156,174 @@ def test_float64_nearest_route_equals_the_routine(name, mode):
         else:
             got = fpsim.quantize(xs, fmt, rounding=mode)
             assert np.array_equal(got.view(np.int64), ref)
+
+
+# --------------------------------------------------------------------------------------------
+# float64 through float32: the compiled round-to-odd kernel and both NumPy routes
+# --------------------------------------------------------------------------------------------
+THROUGH_F32 = ["bf16", "fp16", "tf32", "e8m3"]
+SATURATE = [False, True, "finite"]
+
+
+def _routine_bits(xs, fmt, mode, saturate, want):
+    """fpsim.rounding's own answer on the float64 bits (codes, or values as float64 bits)."""
+    from fpsim import rounding as R
+    from fpsim.backend import NumpyOps
+
+    bits = xs.view(np.int64)
+    return R.round_bits(NumpyOps(), bits & np.int64(2**63 - 1), bits < 0, R.F64, fmt, mode,
+                        saturate=saturate, want=want)
+
+
+def _grid(fmt):
+    """Finite values of ``fmt``: all of them up to 16 bits, else float32 values rounded to it."""
+    if fmt.bits <= 16:
+        v = fpsim.values(fmt)
+    else:
+        f32 = np.random.default_rng(8).integers(0, 0x7F800000, 20_000, dtype=np.uint32)
+        v = np.unique(fpsim.quantize(f32.view(np.float32).astype(np.float64), fmt))
+        v = v[np.isfinite(v) & (v >= 0)]
+        v = np.unique(np.concatenate([v, [fmt.max, fmt.min_normal, fmt.min_subnormal]]))
+    return v[v >= 0]
+
+
+def _hard_float64(fmt):
+    """Inputs where rounding through float32 can go wrong: every (sampled) midpoint of the
+    target and float64s 1-3 ulps and 2^-30 relative from it (float32 ties that are not float64
+    ties: the double-rounding cases), values, each binade boundary 2^k and its neighbours,
+    subnormal results and the ties below them, the overflow threshold, float32's range edges,
+    float64 subnormals, +-0, +-inf and NaNs with payloads and both signs."""
+    v = _grid(fmt)
+    v = np.concatenate([v, [fmt.max + (fmt.max - v[v < fmt.max][-1])]])   # overflow midpoint
+    mids = (v[1:] + v[:-1]) / 2
+    if mids.size > 6000:
+        mids = mids[np.random.default_rng(9).permutation(mids.size)[:6000]]
+    two = 2.0 ** np.arange(fmt.emin - fmt.mbits - 3, fmt.emax + 3)
+    base = np.concatenate([mids, v[:: max(1, v.size // 3000)], two])
+    near = [base, base * (1 + 2.0**-30), base * (1 - 2.0**-30)]
+    up = down = base
+    for _ in range(3):
+        up, down = np.nextafter(up, np.inf), np.nextafter(down, -np.inf)
+        near += [up, down]
+    f32max = float(np.finfo(np.float32).max)
+    edges = [f32max, 2.0**128 - 2.0**103, 2.0**128, 1e39, 1e300, 2.0**-149, 2.0**-150,
+             1.5 * 2.0**-149, 2.0**-151, 1e-50, 5e-324, 2.0**-1022, 0.0, np.inf]
+    finite = np.concatenate(near + [np.array(edges)])
+    nans = np.array([0x7FF8000000000000, 0x7FF0000000000001, 0x7FF4000000000000,
+                     0x7FFFFFFFFFFFFFFF, 0x7FF0000020000000, 0x7FF8000000001234],
+                    np.uint64).view(np.float64)
+    xs = np.concatenate([finite, nans])
+    return np.concatenate([xs, -xs])
+
+
+def _all_routes(xs, fmt, mode, saturate, want, monkeypatch):
+    """The three ways a float64 array reaches float32: small arrays (NumPy), long arrays with
+    the compiled kernel (where numba is installed) and long arrays without it."""
+    from fpsim import convert
+
+    long = np.resize(xs, max(xs.size, 2 * convert.JIT_SIZE + 3))
+    call = ((lambda a: fpsim.encode(a, fmt, rounding=mode, saturate=saturate, on_nan="zero"))
+            if want == "code" else
+            (lambda a: fpsim.quantize(a, fmt, rounding=mode, saturate=saturate)))
+    out = {"small": (xs[:convert.JIT_SIZE - 1], call(xs[:convert.JIT_SIZE - 1])),
+           "long": (long, call(long))}
+    with monkeypatch.context() as m:
+        m.setattr(convert, "_jit", lambda: None)
+        out["long numpy"] = (long, call(long))
+    return out
+
+
+@pytest.mark.parametrize("name", THROUGH_F32)
+@pytest.mark.parametrize("saturate", SATURATE)
+def test_float64_through_float32_every_route_is_the_routine(name, saturate, monkeypatch):
+    """Every mode, every saturation, codes and values: each route gives fpsim.rounding's bits
+    on the float64 input (rounded once, not through float32's nearest value)."""
+    fmt = fpsim.get_format(name)
+    xs = _hard_float64(fmt)
+    for mode in MODES:
+        for want in ("code", "value"):
+            for route, (inp, got) in _all_routes(xs, fmt, mode, saturate, want,
+                                                 monkeypatch).items():
+                ref = _routine_bits(inp, fmt, mode, saturate, want)
+                got = got.view(np.int64) if want == "value" else got.astype(np.int64)
+                bad = np.flatnonzero(got != ref)
+                assert bad.size == 0, (name, mode, saturate, want, route, inp[bad[:3]])
+
+
+def test_bf16_double_rounding_cases_round_once():
+    """1 + 2^-8 (a bf16 midpoint) plus a bit below float32's precision: float32's nearest
+    value is the midpoint itself, and a second rounding would give the even neighbour."""
+    tiny = 2.0**-30
+    cases = {1 + 2.0**-8 + tiny: 1 + 2.0**-7, 1 + 2.0**-8 - tiny: 1.0,
+             -(1 + 2.0**-8 + tiny): -(1 + 2.0**-7), 1 + 3 * 2.0**-8 - tiny: 1 + 2.0**-7,
+             2.0**-126 * (1 + 2.0**-8 + tiny): 2.0**-126 * (1 + 2.0**-7),
+             2.0**-134 * (1 + tiny): 2.0**-133, 2.0**-134 * (1 - tiny): 0.0}
+    xs = np.array(list(cases), np.float64)
+    want = np.array(list(cases.values()))
+    for n in (1, 1 << 17):                            # NumPy's route; the kernel where present
+        got = fpsim.quantize(np.resize(xs, xs.size * n), "bf16")[:xs.size]
+        assert np.array_equal(got, want) and np.array_equal(np.signbit(got), np.signbit(want))
+
+
+def test_float64_nan_inf_zero_codes_keep_their_sign():
+    """NaN (any payload, quiet or signalling) becomes bf16's quiet NaN with the input's sign;
+    +-inf and +-0 keep theirs; overflow goes to inf, or to max when saturating."""
+    nan_bits = np.array([0x7FF8000000000000, 0x7FF0000000000001, 0x7FFFFFFFFFFFFFFF],
+                        np.uint64)
+    xs = np.concatenate([nan_bits.view(np.float64), (nan_bits | np.uint64(1 << 63))
+                         .view(np.float64), [np.inf, -np.inf, 0.0, -0.0, 1e39, -1e39]])
+    want = [0x7FC0] * 3 + [0xFFC0] * 3 + [0x7F80, 0xFF80, 0, 0x8000, 0x7F80, 0xFF80]
+    for n in (1, 1 << 17):
+        got = fpsim.encode(np.resize(xs, xs.size * n), "bf16")[:xs.size]
+        assert [int(c) for c in got] == want
+        sat = fpsim.encode(np.resize(xs, xs.size * n), "bf16", saturate=True)[:xs.size]
+        assert [int(c) for c in sat[-2:]] == [0x7F7F, 0xFF7F]
+
+
+def test_compiled_round_to_odd_is_numpy_bit_for_bit():
+    """numba's kernel against convert._round_to_odd_float32 on every class of float64: random
+    bit patterns, float32's range edges, subnormals, zeros, infinities, NaN payloads."""
+    from fpsim import convert
+
+    if convert._jit() is None:
+        pytest.skip("numba is not installed")
+    kernel = convert._jit().round_to_odd_float32
+    rng = np.random.default_rng(10)
+    xs = np.concatenate([rng.integers(0, 2**64, 200_000, dtype=np.uint64).view(np.float64),
+                         _hard_float64(fpsim.get_format("bf16")),
+                         _hard_float64(fpsim.get_format("fp16"))])
+    got = np.empty(xs.size, np.uint32)
+    kernel(xs, got)
+    want = convert._round_to_odd_float32(xs, np.empty(xs.size, np.float32)).view(np.uint32)
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16", "tf32", "e8m3", "fp8_e4m3fn", "fp8_e5m2fnuz",
+                                  "fp4_e2m1", "e8m0", "int8", "uint8"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_casts_are_numpy_bit_for_bit(name, dtype, monkeypatch):
+    """Long arrays (the compiled table lookup and round-to-odd where numba is installed)
+    against the same arrays with NumPy's steps only: random bit patterns of the input dtype
+    (every class: NaN payloads, subnormals, infinities) and the format's hard inputs, every
+    mode and saturation, codes and values."""
+    from fpsim import convert
+
+    if convert._jit() is None:
+        pytest.skip("numba is not installed")
+    fmt = fpsim.get_format(name)
+    utype = np.uint64 if dtype is np.float64 else np.uint32
+    rng = np.random.default_rng(11)
+    raw = rng.integers(0, np.iinfo(utype).max, 3 * convert.JIT_SIZE, dtype=utype, endpoint=True)
+    with np.errstate(over="ignore", invalid="ignore"):
+        hard = _hard_float64(fmt).astype(dtype)
+    xs = np.concatenate([raw.view(dtype), hard])
+    for mode in MODES:
+        for saturate in SATURATE:
+            kw = dict(rounding=mode, saturate=saturate)
+            got = (fpsim.encode(xs, fmt, on_nan="zero", **kw), fpsim.quantize(xs, fmt, **kw))
+            with monkeypatch.context() as m:
+                m.setattr(convert, "_jit", lambda: None)
+                want = (fpsim.encode(xs, fmt, on_nan="zero", **kw),
+                        fpsim.quantize(xs, fmt, **kw))
+            assert np.array_equal(got[0], want[0]), (name, mode, saturate)
+            assert np.array_equal(got[1].view(utype), want[1].view(utype)), (name, mode, saturate)

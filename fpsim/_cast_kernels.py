@@ -1,0 +1,74 @@
+"""Numba kernels of the casts in :mod:`fpsim.convert` (imported only when numba is there).
+
+Each is a NumPy sequence of that module in one compiled pass over the elements, the same
+operations in the same order; tests compare the two bit for bit.
+:func:`round_to_odd_float32` is ``convert._round_to_odd_float32`` (NumPy needs about eight
+passes, or a nearest cast and a midpoint test), branch-free so that LLVM vectorises it;
+:func:`table_lookup` is ``convert._table_plan``'s index and gather (four passes and a take);
+:func:`nearest_float32_field` rounds to nearest into formats that are float32 with fewer
+fraction bits (bf16, tf32), where round_bits' integer algorithm reduces to its bias-add step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_ONE = np.uint32(1)
+_MINUS_ONE = np.uint32(0xFFFFFFFF)
+_ZERO = np.uint32(0)
+
+
+@njit(cache=True, fastmath=False, nogil=True)
+def round_to_odd_float32(x, u):  # noqa: ANN001, ANN201 (numba infers the array types)
+    """Float64 ``x`` rounded to odd into float32, written as bits into uint32 ``u``: the
+    nearest-even cast, then one ulp towards ``x`` wherever it was inexact and landed on an
+    even significand (beyond float32's range inf moves back to the largest float32, below it
+    0 up to the least subnormal); NaN stays the cast's quiet NaN."""
+    for i in range(x.size):
+        xi = x[i]
+        f = np.float32(xi)
+        back = np.float64(f)
+        b = np.uint32(f.view(np.int32))
+        fix = (back != xi) & ((b & _ONE) == _ZERO) & (xi == xi)
+        step = _MINUS_ONE if abs(back) > abs(xi) else _ONE
+        u[i] = b + (step if fix else _ZERO)
+
+
+@njit(cache=True, fastmath=False, nogil=True)
+def table_lookup(u, table, shift, below, out):  # noqa: ANN001, ANN201
+    """``out[i] = table[index]`` with ``convert._table_plan``'s index of the source bits
+    ``u[i]``: ``(((u & below) + below) | u) >> shift``, the high bits and one sticky bit."""
+    for i in range(u.size):
+        v = u[i]
+        out[i] = table[(((v & below) + below) | v) >> shift]
+
+
+@njit(cache=True, fastmath=False, nogil=True)
+def nearest_float32_field(x, out, drop, away, nan_code, code):  # noqa: ANN001, ANN201
+    """Float32 or float64 ``x`` rounded to nearest (ties to even, or ``away``) into a format
+    with float32's sign, exponent field and bias and ``23 - drop`` fraction bits (bf16, tf32):
+    float64 first rounded to odd into float32 as :func:`round_to_odd_float32`, then
+    round_bits' step 3 with a constant shift, on the magnitude bits, is all there is (a carry
+    moves into the exponent, the top one into inf; subnormals share float32's grid).  NaN:
+    ``nan_code`` with the sign.  ``code``: codes, else the values (as float32, then ``out``'s
+    dtype)."""
+    half = np.uint32(1 << (drop - 1))
+    for i in range(x.size):
+        xi = x[i]
+        f = np.float32(xi)
+        back = np.float64(f)
+        b = np.uint32(f.view(np.int32))
+        fix = (back != xi) & ((b & _ONE) == _ZERO) & (xi == xi)
+        step = _MINUS_ONE if abs(back) > abs(xi) else _ONE
+        b = np.uint32(b + (step if fix else _ZERO))     # numba adds uint32 in 64 bits
+        sign = b >> np.uint32(31)
+        mag = b & np.uint32(0x7FFFFFFF)
+        bias = half if away else half - _ONE + ((mag >> drop) & _ONE)
+        q = (mag + bias) >> drop
+        if mag > np.uint32(0x7F800000):
+            q = np.uint32(nan_code)
+        if code:
+            out[i] = q | (sign << np.uint32(31 - drop))
+        else:
+            out[i] = np.uint32((q << drop) | (sign << np.uint32(31))).view(np.float32)
