@@ -73,11 +73,13 @@ def quantize_operand(
     if recipe.scaling == "tile":
         return tile_quantize(x, f, axis, recipe.rounding), math.inf
     # one scale per tensor or per row along the reduction axis; float64 keeps x / scale finite
-    # for formats wider than float32, whose fp32 scales stop at 2^-126
+    # for formats wider than float32, whose fp32 scales stop at 2^-126.  One contiguous copy:
+    # scaled_quantize then reads its rows as a view (a strided one it would copy again)
     moved = x.movedim(axis, -1)
     channel = recipe.scaling == "channel"
     st = scaled_quantize(
-        moved.reshape(-1, moved.shape[-1]).double(),
+        moved.reshape(-1, moved.shape[-1]).to(torch.float64,
+                                              memory_format=torch.contiguous_format),
         f,
         granularity=recipe.scaling,
         axis=0 if channel else None,
