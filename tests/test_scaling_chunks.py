@@ -133,3 +133,26 @@ def test_default_chunk_bounds_temporaries():
     """A tensor several chunks long is split (the default is not 'whole')."""
     assert len(scaling._chunks(1, 3 * scaling.CHUNK + 1, scaling.CHUNK)) == 4
     assert len(scaling._chunks(4 * scaling.CHUNK // 768 + 1, 768, scaling.CHUNK)) == 5
+
+
+@pytest.mark.parametrize("fmt, granularity, symmetric", [("e4m3", "tensor", True),
+                                                         ("int8", "channel", False),
+                                                         ("e2m1", ("block", 32), True)])
+def test_memory_beyond_the_outputs_is_a_few_chunks(monkeypatch, fmt, granularity, symmetric):
+    """NumPy's allocations during a call (tracemalloc): the outputs plus temporaries of a few
+    chunks and per-group columns (scales), under a quarter of the input, not the several
+    full-size copies of the unchunked computation (3-4 times the input; issue #11)."""
+    import tracemalloc
+
+    monkeypatch.setattr(scaling, "CHUNK", 1 << 14)
+    x = np.random.default_rng(3).standard_normal((1024, 4096)).astype(np.float32)
+    kw = dict(granularity=granularity, symmetric=symmetric)
+    scaled_quantize(x[:2], fmt, **kw)                   # lookup tables and caches built first
+    tracemalloc.start()
+    try:
+        r = scaled_quantize(x, fmt, **kw)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    extra = peak - r.values.nbytes - r.codes.nbytes
+    assert extra < x.nbytes / 4, f"{extra / 2**20:.1f} MiB beyond the outputs"
