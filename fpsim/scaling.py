@@ -29,6 +29,12 @@ Rules (fpsim's choices, each tested):
 e.g. a weight's output channels: scales keep that axis and have size 1 elsewhere) or
 ``("block", n)`` (blocks of n along ``axis``, default -1, zero-padded; scales have the input's
 shape with ``axis`` holding the block count, as :mod:`fpsim.mx`).
+
+Memory: the scales come from a reduction over each group, read piece by piece; the elements
+are then quantized in pieces of :data:`CHUNK` elements into preallocated outputs, so a large
+operand (e.g. GPT-2's 768 x 50,257 LM head in float64) costs its outputs plus a few pieces, not
+several full-size temporaries.  The pieces give the same bits as one (stochastic rounding,
+whose random bits are drawn for the whole tensor at once, is done in one piece).
 """
 
 from __future__ import annotations
@@ -228,7 +234,7 @@ def _reduce_chunked(rows: Any, parts: list[tuple[slice, slice]], how: str,
     for r, c in parts:
         piece = rows[r, c]
         red = _reduce(ops_for(piece).abs(piece) if absolute else piece, how)
-        if out is None:
+        if out is None:                # 0: where every row's reduction starts (see _reduce)
             out = _empty_like(red, (rows.shape[0], 1))
             out[:] = 0
         out[r] = _merge(out[r], red, how)
