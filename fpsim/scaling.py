@@ -31,9 +31,9 @@ e.g. a weight's output channels: scales keep that axis and have size 1 elsewhere
 shape with ``axis`` holding the block count, as :mod:`fpsim.mx`).
 
 Memory: the scales come from a reduction over each group, read piece by piece; the elements
-are then quantized in pieces of :data:`CHUNK` elements into preallocated outputs, so a large
-operand (e.g. GPT-2's 768 x 50,257 LM head in float64) costs its outputs plus a few pieces, not
-several full-size temporaries.  The pieces give the same bits as one (stochastic rounding,
+are then quantized in pieces of :data:`CHUNK` elements per thread into preallocated outputs,
+so a large operand (e.g. GPT-2's 768 x 50,257 LM head in float64) costs its outputs plus a few
+pieces, not several full-size temporaries.  The pieces give the same bits as one (stochastic rounding,
 whose random bits are drawn for the whole tensor at once, is done in one piece).
 """
 
@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from . import blocks
+from . import blocks, parallel
 from .backend import clip, divide, float_input, is_torch, ops_for
 from .blockrules import ceil_exponent
 from .convert import decode, encode, quantize
@@ -56,10 +56,11 @@ SCALE_DTYPES = ("fp32", "e8m0")
 _WIDE_INT = Format("int16", 0, 15, inf=False, nan="none")   # rounds quotients to integers
 _FP32_MIN_NORMAL = 2.0**-126
 _FP32_MAX = float(np.finfo(np.float32).max)
-#: Elements per chunk: scales come from a reduction over the whole tensor, then quantization
-#: runs chunk by chunk into the outputs, so temporaries stay this size (2 MiB of float64)
-#: instead of several copies of a large operand.
-CHUNK = 1 << 18
+#: Elements per chunk and per thread of :mod:`fpsim.parallel`: scales come from a reduction
+#: over the whole tensor, then quantization runs chunk by chunk into the outputs, so
+#: temporaries stay this size (4 MiB of float64 per thread) instead of several copies of a
+#: large operand, and each chunk's casts are still large enough to be split over the threads.
+CHUNK = 1 << 19
 
 
 @dataclass
@@ -98,7 +99,8 @@ def scaled_quantize(x: Any, fmt: str | Format, *, granularity: Any = "tensor",
     ops = ops_for(rows)
     groups, length = rows.shape
     # stochastic rounding draws the whole tensor's random bits in one call: one chunk keeps them
-    parts = _chunks(groups, length, groups * length if rounding == "stochastic" else CHUNK)
+    parts = _chunks(groups, length, groups * length if rounding == "stochastic"
+                    else CHUNK * parallel.workers())
     qmax = fmt.max if not fmt.is_int else float(2**fmt.mbits - 1)
     if symmetric:
         span, levels = _reduce_chunked(rows, parts, "max", absolute=True), qmax

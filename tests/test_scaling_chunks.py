@@ -42,6 +42,7 @@ def bits(a):
 
 
 def quantize_with_chunk(monkeypatch, size, x, fmt, **kw):
+    monkeypatch.setenv("FPSIM_THREADS", "1")           # pieces of exactly `size` elements
     monkeypatch.setattr(scaling, "CHUNK", size)
     return scaled_quantize(x, fmt, **kw)
 
@@ -130,7 +131,11 @@ def test_stochastic_rounding_is_not_chunked(monkeypatch, fmt):
 
 
 def test_default_chunk_bounds_temporaries():
-    """A tensor several chunks long is split (the default is not 'whole')."""
+    """A tensor several chunks long is split (the default is not 'whole'), in pieces each large
+    enough for fpsim.parallel to split over two threads."""
+    from fpsim import parallel
+
+    assert scaling.CHUNK >= 2 * parallel.GRAIN
     assert len(scaling._chunks(1, 3 * scaling.CHUNK + 1, scaling.CHUNK)) == 4
     assert len(scaling._chunks(4 * scaling.CHUNK // 768 + 1, 768, scaling.CHUNK)) == 5
 
@@ -144,6 +149,7 @@ def test_memory_beyond_the_outputs_is_a_few_chunks(monkeypatch, fmt, granularity
     full-size copies of the unchunked computation (3-4 times the input; issue #11)."""
     import tracemalloc
 
+    monkeypatch.setenv("FPSIM_THREADS", "1")
     monkeypatch.setattr(scaling, "CHUNK", 1 << 14)
     x = np.random.default_rng(3).standard_normal((1024, 4096)).astype(np.float32)
     kw = dict(granularity=granularity, symmetric=symmetric)
