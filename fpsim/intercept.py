@@ -22,6 +22,27 @@ from .sitestats import SiteStats
 Native = Callable[[], Tensor]
 
 
+#: torch function -> name of the Interceptor method that handles it.  Names, not bound methods:
+#: a dict of bound methods on the instance would be a reference cycle, and every interceptor
+#: (with its cache of quantized weights) would then live until the cyclic garbage collector ran.
+HANDLERS: dict[Any, str] = {
+    F.linear: "linear",
+    torch.addmm: "addmm", Tensor.addmm: "addmm",
+    torch.matmul: "matmul", Tensor.matmul: "matmul",
+    Tensor.__matmul__: "matmul", Tensor.__rmatmul__: "rmatmul",
+    torch.mm: "matmul", Tensor.mm: "matmul",
+    torch.bmm: "matmul", Tensor.bmm: "matmul",
+    torch.baddbmm: "baddbmm", Tensor.baddbmm: "baddbmm",
+    torch.einsum: "einsum",
+    F.scaled_dot_product_attention: "attention",
+    torch.softmax: "softmax", Tensor.softmax: "softmax", F.softmax: "softmax",
+    F.layer_norm: "layer_norm",
+    F.rms_norm: "rms_norm",
+    Tensor.pow: "pow", torch.pow: "pow", Tensor.__pow__: "pow",
+    Tensor.mean: "mean", torch.mean: "mean",
+}
+
+
 class Interceptor(TorchFunctionMode):
     """Computes the sites of whatever runs while it is active under ``em.rules`` (``em``: the
     :class:`fpsim.emulate.Emulation`, whose ``sites`` it fills when ``em.capture``)."""
@@ -37,22 +58,6 @@ class Interceptor(TorchFunctionMode):
         self.counts: dict[str, int] = {}          # calls per site name in this forward pass
         self.squares = WeakTensorKeyDictionary()  # x.pow(2) results -> x (RMSNorm's statistic)
         self.hooks: list[Any] = []
-        self.handlers: dict[Any, Callable[..., Any]] = {
-            F.linear: self.linear,
-            torch.addmm: self.addmm, Tensor.addmm: self.addmm,
-            torch.matmul: self.matmul, Tensor.matmul: self.matmul,
-            Tensor.__matmul__: self.matmul, Tensor.__rmatmul__: self.rmatmul,
-            torch.mm: self.matmul, Tensor.mm: self.matmul,
-            torch.bmm: self.matmul, Tensor.bmm: self.matmul,
-            torch.baddbmm: self.baddbmm, Tensor.baddbmm: self.baddbmm,
-            torch.einsum: self.einsum,
-            F.scaled_dot_product_attention: self.attention,
-            torch.softmax: self.softmax, Tensor.softmax: self.softmax, F.softmax: self.softmax,
-            F.layer_norm: self.layer_norm,
-            F.rms_norm: self.rms_norm,
-            Tensor.pow: self.pow, torch.pow: self.pow, Tensor.__pow__: self.pow,
-            Tensor.mean: self.mean, torch.mean: self.mean,
-        }
 
     # ---------------------------------------------------------------------------------------
     # Activation and module paths
@@ -99,9 +104,9 @@ class Interceptor(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        handler = self.handlers.get(func)
-        if handler is not None:
-            out = handler(lambda: func(*args, **kwargs), *args, **kwargs)
+        name = HANDLERS.get(func)
+        if name is not None:
+            out = getattr(self, name)(lambda: func(*args, **kwargs), *args, **kwargs)
             if out is not NotImplemented:
                 return out
         return func(*args, **kwargs)

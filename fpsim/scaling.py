@@ -29,6 +29,12 @@ Rules (fpsim's choices, each tested):
 e.g. a weight's output channels: scales keep that axis and have size 1 elsewhere) or
 ``("block", n)`` (blocks of n along ``axis``, default -1, zero-padded; scales have the input's
 shape with ``axis`` holding the block count, as :mod:`fpsim.mx`).
+
+Memory: the scales come from a reduction over each group, read piece by piece; the elements
+are then quantized in pieces of :data:`CHUNK` elements per thread into preallocated outputs,
+so a large operand (e.g. GPT-2's 768 x 50,257 LM head in float64) costs its outputs plus a few
+pieces, not several full-size temporaries.  The pieces give the same bits as one (stochastic rounding,
+whose random bits are drawn for the whole tensor at once, is done in one piece).
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from . import blocks
+from . import blocks, parallel
 from .backend import clip, divide, float_input, is_torch, ops_for
 from .blockrules import ceil_exponent
 from .convert import decode, encode, quantize
@@ -50,6 +56,11 @@ SCALE_DTYPES = ("fp32", "e8m0")
 _WIDE_INT = Format("int16", 0, 15, inf=False, nan="none")   # rounds quotients to integers
 _FP32_MIN_NORMAL = 2.0**-126
 _FP32_MAX = float(np.finfo(np.float32).max)
+#: Elements per chunk and per thread of :mod:`fpsim.parallel`: scales come from a reduction
+#: over the whole tensor, then quantization runs chunk by chunk into the outputs, so
+#: temporaries stay this size (4 MiB of float64 per thread) instead of several copies of a
+#: large operand, and each chunk's casts are still large enough to be split over the threads.
+CHUNK = 1 << 19
 
 
 @dataclass
@@ -86,12 +97,16 @@ def scaled_quantize(x: Any, fmt: str | Format, *, granularity: Any = "tensor",
     kind, axis, lay = _grouping(granularity, axis, tuple(work.shape))
     rows = _to_rows(work, kind, axis, lay)
     ops = ops_for(rows)
+    groups, length = rows.shape
+    # stochastic rounding draws the whole tensor's random bits in one call: one chunk keeps them
+    parts = _chunks(groups, length, groups * length if rounding == "stochastic"
+                    else CHUNK * parallel.workers())
     qmax = fmt.max if not fmt.is_int else float(2**fmt.mbits - 1)
     if symmetric:
-        span, levels = _reduce(ops.abs(rows), "max"), qmax
+        span, levels = _reduce_chunked(rows, parts, "max", absolute=True), qmax
         bad = ~ops.isfinite(span)
     else:
-        lo, hi = _reduce(rows, "min"), _reduce(rows, "max")   # both include 0; NaN propagates
+        lo, hi = _reduce_chunked(rows, parts, "min"), _reduce_chunked(rows, parts, "max")
         with np.errstate(over="ignore"):                     # beyond float32: max scale
             span, levels = hi - lo, float(2**fmt.bits - 1)
         bad = ~(ops.isfinite(lo) & ops.isfinite(hi))
@@ -99,7 +114,6 @@ def scaled_quantize(x: Any, fmt: str | Format, *, granularity: Any = "tensor",
     scale = _scale(ops.where(bad | empty, 1.0, span), levels, scale_dtype, int(margin))
     scale = ops.where(bad, float("nan"), ops.where(empty, 1.0, scale))
 
-    t = ops.where(bad, 0.0, divide(rows, scale))
     zp = None
     if fmt.is_int:
         qmin = -(2**fmt.mbits)
@@ -108,13 +122,25 @@ def scaled_quantize(x: Any, fmt: str | Format, *, granularity: Any = "tensor",
             zp = qmin - _round_int(ops.where(bad, 0.0, divide(lo, scale)))
             zp = ops.where(bad | empty, 0.0, clip(zp, qmin, qmax))
             clamp = (qmin, qmax)
-        shift = 0.0 if zp is None else ops.astype(zp, t.dtype)
-        q = clip(_round_int(t, rounding, seed) + shift, *clamp)
-        codes = encode(q, fmt)
-        vals = (q - shift) * ops.astype(scale, t.dtype)       # NaN scale: NaN values
-    else:
-        codes = encode(t, fmt, rounding=rounding, saturate=True, seed=seed, on_nan="zero")
-        vals = ops.astype(decode(codes, fmt), t.dtype) * ops.astype(scale, t.dtype)
+    vals = codes = None
+    for r, c in parts:                 # elementwise, chunk by chunk into the outputs
+        t = ops.where(bad[r], 0.0, divide(rows[r, c], scale[r]))
+        if fmt.is_int:
+            shift = 0.0 if zp is None else ops.astype(zp[r], t.dtype)
+            q = clip(_round_int(t, rounding, seed) + shift, *clamp)
+            part_codes = encode(q, fmt)
+            part_vals = (q - shift) * ops.astype(scale[r], t.dtype)   # NaN scale: NaN values
+        else:
+            part_codes = encode(t, fmt, rounding=rounding, saturate=True, seed=seed,
+                                on_nan="zero")
+            part_vals = ops.astype(decode(part_codes, fmt), t.dtype) * ops.astype(scale[r],
+                                                                                 t.dtype)
+        if len(parts) == 1:
+            vals, codes = part_vals, part_codes
+            break
+        if vals is None:
+            vals, codes = _empty_like(part_vals, rows.shape), _empty_like(part_codes, rows.shape)
+        vals[r, c], codes[r, c] = part_vals, part_codes
 
     shape = tuple(work.shape)
     scales = _scales_out(ops.astype(scale, ops.float32), kind, axis, lay, shape)
@@ -187,6 +213,46 @@ def _scales_out(col: Any, kind: str, axis: int | None, lay: blocks.Layout | None
     if kind == "tensor":
         return col.reshape(())
     return col.reshape(tuple(s if d == axis else 1 for d, s in enumerate(shape)))
+
+
+def _chunks(groups: int, length: int, size: int) -> list[tuple[slice, slice]]:
+    """(rows, columns) slices covering a ``groups`` x ``length`` array in pieces of about ``size``
+    elements: whole rows when a row is shorter than ``size``, else pieces of one row; one
+    piece (the whole) when the array is empty."""
+    if groups * length == 0:
+        return [(slice(None), slice(None))]
+    if length >= size:
+        return [(slice(g, g + 1), slice(c, c + size))
+                for g in range(groups) for c in range(0, length, size)]
+    step = size // length
+    return [(slice(g, g + step), slice(None)) for g in range(0, groups, step)]
+
+
+def _reduce_chunked(rows: Any, parts: list[tuple[slice, slice]], how: str,
+                    absolute: bool = False) -> Any:
+    """:func:`_reduce` of ``rows`` (of ``|rows|`` when ``absolute``) piece by piece: max/min of
+    each row and 0, NaN-propagating, with temporaries of one piece."""
+    out = None
+    for r, c in parts:
+        piece = rows[r, c]
+        red = _reduce(ops_for(piece).abs(piece) if absolute else piece, how)
+        if out is None:                # 0: where every row's reduction starts (see _reduce)
+            out = _empty_like(red, (rows.shape[0], 1))
+            out[:] = 0
+        out[r] = _merge(out[r], red, how)
+    return out
+
+
+def _merge(a: Any, b: Any, how: str) -> Any:
+    """Elementwise max/min of two columns, NaN-propagating."""
+    if is_torch(a):
+        return (a.maximum if how == "max" else a.minimum)(b)
+    return (np.maximum if how == "max" else np.minimum)(a, b)
+
+
+def _empty_like(a: Any, shape: tuple[int, ...]) -> Any:
+    """An uninitialised array of ``shape`` with ``a``'s dtype (and device)."""
+    return a.new_empty(shape) if is_torch(a) else np.empty(shape, a.dtype)
 
 
 def _reduce(a: Any, how: str) -> Any:

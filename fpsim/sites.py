@@ -59,11 +59,16 @@ def quantize_operand(
     if recipe.scaling == "block":
         arr = mx.quantize(x, fmt, axis=axis, rounding=recipe.rounding,
                           scale_rounding=recipe.scale_rounding)
-        top = dataclasses.replace(arr, codes=torch.full_like(arr.codes, arr.fmt.elem.max_code))
-        elem = arr.fmt.elem
-        return arr.dequantize(x.dtype), top.dequantize(torch.float64) * (
-            rounding_limit(elem) / elem.max
-        )
+        # the limit is the same over a block: the largest code of each block (as blocks of one
+        # element) dequantized, then repeated along the axis: one full-size tensor, not several
+        elem, lay = arr.fmt.elem, arr.layout
+        top = dataclasses.replace(
+            arr, codes=arr.codes.new_full(lay.scale_shape, elem.max_code),
+            shape=lay.scale_shape, block_size=1)
+        per_block = top.dequantize(torch.float64) * (rounding_limit(elem) / elem.max)
+        limit = per_block.repeat_interleave(arr.block_size, dim=lay.axis).narrow(
+            lay.axis, 0, lay.length)
+        return arr.dequantize(x.dtype), limit
     f = get_format(fmt)
     if recipe.scaling == "none":
         q = quantize(x, f, rounding=recipe.rounding, saturate=recipe.saturate)
@@ -73,11 +78,13 @@ def quantize_operand(
     if recipe.scaling == "tile":
         return tile_quantize(x, f, axis, recipe.rounding), math.inf
     # one scale per tensor or per row along the reduction axis; float64 keeps x / scale finite
-    # for formats wider than float32, whose fp32 scales stop at 2^-126
+    # for formats wider than float32, whose fp32 scales stop at 2^-126.  One contiguous copy:
+    # scaled_quantize then reads its rows as a view (a strided one it would copy again)
     moved = x.movedim(axis, -1)
     channel = recipe.scaling == "channel"
     st = scaled_quantize(
-        moved.reshape(-1, moved.shape[-1]).double(),
+        moved.reshape(-1, moved.shape[-1]).to(torch.float64,
+                                              memory_format=torch.contiguous_format),
         f,
         granularity=recipe.scaling,
         axis=0 if channel else None,

@@ -39,7 +39,7 @@ STOCHASTIC = ["tests/test_stochastic.py"]
 ARITH = ["tests/test_arith.py"]
 MX = ["tests/test_mx.py"]
 PACKING = ["tests/test_packing.py", "tests/test_mx.py"]
-SCALING = ["tests/test_scaling.py"]
+SCALING = ["tests/test_scaling.py", "tests/test_scaling_chunks.py"]
 TENSOR_CORE = ["tests/test_arith_tensor_core.py"]
 FMA = ["tests/test_fma.py"]
 JIT = ["tests/test_jit_matmul.py"]
@@ -183,6 +183,15 @@ MUTANTS = [
     Mutant("zero-point-ties", "asymmetric zero points round ties away from zero",
            "zp = qmin - _round_int(ops.where(bad, 0.0, divide(lo, scale)))",
            'zp = qmin - _round_int(ops.where(bad, 0.0, divide(lo, scale)), "rna")', SCALING),
+    Mutant("scaling-chunk-boundary", "scaled_quantize's pieces of a long row skip an element",
+           "return [(slice(g, g + 1), slice(c, c + size))",
+           "return [(slice(g, g + 1), slice(c, c + size - 1))", SCALING),
+    Mutant("scaling-chunk-rows", "scaled_quantize's pieces of whole rows skip the last rows",
+           "return [(slice(g, g + step), slice(None)) for g in range(0, groups, step)]",
+           "return [(slice(g, g + step), slice(None)) for g in range(0, groups - 1, step)]",
+           SCALING),
+    Mutant("scaling-chunk-merge", "scaled_quantize's amax keeps only a row's last piece",
+           "out[r] = _merge(out[r], red, how)", "out[r] = red", SCALING),
     Mutant("thread-pieces", "large jobs split over threads lose their last piece",
            "futures = [_POOL.submit(contextvars.copy_context().run, job, lo, hi) for lo, hi in parts]",
            "futures = [_POOL.submit(contextvars.copy_context().run, job, lo, hi) for lo, hi in parts[:-1]]",

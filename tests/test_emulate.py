@@ -298,3 +298,27 @@ def test_only_parameters_are_cached():
         for scale in (1.0, 2.0, 3.0):
             w.data.fill_(scale)
             assert torch.equal(torch.addmm(torch.zeros(8), x, w), torch.full((2, 8), 8 * scale))
+
+
+def test_interceptor_and_its_weight_cache_free_without_the_cycle_collector():
+    """An emulation context's interceptor (and the quantized weights it caches) is freed by
+    reference counting when the context ends: no reference cycle keeps it for the cyclic
+    garbage collector, which runs too rarely to stop caches of several forward passes piling
+    up (issue #11: gigabytes on GPT-2 124M)."""
+    import gc
+    import weakref
+
+    model = gpt2()
+    em = fpsim.emulate(Recipe("e4m3", "e4m3", scaling="tensor"))
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        with torch.no_grad(), em:
+            model(IDS)
+            interceptor = weakref.ref(em._state)
+            assert em._state.cache                        # the weights were quantized and kept
+        assert interceptor() is None
+    finally:
+        if enabled:
+            gc.enable()

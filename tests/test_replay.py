@@ -13,7 +13,8 @@ from experiments.endtoend import RecipeOps, compare, logits
 from experiments.gpt2.checkpoint import load_gpt2, save_gpt2
 from experiments.gpt2.model import GPT2, GPT2Config
 from experiments.gpt2.ops import forward
-from experiments.recipes import FP32, Recipe, layernorm, linear, matmul, quantize_operand
+from experiments.recipes import (FP32, Recipe, layernorm, linear, matmul, quantize_operand,
+                                 rounding_limit)
 from experiments.replay import error_stats, reference, references, replay, site_output, summary
 
 CFG = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=16, vocab_size=40)
@@ -147,6 +148,30 @@ def test_block_scaling_uses_fpsim_mx() -> None:
     want = fpsim.mx.quantize(x, "mxfp4", axis=-1).dequantize()
     assert torch.equal(q, want)
     assert limit.shape == x.shape and limit[0, 0] == 7 * 2.0 ** 11  # scale 2^11; E2M1 max 6, ulp 2
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp6_e3m2", "mxint8", "nvfp4"])
+@pytest.mark.parametrize("shape, axis", [((3, 70), -1), ((2, 33, 5), -2), ((64, 7), 0)])
+def test_block_limit_is_each_elements_block_top_value(fmt, shape, axis) -> None:
+    """The block limit (computed per block and repeated along the axis) equals, bit for bit,
+    every element's block's largest value dequantized (a full tensor of top codes) times
+    rounding_limit / max: blocks padded at the end, NaN/inf/zero blocks, either axis."""
+    import dataclasses
+
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(shape, generator=gen) * torch.exp2(
+        torch.randint(-30, 30, shape, generator=gen).float())
+    x.view(-1)[0], x.view(-1)[5], x.view(-1)[-1] = math.nan, math.inf, 3e38
+    x.select(axis, 1).zero_()
+    recipe = Recipe("b", fmt, scaling="block")
+    _, limit = quantize_operand(x, fmt, recipe, axis=axis)
+    arr = fpsim.mx.quantize(x, fmt, axis=axis, rounding=recipe.rounding,
+                            scale_rounding=recipe.scale_rounding)
+    elem = arr.fmt.elem
+    top = dataclasses.replace(arr, codes=torch.full_like(arr.codes, elem.max_code))
+    want = top.dequantize(torch.float64) * (rounding_limit(elem) / elem.max)
+    assert limit.shape == x.shape and limit.dtype == torch.float64
+    assert torch.equal(limit.view(torch.int64), want.view(torch.int64))
 
 
 def test_recipe_validation() -> None:
