@@ -39,6 +39,8 @@ whose random bits are drawn for the whole tensor at once, is done in one piece).
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,7 +194,7 @@ def _to_rows(work: Any, kind: str, axis: int | None, lay: blocks.Layout | None) 
     if kind == "tensor":
         return work.reshape(1, -1)
     moved = ops_for(work).moveaxis(work, axis, 0)
-    return moved.reshape(moved.shape[0], -1)
+    return moved.reshape(moved.shape[0], math.prod(moved.shape[1:]))  # -1 fails for 0 channels
 
 
 def _from_rows(rows: Any, kind: str, axis: int | None, lay: blocks.Layout | None,

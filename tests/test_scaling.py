@@ -299,3 +299,19 @@ def test_formats_wider_than_float32_scale_in_float64():
         assert r.values.dtype == np.float64
         assert np.all(np.isfinite(r.values))
         assert np.array_equal(r.values, fpsim.quantize(x.astype(np.float64) / r.scales.astype(np.float64), name) * r.scales.astype(np.float64))
+
+
+@pytest.mark.parametrize("shape,axis", [((0, 4), 0), ((4, 0), 1), ((4, 0), 0), ((0, 3, 2), 0)])
+@pytest.mark.parametrize("torch_input", [False, True])
+def test_channel_scaling_of_empty_tensors(shape, axis, torch_input):
+    """Empty tensors, zero channels included, give empty values and codes and one scale per
+    channel (there used to be a reshape error when the channel axis had length 0)."""
+    x = np.zeros(shape, np.float32)
+    if torch_input:
+        torch = pytest.importorskip("torch")
+        x = torch.from_numpy(x)
+    for symmetric, fmt in ((True, "e4m3"), (False, "int8")):
+        out = scaled_quantize(x, fmt, granularity="channel", axis=axis, symmetric=symmetric)
+        assert tuple(out.values.shape) == shape and tuple(out.codes.shape) == shape
+        assert tuple(out.scales.shape) == tuple(s if d == axis else 1
+                                                for d, s in enumerate(shape))
