@@ -19,6 +19,18 @@ _MINUS_ONE = np.uint32(0xFFFFFFFF)
 _ZERO = np.uint32(0)
 
 
+@njit(inline="always", fastmath=False, nogil=True)
+def _odd_bits(xi):  # noqa: ANN001, ANN202
+    """One float (float64 or float32) rounded to odd into float32, as its uint32 bits (see
+    :func:`round_to_odd_float32`; a float32 is returned as it is)."""
+    f = np.float32(xi)
+    back = np.float64(f)
+    b = np.uint32(f.view(np.int32))
+    fix = (back != xi) & ((b & _ONE) == _ZERO) & (xi == xi)
+    step = _MINUS_ONE if abs(back) > abs(xi) else _ONE
+    return np.uint32(b + (step if fix else _ZERO))     # numba adds uint32 in 64 bits
+
+
 @njit(cache=True, fastmath=False, nogil=True)
 def round_to_odd_float32(x, u):  # noqa: ANN001, ANN201 (numba infers the array types)
     """Float64 ``x`` rounded to odd into float32, written as bits into uint32 ``u``: the
@@ -26,13 +38,7 @@ def round_to_odd_float32(x, u):  # noqa: ANN001, ANN201 (numba infers the array 
     even significand (beyond float32's range inf moves back to the largest float32, below it
     0 up to the least subnormal); NaN stays the cast's quiet NaN."""
     for i in range(x.size):
-        xi = x[i]
-        f = np.float32(xi)
-        back = np.float64(f)
-        b = np.uint32(f.view(np.int32))
-        fix = (back != xi) & ((b & _ONE) == _ZERO) & (xi == xi)
-        step = _MINUS_ONE if abs(back) > abs(xi) else _ONE
-        u[i] = b + (step if fix else _ZERO)
+        u[i] = _odd_bits(x[i])
 
 
 @njit(cache=True, fastmath=False, nogil=True)
@@ -55,13 +61,7 @@ def nearest_float32_field(x, out, drop, away, nan_code, code):  # noqa: ANN001, 
     dtype)."""
     half = np.uint32(1 << (drop - 1))
     for i in range(x.size):
-        xi = x[i]
-        f = np.float32(xi)
-        back = np.float64(f)
-        b = np.uint32(f.view(np.int32))
-        fix = (back != xi) & ((b & _ONE) == _ZERO) & (xi == xi)
-        step = _MINUS_ONE if abs(back) > abs(xi) else _ONE
-        b = np.uint32(b + (step if fix else _ZERO))     # numba adds uint32 in 64 bits
+        b = _odd_bits(x[i])
         sign = b >> np.uint32(31)
         mag = b & np.uint32(0x7FFFFFFF)
         bias = half if away else half - _ONE + ((mag >> drop) & _ONE)

@@ -113,7 +113,7 @@ MUTANTS = [
            "np.less(np.bitwise_and(u, mag, out=tmp), floor, out=low_mag)",
            "np.less(np.bitwise_and(u, mag, out=tmp), 0, out=low_mag)", CORE),
     Mutant("cast-jit-round-to-odd", "the compiled float64 kernel keeps float32's nearest value",
-           "u[i] = b + (step if fix else _ZERO)", "u[i] = b", CORE),
+           "return np.uint32(b + (step if fix else _ZERO))", "return b", CORE),
     Mutant("cast-jit-table-sticky", "the compiled table lookup forgets the sticky bit",
            "out[i] = table[(((v & below) + below) | v) >> shift]",
            "out[i] = table[v >> shift]", CORE),
