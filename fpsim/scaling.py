@@ -40,7 +40,6 @@ whose random bits are drawn for the whole tensor at once, is done in one piece).
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 from typing import Any
 
