@@ -128,6 +128,13 @@ def p3109_formats(ebits: int) -> tuple[Format, Format]:
     return get_format(f"p3109_k8p{p}se"), get_format(f"p3109_k8p{p}sf")
 
 
+def p3109_bias_ablation() -> Format:
+    """e4m3 in the IEEE-style encoding with P3109 k8p4's bias, 8 instead of 7: the whole range
+    moves down one binade (smallest subnormal 2^-10, max 120) and the encoding stays eXmY's.
+    Beside P3109 k8p4 and e4m3 it separates what the bias does from what the encoding does."""
+    return Format("e4m3b8", 4, 3, bias=8)
+
+
 def _p3109_run(ctx: Context, fmt: Format) -> dict:
     return {"budget": 8, "format": fmt.name, "ebits": fmt.ebits, "max": fmt.max, "scaling": "none",
             "min_subnormal": fmt.min_subnormal, "e2e": ctx.end_to_end(Recipe(fmt.name, fmt))}
@@ -193,6 +200,7 @@ def run(ctx: Context) -> dict[str, Any]:
     return {
         "ablation_runs": ablation_runs,
         "p3109_runs": [_p3109_run(ctx, f) for f in tqdm(p3109, desc=f"{NAME} P3109")],
+        "p3109_bias_ablation": _p3109_run(ctx, p3109_bias_ablation()),
         "budgets": {
             str(b): {"formats": [f.name for f in fs], "skipped": sk} for b, (fs, sk) in plan.items()
         },
@@ -407,7 +415,37 @@ def p3109_lines(data: dict) -> list[str]:
         return []
     return ["IEEE P3109 at B=8, no scaling (one NaN code at 0x80 and no -0, so the top binade "
             "holds finite values; 'se' keeps +-inf on the top codes, 'sf' has none), against the "
-            "IEEE-style split of the same widths: " + "; ".join(parts) + "."]
+            "IEEE-style split of the same widths: " + "; ".join(parts) + "."
+            ] + p3109_bias_lines(data, runs, ieee)
+
+
+def p3109_bias_lines(data: dict, runs: list[dict], ieee: dict[int, dict]) -> list[str]:
+    """The bias ablation: e4m3 with P3109's bias 8 against e4m3 (what moving the range down one
+    binade does, with both runs' overflow and flush shares) and each 4-exponent-bit P3109
+    format against it (what the encoding does once the bias is the same)."""
+    abl = data.get("p3109_bias_ablation")
+    base = ieee.get(4)
+    if abl is None or base is None or not all(
+            math.isfinite(r["e2e"]["kl"]) for r in (abl, base)):
+        return []
+
+    def shares(run: dict) -> str:
+        over, flush, *_ = _shares(run)
+        return f"{pct(flush)} flushed, {pct(over)} overflowed"
+
+    q, ci = bootstrap.ratio(abl["e2e"], base["e2e"])
+    text = (f"Bias ablation: {abl['format']} (e4m3 with P3109's bias 8, IEEE-style encoding, "
+            f"max {num(abl['max'])}, smallest subnormal 2^{math.log2(abl['min_subnormal']):.0f}) KL "
+            f"{num(abl['e2e']['kl'])} {fmt_ci(abl['e2e']['ci']['kl'])}, {num(q)}× "
+            f"{base['format']} {fmt_ci(ci)} ({verdict(ci, 'worse', 'better')}); operand "
+            f"elements end to end: {abl['format']} {shares(abl)}, {base['format']} "
+            f"{shares(base)}")
+    same = [r for r in runs if r["ebits"] == 4 and math.isfinite(r["e2e"]["kl"])]
+    for r in same:
+        q, ci = bootstrap.ratio(r["e2e"], abl["e2e"])
+        text += (f"; {r['format']} ({shares(r)}) {num(q)}× {abl['format']} {fmt_ci(ci)} "
+                 f"({verdict(ci, 'worse', 'better')})")
+    return [text + "."]
 
 
 def _plot_metric(ax: Any, data: dict, scaling: str, metric: str, log: bool) -> None:

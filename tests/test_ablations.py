@@ -83,3 +83,36 @@ def test_full_subnormals_refuse_scaled_or_integer_operands() -> None:
         Recipe("x", "e4m3", scaling="tensor", full_subnormals=True)
     with pytest.raises(ValueError, match="full_subnormals"):
         Recipe("x", "int8", full_subnormals=True)
+
+
+def _synthetic_run(fmt: fpsim.Format, kl: list[float], flushed: int) -> dict:
+    """A run dict as range-vs-precision stores it: per-window KL sums over 10 positions each."""
+    windows = {"positions": 10, "kl": kl, "loss": kl, "top1": [10] * len(kl),
+               "finite": [10] * len(kl), "kl_finite": kl}
+    kl_mean = sum(kl) / (10 * len(kl))
+    return {"format": fmt.name, "ebits": fmt.ebits, "max": fmt.max, "scaling": "none",
+            "budget": 8, "min_subnormal": fmt.min_subnormal,
+            "e2e": {"kl": kl_mean, "windows": windows, "ci": {"kl": [kl_mean, kl_mean]},
+                    "events": {"s": {"elements": 100, "overflow": 0, "saturated": 0,
+                                     "flushed": flushed}}}}
+
+
+def test_p3109_bias_ablation_separates_the_bias_from_the_encoding() -> None:
+    abl = rvp.p3109_bias_ablation()
+    p3109, _ = rvp.p3109_formats(4)
+    e4m3 = rvp.split_format(4, 3)
+    # the ablation has P3109's bottom of the range and e4m3's encoding (and its 16 top codes
+    # given to inf/NaN: max 120 = e4m3's 240 / 2)
+    assert abl.min_subnormal == p3109.min_subnormal == e4m3.min_subnormal / 2 == 2.0**-10
+    assert abl.max == e4m3.max / 2 == 120
+    kl = [1.0 + 0.1 * (i % 7) for i in range(40)]
+    data = {"runs": [], "p3109_runs": [_synthetic_run(p3109, [0.9 * v for v in kl], 6)],
+            "p3109_bias_ablation": _synthetic_run(abl, [0.9 * v for v in kl], 6)}
+    ieee = {4: _synthetic_run(e4m3, kl, 9)}
+    (line,) = rvp.p3109_bias_lines(data, data["p3109_runs"], ieee)
+    assert "e4m3b8" in line and "0.9× e4m3 [0.9, 0.9] (better)" in line
+    assert "e4m3b8 6% flushed, 0 overflowed, e4m3 9% flushed" in line
+    assert f"{p3109.name} (6% flushed, 0 overflowed) 1× e4m3b8 [1, 1] " \
+           "(no measurable difference)" in line
+    del data["p3109_bias_ablation"]                 # results from before the ablation existed
+    assert rvp.p3109_bias_lines(data, data["p3109_runs"], ieee) == []
