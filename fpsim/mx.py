@@ -65,8 +65,8 @@ from . import blocks, dispatch, parallel
 from .backend import float_input, is_torch, ops_for
 from .blockrules import (BLOCK_FORMATS, NVFP4_MIN_TENSOR_SCALE, SCALE_ROUNDINGS, BlockFormat,
                          ceil_exponent, check_tensor_scale, element_values, get_block_format,
-                         mx_element_codes, mx_scale_rows, nvfp4_scale_rows, nvfp4_tensor_scale, scale_rule,
-                         scale_values, shared_exponents)
+                         mx_element_codes, mx_scale_rows, nvfp4_scale_rows, nvfp4_tensor_scale,
+                         scale_rule, scale_values, shared_exponents)
 from .convert import encode
 from .inputs import check_input, check_seed
 from .packing import pack_pieces, packed_size, unpack_range
