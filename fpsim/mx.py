@@ -52,6 +52,14 @@ the end, pad it with zeros to a multiple of ``block_size``, flatten in C order. 
 are one per block in that order; the element bytes are that flat stream of codes packed by
 :func:`fpsim.packing.pack_codes` (FP4: two per byte, first in the low nibble; FP6: four in three
 bytes, little-endian; 8-bit: one per byte).  NVFP4's float32 tensor scale travels beside them.
+
+Memory: ``quantize``, ``dequantize``, ``pack`` and ``unpack`` work on pieces of whole blocks
+(:func:`fpsim.blocks.pieces`; :data:`CHUNK` elements per NumPy piece and thread,
+:data:`TORCH_CHUNK` per torch piece) written into preallocated outputs (uint8 codes and scales,
+packed bytes, values), so a large operand costs its outputs plus a few pieces, not full-size
+copies of the padded or transposed input, int64 gathers and intermediate values.  Pieces give
+the bits of one piece: NumPy's stochastic rounding draws its random bits piece after piece from
+one generator, in row order, and torch's draws them in one piece.
 """
 
 from __future__ import annotations

@@ -248,3 +248,25 @@ def test_outputs_are_small_and_contiguous():
                 assert str(a.dtype).endswith("uint8")
                 assert a.is_contiguous() if isinstance(a, torch.Tensor) else \
                     a.flags.c_contiguous
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 8), st.lists(st.integers(0, 13), max_size=6), st.data())
+def test_pack_pieces_and_unpack_range_match_the_whole_stream(bits, sizes, data):
+    """Packing any split of a code stream into one output gives pack_codes' bytes (groups split
+    between parts carried over), and every range unpacks to unpack_codes' codes there."""
+    from fpsim.packing import pack_codes, pack_pieces, packed_size, unpack_codes, unpack_range
+
+    rng = np.random.default_rng(len(sizes) * 8 + bits)
+    codes = rng.integers(0, 1 << bits, sum(sizes), dtype=np.uint8)
+    whole = pack_codes(codes, bits)
+    cuts = np.cumsum([0] + sizes)
+    for lib in (np, torch):
+        wrap = (lambda a: a) if lib is np else torch.from_numpy
+        out = wrap(np.full(packed_size(codes.size, bits), 0xAA, np.uint8))
+        parts = [wrap(codes[lo:hi]) for lo, hi in zip(cuts[:-1], cuts[1:])]
+        assert np.array_equal(to_numpy(pack_pieces(parts, bits, out)), whole)
+        lo = data.draw(st.integers(0, codes.size))
+        hi = data.draw(st.integers(lo, codes.size))
+        got = to_numpy(unpack_range(wrap(whole), bits, lo, hi))
+        assert np.array_equal(got, unpack_codes(whole, bits, codes.size)[lo:hi])
