@@ -5,6 +5,11 @@ with zeros to a multiple of the block size, and read the result in C order as ro
 ``block_size`` elements.  Per-block quantities (scales) then form a vector with one entry per row,
 which :func:`rows_to_scales` turns into an array shaped like the input with ``axis`` holding the
 block count.  Works on NumPy arrays and torch tensors alike.
+
+Large arrays are handled in :func:`pieces`: runs of whole blocks that follow each other in row
+order, read by :func:`gather` (a contiguous, zero-padded copy of one piece, or a view when the
+piece already is one) and written back by :func:`scatter` into a preallocated output, so that
+temporaries are the size of a piece, not of the array.
 """
 
 from __future__ import annotations
@@ -51,6 +56,16 @@ class Layout:
     def padded(self) -> int:
         """Elements along the axis after padding."""
         return self.nblocks * self.block_size
+
+    @property
+    def before(self) -> int:
+        """Elements of the axes before the blocked axis (their product)."""
+        return math.prod(self.shape[:self.axis])
+
+    @property
+    def after(self) -> int:
+        """Elements of the axes after the blocked axis (their product)."""
+        return math.prod(self.shape[self.axis + 1:])
 
     @property
     def scale_shape(self) -> tuple[int, ...]:
@@ -112,7 +127,95 @@ def rows_to_scales(vec: Any, lay: Layout) -> Any:
 
 def scales_to_rows(scales: Any, lay: Layout) -> Any:
     """Inverse of :func:`rows_to_scales`: a 1-D vector in row (C, axis-last) order."""
+    check_scales(scales, lay)
+    return ops_for(scales).moveaxis(scales, lay.axis, -1).reshape(-1)
+
+
+def check_scales(scales: Any, lay: Layout) -> None:
+    """Per-block values must have ``lay.scale_shape``."""
     if tuple(scales.shape) != lay.scale_shape:
         raise ValueError(f"scales of shape {tuple(scales.shape)} do not match {lay.scale_shape} "
                          f"(shape {lay.shape}, blocks of {lay.block_size} along axis {lay.axis})")
-    return ops_for(scales).moveaxis(scales, lay.axis, -1).reshape(-1)
+
+
+# --------------------------------------------------------------------------------------------
+# Pieces
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Piece:
+    """Whole blocks that follow each other in row order: outer indices ``a`` (over the axes
+    before the blocked one, flattened) and ``b`` (the axes after it), blocks ``k`` along the
+    axis; they are rows ``first .. first + rows`` of :func:`to_rows`."""
+
+    a: slice
+    k: slice
+    b: slice
+    first: int
+    rows: int
+
+
+def pieces(lay: Layout, size: int) -> list[Piece]:
+    """Pieces of at most ``size`` elements (but at least one block) covering every block once,
+    in row order; none for an empty array.
+
+    A piece is a run of blocks of one row along the axis when such a row holds at least
+    ``size`` elements, else whole rows for a range of ``b``, else for a range of ``a``."""
+    per = max(1, size // lay.block_size)               # blocks per piece
+    na, nb, nk = lay.before, lay.after, lay.nblocks
+    if na * nb * nk == 0:
+        return []
+    if nk >= per:
+        return [Piece(slice(a, a + 1), slice(k, min(nk, k + per)), slice(b, b + 1),
+                      (a * nb + b) * nk + k, min(nk, k + per) - k)
+                for a in range(na) for b in range(nb) for k in range(0, nk, per)]
+    if nk * nb >= per:
+        step = per // nk
+        return [Piece(slice(a, a + 1), slice(0, nk), slice(b, min(nb, b + step)),
+                      (a * nb + b) * nk, (min(nb, b + step) - b) * nk)
+                for a in range(na) for b in range(0, nb, step)]
+    step = per // (nk * nb)
+    return [Piece(slice(a, min(na, a + step)), slice(0, nk), slice(0, nb), a * nb * nk,
+                  (min(na, a + step) - a) * nb * nk) for a in range(0, na, step)]
+
+
+def _span(lay: Layout, p: Piece, per_block: bool) -> tuple[slice, int]:
+    """The piece's indices along the axis (elements, or blocks when ``per_block``) and its
+    padded width there."""
+    if per_block:
+        return p.k, p.k.stop - p.k.start
+    size = lay.block_size
+    return (slice(p.k.start * size, min(lay.length, p.k.stop * size)),
+            (p.k.stop - p.k.start) * size)
+
+
+def grouped(a: Any, lay: Layout, per_block: bool = False) -> Any:
+    """``a`` (of ``lay.shape``, or ``lay.scale_shape`` with ``per_block``) as a 3-D array (axes
+    before, the blocked axis, axes after): a view of a contiguous ``a``, else one copy.  What
+    :func:`gather` reads and :func:`scatter` writes."""
+    return a.reshape(lay.before, lay.nblocks if per_block else lay.length, lay.after)
+
+
+def gather(x3: Any, lay: Layout, p: Piece, per_block: bool = False) -> Any:
+    """Rows ``p.first .. p.first + p.rows`` of :func:`to_rows` of ``x`` (``x3`` is
+    :func:`grouped` ``x``): a contiguous ``(p.rows, block_size)`` array, zero-padded (a view
+    when the piece is one already); with ``per_block``, the piece's per-block values as a 1-D
+    vector."""
+    span, width = _span(lay, p, per_block)
+    part = x3[p.a, span, p.b]
+    moved = part.movedim(1, 2) if is_torch(part) else part.transpose(0, 2, 1)
+    if moved.shape[2] != width:
+        full = moved.new_zeros(moved.shape[:2] + (width,)) if is_torch(moved) else \
+            np.zeros(moved.shape[:2] + (width,), moved.dtype)
+        full[..., :moved.shape[2]] = moved
+        moved = full
+    flat = moved.contiguous() if is_torch(moved) else np.ascontiguousarray(moved)
+    return flat.reshape(-1) if per_block else flat.reshape(p.rows, lay.block_size)
+
+
+def scatter(out3: Any, lay: Layout, p: Piece, rows: Any, per_block: bool = False) -> None:
+    """Inverse of :func:`gather`: write the piece's ``rows`` (padding dropped) into ``out3``,
+    the :func:`grouped` view of the output."""
+    span, width = _span(lay, p, per_block)
+    part = out3[p.a, span, p.b]
+    src = rows.reshape(part.shape[0], part.shape[2], width)[..., :part.shape[1]]
+    part[...] = src.movedim(2, 1) if is_torch(src) else src.transpose(0, 2, 1)

@@ -52,27 +52,36 @@ the end, pad it with zeros to a multiple of ``block_size``, flatten in C order. 
 are one per block in that order; the element bytes are that flat stream of codes packed by
 :func:`fpsim.packing.pack_codes` (FP4: two per byte, first in the low nibble; FP6: four in three
 bytes, little-endian; 8-bit: one per byte).  NVFP4's float32 tensor scale travels beside them.
+
+Memory: ``quantize``, ``dequantize``, ``pack`` and ``unpack`` work on pieces of whole blocks
+(:func:`fpsim.blocks.pieces`; :data:`CHUNK` elements per NumPy piece and thread,
+:data:`TORCH_CHUNK` per torch piece) written into preallocated outputs (uint8 codes and scales,
+packed bytes, values), so a large operand costs its outputs plus a few pieces, not full-size
+copies of the padded or transposed input, int64 gathers and intermediate values.  Pieces give
+the bits of one piece: NumPy's stochastic rounding draws its random bits piece after piece from
+one generator, in row order, and torch's draws them in one piece.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from . import blocks, dispatch, parallel
 from .backend import float_input, is_torch, ops_for
-from .blockrules import (BLOCK_FORMATS, SCALE_ROUNDINGS, BlockFormat, ceil_exponent,
-                         check_tensor_scale, element_values, get_block_format, mx_element_codes,
-                         mx_scale_rows, nvfp4_scale_rows, nvfp4_tensor_scale, scale_rule,
-                         scale_values, shared_exponents)
+from .blockrules import (BLOCK_FORMATS, NVFP4_MIN_TENSOR_SCALE, SCALE_ROUNDINGS, BlockFormat,
+                         ceil_exponent, check_tensor_scale, element_values, get_block_format,
+                         mx_element_codes, mx_scale_rows, nvfp4_scale_rows, nvfp4_tensor_scale,
+                         scale_rule, scale_values, shared_exponents)
 from .convert import encode
 from .inputs import check_input, check_seed
-from .packing import pack_codes, packed_size, unpack_codes
+from .packing import pack_pieces, packed_size, unpack_range
 from .rounding import check_mode
 
-CHUNK = 1 << 16                 # elements per NumPy slice: temporaries stay in cache
+CHUNK = 1 << 18                 # elements per NumPy piece: a few MiB of temporaries per thread
+TORCH_CHUNK = 1 << 24           # per torch piece: see _chunk
 
 #: Old names, kept as aliases: the containers carry NVFP4 too, so the neutral names lead.
 MXFormat = BlockFormat
@@ -124,10 +133,15 @@ class BlockArray:
         return dequantize(self, dtype)
 
     def pack(self) -> tuple[Any, Any]:
-        """``(scale_bytes, element_bytes)``, both 1-D uint8, in the layout of the module doc."""
+        """``(scale_bytes, element_bytes)``, both 1-D uint8, in the layout of the module doc
+        (the element bytes written piece by piece: temporaries of one piece)."""
         lay = self.layout
         scales = blocks.scales_to_rows(self.scales, lay)
-        return scales, pack_codes(blocks.to_rows(self.codes, lay), self.fmt.elem.bits)
+        bits = self.fmt.elem.bits
+        codes3 = blocks.grouped(self.codes, lay)
+        out = _empty(self.codes, (packed_size(lay.rows * lay.block_size, bits),), "uint8")
+        parts = (blocks.gather(codes3, lay, p) for p in blocks.pieces(lay, _chunk(self.codes)))
+        return scales, pack_pieces(parts, bits, out)
 
     @classmethod
     def unpack(cls, scales: Any, packed: Any, fmt: str | BlockFormat, shape: tuple[int, ...], *,
@@ -144,9 +158,12 @@ class BlockArray:
             raise ValueError(f"{n_scales} scale bytes given; shape {lay.shape} with blocks of "
                              f"{lay.block_size} along axis {lay.axis} has {lay.rows} blocks")
         _check_packed(scales, packed, spec, lay)
-        rows = unpack_codes(packed, spec.elem.bits, lay.rows * lay.block_size)
-        codes = blocks.from_rows(rows.reshape(lay.rows, lay.block_size), lay)
         ts = check_tensor_scale(spec, tensor_scale, unpacking=True)
+        codes = _empty(packed, lay.shape, "uint8")
+        codes3, size = blocks.grouped(codes, lay), lay.block_size
+        for p in blocks.pieces(lay, _chunk(packed)):         # a piece of codes at a time
+            rows = unpack_range(packed, spec.elem.bits, p.first * size, (p.first + p.rows) * size)
+            blocks.scatter(codes3, lay, p, rows)
         return cls(blocks.rows_to_scales(scales.reshape(-1), lay), codes, spec, lay.axis,
                    lay.block_size, lay.shape, ts)
 
@@ -200,41 +217,72 @@ def quantize(x: Any, fmt: str | BlockFormat, *, axis: int = -1, block_size: int 
         codes = out.elements.reshape(lay.rows, lay.block_size)
         return BlockArray(blocks.rows_to_scales(out.scales, lay), blocks.from_rows(codes, lay),
                           spec, lay.axis, lay.block_size, lay.shape, out.tensor_scale)
-    work = float_input(x, "block formats quantize", keep_float64=spec.is_mx)
-    lay = blocks.layout(tuple(work.shape), axis, size, pad)
-    rows = blocks.to_rows(work, lay)
+    x = x if is_torch(x) else np.asarray(x)
+    who = "block formats quantize"
+    float_input(x.reshape(-1)[:0], who)                  # the dtype check, before the shape's
+    lay = blocks.layout(tuple(x.shape), axis, size, pad)
+    x3 = blocks.grouped(x, lay)
+    # torch's stochastic rounding draws the random bits of one call from its seed: one piece
+    parts = blocks.pieces(lay, lay.rows * lay.block_size if is_torch(x)
+                          and rounding == "stochastic" else _chunk(x))
+
+    def rows_of(p: blocks.Piece) -> Any:
+        return float_input(blocks.gather(x3, lay, p), who, keep_float64=spec.is_mx)
+
     ts = None
     if spec.is_mx:
         def scale_rows(r: Any) -> tuple[Any, Any, Any]:
             return mx_scale_rows(r, spec, mode, rounding)
     else:
-        ts = nvfp4_tensor_scale(rows, CHUNK) if ts_arg is None else ts_arg
+        ts = ts_arg if ts_arg is not None else max(          # max of a monotone function
+            _each(parts, lambda p: nvfp4_tensor_scale(rows_of(p), CHUNK), is_torch(x)),
+            default=NVFP4_MIN_TENSOR_SCALE)
 
         def scale_rows(r: Any) -> tuple[Any, Any, Any]:
             return nvfp4_scale_rows(r, spec, ts)
-    scales, codes = _quantize_rows(rows, spec, scale_rows, rounding, seed)
-    return BlockArray(blocks.rows_to_scales(scales, lay), blocks.from_rows(codes, lay), spec,
-                      lay.axis, lay.block_size, lay.shape, ts)
+    scales, codes = _empty(x, lay.scale_shape, "uint8"), _empty(x, lay.shape, "uint8")
+    scales3, codes3 = blocks.grouped(scales, lay, per_block=True), blocks.grouped(codes, lay)
+    rng = seed if is_torch(x) else np.random.default_rng(check_seed(seed))
+
+    def quantize_piece(p: blocks.Piece) -> None:
+        scodes, scaled, _ = scale_rows(rows_of(p))
+        ecodes = encode(scaled, spec.elem, rounding=rounding, saturate=True, seed=rng,
+                        on_nan="zero")
+        blocks.scatter(scales3, lay, p, scodes, per_block=True)
+        blocks.scatter(codes3, lay, p, mx_element_codes(spec, ecodes))
+
+    with np.errstate(over="ignore", invalid="ignore"):     # NaN-scale blocks, zeroed after
+        _each(parts, quantize_piece, is_torch(x) or rounding == "stochastic")
+    return BlockArray(scales, codes, spec, lay.axis, lay.block_size, lay.shape, ts)
 
 
 def dequantize(mx: BlockArray, dtype: Any = np.float32) -> Any:
-    """Values of a :class:`BlockArray` (float32 by default, or float64); NaN scales give NaN."""
+    """Values of a :class:`BlockArray` (float32 by default, or float64); NaN scales give NaN.
+    Computed piece by piece into the output: temporaries of one piece per thread."""
     wide = _wants_float64(dtype)
     lay = mx.layout
-    codes = blocks.to_rows(mx.codes, lay)
-    scales = blocks.scales_to_rows(mx.scales, lay)
+    blocks.check_scales(mx.scales, lay)
     table = element_values(mx.fmt, wide)
-    if is_torch(codes):
+    ops = ops_for(mx.codes)
+    if is_torch(mx.codes):
         import torch
 
-        vals = torch.from_numpy(table).to(codes.device)[codes.long()]
-        ops = ops_for(codes)
-    else:
-        vals = table[codes]
-        ops = ops_for(vals)
-    factor = scale_values(ops, scales, mx.fmt, mx.tensor_scale, wide)
+        table = torch.from_numpy(table).to(mx.codes.device)
+    out = _empty(mx.codes, lay.shape, "float64" if wide else "float32")
+    codes3, scales3, out3 = (blocks.grouped(mx.codes, lay),
+                             blocks.grouped(mx.scales, lay, per_block=True),
+                             blocks.grouped(out, lay))
+
+    def dequantize_piece(p: blocks.Piece) -> None:
+        codes = blocks.gather(codes3, lay, p)
+        vals = table[codes.long()] if is_torch(codes) else table[codes]
+        factor = scale_values(ops, blocks.gather(scales3, lay, p, per_block=True), mx.fmt,
+                              mx.tensor_scale, wide)
+        blocks.scatter(out3, lay, p, vals * factor[:, None])
+
     with np.errstate(over="ignore"):                      # beyond float32: inf, as documented
-        return blocks.from_rows(vals * factor[:, None], lay)
+        _each(blocks.pieces(lay, _chunk(mx.codes)), dequantize_piece, is_torch(mx.codes))
+    return out
 
 
 def _wants_float64(dtype: Any) -> bool:
@@ -247,31 +295,29 @@ def _wants_float64(dtype: Any) -> bool:
     return name == "float64"
 
 
-def _quantize_rows(rows: Any, spec: BlockFormat, scale_rows: Any, rounding: str,
-                   seed: Any) -> tuple[Any, Any]:
-    """Scale codes and element codes: ``scale_rows`` gives the scaled elements, the core rounds
-    them (saturating); once for torch, over slices of rows for NumPy."""
-    def codes_of(r: Any, rng: Any) -> tuple[Any, Any]:
-        scodes, scaled, _ = scale_rows(r)
-        codes = encode(scaled, spec.elem, rounding=rounding, saturate=True, seed=rng,
-                       on_nan="zero")
-        return scodes, mx_element_codes(spec, codes)
+def _chunk(a: Any) -> int:
+    """Elements per piece for ``a``'s library.  torch's ops run on its own threads, and on a
+    busy machine each op waits for them to wake (milliseconds, whatever its size): pieces of
+    2^24 elements leave every GPT-2 124M weight in one piece and split only the operands whose
+    temporaries dominate memory (the 768 x 50,257 LM head, the logits)."""
+    return TORCH_CHUNK if is_torch(a) else CHUNK
 
-    if is_torch(rows):
-        return codes_of(rows, seed)
-    rng = np.random.default_rng(check_seed(seed))
-    step = max(1, CHUNK // rows.shape[1])
-    scales = np.empty(rows.shape[0], np.uint8)
-    codes = np.empty(rows.shape, np.uint8)
 
-    def part(first: int, stop: int) -> None:
-        for lo in range(first, stop, step):
-            hi = min(stop, lo + step)
-            scales[lo:hi], codes[lo:hi] = codes_of(rows[lo:hi], rng)
+def _empty(like: Any, shape: tuple[int, ...], dtype: str) -> Any:
+    """An uninitialised NumPy array, or torch tensor on ``like``'s device, of ``dtype``."""
+    if is_torch(like):
+        import torch
 
-    with np.errstate(over="ignore", invalid="ignore"):     # NaN-scale blocks, zeroed after
-        if rounding == "stochastic":                       # one seed, one sequence of bits
-            part(0, rows.shape[0])
-        else:                                              # row slices on every core
-            parallel.run(part, rows.shape[0], max(1, parallel.GRAIN // max(1, rows.shape[1])))
-    return scales, codes
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=like.device)
+    return np.empty(shape, dtype)
+
+
+def _each(parts: list[blocks.Piece], job: Callable[[blocks.Piece], Any],
+          in_order: bool) -> list[Any]:
+    """``job`` of every piece, in order (torch, which threads inside its ops, and one random
+    stream), else on every core (:func:`fpsim.parallel.run`); the results in order."""
+    if in_order:
+        return [job(p) for p in parts]
+    grain = max(1, parallel.GRAIN // CHUNK)
+    runs = parallel.run(lambda lo, hi: [job(p) for p in parts[lo:hi]], len(parts), grain)
+    return [r for run in runs for r in run]

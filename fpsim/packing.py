@@ -10,13 +10,15 @@ rule gives the layouts hardware and torchao use:
 * FP8 / INT8 (8 bits): one code per byte, unchanged.
 
 A final partial byte is padded with zero bits.  NumPy arrays give NumPy arrays, torch tensors give
-torch tensors on the same device.
+torch tensors on the same device.  A long stream can be packed from pieces into one output
+(:func:`pack_pieces`) and read back a range at a time (:func:`unpack_range`), with temporaries
+the size of a piece.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -44,7 +46,35 @@ def _group(bits: int) -> tuple[int, int]:
 def pack_codes(codes: Any, bits: int) -> Any:
     """Pack the codes of ``codes`` (flattened in C order) into a 1-D uint8 byte stream."""
     bits = _check_bits(bits)
-    flat = _flat_uint8(codes, bits)
+    return _pack_flat(_flat_uint8(codes, bits), bits)
+
+
+def pack_pieces(parts: Iterable[Any], bits: int, out: Any) -> Any:
+    """:func:`pack_codes` of the concatenation of ``parts`` (each flattened in C order) written
+    into ``out``, a 1-D uint8 array of exactly the packed size: one piece's temporaries at a
+    time.  A group of codes split between two parts is carried over to the next."""
+    bits = _check_bits(bits)
+    n_codes = _group(bits)[0]
+    at, carry = 0, None
+    for part in parts:
+        flat = _flat_uint8(part, bits)
+        if carry is not None and carry.shape[0]:
+            flat = _cat([carry, flat])
+        whole = flat.shape[0] - flat.shape[0] % n_codes
+        packed = _pack_flat(flat[:whole], bits)
+        out[at:at + packed.shape[0]] = packed
+        at, carry = at + packed.shape[0], flat[whole:]
+    if carry is not None and carry.shape[0]:
+        packed = _pack_flat(carry, bits)
+        out[at:at + packed.shape[0]] = packed
+        at += packed.shape[0]
+    if at != out.shape[0]:
+        raise ValueError(f"{at} bytes packed into an output of {out.shape[0]}")
+    return out
+
+
+def _pack_flat(flat: Any, bits: int) -> Any:
+    """Pack checked uint8 codes (1-D)."""
     n_codes, n_bytes = _group(bits)
     count = flat.shape[0]
     groups = -(-count // n_codes)
@@ -59,6 +89,15 @@ def pack_codes(codes: Any, bits: int) -> Any:
         parts = [to_uint8((acc >> (8 * k)) & 0xFF) for k in range(n_bytes)]
         out = _stack(parts).reshape(-1)
     return out[:packed_size(count, bits)]
+
+
+def unpack_range(buf: Any, bits: int, lo: int, hi: int) -> Any:
+    """Codes ``lo .. hi`` of the byte stream ``buf``, as :func:`unpack_codes` gives them,
+    reading only the bytes of the groups they lie in."""
+    n_codes, n_bytes = _group(_check_bits(bits))
+    first = lo // n_codes
+    flat = _flat_bytes(buf)[first * n_bytes:]
+    return unpack_codes(flat, bits, hi - first * n_codes)[lo - first * n_codes:]
 
 
 def unpack_codes(buf: Any, bits: int, count: int) -> Any:
@@ -126,11 +165,15 @@ def _pad_to(flat: Any, n: int) -> Any:
     extra = n - flat.shape[0]
     if extra == 0:
         return flat
-    if is_torch(flat):
+    return _cat([flat, flat.new_zeros(extra) if is_torch(flat) else np.zeros(extra, flat.dtype)])
+
+
+def _cat(parts: list) -> Any:
+    if is_torch(parts[0]):
         import torch
 
-        return torch.cat([flat, flat.new_zeros(extra)])
-    return np.concatenate([flat, np.zeros(extra, flat.dtype)])
+        return torch.cat(parts)
+    return np.concatenate(parts)
 
 
 def _stack(parts: list) -> Any:

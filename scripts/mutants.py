@@ -40,6 +40,7 @@ ARITH = ["tests/test_arith.py"]
 MX = ["tests/test_mx.py"]
 PACKING = ["tests/test_packing.py", "tests/test_mx.py"]
 SCALING = ["tests/test_scaling.py", "tests/test_scaling_chunks.py"]
+MX_CHUNKS = ["tests/test_mx_chunks.py"]
 TENSOR_CORE = ["tests/test_arith_tensor_core.py"]
 FMA = ["tests/test_fma.py"]
 JIT = ["tests/test_jit_matmul.py"]
@@ -192,6 +193,17 @@ MUTANTS = [
            SCALING),
     Mutant("scaling-chunk-merge", "scaled_quantize's amax keeps only a row's last piece",
            "out[r] = _merge(out[r], red, how)", "out[r] = red", SCALING),
+    Mutant("mx-piece-span", "block-format pieces drop the last element of each piece",
+           "return (slice(p.k.start * size, min(lay.length, p.k.stop * size)),",
+           "return (slice(p.k.start * size, min(lay.length, p.k.stop * size - 1)),", MX_CHUNKS),
+    Mutant("mx-pieces-last-b", "block-format pieces of whole rows skip the last range of b",
+           "for a in range(na) for b in range(0, nb, step)]",
+           "for a in range(na) for b in range(0, nb - 1, step)]", MX_CHUNKS),
+    Mutant("mx-pack-carry", "packing in pieces packs a split group instead of carrying it",
+           "whole = flat.shape[0] - flat.shape[0] % n_codes", "whole = flat.shape[0]", MX_CHUNKS),
+    Mutant("mx-unpack-range", "unpacking a range that starts inside a group starts a group late",
+           "first = lo // n_codes", "first = -(-lo // n_codes)",
+           MX_CHUNKS),
     Mutant("thread-pieces", "large jobs split over threads lose their last piece",
            "last = job(*parts[-1])",
            "last = None",
