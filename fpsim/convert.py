@@ -110,21 +110,25 @@ def _int_to_float64(arr: np.ndarray, fmt: Format, rounding: str) -> np.ndarray:
     """Integers as float64 without a second rounding.
 
     Beyond 2^53 the value is rounded to odd: rounding to odd at 53 bits and then to a format of
-    at most 51 fraction bits equals rounding once (Boldo & Melquiond).  Only fp64-wide targets
-    with such integers and a mode other than ties-to-even (numpy's own rounding) are refused.
+    at most 50 fraction bits equals rounding once (Boldo & Melquiond: two bits to spare).  Such
+    integers into wider formats are refused, except ties-to-even into formats of float64's 52
+    fraction bits, which is NumPy's own conversion (into 51 bits it would round twice: 2^60 +
+    2^8 + 1 would become the tie 2^60 + 2^8 and then 2^60).
     """
     if arr.dtype.kind == "b":
         return arr.astype(np.float64)
     if arr.dtype.itemsize < 8 or arr.size == 0:
         return arr.astype(np.float64)
-    big = np.abs(arr.astype(np.float64)) > 2.0**53
+    # on the integers: 2^53 + 1 converts to 2^53, which a test on the floats would let through
+    big = arr > 2**53 if arr.dtype.kind == "u" else (arr > 2**53) | (arr < -(2**53))
     if not big.any():
         return arr.astype(np.float64)
     if fmt.mbits > 50 and not fmt.is_int:
-        if rounding == "rne":
+        if rounding == "rne" and fmt.mbits >= F64.mbits:
             return arr.astype(np.float64)
-        raise ValueError(f"integers beyond 2^53 rounded to {fmt.name} with {rounding!r}: only "
-                         "'rne' is supported there; convert to float64 yourself first")
+        raise ValueError(f"integers beyond 2^53 rounded to {fmt.name} with {rounding!r}: fpsim "
+                         "rounds them exactly into formats of at most 50 fraction bits, or with "
+                         "'rne' into 52; convert to float64 yourself first")
     f = arr.astype(np.float64)
     mag = np.abs(arr.astype(np.int64)).astype(np.uint64) if arr.dtype.kind == "i" else arr
     fmag = np.abs(f)
