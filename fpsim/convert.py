@@ -641,15 +641,20 @@ def decode(codes: Any, fmt: str | Format, *, dtype: Any = np.float64) -> Any:
     The values are exact in float64; a narrower ``dtype`` (float, or integer for integer
     values) is refused with ValueError unless it holds every decoded value exactly (every
     FP8/FP6/FP4 code fits float32).  torch tensors decode on their own device (to
-    ``torch.float64`` unless ``dtype`` is a torch dtype).
+    ``torch.float64`` unless ``dtype`` is a torch dtype; another NumPy dtype is refused).
     """
     fmt = get_format(fmt)
+    if isinstance(codes, int) and not isinstance(codes, bool):   # before 2^64 becomes a float
+        _check_code_range(codes, codes, fmt)
     codes = check_input(codes, "codes")
     if is_torch(codes):
         import torch
 
-        if codes.is_floating_point() or codes.is_complex():
+        if codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool:
             raise TypeError(f"codes must be integers, got dtype {codes.dtype}")
+        if not isinstance(dtype, torch.dtype) and np.dtype(dtype) != np.float64:
+            raise TypeError(f"dtype={np.dtype(dtype)}: the codes are a torch tensor; pass a "
+                            "torch dtype (e.g. torch.float32)")
         wide = codes.to(torch.int64)  # 64-bit codes arrive as int64 bit patterns: all valid
         if fmt.bits < 64 and wide.numel():
             _check_code_range(int(wide.min()), int(wide.max()), fmt)
