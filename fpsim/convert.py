@@ -26,7 +26,7 @@ from .backend import NumpyOps, check_backend, code_dtype, is_torch, on_nan_keywo
 from .dispatch import CONVERT_BACKENDS as BACKENDS
 from .formats import FORMATS, Format, get_format
 from .rounding import F32, F64, Source, check_saturate, decode_bits, round_bits
-from .inputs import check_input, check_seed, exact_cast
+from .inputs import check_flag, check_input, check_seed, exact_cast
 
 CHUNK = 1 << 16  # elements per slice: temporaries stay in cache, memory stays near the output's
 _NP = NumpyOps()
@@ -56,7 +56,8 @@ def _fast_plan(fmt: Any, rounding: Any, saturate: Any, subnormals: Any, backend:
             and backend in ("auto", "numpy") and on_nan in ("raise", "zero")):
         f, mode, _ = _options(fmt, rounding, backend)
         if mode != "stochastic":
-            plan = _numpy_plan(f, mode, check_saturate(saturate), subnormals, want,
+            plan = _numpy_plan(f, mode, check_saturate(saturate),
+                               check_flag(subnormals, "subnormals"), want,
                                dtype == _NATIVE_FLOATS[1])
             entry = (parallel.elementwise(plan), code_dtype(f),
                      on_nan == "raise" and not f.has_nan)
@@ -553,7 +554,7 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
             fast[0](x.ravel(), out.reshape(-1))
             return out
     fmt, rounding, backend = _options(fmt, rounding, backend)
-    saturate = check_saturate(saturate)
+    saturate, subnormals = check_saturate(saturate), check_flag(subnormals, "subnormals")
     x = check_input(x)
     if is_torch(x):
         route = dispatch.route(x, backend, fmt, seed)
@@ -602,7 +603,7 @@ def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool |
             return out
     on_nan = on_nan_keyword(on_nan, deprecated, "encode")
     fmt, rounding, backend = _options(fmt, rounding, backend)
-    saturate = check_saturate(saturate)
+    saturate, subnormals = check_saturate(saturate), check_flag(subnormals, "subnormals")
     x = check_input(x)
     if is_torch(x):
         route = dispatch.route(x, backend, fmt, seed)

@@ -142,6 +142,15 @@ def exact_cast(values: np.ndarray, dtype: Any, what: str = "decoded values") -> 
     return out
 
 
+def check_flag(value: Any, name: str) -> bool:
+    """A yes/no argument as a bool: True/False, NumPy bools, 0 and 1; anything else (a string
+    such as ``"no"``, which is truthy, or None) is refused with a TypeError naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Integral)
+                                               and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"{name}={value!r}: pass True or False")
+
+
 def check_seed(seed: Any, name: str = "seed") -> Any:
     """``seed`` unchanged unless it is a negative integer (refused, naming the argument)."""
     if isinstance(seed, numbers.Integral) and not isinstance(seed, bool) and seed < 0:

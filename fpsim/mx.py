@@ -68,7 +68,7 @@ from .blockrules import (BLOCK_FORMATS, SCALE_ROUNDINGS, BlockFormat, ceil_expon
                          mx_scale_rows, nvfp4_scale_rows, nvfp4_tensor_scale, scale_rule,
                          scale_values, shared_exponents)
 from .convert import encode
-from .inputs import check_input, check_seed
+from .inputs import check_flag, check_input, check_seed
 from .packing import pack_codes, packed_size, unpack_codes
 from .rounding import check_mode
 
@@ -189,7 +189,7 @@ def quantize(x: Any, fmt: str | BlockFormat, *, axis: int = -1, block_size: int 
     """
     spec = get_block_format(fmt)
     mode = scale_rule(spec, scale_rounding)
-    rounding = check_mode(rounding)
+    rounding, pad = check_mode(rounding), check_flag(pad, "pad")
     ts_arg = check_tensor_scale(spec, tensor_scale)
     x = check_input(x)
     size = spec.block_size if block_size is None else block_size
