@@ -133,11 +133,16 @@ class BlockArray:
     def unpack(cls, scales: Any, packed: Any, fmt: str | BlockFormat, shape: tuple[int, ...], *,
                axis: int = -1, block_size: int | None = None,
                tensor_scale: float | None = None) -> "BlockArray":
-        """Rebuild a BlockArray from :meth:`pack`'s bytes and the original shape and axis."""
+        """Rebuild a BlockArray from :meth:`pack`'s bytes and the original shape and axis.
+
+        Bytes whose padding codes are not zero (as :meth:`pack` writes them) were packed from
+        another shape, axis or block size: ValueError."""
         spec = get_block_format(fmt)
-        scales, packed = (np.frombuffer(b, np.uint8) if isinstance(b, (bytes, bytearray)) else b
-                          for b in (scales, packed))
+        scales, packed = (np.frombuffer(b, np.uint8) if isinstance(b, (bytes, bytearray))
+                          else b if is_torch(b) else np.asarray(b) for b in (scales, packed))
         size = spec.block_size if block_size is None else block_size
+        if isinstance(shape, (int, np.integer)):
+            shape = (shape,)
         lay = blocks.layout(tuple(shape), axis, size, pad=True)
         n_scales = scales.reshape(-1).shape[0]
         if n_scales != lay.rows:
@@ -145,6 +150,10 @@ class BlockArray:
                              f"{lay.block_size} along axis {lay.axis} has {lay.rows} blocks")
         _check_packed(scales, packed, spec, lay)
         rows = unpack_codes(packed, spec.elem.bits, lay.rows * lay.block_size)
+        if bool((rows.reshape(lay.outer + (lay.padded,))[..., lay.length:] != 0).any()):
+            raise ValueError(f"the padding of shape {lay.shape} (axis {lay.axis}, blocks of "
+                             f"{lay.block_size}) holds non-zero codes: these bytes were packed "
+                             "from another shape, axis or block size")
         codes = blocks.from_rows(rows.reshape(lay.rows, lay.block_size), lay)
         ts = check_tensor_scale(spec, tensor_scale, unpacking=True)
         return cls(blocks.rows_to_scales(scales.reshape(-1), lay), codes, spec, lay.axis,
