@@ -256,7 +256,10 @@ ALIASES: dict[str, str] = {
     "e2m1": "fp4_e2m1", "fp4": "fp4_e2m1", "float4_e2m1fn": "fp4_e2m1",
 }
 
-_SPEC = re.compile(r"^e(\d+)m(\d+)(fn|fnuz|_ieee)?$")
+#: ASCII digits without leading zeros: "e04m03" or "e٤m3" would name a second, IEEE-style
+#: format beside the alias e4m3 (OCP E4M3FN)
+_NUMBER = r"(0|[1-9][0-9]*)"
+_SPEC = re.compile(rf"^e{_NUMBER}m{_NUMBER}(fn|fnuz|_ieee)?$")
 
 
 def p3109(k: int, p: int, signed: bool = True, extended: bool = True) -> Format:
@@ -282,7 +285,19 @@ P3109_FORMATS: dict[str, Format] = {
     f.name: f for f in (p3109(k, p, s, e) for k in range(3, 9) for s in (True, False)
                         for p in range(1, k + (not s)) for e in (True, False))}
 
-_P3109 = re.compile(r"^(?:p3109_k(\d+)p(\d+)|binary(\d+)p(\d+))(?:([su])([ef]))?$")
+_P3109 = re.compile(rf"^(?:p3109_k{_NUMBER}p{_NUMBER}|binary{_NUMBER}p{_NUMBER})"
+                    r"(?:([su])([ef]))?$")
+#: "k8p4" (P3109's parameters without a prefix) and names difflib matches badly ("fp8" is
+#: closest to "fp4"): the suggestion of an unknown format's error
+_SHORT_P3109 = re.compile(rf"^k{_NUMBER}p{_NUMBER}(?:[su][ef])?$")
+_HINTS = {"fp8": "e4m3", "float8": "e4m3", "fp6": "e2m3", "float6": "e2m3", "float4": "e2m1"}
+
+
+def _hint(key: str) -> str | None:
+    """The format an unknown (normalised) name most likely means, if a rule knows it."""
+    if _SHORT_P3109.match(key):
+        return f"p3109_{key}" if _is_format_name(f"p3109_{key}") else None
+    return _HINTS.get(key)
 
 
 def _from_p3109(name: str) -> Format | None:
@@ -325,7 +340,8 @@ def get_format(fmt: str | Format) -> Format:
         return fmt
     if not isinstance(fmt, str):
         raise TypeError(f"format must be a name or an fpsim.Format, not {type(fmt).__name__}")
-    return resolve("format", fmt, FORMATS, ALIASES, fallback=_from_grammar, known=known_names(),
+    return resolve("format", fmt, FORMATS, ALIASES, hints=_hint, fallback=_from_grammar,
+                   known=known_names(),
                    extra="; or a spec string 'eXmY' / 'eXmY_ieee' (IEEE-style), 'eXmYfn' "
                    "(no inf) or 'eXmYfnuz'; or an IEEE P3109 format 'p3109_kKpP' + s|u + e|f "
                    "(e.g. 'p3109_k8p3se', alias 'binary8p3se').")
