@@ -9,9 +9,12 @@ those fields, so there is no second table to drift out of sync.  Integer formats
 from __future__ import annotations
 
 import math
+import operator
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
+from .inputs import check_flag
 from .names import register, resolve, unknown_name_error  # noqa: F401 (its old home)
 
 NAN_CONVENTIONS = ("ieee", "fn", "fnuz", "none")
@@ -45,6 +48,13 @@ class Format:
     p3109: bool = False
 
     def __post_init__(self) -> None:
+        for key in ("ebits", "mbits", "bias"):        # NumPy integers become ints; 4.5 is refused
+            value = getattr(self, key)
+            if value is not None:
+                object.__setattr__(self, key, _whole(value, key, self.name))
+        for key in ("inf", "subnormals", "signed", "zero", "p3109"):    # "no" would be True
+            object.__setattr__(self, key, check_flag(getattr(self, key),
+                                                     f"Format {self.name!r}: {key}"))
         if self.bias is None:
             default = (1 - self.mbits) if self.ebits == 0 else 2 ** (self.ebits - 1) - 1
             object.__setattr__(self, "bias", default)
@@ -161,6 +171,16 @@ class Format:
 
     def __str__(self) -> str:
         return self.name
+
+
+def _whole(value: Any, key: str, name: str) -> int:
+    """An integer field of a Format as an int, or a TypeError naming it."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"invalid format {name!r}: {key}={value!r}: pass an integer") from None
 
 
 def _validate(f: Format) -> None:

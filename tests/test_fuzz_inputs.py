@@ -476,6 +476,14 @@ REFUSALS = [
      "unknown format 'fp8'. Did you mean 'e4m3'"),
     ("emulate capture='no'", lambda: fpsim.emulate(fpsim.Recipe("r", "e4m3"), capture="no"),
      TypeError, "capture='no'"),
+    # formats built by hand
+    ("Format(subnormals='no')", lambda: fpsim.Format("x", 4, 3, subnormals="no"), TypeError,
+     "Format 'x': subnormals='no': pass True or False"),
+    ("Format(inf='no')", lambda: fpsim.Format("x", 4, 3, inf="no"), TypeError, "inf='no'"),
+    ("Format(ebits=4.5)", lambda: fpsim.Format("x", 4.5, 3), TypeError,
+     "ebits=4.5: pass an integer"),
+    ("Format(bias=7.5)", lambda: fpsim.Format("x", 4, 3, bias=7.5), TypeError, "bias=7.5"),
+    ("Format(ebits=True)", lambda: fpsim.Format("x", True, 3), TypeError, "ebits=True"),
     # format names: unknown, near misses, other registries
     ("format None", lambda: q(1.0, None), TypeError, "format must be a name"),
     ("fp8", lambda: get_format("fp8"), ValueError, "Did you mean 'e4m3'"),
@@ -522,6 +530,10 @@ ACCEPTED = [
      lambda: [fpsim.Recipe("r", "e4m3", accum=a) for a in ("FP32", "float32",
                                                              get_format("fp32"))],
      lambda: [fpsim.Recipe("r", "e4m3")] * 3),
+    ("Format of NumPy integers and bools", lambda: [
+        fpsim.Format("x", np.int64(4), np.int8(3), bias=np.int32(7), subnormals=np.True_),
+        q(X, fpsim.Format("x", np.int64(4), np.int64(3))).tolist()],
+     lambda: [fpsim.Format("x", 4, 3), q(X, fpsim.Format("x", 4, 3)).tolist()]),
     ("flags 0/1/np.bool_", lambda: [q(X * 1e-3, "e4m3", subnormals=f).tolist()
                                     for f in (0, 1, np.False_, np.True_)],
      lambda: [q(X * 1e-3, "e4m3", subnormals=f).tolist() for f in (False, True) * 2]),
