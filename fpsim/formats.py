@@ -271,9 +271,11 @@ ALIASES: dict[str, str] = {
     "e4m3b11fnuz": "fp8_e4m3b11fnuz", "float8_e4m3b11fnuz": "fp8_e4m3b11fnuz",
     "float8_e4m3": "fp8_e4m3", "e3m4": "fp8_e3m4", "float8_e3m4": "fp8_e3m4",
     "fp8_e8m0fnu": "e8m0", "float8_e8m0fnu": "e8m0", "e8m0fnu": "e8m0",
-    "e2m3": "fp6_e2m3", "float6_e2m3fn": "fp6_e2m3",
-    "e3m2": "fp6_e3m2", "float6_e3m2fn": "fp6_e3m2",
-    "e2m1": "fp4_e2m1", "fp4": "fp4_e2m1", "float4_e2m1fn": "fp4_e2m1",
+    # ml_dtypes and torch spell OCP FP6/FP4 float6_e2m3fn / float4_e2m1fn ("fn": finite, and
+    # no NaN either): the grammar's e2m1fn (a NaN code, max 4 instead of 6) would be a near miss
+    "e2m3": "fp6_e2m3", "float6_e2m3fn": "fp6_e2m3", "e2m3fn": "fp6_e2m3",
+    "e3m2": "fp6_e3m2", "float6_e3m2fn": "fp6_e3m2", "e3m2fn": "fp6_e3m2",
+    "e2m1": "fp4_e2m1", "fp4": "fp4_e2m1", "float4_e2m1fn": "fp4_e2m1", "e2m1fn": "fp4_e2m1",
 }
 
 #: ASCII digits without leading zeros: "e04m03" or "e٤m3" would name a second, IEEE-style

@@ -526,6 +526,10 @@ ACCEPTED = [
     ("names", lambda: [get_format(n) for n in (" e4m3", "E4M3", "e4m3\n", "FP8-E4M3FN",
                                                "float8_e4m3fn", "bfloat16", "binary8p4")],
      lambda: [get_format(n) for n in ("e4m3",) * 5 + ("bf16", "p3109_k8p4se")]),
+    ("ml_dtypes' FP6/FP4 names without the prefix: OCP, no NaN (max 7.5, 28, 6)",
+     lambda: [(get_format(n).max, get_format(n).nan) for n in ("e2m3fn", "e3m2fn", "e2m1fn")],
+     lambda: [(float(ml_dtypes.finfo(t).max), "none") for t in (
+         ml_dtypes.float6_e2m3fn, ml_dtypes.float6_e3m2fn, ml_dtypes.float4_e2m1fn)]),
     ("Recipe accum 'FP32', 'float32', a Format: torch's native FP32 sum as 'fp32'",
      lambda: [fpsim.Recipe("r", "e4m3", accum=a) for a in ("FP32", "float32",
                                                              get_format("fp32"))],
