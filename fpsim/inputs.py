@@ -18,8 +18,9 @@ an error that names the problem and the fix; nothing is rounded on the way in.
 * Masked arrays: ``TypeError`` (the mask would be lost); pass ``x.filled(value)`` or
   ``x.compressed()``.
 
-torch tensors and Python numbers pass unchanged (torch has one byte order and no long double;
-complex tensors are refused).
+torch tensors and Python ints and floats pass unchanged (torch has one byte order and no long
+double; complex tensors are refused).  The keyword checks every entry point shares live here
+too: :func:`check_flag` (yes/no arguments) and :func:`check_seed`.
 """
 
 from __future__ import annotations
