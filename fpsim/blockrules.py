@@ -118,6 +118,8 @@ def check_tensor_scale(spec: BlockFormat, tensor_scale: Any, unpacking: bool = F
             raise ValueError("nvfp4 needs its float32 tensor_scale to unpack: pass the "
                              "MXArray's tensor_scale")
         return None
+    if isinstance(tensor_scale, (str, bytes, bool, np.bool_)):
+        raise TypeError(f"tensor_scale={tensor_scale!r}: pass a number")
     with np.errstate(over="ignore"):
         value = float(np.float32(float(tensor_scale)))   # checked as float32 holds it
     if not (np.isfinite(value) and value >= NVFP4_MIN_TENSOR_SCALE):

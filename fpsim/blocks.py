@@ -75,10 +75,17 @@ class Layout:
 
 def layout(shape: tuple[int, ...], axis: int, block_size: int, pad: bool) -> Layout:
     """Validate ``axis``/``block_size`` for ``shape`` and describe the block layout."""
-    shape = tuple(int(s) for s in shape)
+    try:
+        shape = tuple(operator.index(s) for s in shape)
+    except TypeError:
+        raise TypeError(f"shape {shape!r}: pass a tuple of integers") from None
     if not shape:
         raise ValueError("block formats need an array with at least one dimension, got a scalar")
+    if min(shape) < 0:
+        raise ValueError(f"shape {shape}: sizes are non-negative")
     try:
+        if isinstance(axis, (bool, np.bool_)):
+            raise TypeError
         axis = operator.index(axis)
     except TypeError:
         raise TypeError(f"axis must be an integer, not {type(axis).__name__}") from None

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import math
 import os
 import re
 import sys
@@ -81,20 +82,30 @@ def _print_gpu_notes(table: dict[str, Any], gpu: str) -> None:
 # --------------------------------------------------------------------------------------------
 # fpsim explain VALUE... --format FMT...
 # --------------------------------------------------------------------------------------------
+_HEX = re.compile(r"^\s*[+-]?0x([0-9a-f._]*)", re.IGNORECASE)
+_INF = re.compile(r"^\s*[+-]?inf(inity)?\s*$", re.IGNORECASE)
+
+
 def _value(text: str) -> float:
-    """A float from decimal (``0.1``, ``-inf``) or C99 hex (``0x1.8p-3``) text."""
+    """A float from decimal (``0.1``, ``-inf``) or C99 hex (``0x1.8p-3``) text; refused when
+    float64 would read it as inf or 0 (``1e400``, ``1e-400``): explain would describe another
+    number, and under directed rounding round it differently."""
+    hex_digits = _HEX.match(text)
     try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        if not re.match(r"^[+-]?0x", text, re.IGNORECASE):
-            raise ValueError(text)
-        return float.fromhex(text)
+        value = float.fromhex(text) if hex_digits else float(text)
+    except OverflowError:
+        value = math.inf
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a number: give a decimal (0.1, -3e-5, inf, nan) or a hex float "
             "(0x1.8p-3)") from None
+    digits = hex_digits[1] if hex_digits else re.match(r"^\s*[+-]?([0-9._]*)", text)[1]
+    if (math.isinf(value) and not _INF.match(text)) or (
+            value == 0 and re.search("[1-9a-f]" if hex_digits else "[1-9]", digits, re.I)):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} lies beyond float64's range (it would read as {value!r}): explain rounds "
+            "float64 values; give one between 4.9e-324 and 1.8e308 in magnitude")
+    return value
 
 
 def use_color(mode: str, stream: Any = None) -> bool:

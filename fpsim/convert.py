@@ -26,7 +26,7 @@ from .backend import NumpyOps, check_backend, code_dtype, is_torch, on_nan_keywo
 from .dispatch import CONVERT_BACKENDS as BACKENDS
 from .formats import FORMATS, Format, get_format
 from .rounding import F32, F64, Source, check_saturate, decode_bits, round_bits
-from .inputs import check_input, check_seed, exact_cast
+from .inputs import check_flag, check_input, check_seed, exact_cast
 
 CHUNK = 1 << 16  # elements per slice: temporaries stay in cache, memory stays near the output's
 _NP = NumpyOps()
@@ -56,7 +56,8 @@ def _fast_plan(fmt: Any, rounding: Any, saturate: Any, subnormals: Any, backend:
             and backend in ("auto", "numpy") and on_nan in ("raise", "zero")):
         f, mode, _ = _options(fmt, rounding, backend)
         if mode != "stochastic":
-            plan = _numpy_plan(f, mode, check_saturate(saturate), subnormals, want,
+            plan = _numpy_plan(f, mode, check_saturate(saturate),
+                               check_flag(subnormals, "subnormals"), want,
                                dtype == _NATIVE_FLOATS[1])
             entry = (parallel.elementwise(plan), code_dtype(f),
                      on_nan == "raise" and not f.has_nan)
@@ -110,21 +111,25 @@ def _int_to_float64(arr: np.ndarray, fmt: Format, rounding: str) -> np.ndarray:
     """Integers as float64 without a second rounding.
 
     Beyond 2^53 the value is rounded to odd: rounding to odd at 53 bits and then to a format of
-    at most 51 fraction bits equals rounding once (Boldo & Melquiond).  Only fp64-wide targets
-    with such integers and a mode other than ties-to-even (numpy's own rounding) are refused.
+    at most 50 fraction bits equals rounding once (Boldo & Melquiond: two bits to spare).  Such
+    integers into wider formats are refused, except ties-to-even into formats of float64's 52
+    fraction bits, which is NumPy's own conversion (into 51 bits it would round twice: 2^60 +
+    2^8 + 1 would become the tie 2^60 + 2^8 and then 2^60).
     """
     if arr.dtype.kind == "b":
         return arr.astype(np.float64)
     if arr.dtype.itemsize < 8 or arr.size == 0:
         return arr.astype(np.float64)
-    big = np.abs(arr.astype(np.float64)) > 2.0**53
+    # on the integers: 2^53 + 1 converts to 2^53, which a test on the floats would let through
+    big = arr > 2**53 if arr.dtype.kind == "u" else (arr > 2**53) | (arr < -(2**53))
     if not big.any():
         return arr.astype(np.float64)
     if fmt.mbits > 50 and not fmt.is_int:
-        if rounding == "rne":
+        if rounding == "rne" and fmt.mbits >= F64.mbits:
             return arr.astype(np.float64)
-        raise ValueError(f"integers beyond 2^53 rounded to {fmt.name} with {rounding!r}: only "
-                         "'rne' is supported there; convert to float64 yourself first")
+        raise ValueError(f"integers beyond 2^53 rounded to {fmt.name} with {rounding!r}: fpsim "
+                         "rounds them exactly into formats of at most 50 fraction bits, or with "
+                         "'rne' into 52; convert to float64 yourself first")
     f = arr.astype(np.float64)
     mag = np.abs(arr.astype(np.int64)).astype(np.uint64) if arr.dtype.kind == "i" else arr
     fmag = np.abs(f)
@@ -549,7 +554,7 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
             fast[0](x.ravel(), out.reshape(-1))
             return out
     fmt, rounding, backend = _options(fmt, rounding, backend)
-    saturate = check_saturate(saturate)
+    saturate, subnormals = check_saturate(saturate), check_flag(subnormals, "subnormals")
     x = check_input(x)
     if is_torch(x):
         route = dispatch.route(x, backend, fmt, seed)
@@ -598,7 +603,7 @@ def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool |
             return out
     on_nan = on_nan_keyword(on_nan, deprecated, "encode")
     fmt, rounding, backend = _options(fmt, rounding, backend)
-    saturate = check_saturate(saturate)
+    saturate, subnormals = check_saturate(saturate), check_flag(subnormals, "subnormals")
     x = check_input(x)
     if is_torch(x):
         route = dispatch.route(x, backend, fmt, seed)
@@ -637,15 +642,20 @@ def decode(codes: Any, fmt: str | Format, *, dtype: Any = np.float64) -> Any:
     The values are exact in float64; a narrower ``dtype`` (float, or integer for integer
     values) is refused with ValueError unless it holds every decoded value exactly (every
     FP8/FP6/FP4 code fits float32).  torch tensors decode on their own device (to
-    ``torch.float64`` unless ``dtype`` is a torch dtype).
+    ``torch.float64`` unless ``dtype`` is a torch dtype; another NumPy dtype is refused).
     """
     fmt = get_format(fmt)
+    if isinstance(codes, int) and not isinstance(codes, bool):   # before 2^64 becomes a float
+        _check_code_range(codes, codes, fmt)
     codes = check_input(codes, "codes")
     if is_torch(codes):
         import torch
 
-        if codes.is_floating_point() or codes.is_complex():
+        if codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool:
             raise TypeError(f"codes must be integers, got dtype {codes.dtype}")
+        if not isinstance(dtype, torch.dtype) and np.dtype(dtype) != np.float64:
+            raise TypeError(f"dtype={np.dtype(dtype)}: the codes are a torch tensor; pass a "
+                            "torch dtype (e.g. torch.float32)")
         wide = codes.to(torch.int64)  # 64-bit codes arrive as int64 bit patterns: all valid
         if fmt.bits < 64 and wide.numel():
             _check_code_range(int(wide.min()), int(wide.max()), fmt)

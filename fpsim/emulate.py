@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .inputs import check_flag
 from .recipe import Recipe, Rules
 from .sitestats import COLUMNS, SiteStats
 
@@ -86,4 +87,4 @@ def emulate(recipe: Recipe | Rules, *, capture: bool = False) -> Emulation:
     ...     logits = model(ids)
     >>> print(em.report())
     """
-    return Emulation(Rules.of(recipe), capture)
+    return Emulation(Rules.of(recipe), check_flag(capture, "capture"))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+import numpy as np
+
+from .backend import is_torch
 from .convert import decode, encode
 from .formats import Format, get_format
 from .inputs import check_input
@@ -81,11 +83,18 @@ def _show(v: float) -> str:
 
 
 def explain(x: Any, fmt: str | Format, rounding: str = "rne", **options: Any) -> Explanation:
-    """Round the scalar ``x`` to ``fmt`` and describe the result field by field."""
+    """Round the scalar ``x`` (a number, or an array or tensor of one element) to ``fmt`` and
+    describe the result field by field."""
     fmt = get_format(fmt)
-    xv = float(check_input(x))
-    if isinstance(x, numbers.Integral) and int(x) != xv:
-        raise ValueError(f"{x} is not a float64 exactly; explain rounds one float64 value")
+    v = check_input(x)
+    v = v.detach() if is_torch(v) else np.asarray(v)
+    if math.prod(v.shape) != 1:
+        raise ValueError(f"explain describes one number; x has shape {tuple(v.shape)}: pass one "
+                         "element, e.g. x[0]")
+    item = v.reshape(-1)[0].item()                    # a Python int for integer dtypes
+    xv = float(item)
+    if isinstance(item, int) and item != xv:
+        raise ValueError(f"{item} is not a float64 exactly; explain rounds one float64 value")
     code = int(encode(xv, fmt, rounding=rounding, on_nan="zero", **options))
     return _describe(code, fmt, xv)
 

@@ -9,9 +9,12 @@ those fields, so there is no second table to drift out of sync.  Integer formats
 from __future__ import annotations
 
 import math
+import operator
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
+from .inputs import check_flag
 from .names import register, resolve, unknown_name_error  # noqa: F401 (its old home)
 
 NAN_CONVENTIONS = ("ieee", "fn", "fnuz", "none")
@@ -45,6 +48,13 @@ class Format:
     p3109: bool = False
 
     def __post_init__(self) -> None:
+        for key in ("ebits", "mbits", "bias"):        # NumPy integers become ints; 4.5 is refused
+            value = getattr(self, key)
+            if value is not None:
+                object.__setattr__(self, key, _whole(value, key, self.name))
+        for key in ("inf", "subnormals", "signed", "zero", "p3109"):    # "no" would be True
+            object.__setattr__(self, key, check_flag(getattr(self, key),
+                                                     f"Format {self.name!r}: {key}"))
         if self.bias is None:
             default = (1 - self.mbits) if self.ebits == 0 else 2 ** (self.ebits - 1) - 1
             object.__setattr__(self, "bias", default)
@@ -163,6 +173,16 @@ class Format:
         return self.name
 
 
+def _whole(value: Any, key: str, name: str) -> int:
+    """An integer field of a Format as an int, or a TypeError naming it."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"invalid format {name!r}: {key}={value!r}: pass an integer") from None
+
+
 def _validate(f: Format) -> None:
     why = None
     if f.nan not in NAN_CONVENTIONS:
@@ -251,12 +271,17 @@ ALIASES: dict[str, str] = {
     "e4m3b11fnuz": "fp8_e4m3b11fnuz", "float8_e4m3b11fnuz": "fp8_e4m3b11fnuz",
     "float8_e4m3": "fp8_e4m3", "e3m4": "fp8_e3m4", "float8_e3m4": "fp8_e3m4",
     "fp8_e8m0fnu": "e8m0", "float8_e8m0fnu": "e8m0", "e8m0fnu": "e8m0",
-    "e2m3": "fp6_e2m3", "float6_e2m3fn": "fp6_e2m3",
-    "e3m2": "fp6_e3m2", "float6_e3m2fn": "fp6_e3m2",
-    "e2m1": "fp4_e2m1", "fp4": "fp4_e2m1", "float4_e2m1fn": "fp4_e2m1",
+    # ml_dtypes and torch spell OCP FP6/FP4 float6_e2m3fn / float4_e2m1fn ("fn": finite, and
+    # no NaN either): the grammar's e2m1fn (a NaN code, max 4 instead of 6) would be a near miss
+    "e2m3": "fp6_e2m3", "float6_e2m3fn": "fp6_e2m3", "e2m3fn": "fp6_e2m3",
+    "e3m2": "fp6_e3m2", "float6_e3m2fn": "fp6_e3m2", "e3m2fn": "fp6_e3m2",
+    "e2m1": "fp4_e2m1", "fp4": "fp4_e2m1", "float4_e2m1fn": "fp4_e2m1", "e2m1fn": "fp4_e2m1",
 }
 
-_SPEC = re.compile(r"^e(\d+)m(\d+)(fn|fnuz|_ieee)?$")
+#: ASCII digits without leading zeros: "e04m03" or "e٤m3" would name a second, IEEE-style
+#: format beside the alias e4m3 (OCP E4M3FN)
+_NUMBER = r"(0|[1-9][0-9]*)"
+_SPEC = re.compile(rf"^e{_NUMBER}m{_NUMBER}(fn|fnuz|_ieee)?$")
 
 
 def p3109(k: int, p: int, signed: bool = True, extended: bool = True) -> Format:
@@ -282,7 +307,19 @@ P3109_FORMATS: dict[str, Format] = {
     f.name: f for f in (p3109(k, p, s, e) for k in range(3, 9) for s in (True, False)
                         for p in range(1, k + (not s)) for e in (True, False))}
 
-_P3109 = re.compile(r"^(?:p3109_k(\d+)p(\d+)|binary(\d+)p(\d+))(?:([su])([ef]))?$")
+_P3109 = re.compile(rf"^(?:p3109_k{_NUMBER}p{_NUMBER}|binary{_NUMBER}p{_NUMBER})"
+                    r"(?:([su])([ef]))?$")
+#: "k8p4" (P3109's parameters without a prefix) and names difflib matches badly ("fp8" is
+#: closest to "fp4"): the suggestion of an unknown format's error
+_SHORT_P3109 = re.compile(rf"^k{_NUMBER}p{_NUMBER}(?:[su][ef])?$")
+_HINTS = {"fp8": "e4m3", "float8": "e4m3", "fp6": "e2m3", "float6": "e2m3", "float4": "e2m1"}
+
+
+def _hint(key: str) -> str | None:
+    """The format an unknown (normalised) name most likely means, if a rule knows it."""
+    if _SHORT_P3109.match(key):
+        return f"p3109_{key}" if _is_format_name(f"p3109_{key}") else None
+    return _HINTS.get(key)
 
 
 def _from_p3109(name: str) -> Format | None:
@@ -325,7 +362,8 @@ def get_format(fmt: str | Format) -> Format:
         return fmt
     if not isinstance(fmt, str):
         raise TypeError(f"format must be a name or an fpsim.Format, not {type(fmt).__name__}")
-    return resolve("format", fmt, FORMATS, ALIASES, fallback=_from_grammar, known=known_names(),
+    return resolve("format", fmt, FORMATS, ALIASES, hints=_hint, fallback=_from_grammar,
+                   known=known_names(),
                    extra="; or a spec string 'eXmY' / 'eXmY_ieee' (IEEE-style), 'eXmYfn' "
                    "(no inf) or 'eXmYfnuz'; or an IEEE P3109 format 'p3109_kKpP' + s|u + e|f "
                    "(e.g. 'p3109_k8p3se', alias 'binary8p3se').")

@@ -76,7 +76,7 @@ from .blockrules import (BLOCK_FORMATS, NVFP4_MIN_TENSOR_SCALE, SCALE_ROUNDINGS,
                          mx_element_codes, mx_scale_rows, nvfp4_scale_rows, nvfp4_tensor_scale,
                          scale_rule, scale_values, shared_exponents)
 from .convert import encode
-from .inputs import check_input, check_seed
+from .inputs import check_flag, check_input, check_seed
 from .packing import pack_pieces, packed_size, unpack_range
 from .rounding import check_mode
 
@@ -147,11 +147,16 @@ class BlockArray:
     def unpack(cls, scales: Any, packed: Any, fmt: str | BlockFormat, shape: tuple[int, ...], *,
                axis: int = -1, block_size: int | None = None,
                tensor_scale: float | None = None) -> "BlockArray":
-        """Rebuild a BlockArray from :meth:`pack`'s bytes and the original shape and axis."""
+        """Rebuild a BlockArray from :meth:`pack`'s bytes and the original shape and axis.
+
+        Bytes whose padding codes are not zero (as :meth:`pack` writes them) were packed from
+        another shape, axis or block size: ValueError."""
         spec = get_block_format(fmt)
-        scales, packed = (np.frombuffer(b, np.uint8) if isinstance(b, (bytes, bytearray)) else b
-                          for b in (scales, packed))
+        scales, packed = (np.frombuffer(b, np.uint8) if isinstance(b, (bytes, bytearray))
+                          else b if is_torch(b) else np.asarray(b) for b in (scales, packed))
         size = spec.block_size if block_size is None else block_size
+        if isinstance(shape, (int, np.integer)):
+            shape = (shape,)
         lay = blocks.layout(tuple(shape), axis, size, pad=True)
         n_scales = scales.reshape(-1).shape[0]
         if n_scales != lay.rows:
@@ -163,12 +168,27 @@ class BlockArray:
         codes3, size = blocks.grouped(codes, lay), lay.block_size
         for p in blocks.pieces(lay, _chunk(packed)):         # a piece of codes at a time
             rows = unpack_range(packed, spec.elem.bits, p.first * size, (p.first + p.rows) * size)
+            _check_padding(rows, lay, p.first)
             blocks.scatter(codes3, lay, p, rows)
         return cls(blocks.rows_to_scales(scales.reshape(-1), lay), codes, spec, lay.axis,
                    lay.block_size, lay.shape, ts)
 
 
 MXArray = BlockArray
+
+
+def _check_padding(rows: Any, lay: blocks.Layout, first: int) -> None:
+    """Refuse unpacked codes ``rows`` (blocks ``first ..`` in row order) whose padding is not
+    zero, as :meth:`BlockArray.pack` writes it: such bytes were packed from another layout, and
+    reading them as this one would silently drop or shift values."""
+    tail = lay.length - (lay.nblocks - 1) * lay.block_size    # codes kept in a row's last block
+    if tail == lay.block_size:
+        return
+    last = rows.reshape(-1, lay.block_size)[(lay.nblocks - 1 - first) % lay.nblocks::lay.nblocks]
+    if bool((last[:, tail:] != 0).any()):
+        raise ValueError(f"the padding of shape {lay.shape} (axis {lay.axis}, blocks of "
+                         f"{lay.block_size}) holds non-zero codes: these bytes were packed "
+                         "from another shape, axis or block size")
 
 
 def _check_packed(scales: Any, packed: Any, spec: BlockFormat, lay: blocks.Layout) -> None:
@@ -206,7 +226,7 @@ def quantize(x: Any, fmt: str | BlockFormat, *, axis: int = -1, block_size: int 
     """
     spec = get_block_format(fmt)
     mode = scale_rule(spec, scale_rounding)
-    rounding = check_mode(rounding)
+    rounding, pad = check_mode(rounding), check_flag(pad, "pad")
     ts_arg = check_tensor_scale(spec, tensor_scale)
     x = check_input(x)
     size = spec.block_size if block_size is None else block_size

@@ -34,16 +34,20 @@ def register(kind: str, names: Any, pointer: str) -> None:
     _ELSEWHERE[kind] = (names, pointer)
 
 
+Hints = Mapping[str, str] | Callable[[str], str | None]
+
+
 def unknown_name_error(kind: str, name: Any, known: list[str], extra: str = "",
-                       hints: Mapping[str, str] | None = None) -> ValueError:
-    """The error for an unknown name: a close suggestion (if any), the known names and where a
-    name of another registry belongs."""
+                       hints: Hints | None = None) -> ValueError:
+    """The error for an unknown name: a close suggestion (if any; ``hints`` maps a normalised
+    name to one, or is a function doing so), the known names and where a name of another
+    registry belongs."""
     key = normalize(name) if isinstance(name, str) else str(name)
     for other, (names, pointer) in _ELSEWHERE.items():
         found = names(key) if callable(names) else key in names
         if other != kind and found:
             return ValueError(f"{name!r} names a {other}, not a {kind}: {pointer}")
-    hint = (hints or {}).get(key)
+    hint = hints(key) if callable(hints) else (hints or {}).get(key)
     if hint is None:
         close = difflib.get_close_matches(key, known, n=1, cutoff=CLOSE)
         hint = close[0] if close else None
@@ -52,7 +56,7 @@ def unknown_name_error(kind: str, name: Any, known: list[str], extra: str = "",
 
 
 def resolve(kind: str, name: Any, table: Mapping[str, T], aliases: Mapping[str, str] = {},
-            hints: Mapping[str, str] | None = None,
+            hints: Hints | None = None,
             fallback: Callable[[str], T | None] | None = None, known: list[str] | None = None,
             extra: str = "") -> T:
     """``table[normalize(name)]`` (through ``aliases``), else ``fallback(key)`` when it is not

@@ -17,6 +17,8 @@ from typing import Any, Sequence
 
 from . import mx
 from .formats import Format, get_format
+from .inputs import check_flag
+from .rounding import check_mode, check_saturate
 
 SCALINGS = ("none", "tensor", "channel", "block", "tile")
 TILE = 128  # DeepSeek-V3 fine-grained scaling: 1 x TILE activations, TILE x TILE weights
@@ -73,6 +75,12 @@ class Recipe:
     full_subnormals: bool = False
 
     def __post_init__(self) -> None:
+        check_saturate(self.saturate)
+        check_mode(self.rounding)
+        for flag in ("flush", "full_subnormals"):     # "no" would count as True
+            check_flag(getattr(self, flag), flag)
+        if get_format(self.accum).name in NATIVE:   # "FP32", "float32": torch's native sum too
+            object.__setattr__(self, "accum", get_format(self.accum).name)
         if self.scaling not in SCALINGS:
             raise ValueError(
                 f"recipe {self.name!r}: scaling {self.scaling!r} is not one of {SCALINGS}"

@@ -50,7 +50,7 @@ from .backend import clip, divide, float_input, is_torch, ops_for
 from .blockrules import ceil_exponent
 from .convert import decode, encode, quantize
 from .formats import Format, get_format
-from .inputs import check_input
+from .inputs import check_flag, check_input
 from .rounding import F32, check_mode
 
 SCALE_DTYPES = ("fp32", "e8m0")
@@ -85,6 +85,7 @@ def scaled_quantize(x: Any, fmt: str | Format, *, granularity: Any = "tensor",
 
     NumPy in, NumPy out; torch in, torch out, bit-identical (stochastic rounding aside).
     """
+    symmetric = check_flag(symmetric, "symmetric")
     fmt = _check_format(get_format(fmt), symmetric)
     rounding = check_mode(rounding)
     if scale_dtype not in SCALE_DTYPES:

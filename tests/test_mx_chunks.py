@@ -270,3 +270,22 @@ def test_pack_pieces_and_unpack_range_match_the_whole_stream(bits, sizes, data):
         hi = data.draw(st.integers(lo, codes.size))
         got = to_numpy(unpack_range(wrap(whole), bits, lo, hi))
         assert np.array_equal(got, unpack_codes(whole, bits, codes.size)[lo:hi])
+
+
+@pytest.mark.parametrize("size", [1, 32, 64, 96, 1 << 20])
+@pytest.mark.parametrize("torch_in", [False, True])
+def test_padding_is_checked_in_every_piece(monkeypatch, size, torch_in):
+    """A non-zero padding code is refused wherever it lies, whichever piece holds it (the
+    last block of each row holds 5 codes and 27 of padding)."""
+    x = np.linspace(-3, 3, 7 * 37, dtype=np.float32).reshape(7, 37)
+    arr = mx.quantize(torch.from_numpy(x) if torch_in else x, "mxfp8_e4m3")
+    scales, packed = arr.pack()
+    in_pieces(monkeypatch, size)
+    again = mx.BlockArray.unpack(scales, packed, "mxfp8_e4m3", (7, 37))
+    assert np.array_equal(np.asarray(again.codes), np.asarray(arr.codes))
+    for row in range(7):
+        bad = np.array(np.asarray(packed))                # a writable copy
+        bad[row * 64 + 32 + 5 + row] = 1                  # a padding code of row ``row``
+        with pytest.raises(ValueError, match="padding of shape"):
+            mx.BlockArray.unpack(scales, torch.from_numpy(bad) if torch_in else bad,
+                                 "mxfp8_e4m3", (7, 37))

@@ -9,13 +9,14 @@ import numpy as np
 
 from ..convert import quantize
 from ..formats import Format
+from ..inputs import check_input
 from .operands import Operands, _operand, _to_torch
 
 
 def addend(c: Any, ops: Operands, fmt: Format, use_torch: bool) -> Any:
     """``c`` as float64 (batch, M, N), rounded to ``fmt`` (nearest even) and broadcast to the
     product's shape (NumPy rules), in the operands' array library."""
-    x, _ = _operand(c, "c")
+    x, _ = _operand(check_input(c, "c"), "c")        # the input gate, as for a and b
     shape = tuple(x.shape)
     try:
         fits = np.broadcast_shapes(shape, ops.shape) == ops.shape

@@ -22,7 +22,7 @@ from .. import dispatch
 from ..backend import is_torch, is_torch_generator
 from ..convert import quantize
 from ..formats import Format
-from ..inputs import check_input, check_seed
+from ..inputs import check_flag, check_input, check_seed
 from ..rounding import F32, F64
 from . import accumulate, block_scaled, fused, jit
 from .tensor_core import (GroupStep, TensorCoreModel, canonical_nan, exponents,
@@ -109,6 +109,7 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
         backend, keyword = engine, "engine"
     plan = make_plan(inputs, accum, order, chunk, product, rounding, output, tensor_core, backend,
                      keyword)
+    return_stats = check_flag(return_stats, "return_stats")
     use_torch = plan.backend in ("torch", "compiled") or (plan.backend == "auto" and (
         any(is_torch(x) and dispatch.device_kind(x) != "cpu" for x in (a, b)) or is_torch_generator(seed)))
     scaled = block_scaled.split(a, b, plan.model)

@@ -86,8 +86,10 @@ def _operand(x: Any, which: str) -> tuple[Any, Format | None]:
 
 
 def _ints(x: np.ndarray, which: str) -> np.ndarray:
+    """Integers as float64, refused beyond 2^53 in magnitude (tested on the integers: 2^53 + 1
+    converts to 2^53, which a test on the floats would let through)."""
     f = x.astype(np.float64)
-    if np.any(np.abs(f) > 2.0**53):
+    if x.dtype.itemsize == 8 and x.size and (x.max() > 2**53 or x.min() < -(2**53)):
         raise ValueError(f"matmul: operand {which} holds integers beyond 2^53, which float64 "
                          "cannot hold exactly; scale them or convert them yourself")
     return f

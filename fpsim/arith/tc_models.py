@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..formats import Format, get_format
+from ..names import resolve
 from ..rounding import check_mode
 
 MMASIM = "MMA-Sim (arXiv 2511.10909), simulator/nv_ptx.py"
@@ -237,11 +238,12 @@ TENSOR_CORES: dict[str, TensorCoreModel] = {m.name: m for m in [
 
 
 def get_model(model: str | TensorCoreModel) -> TensorCoreModel:
-    """A preset by name, or the model itself."""
+    """A preset by name (as every name: case, surrounding space and ``-``/``_`` ignored), or
+    the model itself."""
     if isinstance(model, TensorCoreModel):
         return model
-    if isinstance(model, str) and model in TENSOR_CORES:
-        return TENSOR_CORES[model]
-    raise ValueError(f"unknown tensor_core {model!r}: choose one of {', '.join(TENSOR_CORES)} "
-                     "(fpsim tensor-cores lists them) or pass a TensorCoreModel(group, "
-                     "frac_bits, ...)")
+    if not isinstance(model, str):
+        raise TypeError(f"tensor_core must be a preset name or a TensorCoreModel, not "
+                        f"{type(model).__name__}")
+    return resolve("tensor_core", model, TENSOR_CORES, extra=" (fpsim tensor-cores lists them); "
+                   "or pass a TensorCoreModel(group, frac_bits, ...)")
