@@ -21,6 +21,7 @@ import numpy as np
 from . import names
 from .backend import clip, divide, float64_bits, is_torch, is_wide, multiply, ops_for, to_uint8
 from .formats import Format, get_format
+from .packing import packed_size
 from .rounding import F32, F64, decode_bits, round_bits
 
 SCALE_ROUNDINGS = ("floor", "ceil", "ceil_amax", "even")
@@ -271,3 +272,20 @@ def element_values(spec: BlockFormat, wide: bool) -> np.ndarray:
     vals = decode_bits(ops_for(codes), codes, F64, spec.elem).view(np.float64) \
         * 2.0**spec.elem_exp
     return vals.astype(np.float64 if wide else np.float32)
+
+
+def check_packed(scales: Any, packed: Any, spec: BlockFormat, lay: Any) -> None:
+    """The element bytes are exactly this format's and shape's (``lay``: a
+    :class:`fpsim.blocks.Layout`); scale codes are bytes.  ValueError/TypeError naming the fix."""
+    need = packed_size(lay.rows * lay.block_size, spec.elem.bits)
+    have = int(np.prod(tuple(packed.shape)))
+    if have != need:
+        raise ValueError(f"{have} element bytes given; {spec.name} ({spec.elem.bits}-bit codes) "
+                         f"of shape {lay.shape} in blocks of {lay.block_size} packs into {need}: "
+                         "unpack with the format and shape that were packed")
+    s = scales if is_torch(scales) else np.asarray(scales)
+    if s.dtype.is_floating_point if is_torch(s) else s.dtype.kind not in "iu":
+        raise TypeError(f"scale codes must be integers (uint8), got dtype {s.dtype}")
+    if int(np.prod(tuple(s.shape))) and (int(s.min()) < 0 or int(s.max()) > 255):
+        raise ValueError(f"scale codes lie in [0, 255] (one byte each); got {int(s.min())}.."
+                         f"{int(s.max())}")

@@ -226,3 +226,17 @@ def scatter(out3: Any, lay: Layout, p: Piece, rows: Any, per_block: bool = False
     part = out3[p.a, span, p.b]
     src = rows.reshape(part.shape[0], part.shape[2], width)[..., :part.shape[1]]
     part[...] = src.movedim(2, 1) if is_torch(src) else src.transpose(0, 2, 1)
+
+
+def check_padding(rows: Any, lay: Layout, first: int = 0) -> None:
+    """Refuse unpacked codes ``rows`` (blocks ``first ..`` in row order) whose padding is not
+    zero, as :meth:`fpsim.mx.BlockArray.pack` writes it: such bytes were packed from another layout, and
+    reading them as this one would silently drop or shift values."""
+    tail = lay.length - (lay.nblocks - 1) * lay.block_size    # codes kept in a row's last block
+    if tail == lay.block_size:
+        return
+    last = rows.reshape(-1, lay.block_size)[(lay.nblocks - 1 - first) % lay.nblocks::lay.nblocks]
+    if bool((last[:, tail:] != 0).any()):
+        raise ValueError(f"the padding of shape {lay.shape} (axis {lay.axis}, blocks of "
+                         f"{lay.block_size}) holds non-zero codes: these bytes were packed "
+                         "from another shape, axis or block size")

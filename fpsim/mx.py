@@ -72,9 +72,9 @@ import numpy as np
 from . import blocks, dispatch, parallel
 from .backend import float_input, is_torch, ops_for
 from .blockrules import (BLOCK_FORMATS, NVFP4_MIN_TENSOR_SCALE, SCALE_ROUNDINGS, BlockFormat,
-                         ceil_exponent, check_tensor_scale, element_values, get_block_format,
-                         mx_element_codes, mx_scale_rows, nvfp4_scale_rows, nvfp4_tensor_scale,
-                         scale_rule, scale_values, shared_exponents)
+                         ceil_exponent, check_packed, check_tensor_scale, element_values,
+                         get_block_format, mx_element_codes, mx_scale_rows, nvfp4_scale_rows,
+                         nvfp4_tensor_scale, scale_rule, scale_values, shared_exponents)
 from .convert import encode
 from .inputs import check_flag, check_input, check_seed
 from .packing import pack_pieces, packed_size, unpack_range
@@ -162,49 +162,19 @@ class BlockArray:
         if n_scales != lay.rows:
             raise ValueError(f"{n_scales} scale bytes given; shape {lay.shape} with blocks of "
                              f"{lay.block_size} along axis {lay.axis} has {lay.rows} blocks")
-        _check_packed(scales, packed, spec, lay)
+        check_packed(scales, packed, spec, lay)
         ts = check_tensor_scale(spec, tensor_scale, unpacking=True)
         codes = _empty(packed, lay.shape, "uint8")
         codes3, size = blocks.grouped(codes, lay), lay.block_size
         for p in blocks.pieces(lay, _chunk(packed)):         # a piece of codes at a time
             rows = unpack_range(packed, spec.elem.bits, p.first * size, (p.first + p.rows) * size)
-            _check_padding(rows, lay, p.first)
+            blocks.check_padding(rows, lay, p.first)
             blocks.scatter(codes3, lay, p, rows)
         return cls(blocks.rows_to_scales(scales.reshape(-1), lay), codes, spec, lay.axis,
                    lay.block_size, lay.shape, ts)
 
 
 MXArray = BlockArray
-
-
-def _check_padding(rows: Any, lay: blocks.Layout, first: int) -> None:
-    """Refuse unpacked codes ``rows`` (blocks ``first ..`` in row order) whose padding is not
-    zero, as :meth:`BlockArray.pack` writes it: such bytes were packed from another layout, and
-    reading them as this one would silently drop or shift values."""
-    tail = lay.length - (lay.nblocks - 1) * lay.block_size    # codes kept in a row's last block
-    if tail == lay.block_size:
-        return
-    last = rows.reshape(-1, lay.block_size)[(lay.nblocks - 1 - first) % lay.nblocks::lay.nblocks]
-    if bool((last[:, tail:] != 0).any()):
-        raise ValueError(f"the padding of shape {lay.shape} (axis {lay.axis}, blocks of "
-                         f"{lay.block_size}) holds non-zero codes: these bytes were packed "
-                         "from another shape, axis or block size")
-
-
-def _check_packed(scales: Any, packed: Any, spec: BlockFormat, lay: blocks.Layout) -> None:
-    """The element bytes are exactly this format's and shape's; scale codes are bytes."""
-    need = packed_size(lay.rows * lay.block_size, spec.elem.bits)
-    have = int(np.prod(tuple(packed.shape)))
-    if have != need:
-        raise ValueError(f"{have} element bytes given; {spec.name} ({spec.elem.bits}-bit codes) "
-                         f"of shape {lay.shape} in blocks of {lay.block_size} packs into {need}: "
-                         "unpack with the format and shape that were packed")
-    s = scales if is_torch(scales) else np.asarray(scales)
-    if s.dtype.is_floating_point if is_torch(s) else s.dtype.kind not in "iu":
-        raise TypeError(f"scale codes must be integers (uint8), got dtype {s.dtype}")
-    if int(np.prod(tuple(s.shape))) and (int(s.min()) < 0 or int(s.max()) > 255):
-        raise ValueError(f"scale codes lie in [0, 255] (one byte each); got {int(s.min())}.."
-                         f"{int(s.max())}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -24,9 +24,9 @@ import triton.language as tl
 
 from fpsim import blocks
 from fpsim.backend import float64_bits
-from fpsim.blockrules import (BLOCK_FORMATS, BlockFormat, check_tensor_scale, get_block_format,
-                              nvfp4_tensor_scale, scale_rule)
-from fpsim.packing import packed_size
+from fpsim.blockrules import (BLOCK_FORMATS, BlockFormat, check_packed, check_tensor_scale,
+                              get_block_format, nvfp4_tensor_scale, scale_rule)
+from fpsim.packing import packed_size, unpack_codes
 from fpsim.rounding import check_mode
 
 from .cast import FLOAT_DTYPES, codes_per_group, load_bits, load_packed, philox_seed, \
@@ -270,10 +270,13 @@ def mx_dequantize(scales: torch.Tensor, elements: torch.Tensor, fmt: str | Block
     spec = get_block_format(fmt)
     ts = check_tensor_scale(spec, tensor_scale, unpacking=True)
     lay = _layout(tuple(shape), spec, axis, block_size)
-    if scales.numel() != lay.rows or elements.numel() < packed_size(lay.rows * lay.block_size,
-                                                                     spec.elem.bits):
-        raise ValueError(f"{scales.numel()} scales and {elements.numel()} element bytes do not "
-                         f"hold shape {lay.shape} in blocks of {lay.block_size}")
+    if scales.numel() != lay.rows:
+        raise ValueError(f"{scales.numel()} scale bytes given; shape {lay.shape} with blocks of "
+                         f"{lay.block_size} along axis {lay.axis} has {lay.rows} blocks")
+    check_packed(scales, elements, spec, lay)
+    if lay.length % lay.block_size:         # ragged rows: their padding must be zero codes
+        blocks.check_padding(unpack_codes(elements, spec.elem.bits, lay.rows * lay.block_size),
+                             lay)
     moved = lay.outer + (lay.length,)
     y = torch.empty(moved, dtype=torch.float32, device=elements.device)
     args, grid = _shape_args(lay)

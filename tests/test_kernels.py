@@ -406,6 +406,23 @@ def test_mx_errors(device):
                               torch.zeros(96, dtype=torch.uint8, device=device), "nvfp4", (4, 48))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_mx_dequantize_refuses_bytes_of_another_layout(device):
+    """As ``MXArray.unpack``: the exact byte count, and zero padding codes (bytes packed from
+    (2, 32) read as (2, 31) would silently drop a column)."""
+    x = np.linspace(-2, 2, 64, dtype=np.float32).reshape(2, 32)
+    scales, elems = (torch.from_numpy(np.asarray(b)).to(device)
+                     for b in fmx.quantize(x, "mxfp8_e4m3").pack())
+    ok = kernels.mx_dequantize(scales, elems, "mxfp8_e4m3", (2, 32))
+    assert torch.equal(ok.cpu(), torch.from_numpy(fmx.quantize(x, "mxfp8_e4m3").dequantize()))
+    with pytest.raises(ValueError, match="padding of shape"):
+        kernels.mx_dequantize(scales, elems, "mxfp8_e4m3", (2, 31))
+    with pytest.raises(ValueError, match="65 element bytes given"):
+        kernels.mx_dequantize(scales, torch.cat([elems, elems[:1]]), "mxfp8_e4m3", (2, 32))
+    with pytest.raises(ValueError, match="3 scale bytes given"):
+        kernels.mx_dequantize(torch.cat([scales, scales[:1]]), elems, "mxfp8_e4m3", (2, 32))
+
+
 # --------------------------------------------------------------------------------------------
 # fpsim.quantize / fpsim.encode hand tensors to the kernels
 # --------------------------------------------------------------------------------------------
