@@ -230,8 +230,8 @@ def scatter(out3: Any, lay: Layout, p: Piece, rows: Any, per_block: bool = False
 
 def check_padding(rows: Any, lay: Layout, first: int = 0) -> None:
     """Refuse unpacked codes ``rows`` (blocks ``first ..`` in row order) whose padding is not
-    zero, as :meth:`fpsim.mx.BlockArray.pack` writes it: such bytes were packed from another layout, and
-    reading them as this one would silently drop or shift values."""
+    zero, as :meth:`fpsim.mx.BlockArray.pack` writes it: such bytes were packed from another
+    layout, and reading them as this one would silently drop or shift values."""
     tail = lay.length - (lay.nblocks - 1) * lay.block_size    # codes kept in a row's last block
     if tail == lay.block_size:
         return
