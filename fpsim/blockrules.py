@@ -275,8 +275,13 @@ def element_values(spec: BlockFormat, wide: bool) -> np.ndarray:
 
 
 def check_packed(scales: Any, packed: Any, spec: BlockFormat, lay: Any) -> None:
-    """The element bytes are exactly this format's and shape's (``lay``: a
-    :class:`fpsim.blocks.Layout`); scale codes are bytes.  ValueError/TypeError naming the fix."""
+    """One scale byte per block and exactly this format's and shape's element bytes (``lay``:
+    a :class:`fpsim.blocks.Layout`); scale codes are bytes.  ValueError/TypeError naming the
+    fix."""
+    n_scales = int(np.prod(tuple(scales.shape)))
+    if n_scales != lay.rows:
+        raise ValueError(f"{n_scales} scale bytes given; shape {lay.shape} with blocks of "
+                         f"{lay.block_size} along axis {lay.axis} has {lay.rows} blocks")
     need = packed_size(lay.rows * lay.block_size, spec.elem.bits)
     have = int(np.prod(tuple(packed.shape)))
     if have != need:

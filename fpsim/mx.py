@@ -158,10 +158,6 @@ class BlockArray:
         if isinstance(shape, (int, np.integer)):
             shape = (shape,)
         lay = blocks.layout(tuple(shape), axis, size, pad=True)
-        n_scales = scales.reshape(-1).shape[0]
-        if n_scales != lay.rows:
-            raise ValueError(f"{n_scales} scale bytes given; shape {lay.shape} with blocks of "
-                             f"{lay.block_size} along axis {lay.axis} has {lay.rows} blocks")
         check_packed(scales, packed, spec, lay)
         ts = check_tensor_scale(spec, tensor_scale, unpacking=True)
         codes = _empty(packed, lay.shape, "uint8")

@@ -79,8 +79,9 @@ class Recipe:
         check_mode(self.rounding)
         for flag in ("flush", "full_subnormals"):     # "no" would count as True
             check_flag(getattr(self, flag), flag)
-        if get_format(self.accum).name in NATIVE:   # "FP32", "float32": torch's native sum too
-            object.__setattr__(self, "accum", get_format(self.accum).name)
+        accum = get_format(self.accum).name
+        if accum in NATIVE:                          # "FP32", "float32": torch's native sum too
+            object.__setattr__(self, "accum", accum)
         if self.scaling not in SCALINGS:
             raise ValueError(
                 f"recipe {self.name!r}: scaling {self.scaling!r} is not one of {SCALINGS}"

@@ -270,9 +270,6 @@ def mx_dequantize(scales: torch.Tensor, elements: torch.Tensor, fmt: str | Block
     spec = get_block_format(fmt)
     ts = check_tensor_scale(spec, tensor_scale, unpacking=True)
     lay = _layout(tuple(shape), spec, axis, block_size)
-    if scales.numel() != lay.rows:
-        raise ValueError(f"{scales.numel()} scale bytes given; shape {lay.shape} with blocks of "
-                         f"{lay.block_size} along axis {lay.axis} has {lay.rows} blocks")
     check_packed(scales, elements, spec, lay)
     if lay.length % lay.block_size:         # ragged rows: their padding must be zero codes
         blocks.check_padding(unpack_codes(elements, spec.elem.bits, lay.rows * lay.block_size),
