@@ -25,7 +25,7 @@ from torch import Tensor
 
 import fpsim
 from fpsim import Recipe, Rule, Rules
-from fpsim.recipe import FP32 as REFERENCE
+from fpsim.emulation.recipe import FP32 as REFERENCE
 
 from . import bootstrap, context
 from .endtoend import compare_logits
@@ -97,7 +97,7 @@ def batch_logits(model: Any, wins: Tensor, rules: Rules, batch_size: int) -> lis
 
 @torch.no_grad()
 def site_table(model: Any, wins: Tensor, rules: Rules) -> list[dict[str, Any]]:
-    """The capture table (:meth:`fpsim.emulate.Emulation.table`) of one batch under ``rules``."""
+    """The capture table (:meth:`fpsim.emulation.Emulation.table`) of one batch under ``rules``."""
     with fpsim.emulate(rules, capture=True) as em:
         model(wins[:, :-1])
     return em.table()

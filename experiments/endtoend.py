@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fpsim.sites import finite_below
+from fpsim.emulation.sites import finite_below
 
 from . import recipes
 from .gpt2.model import GPT2

@@ -2,12 +2,12 @@
 
 from .arith import dot, matmul
 from .convert import decode, encode, quantize, values
-from .emulate import emulate
+from .emulation import emulate
 from .explain import Explanation, explain
 from .formats import FORMATS, Format, get_format
 from .rounding import MODES
 from . import mx
-from .recipe import Recipe, Rule, Rules
+from .emulation.recipe import Recipe, Rule, Rules
 from .scaling import ScaledTensor, scaled_quantize
 
 __all__ = ["FORMATS", "Explanation", "Format", "MODES", "explain", "decode", "dot", "encode", "get_format", "matmul", "quantize", "values"]

@@ -15,9 +15,9 @@ from torch import nn  # noqa: E402
 
 import fpsim  # noqa: E402
 from fpsim import Recipe, Rule, Rules  # noqa: E402
-from fpsim.emulate import COLUMNS  # noqa: E402
-from fpsim.intercept import einsum_plan  # noqa: E402
-from fpsim.recipe import FP32, FP64  # noqa: E402
+from fpsim.emulation.context import COLUMNS  # noqa: E402
+from fpsim.emulation.intercept import einsum_plan  # noqa: E402
+from fpsim.emulation.recipe import FP32, FP64  # noqa: E402
 
 SEQUENTIAL_FP64 = Recipe("fp64 sequential", accum="fp64", order="sequential")
 E4M3 = Recipe("e4m3", "e4m3")
@@ -245,7 +245,7 @@ def test_matmul_of_vectors_and_scaled_attention_mask():
 
 def test_experiments_share_the_library_recipe():
     from experiments import recipes
-    from fpsim import sites
+    from fpsim.emulation import sites
 
     assert recipes.Recipe is fpsim.Recipe and recipes.FP32 is FP32
     assert recipes.linear is sites.linear and recipes.layernorm is sites.layernorm

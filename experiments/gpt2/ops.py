@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fpsim.intercept import Interceptor, Native
-from fpsim.recipe import Rules
+from fpsim.emulation.intercept import Interceptor, Native
+from fpsim.emulation.recipe import Rules
 
 #: The ops of an attention module, in call order, by their experiment names.
 ATTENTION_OPS = {"matmul": "qk", "softmax": "softmax", "matmul#2": "av"}

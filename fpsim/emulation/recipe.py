@@ -5,7 +5,7 @@ accumulator (format, summation order, chunk) and the format the result is writte
 :class:`Rules` picks a recipe per site of any model: by glob on the module path (``"*.attn*"``)
 and by op kind (``KINDS``), first match wins.  :func:`fpsim.emulate` runs a PyTorch model under
 them; the experiments use the same recipes on GPT-2.  The arithmetic itself (torch) is in
-:mod:`fpsim.sites`.
+:mod:`fpsim.emulation.sites`.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from . import mx
-from .formats import Format, get_format
-from .inputs import check_flag
-from .rounding import check_mode, check_saturate
+from .. import mx
+from ..formats import Format, get_format
+from ..inputs import check_flag
+from ..rounding import check_mode, check_saturate
 
 SCALINGS = ("none", "tensor", "channel", "block", "tile")
 TILE = 128  # DeepSeek-V3 fine-grained scaling: 1 x TILE activations, TILE x TILE weights

@@ -5,7 +5,7 @@ Inside ``with fpsim.emulate(recipe) as em:`` every matrix-multiply-like op a mod
 ``einsum`` that is a batched product, the Q.K^T and P.V of ``scaled_dot_product_attention``
 (its softmax, like any softmax over the last axis where attention is emulated, in FP64 rounded
 once), and the statistics of ``layer_norm``, ``rms_norm`` and of ``x.pow(2).mean(-1)`` as HF's
-RMSNorm writes it) is computed by :mod:`fpsim.sites` under the recipe that :class:`Rules`
+RMSNorm writes it) is computed by :mod:`fpsim.emulation.sites` under the recipe that :class:`Rules`
 selects for it: operands rounded to the recipe's formats, summed in its accumulator and order
 (:func:`fpsim.matmul`), the result written in its output format.  Each op is a *site* named
 ``"<module path>:<op>"`` (``"transformer.h.0.attn.c_attn:addmm"``,
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .inputs import check_flag
+from ..inputs import check_flag
 from .recipe import Recipe, Rules
 from .sitestats import COLUMNS, SiteStats
 
@@ -79,7 +79,7 @@ def _cell(v: Any) -> str:
 
 def emulate(recipe: Recipe | Rules, *, capture: bool = False) -> Emulation:
     """A context manager that computes every dot-product site of any PyTorch model under
-    ``recipe`` (one :class:`fpsim.recipe.Recipe` for all sites, or :class:`fpsim.recipe.Rules`
+    ``recipe`` (one :class:`fpsim.emulation.recipe.Recipe` for all sites, or :class:`fpsim.emulation.recipe.Rules`
     selecting per module path and op kind); with ``capture`` it also records per-site
     statistics.  See the module docstring for the ops caught and how sites are named.
 

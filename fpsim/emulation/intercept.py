@@ -1,5 +1,5 @@
 """The machinery behind :func:`fpsim.emulate`: a ``TorchFunctionMode`` that routes each
-matrix-multiply-like op to :mod:`fpsim.sites`, and global module hooks that say in which module
+matrix-multiply-like op to :mod:`fpsim.emulation.sites`, and global module hooks that say in which module
 it runs.  Imports torch (``fpsim.emulate`` imports this module when a context is entered).
 """
 
@@ -45,7 +45,7 @@ HANDLERS: dict[Any, str] = {
 
 class Interceptor(TorchFunctionMode):
     """Computes the sites of whatever runs while it is active under ``em.rules`` (``em``: the
-    :class:`fpsim.emulate.Emulation`, whose ``sites`` it fills when ``em.capture``)."""
+    :class:`fpsim.emulation.Emulation`, whose ``sites`` it fills when ``em.capture``)."""
 
     active = False                                # an interceptor is running (they do not nest)
 
@@ -207,7 +207,7 @@ class Interceptor(TorchFunctionMode):
                   is_causal: bool = False, scale: float | None = None,
                   enable_gqa: bool = False) -> Any:
         """scaled_dot_product_attention as its two products (sites ``qk`` and ``pv``), the
-        mask and a softmax computed in FP64 (:func:`fpsim.sites.softmax`)."""
+        mask and a softmax computed in FP64 (:func:`fpsim.emulation.sites.softmax`)."""
         if self.left_to_torch("attention"):
             return NotImplemented
         if enable_gqa:
@@ -231,7 +231,7 @@ class Interceptor(TorchFunctionMode):
     def softmax(self, native: Native, input: Tensor, dim: int | None = None, *args: Any,
                 **kwargs: Any) -> Any:
         """A softmax over the last axis where attention is emulated: in FP64, rounded once
-        (:func:`fpsim.sites.softmax`, the same on any machine)."""
+        (:func:`fpsim.emulation.sites.softmax`, the same on any machine)."""
         if dim not in (-1, input.dim() - 1) or args or kwargs.get("dtype") is not None \
                 or not _floating(input) or self.left_to_torch("attention"):
             return NotImplemented

@@ -1,4 +1,4 @@
-"""A dot-product site computed under a :class:`fpsim.recipe.Recipe`, on torch tensors.
+"""A dot-product site computed under a :class:`fpsim.emulation.recipe.Recipe`, on torch tensors.
 
 The functions :func:`linear`, :func:`matmul`, :func:`layernorm`, :func:`rmsnorm` and
 :func:`layernorm_stats` compute one site under a recipe; :func:`fpsim.emulate` and the
@@ -25,11 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import mx
-from .arith import matmul as emulated_matmul
-from .convert import quantize
-from .formats import Format, get_format
-from .scaling import scaled_quantize
+from .. import mx
+from ..arith import matmul as emulated_matmul
+from ..convert import quantize
+from ..formats import Format, get_format
+from ..scaling import scaled_quantize
 from .recipe import TILE, FormatLike, Recipe
 
 NATIVE_ACCUMULATORS = {"fp32": torch.float32, "fp64": torch.float64}  # rounded to; summed in FP64

@@ -1,0 +1,14 @@
+"""The emulation layer: run any PyTorch model's dot products under a recipe.
+
+- :mod:`.recipe`: the data model (:class:`Recipe`, :class:`Rule`, :class:`Rules`); NumPy only.
+- :mod:`.context`: :func:`emulate` and the :class:`Emulation` it returns; imports torch only when
+  a context is entered.
+- :mod:`.intercept`: the ``TorchFunctionMode`` that routes each op to a site, with module paths.
+- :mod:`.sites`: one dot-product site computed under a recipe, on torch tensors.
+- :mod:`.sitestats`: the per-site statistics that ``capture=True`` tabulates.
+"""
+
+from .context import Emulation, emulate
+from .recipe import Recipe, Rule, Rules
+
+__all__ = ["Emulation", "Recipe", "Rule", "Rules", "emulate"]
