@@ -21,18 +21,18 @@ from experiments.gpt2.checkpoint import load_gpt2
 from experiments.recipes import FP32, FP64, Recipe
 
 FIXTURE = Path(__file__).parent / "data" / "gpt2_emulation_before.json"
-E4M3 = Recipe("e4m3 tensor", "e4m3", scaling="tensor")
+E4M3 = Recipe("e4m3", scaling="tensor", name="e4m3 tensor")
 RECIPES = {
     "fp32": FP32,
     "fp64": FP64,
     "e4m3 per-tensor": E4M3,
-    "e3m4 unscaled, saturating": Recipe("e3m4", "e3m4", saturate=True),
-    "e3m2 unscaled": Recipe("e3m2", "e3m2"),
-    "mxfp8 e4m3": Recipe("mxfp8", "mxfp8_e4m3", scaling="block"),
-    "bf16 output, fp32 accum": Recipe("bf16", "bf16", output="bf16"),
-    "e5m2 lm_head only": {"lm_head": Recipe("e5m2", "e5m2")},
-    "fp16 accumulator, attention": {f"h{i}.attn.{s}": Recipe("fp16 acc", accum="fp16",
-                                                            order="sequential")
+    "e3m4 unscaled, saturating": Recipe("e3m4", saturate=True, name="e3m4"),
+    "e3m2 unscaled": Recipe("e3m2"),
+    "mxfp8 e4m3": Recipe("mxfp8_e4m3", scaling="block", name="mxfp8"),
+    "bf16 output, fp32 accum": Recipe("bf16", output="bf16", name="bf16"),
+    "e5m2 lm_head only": {"lm_head": Recipe("e5m2")},
+    "fp16 accumulator, attention": {f"h{i}.attn.{s}": Recipe(accum="fp16",
+                                                            order="sequential", name="fp16 acc")
                                     for i in range(4) for s in ("qk", "av")},
 }
 
