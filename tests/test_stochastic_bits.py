@@ -1,0 +1,225 @@
+"""Stochastic rounding with n random bits (``srbits``) and given random bits (``random_bits``).
+
+No sampling: every test enumerates all 2^n random values, so probabilities are counts.  The
+reference is the P3109 draft's RoundToPrecision (StochasticA/B/C) and gfloat's StochasticOdd,
+written on exact integers and Fractions here, independent of fpsim's bias arithmetic; gfloat's
+own implementation is compared on the same random bits.  NumPy, torch and float32 vs float64
+lanes must agree bit for bit (the Triton twin: tests/test_kernels.py).
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+import fpsim
+from fpsim.rounding import STOCHASTIC
+from fpsim.stochastic import MAX_SRBITS, VARIANTS
+
+K = 8                                   # dropped bits of the exhaustive tests: 2^8 patterns
+
+
+def nearest(v: Fraction, odd_ties: bool) -> int:
+    """``v`` rounded to the nearest integer, ties to even (or to odd)."""
+    f = math.floor(v)
+    if v - f != Fraction(1, 2):
+        return f + (v - f > Fraction(1, 2))
+    return f + ((f % 2 == 0) == odd_ties)
+
+
+def rounds_up(mode: str, f: Fraction, n: int, r: np.ndarray) -> np.ndarray:
+    """The draft's rule (gfloat's for ``stochastic_odd``): does fraction ``f`` of an ulp round
+    up with random values ``r`` of ``n`` bits."""
+    if mode == "stochastic":
+        return math.floor(f * 2**n) + r >= 2**n
+    if mode == "stochastic_b":
+        return math.floor(f * 2 ** (n + 1)) + 2 * r + 1 >= 2 ** (n + 1)
+    return nearest(f * 2**n, mode == "stochastic_odd") + r >= 2**n
+
+
+# (format, lower neighbour, upper neighbour): normal, subnormal, from zero, above the largest
+PLACES = [("e5m2", 256.0, 320.0), ("e5m2", 2.0**-16, 2 * 2.0**-16), ("e2m1", 0.0, 0.5),
+          ("e2m1", 4.0, 6.0), ("e5m2", 57344.0, np.inf), ("p3109_k6p3se", 1.0, 1.25)]
+
+
+@pytest.mark.parametrize("mode", STOCHASTIC)
+@pytest.mark.parametrize("fmt, lo, hi", PLACES)
+def test_every_dropped_pattern_and_every_random_value(fmt, lo, hi, mode):
+    """x = lo + D/2^8 of an ulp for all 256 D, n = 1..11, all 2^n random values: each result
+    is the neighbour the rule picks (inf above the largest value), so the count of round-ups is
+    the rule's count exactly; negative inputs mirror it."""
+    ulp = (hi - lo) if np.isfinite(hi) else 8192.0
+    d = np.arange(2**K)
+    x = (lo + d * (ulp / 2**K)).astype(np.float32)
+    assert np.array_equal((x.astype(np.float64) - lo) * 2**K / ulp, d)       # exact inputs
+    for n in range(1, K + 4):
+        r = np.arange(2**n)
+        xs, rs = np.repeat(x, r.size), np.tile(r, x.size)
+        for sign in (1, -1):
+            got = fpsim.quantize(sign * xs, fmt, rounding=mode, srbits=n, random_bits=rs)
+            up = np.concatenate([rounds_up(mode, Fraction(int(k), 2**K), n, r) for k in d])
+            assert np.array_equal(got, np.where(up, sign * hi, sign * lo)), (n, sign)
+        counts = up.reshape(x.size, r.size).sum(1)
+        if n >= K:                      # enough bits: the exact probability D / 2^8
+            assert np.array_equal(counts, d * 2 ** (n - K))
+
+
+@pytest.mark.parametrize("mode", STOCHASTIC)
+def test_unbiased_only_when_the_random_bits_cover_the_dropped_bits(mode):
+    """The mean over all 2^n random values is x itself for every one of the 256 patterns when
+    n >= 8 dropped bits; with fewer bits some x is off (the hardware's few-bit bias):
+    StochasticA only ever rounds down more (a bias toward zero of up to (2^(8-n) - 1)/2^8 ulp)."""
+    d = np.arange(2**K)
+    x = 256.0 + d * (64.0 / 2**K)                       # e5m2: 256 and 320, ulp 64
+    for n in range(1, K + 3):
+        r = np.arange(2**n)
+        got = fpsim.quantize(np.repeat(x, r.size), "e5m2", rounding=mode, srbits=n,
+                             random_bits=np.tile(r, x.size))
+        bias = got.reshape(x.size, r.size).mean(1) - x
+        if n >= K:
+            assert np.array_equal(bias, np.zeros(x.size)), n
+        else:
+            assert np.any(bias != 0), n
+            if mode == "stochastic":
+                assert bias.max() == 0 and bias.min() == -(2 ** (K - n) - 1) * 64.0 / 2**K
+
+
+@pytest.mark.parametrize("x, n, ups", [(259, 3, 0), (259, 5, 2), (277, 3, 3), (288, 3, 4),
+                                       (311, 3, 7)])
+def test_gfloat_suite_cases(x, n, ups):
+    """gfloat's test_stochastic_rounding (e5m2, RoundMode.Stochastic = StochasticC): 259 with
+    3 bits never rounds up (every-bit rounding: 3/64 of the time), with 5 bits 2 of 32; 277
+    with 3 bits 3 of 8 (every-bit: 21/64); 288 half; 311 7 of 8."""
+    r = np.arange(2**n)
+    got = fpsim.quantize(np.full(r.size, float(x)), "e5m2", rounding="stochastic_c", srbits=n,
+                         random_bits=r)
+    assert set(np.unique(got)) <= {256.0, 320.0} and int((got == 320).sum()) == ups
+
+
+def some_inputs(seed: int = 0, size: int = 4000) -> np.ndarray:
+    """float32 values of every magnitude (far below the subnormals of every format included),
+    both signs, specials, and ties with a tail 2^-23 below them (beyond float32 lanes' 30 bits
+    when far below the smallest subnormal: the sticky bit decides StochasticC there)."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(size) * np.exp2(rng.integers(-60, 17, size))).astype(np.float32)
+    tails = [2.0**-9 * 2.0 ** -(n + 1) * (1 + 2.0**-23) for n in range(16, MAX_SRBITS + 1)]
+    x[:5 + len(tails)] = [np.nan, np.inf, -np.inf, 0.0, -0.0] + tails
+    return x
+
+
+@pytest.mark.parametrize("mode", STOCHASTIC)
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2", "e2m1", "bf16", "int8", "p3109_k8p1se",
+                                 "p3109_k8p3ue", "e8m0"])
+def test_a_pure_function_of_input_and_random_bits(fmt, mode):
+    """Given random bits the codes are a function of (input, random bits): NumPy, torch, and
+    float32 vs float64 lanes (the same values in both) agree bit for bit for n = 1..28, and a
+    second call repeats the first."""
+    torch = pytest.importorskip("torch")
+    x = some_inputs()
+    if not fpsim.get_format(fmt).signed:
+        x = np.abs(x)
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 3, 5, 8, 13, 16, 20, MAX_SRBITS):
+        r = rng.integers(0, 2**n, x.shape)
+        kw = dict(rounding=mode, srbits=n, on_nan="zero")
+        a = fpsim.encode(x, fmt, random_bits=r, **kw)
+        assert np.array_equal(a, fpsim.encode(x, fmt, random_bits=r, **kw))
+        assert np.array_equal(a, fpsim.encode(x.astype(np.float64), fmt, random_bits=r, **kw))
+        t = fpsim.encode(torch.from_numpy(x), fmt, random_bits=torch.from_numpy(r),
+                         backend="torch", **kw)
+        assert np.array_equal(a.astype(np.int64), t.numpy().astype(np.int64)), n
+
+
+def test_the_sticky_bit_beyond_float32_lanes():
+    """2^-9 (e4m3's smallest subnormal) times 2^-(n+1) (1 + 2^-23): StochasticC sees the fraction
+    just above a tie, 1/2 + 2^-24 of a random step, and rounds it to 1 step; float32 lanes
+    drop its tail past their 30 bits and keep only that it was there (n = 16..28)."""
+    for n in range(16, MAX_SRBITS + 1):
+        x = np.float32(2.0**-9 * 2.0 ** -(n + 1) * (1 + 2.0**-23))
+        r = np.array([2**n - 2, 2**n - 1])
+        got = fpsim.quantize(np.full(2, x), "e4m3", rounding="stochastic_c", srbits=n,
+                             random_bits=r)
+        assert list(got) == [0.0, 2.0**-9], n
+
+
+def gfloat_info(fmt: str):
+    gf = pytest.importorskip("gfloat")
+    from gfloat import formats
+
+    f = fpsim.get_format(fmt)
+    if fmt.startswith("p3109"):
+        fi = formats.format_info_p3109(f.bits, f.mbits + 1, gf.Signedness.Signed,
+                                       gf.Domain.Extended if f.inf else gf.Domain.Finite)
+    else:
+        fi = getattr(formats, f"format_info_ocp_{fmt}")
+    return gf, fi
+
+
+@pytest.mark.parametrize("mode", STOCHASTIC)
+@pytest.mark.parametrize("fmt", ["e5m2", "e4m3", "e2m1", "e3m2", "p3109_k8p3se", "p3109_k8p1se",
+                                 "p3109_k6p4sf"])
+def test_gfloat_bit_for_bit(fmt, mode):
+    """gfloat's round_ndarray with the variant of the same rule (VARIANTS) and the same random
+    bits: every value a quarter, eighth.. of an ulp apart over the whole range (beyond the
+    largest value and below the smallest subnormal too), both signs, n = 1..13."""
+    gf, fi = gfloat_info(fmt)
+    f = fpsim.get_format(fmt)
+    grid = fpsim.values(fmt)
+    grid = grid[grid >= 0]
+    top = f.max + 4 * (grid[-1] - grid[-2])
+    steps = np.concatenate([grid, [top]])
+    x = np.concatenate([np.linspace(a, b, 17)[:-1] for a, b in zip(steps[:-1], steps[1:])])
+    x = np.concatenate([x, -x, [f.min_subnormal / 3, f.min_subnormal / 1000]]).astype(np.float32)
+    x = x.astype(np.float64)
+    saturate = not (f.inf or f.has_nan)               # no inf, no NaN: gfloat needs sat=True
+    rng = np.random.default_rng(2)
+    gmode = getattr(gf.RoundMode, VARIANTS[mode][1])
+    for n in (1, 2, 3, 5, 8, 13):
+        r = rng.integers(0, 2**n, x.shape)
+        got = fpsim.quantize(x, fmt, rounding=mode, srbits=n, random_bits=r, saturate=saturate)
+        ref = gf.round_ndarray(fi, x, gmode, saturate, r, n)
+        assert np.array_equal(got, ref, equal_nan=True), (n, x[got != ref][:4])
+
+
+def test_names_and_the_default():
+    """Without srbits every variant is exact stochastic rounding with the same bits; P3109's
+    and gfloat's names point to fpsim's."""
+    x = some_inputs(3)
+    codes = [fpsim.encode(x, "e4m3", rounding=m, seed=9, on_nan="zero") for m in STOCHASTIC]
+    assert all(np.array_equal(codes[0], c) for c in codes[1:])
+    assert fpsim.rounding.check_mode("Stochastic-A") == "stochastic"
+    with pytest.raises(ValueError, match="stochastic_b"):
+        fpsim.quantize(1.0, "e4m3", rounding="StochasticFast")
+
+
+def test_seeded_draws_of_n_bits():
+    """srbits with a seed: n-bit draws, reproducible, the same on NumPy and CPU torch routes."""
+    x = np.full(4096, 1 + 2.0**-5, np.float32)         # 1/4 of an e4m3 ulp: 2 bits decide
+    a = fpsim.quantize(x, "e4m3", rounding="stochastic", srbits=1, seed=4)
+    assert np.array_equal(a, fpsim.quantize(x, "e4m3", rounding="stochastic", srbits=1, seed=4))
+    assert set(np.unique(a)) == {1.0}                   # floor(1/4 * 2) + r < 2: never up
+    b = fpsim.quantize(x, "e4m3", rounding="stochastic", srbits=2, seed=4)
+    assert 0 < (b > 1).mean() < 0.5
+
+
+@pytest.mark.parametrize("kw, err, match", [
+    (dict(rounding="rne", srbits=4), ValueError, "stochastic mode"),
+    (dict(rounding="stochastic", srbits=0), ValueError, "from 1 to 28"),
+    (dict(rounding="stochastic", srbits=29), ValueError, "from 1 to 28"),
+    (dict(rounding="stochastic", srbits=True), ValueError, "whole number"),
+    (dict(rounding="stochastic", random_bits=[1, 2]), ValueError, "needs srbits"),
+    (dict(rounding="rne", random_bits=[1, 2]), ValueError, "stochastic mode"),
+    (dict(rounding="stochastic", srbits=2, random_bits=[1, 4]), ValueError, r"\[0, 3\]"),
+    (dict(rounding="stochastic", srbits=2, random_bits=[1, -1]), ValueError, r"\[0, 3\]"),
+    (dict(rounding="stochastic", srbits=2, random_bits=[1]), ValueError, "shape"),
+    (dict(rounding="stochastic", srbits=2, random_bits=[1.0, 2.0]), TypeError, "integers"),
+    (dict(rounding="stochastic", srbits=2, random_bits=[1, 2], seed=3), ValueError, "not both"),
+])
+def test_bad_options_are_named(kw, err, match):
+    with pytest.raises(err, match=match):
+        fpsim.quantize(np.array([1.1, 2.2]), "e4m3", **kw)
+    with pytest.raises(err, match=match):
+        fpsim.encode(np.array([1.1, 2.2]), "e4m3", **kw)
