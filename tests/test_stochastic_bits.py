@@ -223,3 +223,32 @@ def test_bad_options_are_named(kw, err, match):
         fpsim.quantize(np.array([1.1, 2.2]), "e4m3", **kw)
     with pytest.raises(err, match=match):
         fpsim.encode(np.array([1.1, 2.2]), "e4m3", **kw)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("mode, n, p", [("stochastic", 2, 0), ("stochastic", 3, 1 / 8),
+                                        ("stochastic_c", 2, 0), ("stochastic_odd", 2, 1 / 4),
+                                        ("stochastic_b", 2, 1 / 4)])
+def test_matmul_rounds_the_exact_sum_with_n_bits(mode, n, p, backend):
+    """1·1 + 2^-12·2^-12 = 1 + 2^-24 into e8m21 (ulp 2^-21): the dropped fraction is 1/8, which
+    no float32 lane holds beside 1.  Two bits: StochasticA and C never round up, gfloat's odd
+    and StochasticB one time in four; three bits: 1/8 (5-sigma window over 8,000 sums)."""
+    m = 8_000
+    a = np.tile(np.float32([1.0, 2.0**-12]), (m, 1))
+    b = np.float32([[1.0], [2.0**-12]])
+    if backend == "torch":
+        torch = pytest.importorskip("torch")
+        a, b = torch.from_numpy(a), torch.from_numpy(b)
+    r = fpsim.matmul(a, b, accum="e8m21", rounding=mode, srbits=n, seed=3, backend=backend)
+    r = np.asarray(r.numpy() if backend == "torch" else r, np.float64)
+    assert set(np.unique(r)) <= {1.0, 1 + 2.0**-21}
+    ups = int((r > 1).sum())
+    assert abs(ups - m * p) <= 5 * math.sqrt(m * p * (1 - p)), (ups, m * p)
+
+
+def test_matmul_srbits_checks():
+    a = np.ones((2, 2), np.float32)
+    with pytest.raises(ValueError, match="stochastic mode"):
+        fpsim.matmul(a, a, accum="bf16", srbits=4)
+    with pytest.raises(ValueError, match="float64 lanes hold 52"):
+        fpsim.matmul(a, a, accum="e8m40", rounding="stochastic", srbits=12)
