@@ -252,3 +252,67 @@ def test_matmul_srbits_checks():
         fpsim.matmul(a, a, accum="bf16", srbits=4)
     with pytest.raises(ValueError, match="float64 lanes hold 52"):
         fpsim.matmul(a, a, accum="e8m40", rounding="stochastic", srbits=12)
+
+
+def test_block_formats_take_the_bits_of_each_element():
+    """mx.quantize and scaled_quantize: random bits travel with their element (the same codes
+    when x and its bits are transposed and quantized along the other axis), and the element
+    codes are the core's on the scaled values with those bits."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((4, 64)) * 3).astype(np.float32)
+    r = rng.integers(0, 2**4, x.shape)
+    kw = dict(rounding="stochastic_c", srbits=4)
+    a = fpsim.mx.quantize(x, "mxfp4", random_bits=r, **kw)
+    t = fpsim.mx.quantize(x.T.copy(), "mxfp4", axis=0, random_bits=r.T.copy(), **kw)
+    assert np.array_equal(a.codes, t.codes.T)
+    scale = np.repeat(2.0 ** (a.scales.astype(np.float64) - 127), 32, axis=1)
+    want = fpsim.encode(x / scale, "e2m1", saturate=True, random_bits=r, **kw)
+    assert np.array_equal(a.codes, want)
+    st = fpsim.scaled_quantize(x, "e4m3", random_bits=r, **kw)
+    assert np.array_equal(st.codes, fpsim.encode(x / st.scales, "e4m3", saturate=True,
+                                                 random_bits=r, **kw))
+    perm = rng.permutation(x.size)
+    sp = fpsim.scaled_quantize(x.reshape(-1)[perm], "e4m3", random_bits=r.reshape(-1)[perm], **kw)
+    assert np.array_equal(sp.codes, st.codes.reshape(-1)[perm])
+
+
+def test_nn_and_recipes_take_srbits():
+    """fake_quantize (forward bits given, gradient with n random bits), GradFormats and Recipe
+    carry srbits to fpsim.quantize; with random bits all 2^n - 1 StochasticA rounds up every
+    inexact value (floor(f 2^n) >= 1), with 0 never."""
+    torch = pytest.importorskip("torch")
+    from fpsim.nn import GradFormats, fake_quantize
+
+    x = torch.tensor([1.03, -1.2, 2.0], requires_grad=True)
+    ups = fake_quantize(x, "e4m3", rounding="stochastic", srbits=3,
+                        random_bits=torch.full((3,), 7), grad_fmt="e5m2",
+                        grad_rounding="stochastic", grad_srbits=2)
+    downs = fake_quantize(x, "e4m3", rounding="stochastic", srbits=3,
+                          random_bits=torch.zeros(3, dtype=torch.int64))
+    assert ups.tolist() == [1.125, -1.25, 2.0] and downs.tolist() == [1.0, -1.125, 2.0]
+    ups.sum().backward()
+    assert x.grad.tolist() == [1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="stochastic mode"):
+        GradFormats("e5m2", srbits=8)
+    g = GradFormats("e5m2", "e5m2", "stochastic", srbits=8)
+    assert g.rounders()[0].keywords["srbits"] == 8
+    with pytest.raises(ValueError, match="stochastic mode"):
+        fpsim.Recipe("r", "e4m3", srbits=8)
+    assert fpsim.Recipe("r", "e4m3", rounding="stochastic", srbits=8).to_json()["srbits"] == 8
+
+
+def test_a_recipe_rounds_operands_and_sums_with_n_bits():
+    """A linear site under Recipe(rounding="stochastic", srbits=4): operands land between their
+    rdown and rup roundings, and an emulated bf16 accumulator takes the bits too."""
+    torch = pytest.importorskip("torch")
+    from fpsim.emulation.sites import linear, quantize_operand
+
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 8), torch.randn(8, 5)
+    rec = fpsim.Recipe("sr", "e4m3", rounding="stochastic", srbits=4)
+    q, _ = quantize_operand(x, "e4m3", rec, -1)
+    lo, hi = (fpsim.quantize(x, "e4m3", rounding=m) for m in ("rdown", "rup"))
+    assert bool(((q == lo) | (q == hi)).all())
+    y = linear(fpsim.Recipe("acc", accum="bf16", order="sequential", rounding="stochastic_c",
+                            srbits=4), x, w, None)
+    assert y.shape == (3, 5) and bool(torch.isfinite(y).all())
