@@ -316,3 +316,28 @@ def test_a_recipe_rounds_operands_and_sums_with_n_bits():
     y = linear(fpsim.Recipe("acc", accum="bf16", order="sequential", rounding="stochastic_c",
                             srbits=4), x, w, None)
     assert y.shape == (3, 5) and bool(torch.isfinite(y).all())
+
+
+def test_the_worked_example_of_the_docs():
+    """docs/semantics.md and docs/stochastic.md: e5m2, 3 random bits, round-ups out of 8 at 277
+    (21/64 of an ulp) and at 260 (4/64: f 2^3 = 0.5, a tie at 3 bits), per mode; the first
+    example's values."""
+    r = np.arange(8)
+    want = {277.0: [2, 3, 3, 3], 260.0: [0, 1, 0, 1]}
+    for x, counts in want.items():
+        got = [int((fpsim.quantize(np.full(8, x), "e5m2", rounding=m, srbits=3,
+                                   random_bits=r) > 300).sum()) for m in STOCHASTIC]
+        assert got == counts, x
+    q = fpsim.quantize(np.full(8, 277.0), "e5m2", rounding="stochastic", srbits=3, random_bits=r)
+    assert q.tolist() == [256.0] * 6 + [320.0] * 2
+
+
+def test_gfloat_0_5_2_float_comparison_is_not_copied():
+    """Below the smallest subnormal, the float just under a boundary of the fraction: e5m2,
+    the largest float below 2^-18 (fraction just under 1/4) with n = 2, r = 3 (StochasticA) and
+    n = 1, r = 1 (StochasticB) stays 0, as the draft's integer rule says."""
+    x = np.array([np.nextafter(2.0**-18, 0)])
+    assert fpsim.quantize(x, "e5m2", rounding="stochastic", srbits=2, random_bits=[3])[0] == 0
+    assert fpsim.quantize(x, "e5m2", rounding="stochastic_b", srbits=1, random_bits=[1])[0] == 0
+    assert fpsim.quantize(x, "e5m2", rounding="stochastic", srbits=2, random_bits=[3]).dtype \
+        == np.float64
