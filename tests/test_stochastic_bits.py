@@ -195,14 +195,20 @@ def test_names_and_the_default():
         fpsim.quantize(1.0, "e4m3", rounding="StochasticFast")
 
 
-def test_seeded_draws_of_n_bits():
-    """srbits with a seed: n-bit draws, reproducible, the same on NumPy and CPU torch routes."""
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_seeded_draws_of_n_bits(backend):
+    """srbits with a seed: n-bit draws, reproducible, on the NumPy and torch routes."""
     x = np.full(4096, 1 + 2.0**-5, np.float32)         # 1/4 of an e4m3 ulp: 2 bits decide
-    a = fpsim.quantize(x, "e4m3", rounding="stochastic", srbits=1, seed=4)
-    assert np.array_equal(a, fpsim.quantize(x, "e4m3", rounding="stochastic", srbits=1, seed=4))
-    assert set(np.unique(a)) == {1.0}                   # floor(1/4 * 2) + r < 2: never up
-    b = fpsim.quantize(x, "e4m3", rounding="stochastic", srbits=2, seed=4)
-    assert 0 < (b > 1).mean() < 0.5
+    if backend == "torch":
+        x = pytest.importorskip("torch").from_numpy(x)
+
+    def q(n: int) -> np.ndarray:
+        got = fpsim.quantize(x, "e4m3", rounding="stochastic", srbits=n, seed=4, backend=backend)
+        return np.asarray(got)
+
+    assert np.array_equal(q(1), q(1))
+    assert set(np.unique(q(1))) == {1.0}                # floor(1/4 * 2) + r < 2: never up
+    assert 0.2 < (q(2) > 1).mean() < 0.3                # 1/4, sd 0.007
 
 
 @pytest.mark.parametrize("kw, err, match", [
@@ -341,3 +347,15 @@ def test_gfloat_0_5_2_float_comparison_is_not_copied():
     assert fpsim.quantize(x, "e5m2", rounding="stochastic_b", srbits=1, random_bits=[1])[0] == 0
     assert fpsim.quantize(x, "e5m2", rounding="stochastic", srbits=2, random_bits=[3]).dtype \
         == np.float64
+
+
+def test_cli_quantize_takes_srbits(tmp_path, capsys):
+    from fpsim.cli import main
+
+    np.save(tmp_path / "in.npy", np.full(64, 259.0))
+    assert main(["quantize", str(tmp_path / "in.npy"), str(tmp_path / "out.npy"), "-f", "e5m2",
+                 "-r", "stochastic_c", "--srbits", "3", "--seed", "1"]) == 0
+    assert set(np.load(tmp_path / "out.npy")) == {256.0}       # 3 bits: never up (docs)
+    assert main(["quantize", str(tmp_path / "in.npy"), str(tmp_path / "x.npy"), "-f", "e5m2",
+                 "--srbits", "3"]) != 0
+    assert "stochastic mode" in capsys.readouterr().err and not (tmp_path / "x.npy").exists()

@@ -202,7 +202,7 @@ def _lanes_for(plan: Plan, prod: Profile, operands_fit_f32: bool, like: Any) -> 
     compiled = plan.backend == "compiled"
     if fused.applies(plan, prod, like is None):
         return Lanes(F64)                   # float64's own sums: one rounding (fused.py)
-    extra = 2 if plan.srbits is None else plan.srbits + 2   # round-to-odd's bits, + n random
+    extra = 2 if plan.srbits is None else plan.srbits + 2   # round to odd: 2 bits, + n random
     if plan.srbits is not None and not guarded(F64, plan.accum, extra):
         raise ValueError(f"srbits={plan.srbits} with accum {plan.accum.name!r}: the exact sum "
                          f"would need {plan.accum.mbits + extra} significant bits, float64 lanes "
