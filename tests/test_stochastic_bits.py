@@ -48,14 +48,14 @@ PLACES = [("e5m2", 256.0, 320.0), ("e5m2", 2.0**-16, 2 * 2.0**-16), ("e2m1", 0.0
 @pytest.mark.parametrize("mode", STOCHASTIC)
 @pytest.mark.parametrize("fmt, lo, hi", PLACES)
 def test_every_dropped_pattern_and_every_random_value(fmt, lo, hi, mode):
-    """x = lo + D/2^8 of an ulp for all 256 D, n = 1..11, all 2^n random values: each result
+    """x = lo + D/2^8 of an ulp for all 256 D, n = 1..10, all 2^n random values: each result
     is the neighbour the rule picks (inf above the largest value), so the count of round-ups is
     the rule's count exactly; negative inputs mirror it."""
     ulp = (hi - lo) if np.isfinite(hi) else 8192.0
     d = np.arange(2**K)
     x = (lo + d * (ulp / 2**K)).astype(np.float32)
     assert np.array_equal((x.astype(np.float64) - lo) * 2**K / ulp, d)       # exact inputs
-    for n in range(1, K + 4):
+    for n in range(1, K + 3):
         r = np.arange(2**n)
         xs, rs = np.repeat(x, r.size), np.tile(r, x.size)
         for sign in (1, -1):
