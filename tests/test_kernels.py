@@ -225,6 +225,44 @@ def test_stochastic_is_unbiased(device):
     assert np.all(np.abs(mean - x) < 5 * sem), (mean - x) / sem
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", fpsim.rounding.STOCHASTIC)
+@pytest.mark.parametrize("fmt", ["fp8_e4m3fn", "fp4_e2m1", "bf16", "p3109_k8p1se"], ids=_id)
+def test_given_random_bits_give_fpsims_bits(fmt, mode, device):
+    """The random bits as an input tensor: quantize and packed encode give fpsim's NumPy results
+    bit for bit, for every stochastic variant and n = 1, 13, 28; with a seed instead, the top n
+    bits of each Philox draw land on a neighbour."""
+    x = _probe(fmt, n_random=500)
+    xt = torch.from_numpy(x).to(device)
+    rng = np.random.default_rng(5)
+    for n in (1, 13, 28):
+        r = rng.integers(0, 2**n, x.shape)
+        kw = dict(rounding=mode, srbits=n)
+        want = fpsim.quantize(x, fmt, random_bits=r, **kw)
+        rt = torch.from_numpy(r).to(device)
+        _same(kernels.quantize(xt, fmt, random_bits=rt, **kw), want, f"quantize n={n}")
+        codes = fpsim.encode(x, fmt, random_bits=r, on_nan="zero", **kw)
+        packed = kernels.encode(xt, fmt, random_bits=rt, on_nan="zero", **kw)
+        _same(packed, pack_codes(codes, fpsim.get_format(fmt).bits) if
+              fpsim.get_format(fmt).bits < 8 else codes, f"encode n={n}")
+    got = _bits(kernels.quantize(xt, fmt, rounding=mode, srbits=3, seed=2))
+    down, up = (_bits(fpsim.quantize(x, fmt, rounding=m)) for m in ("rdown", "rup"))
+    assert np.all((got == down) | (got == up))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4", "nvfp4"])
+def test_mx_given_random_bits_give_fpsims_bytes(fmt, device):
+    x = _mx_input((8, 96), seed=6)
+    r = np.random.default_rng(6).integers(0, 2**6, x.shape)
+    for mode in fpsim.rounding.STOCHASTIC:
+        want = fmx.quantize(x, fmt, rounding=mode, srbits=6, random_bits=r).pack()
+        got = kernels.mx_quantize(torch.from_numpy(x).to(device), fmt, rounding=mode, srbits=6,
+                                  random_bits=torch.from_numpy(r).to(device))
+        _same(got.scales, want[0], f"{mode} scales")
+        _same(got.elements, want[1], f"{mode} elements")
+
+
 # --------------------------------------------------------------------------------------------
 # Contract
 # --------------------------------------------------------------------------------------------
