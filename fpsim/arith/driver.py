@@ -95,7 +95,8 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     compiled, which takes seconds to a minute per configuration; no stochastic rounding), or
     "auto" (torch for GPU tensors or a torch.Generator seed; for NumPy operands "numba" when
     numba is installed and covers the options, else NumPy, whose tiles run on every core; CPU
-    tensors take NumPy and come back as tensors).  Every backend gives the same bits.  ``engine`` is its old name (a DeprecationWarning).
+    tensors are read as NumPy arrays without a copy, take the same choice and come back as
+    tensors).  Every backend gives the same bits.  ``engine`` is its old name (a DeprecationWarning).
 
     Returns an array of float32 when the result's format fits it, else float64 (a torch tensor
     on the operands' device when either operand is one) and, with ``return_stats``, a
@@ -134,7 +135,7 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     pa, pb = profile(ops.a), profile(ops.b)
     prod = pa.times(pb)
     lanes = _lanes_for(plan, prod, pa.fits(F32) and pb.fits(F32), ops.a if use_torch else None)
-    if _compiled_engine(plan, prod, ops, return_stats, scaled is not None, keyword):
+    if _compiled_engine(plan, prod, use_torch, return_stats, scaled is not None, keyword):
         a3, idx_a = batched(ops.a, ops.batch)
         b3, idx_b = batched(ops.b, ops.batch)
         out, stats = jit.run(plan, prod, a3, b3, idx_a, idx_b, init), ()
@@ -167,10 +168,11 @@ def dot(a: Any, b: Any, **options: Any) -> Any:
     return matmul(a, b, **options)
 
 
-def _compiled_engine(plan: Plan, prod: Profile, ops: Operands, want_stats: bool,
+def _compiled_engine(plan: Plan, prod: Profile, use_torch: bool, want_stats: bool,
                      scaled: bool, keyword: str) -> bool:
     """Whether the Numba engine (:mod:`fpsim.arith.jit`) runs this product: always with
-    backend="numba" (or a ValueError saying why it cannot), with "auto" for NumPy operands when
+    backend="numba" (or a ValueError saying why it cannot), with "auto" for operands read as
+    NumPy arrays (NumPy operands, and CPU tensors as zero-copy views: ``not use_torch``) when
     numba is installed and the plan is one it covers."""
     why = jit.reason(plan, prod)
     if why is None and want_stats:
@@ -182,7 +184,7 @@ def _compiled_engine(plan: Plan, prod: Profile, ops: Operands, want_stats: bool,
             raise ValueError(f"{keyword}='numba' does not run {why}: use {keyword}='numpy' "
                              f"(or 'auto', which picks the engine)")
         return True
-    return plan.backend == "auto" and why is None and ops.device is None and jit.available()
+    return plan.backend == "auto" and why is None and not use_torch and jit.available()
 
 
 def _lanes_for(plan: Plan, prod: Profile, operands_fit_f32: bool, like: Any) -> Lanes:
