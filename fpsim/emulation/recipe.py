@@ -61,8 +61,8 @@ class Recipe:
     largest finite value instead of inf/NaN (operands without scaling and the output).
     ``rounding``: the rounding mode of operands, accumulator and output; ``srbits``: its number
     of random bits when stochastic (None: every dropped bit; e.g. ``rounding="stochastic",
-    srbits=8``, docs/stochastic.md).  ``flush``: False keeps nonzero operand values that round to zero at their FP32 value (an
-    ablation that removes underflow, not a real format).  ``full_subnormals``: values below the
+    srbits=8``, docs/stochastic.md).  ``flush``: False keeps nonzero operand values that round
+    to zero at their FP32 value (an ablation that removes underflow, not a real format).  ``full_subnormals``: values below the
     smallest normal that do not flush keep the format's full mantissa width, as if its exponent
     range went on downwards (an ablation that removes the precision subnormals lose; needs
     ``scaling='none'`` and a floating-point format).
