@@ -101,3 +101,59 @@ def test_capture_takes_the_engine_with_statistics(monkeypatch):
     with torch.no_grad(), fpsim.emulate(Recipe("r", "e4m3", accum="fp16"), capture=True) as em:
         layer(x)
     assert calls == [] and em.table()[0]["swamped"] is not None
+
+
+# ----------------------------------------------------------------------------------------------
+# native FP32 sums: deterministic by default, the host's GEMM on request
+# ----------------------------------------------------------------------------------------------
+from fpsim.emulation.recipe import NATIVE_SUMS  # noqa: E402
+
+#: every way of summing a native FP32 accumulator but "host" (the host's own GEMM, whose bits
+#: depend on the machine, BLAS and thread count by design), which the next test leaves out
+REPRODUCIBLE = [s for s in NATIVE_SUMS if s != "host"]
+
+
+@pytest.mark.parametrize("sums", REPRODUCIBLE)
+def test_native_sums_are_the_same_bits_on_any_thread_count(sums):
+    g = torch.Generator().manual_seed(5)
+    layer = torch.nn.Linear(300, 40)
+    x = torch.randn(64, 300, generator=g)
+    recipe = Recipe("r", "e4m3", scaling="tensor", native_sums=sums)
+    threads = torch.get_num_threads()
+    outs = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            with torch.no_grad(), fpsim.emulate(recipe):
+                outs.append(layer(x))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    # one rounding of the FP64 sum of the quantized operands' exact products and the bias
+    qx, qw = (fpsim.scaled_quantize(t.detach().double(), "e4m3").values.float()
+              for t in (x, layer.weight))
+    want = torch.addmm(layer.bias.detach().double(), qx.double(), qw.double().T).float()
+    assert torch.equal(outs[0], want)
+
+
+def test_host_sums_are_torchs_own_matmul():
+    """native_sums="host": the quantized operands multiplied by torch's own FP32 GEMM (and
+    the norms' statistics by torch's own sums), whatever bits that host gives."""
+    g = torch.Generator().manual_seed(6)
+    layer = torch.nn.Linear(50, 20)
+    x = torch.randn(3, 7, 50, generator=g)
+    with torch.no_grad(), fpsim.emulate(Recipe("h", "e4m3", native_sums="host")):
+        y = layer(x)
+        ssq = fpsim.emulation.sites.sum_squares(Recipe("h", native_sums="host"), x)
+    qx, qw = (fpsim.quantize(t.detach(), "e4m3") for t in (x, layer.weight))
+    assert torch.equal(y, torch.nn.functional.linear(qx, qw, layer.bias.detach()))
+    assert torch.equal(ssq, (x * x).sum(-1))
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(native_sums="blas"), "native_sums 'blas' is not one of"),
+    (dict(native_sums="host", accum="fp16"), "needs accum='fp32' and order=None"),
+    (dict(native_sums="host", order="sequential"), "needs accum='fp32' and order=None")])
+def test_native_sums_option_is_checked(kw, match):
+    with pytest.raises(ValueError, match=match):
+        Recipe("r", "e4m3", **kw)

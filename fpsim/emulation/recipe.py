@@ -23,6 +23,9 @@ from ..rounding import check_mode, check_saturate
 SCALINGS = ("none", "tensor", "channel", "block", "tile")
 TILE = 128  # DeepSeek-V3 fine-grained scaling: 1 x TILE activations, TILE x TILE weights
 NATIVE = ("fp32", "fp64")  # accumulators summed in FP64 by torch and rounded once to themselves
+#: How a native FP32 accumulator is summed (``Recipe.native_sums``): "fp64" in FP64 and rounded
+#: once (the same bits on every machine), "host" by the host's own FP32 GEMM (not reproducible).
+NATIVE_SUMS = ("fp64", "host")
 #: Op kinds a :class:`Rule` selects: ``linear`` (F.linear, addmm: a layer's product and bias),
 #: ``matmul`` (matmul / @ / mm / bmm / baddbmm / einsum), ``attention`` (the Q.K^T and P.V of
 #: scaled_dot_product_attention), ``norm`` (LayerNorm / RMSNorm statistics).
@@ -56,7 +59,12 @@ class Recipe:
     ablation that removes underflow, not a real format).  ``full_subnormals``: values below the
     smallest normal that do not flush keep the format's full mantissa width, as if its exponent
     range went on downwards (an ablation that removes the precision subnormals lose; needs
-    ``scaling='none'`` and a floating-point format).
+    ``scaling='none'`` and a floating-point format).  ``native_sums``: how a native FP32
+    accumulator (``accum="fp32"``, ``order=None``) sums: ``"fp64"`` (default) in FP64, rounded
+    once to FP32: deterministic, the same bits on every machine and thread count;
+    ``"host"``: torch's own FP32 matmul, as fast as the host's GEMM but NOT deterministic (its
+    summation order, hence its bits, depend on the machine, the BLAS library and the thread
+    count), e.g. ``Recipe("fast", "e4m3", scaling="tensor", native_sums="host")``.
     """
 
     name: str
@@ -73,6 +81,7 @@ class Recipe:
     flush: bool = True
     scale_rounding: str | None = None
     full_subnormals: bool = False
+    native_sums: str = "fp64"
 
     def __post_init__(self) -> None:
         check_saturate(self.saturate)
@@ -112,6 +121,12 @@ class Recipe:
                 f"recipe {self.name!r}: full_subnormals is an ablation of unscaled "
                 "floating-point operands; use scaling='none' and an eXmY format"
             )
+        if self.native_sums not in NATIVE_SUMS:
+            raise ValueError(f"recipe {self.name!r}: native_sums {self.native_sums!r} is not one "
+                             f"of {NATIVE_SUMS}")
+        if self.native_sums == "host" and (self.accum != "fp32" or self.order is not None):
+            raise ValueError(f"recipe {self.name!r}: native_sums='host' is torch's own FP32 "
+                             "matmul: it needs accum='fp32' and order=None")
         if (self.order == "tensor_core") != (self.tensor_core is not None):
             raise ValueError(
                 f"recipe {self.name!r}: order='tensor_core' goes with a tensor_core preset"

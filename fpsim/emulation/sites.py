@@ -252,6 +252,8 @@ def _product(
     if recipe.emulated:
         y = _emulated_matmul(a, b, recipe, events)
         return y if bias is None else y + bias
+    if recipe.native_sums == "host":              # torch's FP32 GEMM: fast, not reproducible
+        return a @ b if bias is None else torch.nn.functional.linear(a, b.mT, bias)
     acc, f64 = NATIVE_ACCUMULATORS[recipe.accum], torch.float64
     if bias is None:
         return (a.to(f64) @ b.to(f64)).to(acc).to(a.dtype)
@@ -264,6 +266,8 @@ def _row_dot(recipe: Recipe, u: Tensor, v: Tensor, events: dict | None = None) -
     """Dot products of ``u`` and ``v`` along their last axis, accumulated as the recipe says."""
     if recipe.emulated:
         return _emulated_matmul(u[..., None, :], v[..., :, None], recipe, events)[..., 0, 0]
+    if recipe.native_sums == "host":
+        return (u * v).sum(-1)
     acc = NATIVE_ACCUMULATORS[recipe.accum]
     return (u.double() * v.double()).sum(-1).to(acc).to(u.dtype)
 
