@@ -63,7 +63,7 @@ def codes(t: torch.Tensor) -> np.ndarray:
 def test_compiled_engine_gives_the_other_engines_bits(accum, order, mode, monkeypatch):
     layer, x = layer_and_input(specials=True)
     assert torch.isfinite(layer(x)[0, 2]).any()
-    recipe = Recipe("r", "e4m3", accum=accum, order=order, rounding=mode,
+    recipe = Recipe("e4m3", accum=accum, order=order, rounding=mode,
                     chunk=3 if order == "chunked" else None)
     fast, n_fast = run(layer, x, recipe, monkeypatch, compiled=True)
     slow, n_slow = run(layer, x, recipe, monkeypatch, compiled=False)
@@ -77,10 +77,10 @@ def test_compiled_engine_gives_the_other_engines_bits(accum, order, mode, monkey
 
 
 @pytest.mark.parametrize("recipe, dtype, why", [
-    (Recipe("sr", "e4m3", accum="fp16", rounding="stochastic"), torch.float32, "stochastic"),
-    (Recipe("tc", "e4m3", order="tensor_core", tensor_core="hopper_fp8"), torch.float32,
+    (Recipe("e4m3", accum="fp16", rounding="stochastic"), torch.float32, "stochastic"),
+    (Recipe("e4m3", order="tensor_core", tensor_core="hopper_fp8"), torch.float32,
      "tensor-core model"),
-    (Recipe("f64", "e4m3", accum="fp16"), torch.float64, "float64 products (product='fp64')"),
+    (Recipe("e4m3", accum="fp16"), torch.float64, "float64 products (product='fp64')"),
 ])
 def test_fallback_where_the_compiled_engine_does_not_apply(recipe, dtype, why, monkeypatch):
     layer, x = layer_and_input(False)
@@ -98,7 +98,7 @@ def test_capture_takes_the_engine_with_statistics(monkeypatch):
     calls = []
     real = jit.run
     monkeypatch.setattr(jit, "run", lambda *a: calls.append(1) or real(*a))
-    with torch.no_grad(), fpsim.emulate(Recipe("r", "e4m3", accum="fp16"), capture=True) as em:
+    with torch.no_grad(), fpsim.emulate(Recipe("e4m3", accum="fp16"), capture=True) as em:
         layer(x)
     assert calls == [] and em.table()[0]["swamped"] is not None
 
@@ -118,7 +118,7 @@ def test_native_sums_are_the_same_bits_on_any_thread_count(sums):
     g = torch.Generator().manual_seed(5)
     layer = torch.nn.Linear(300, 40)
     x = torch.randn(64, 300, generator=g)
-    recipe = Recipe("r", "e4m3", scaling="tensor", native_sums=sums)
+    recipe = Recipe("e4m3", scaling="tensor", native_sums=sums)
     threads = torch.get_num_threads()
     outs = []
     try:
@@ -142,9 +142,9 @@ def test_host_sums_are_torchs_own_matmul():
     g = torch.Generator().manual_seed(6)
     layer = torch.nn.Linear(50, 20)
     x = torch.randn(3, 7, 50, generator=g)
-    with torch.no_grad(), fpsim.emulate(Recipe("h", "e4m3", native_sums="host")):
+    with torch.no_grad(), fpsim.emulate(Recipe("e4m3", native_sums="host")):
         y = layer(x)
-        ssq = fpsim.emulation.sites.sum_squares(Recipe("h", native_sums="host"), x)
+        ssq = fpsim.emulation.sites.sum_squares(Recipe(native_sums="host"), x)
     qx, qw = (fpsim.quantize(t.detach(), "e4m3") for t in (x, layer.weight))
     assert torch.equal(y, torch.nn.functional.linear(qx, qw, layer.bias.detach()))
     assert torch.equal(ssq, (x * x).sum(-1))
@@ -156,4 +156,4 @@ def test_host_sums_are_torchs_own_matmul():
     (dict(native_sums="host", order="sequential"), "needs accum='fp32' and order=None")])
 def test_native_sums_option_is_checked(kw, match):
     with pytest.raises(ValueError, match=match):
-        Recipe("r", "e4m3", **kw)
+        Recipe("e4m3", **kw)
