@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -164,9 +165,15 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--model-repeat", type=int, default=3)
     ap.add_argument("--skip-cases", action="store_true", help="the model table only")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch's and fpsim's threads (default: every core); on a loaded "
+                         "machine 1 keeps OpenMP's spinning threads from inflating the native time")
     ap.add_argument("--json", type=Path,
                     default=Path(__file__).parent / "results" / "emulate_bench.json")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        os.environ["FPSIM_THREADS"] = str(args.threads)
     info = machine()
     rows = [] if args.skip_cases else [run_case(*c, repeat=args.repeat) for c in CASES]
     model = model_rows(args.model_repeat)
@@ -188,7 +195,8 @@ def main() -> None:
               f"{r['mac_per_s'] / 1e6:>9.0f} M MAC/s")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
-        "machine": info, "torch_threads": torch.get_num_threads(), "repeat": args.repeat,
+        "machine": info, "torch_threads": torch.get_num_threads(),
+        "fpsim_threads": os.environ.get("FPSIM_THREADS", "every core"), "repeat": args.repeat,
         "cases": rows, "model": {"config": LLAMA, "tokens": 256, "repeat": args.model_repeat,
                                  "macs": forward_macs(LLAMA, 256), "rows": model,
                                  "bound": BOUND}}, indent=1) + "\n")
