@@ -47,13 +47,28 @@ def _fast_plan(fmt: Any, rounding: Any, saturate: Any, subnormals: Any, backend:
     arguments as given: a repeated call costs one tuple and one dict lookup, no resolving and
     no context managers.  None (stochastic rounding, other dtypes, torch backends, options the
     general path must check or reject) sends the call the general way."""
-    key = (fmt, rounding, saturate, subnormals, backend, on_nan, dtype, want)
+    return _memo(_FAST, (fmt, rounding, saturate, subnormals, backend, on_nan, dtype, want),
+                 _build_fast)
+
+
+def _memo(cache: dict, key: tuple, build: Callable[..., Any]) -> Any:
+    """``cache[key]``, made by ``build(*key)`` on the first call (the cache is emptied when
+    full); None for unhashable arguments, which the general path checks and names."""
     try:
-        return _FAST[key]
+        return cache[key]
     except KeyError:
         pass
-    except TypeError:                                  # unhashable: the general path says why
+    except TypeError:
         return None
+    if len(cache) >= _FAST_ENTRIES:
+        cache.clear()
+    entry = cache[key] = build(*key)
+    return entry
+
+
+def _build_fast(fmt: Any, rounding: Any, saturate: Any, subnormals: Any, backend: Any,
+                on_nan: Any, dtype: np.dtype, want: str) -> tuple | None:
+    """:func:`_fast_plan`'s entry for these arguments."""
     entry = None
     if (dtype in _NATIVE_FLOATS and isinstance(fmt, (str, Format)) and isinstance(rounding, str)
             and backend in ("auto", "numpy") and on_nan in ("raise", "zero")):
@@ -64,9 +79,6 @@ def _fast_plan(fmt: Any, rounding: Any, saturate: Any, subnormals: Any, backend:
                                dtype == _NATIVE_FLOATS[1])
             entry = (parallel.elementwise(plan), code_dtype(f),
                      on_nan == "raise" and not f.has_nan)
-    if len(_FAST) >= _FAST_ENTRIES:
-        _FAST.clear()
-    _FAST[key] = entry
     return entry
 
 
@@ -84,13 +96,13 @@ def _scalar_plan(kind: type, fmt: Any, rounding: Any, saturate: Any, subnormals:
     and one table read (about a microsecond instead of an array call's tens); the same table,
     so the same bits.  None (no table, NaN checks, options the general path must resolve)
     sends the call the general way."""
-    key = (kind, fmt, rounding, saturate, subnormals, backend, on_nan, want)
-    try:
-        return _SCALAR[key]
-    except KeyError:
-        pass
-    except TypeError:                                  # unhashable: the general path says why
-        return None
+    return _memo(_SCALAR, (kind, fmt, rounding, saturate, subnormals, backend, on_nan, want),
+                 _build_scalar)
+
+
+def _build_scalar(kind: type, fmt: Any, rounding: Any, saturate: Any, subnormals: Any,
+                  backend: Any, on_nan: Any, want: str) -> Callable[[Any], Any] | None:
+    """:func:`_scalar_plan`'s entry for these arguments."""
     dtype = np.dtype(np.float64 if kind is float else kind)
     fast = _fast_plan(fmt, rounding, saturate, subnormals, backend, on_nan, dtype, want)
     entry = None
@@ -115,9 +127,6 @@ def _scalar_plan(kind: type, fmt: Any, rounding: Any, saturate: Any, subnormals:
                     u = _UNPACK(_PACK(x))[0]
                     v = table[(((u & below) + below) | u) >> shift]
                     return v if out is None else out(v)
-    if len(_SCALAR) >= _FAST_ENTRIES:
-        _SCALAR.clear()
-    _SCALAR[key] = entry
     return entry
 
 
