@@ -9,7 +9,8 @@ Operands are quantized with :func:`fpsim.quantize` (no scaling), :func:`fpsim.sc
 then multiplied exactly and summed by torch, unless the recipe asks for another accumulator
 or an explicit order, which :func:`fpsim.matmul` emulates.  An FP32 accumulator is computed
 in FP64 and rounded once to FP32 (a correctly rounded FP32 dot product, barring FP64 ties): the
-same bits on any thread count and machine, which torch's own FP32 matmul does not promise.  Scales
+same bits on any thread count and machine, which torch's own FP32 matmul (``native_sums="host"``,
+fast) does not promise.  Scales
 follow the reduction axis: per-channel means one scale per row of the left operand and per
 column of the right one, so the scales factor out of every dot product.  This module imports
 torch; ``import fpsim`` does not import it.
