@@ -1,21 +1,38 @@
-"""fpsim.emulate: what the interception costs over calling fpsim.matmul on the same operands.
+"""fpsim.emulate: what the interception costs over calling fpsim.matmul on the same operands,
+and what emulating a whole model costs over running it natively.
 
 Each case is one ``nn.Linear`` (no bias) run under ``fpsim.emulate`` with a recipe whose
 accumulator is emulated (operands rounded to ``inputs``, sums in ``accum`` with ``order``),
 against ``fpsim.matmul(x, W.T, inputs=..., accum=..., order=...)`` called directly on the same
 tensors: the same bits (checked), so the ratio is the overhead of the TorchFunctionMode, the
 module hooks, the recipe lookup and the operand handling.  Two emulated variants: the context
-entered for every call (hooks registered each time, weights quantized each time), and one
-context around all calls (its weight cache quantizes W once).  Interleaved best-of-N in one
-process; the machine and its load average are recorded.  Target: ratio <= 2.
+entered for every call (hooks registered each time, weights quantized each time; interleaved
+with the direct calls), and one context around all calls (its weight cache quantizes W once;
+timed in that context after the others, as contexts do not nest).  Best-of-N in one process;
+the machine and its load average are recorded.  Target: ratio <= 2.
 
-    PYTHONPATH=. python benchmarks/emulate_bench.py [--repeat 5] [--json PATH]
+The model table (``model_rows``): a Llama-shaped Hugging Face model built here from a config
+with random weights (4 layers, width 512, MLP 1408, vocabulary 2048), one forward pass of 256
+tokens, natively in FP32 and under each recipe of ``MODEL_RECIPES`` (interleaved rounds, best
+of N; each timed forward runs in a context whose weights are already quantized, as in any
+loop over batches).  Operand-only recipes sum in FP32 either deterministically (FP64 sums
+rounded once: the default, the same bits on every machine) or with the host's own FP32 GEMM
+(``native_sums="host"``: fast, not reproducible).  The exact FP16 row runs fpsim's compiled
+engine (:mod:`fpsim.arith.jit`) on every core; its physical bound: each product is one
+float64 multiply-add and one rounding to the accumulator (a few dependent scalar operations
+per product, no SIMD across K), against a few FLOPs per cycle-lane of FP32 BLAS, so a
+2-core machine cannot get below about 10x the native forward.  ``benchmarks/gpu_check.py``
+runs the same rows on CUDA.
+
+    PYTHONPATH=. python benchmarks/emulate_bench.py [--repeat 5] [--model-repeat 3] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import time
 from pathlib import Path
 
 import torch
@@ -25,6 +42,8 @@ from fpsim import Recipe
 
 from timing import best_times, machine
 
+BOUND = ("exact FP16 sums: one float64 multiply-add and one rounding per product on each core, "
+         "about 10x the native FP32 forward at best on 2 cores")
 CASES = [  # (M, K, N, inputs, accum, order)
     (8, 64, 64, "e4m3", "fp16", "sequential"),
     (64, 256, 256, "e4m3", "fp16", "sequential"),
@@ -51,29 +70,113 @@ def run_case(m: int, k: int, n: int, inputs: str, accum: str, order: str,
         with torch.no_grad(), fpsim.emulate(recipe):
             return layer(x)
 
-    ctx = fpsim.emulate(recipe)
-    with torch.no_grad(), ctx:
-        def one_context() -> torch.Tensor:
-            return layer(x)
-
-        same = torch.equal(per_call(), direct().to(x.dtype)) and torch.equal(
-            one_context(), direct().to(x.dtype))
-        best = best_times({"direct": direct, "emulate": per_call,
-                           "emulate_cached": one_context}, repeat)
+    with torch.no_grad():
+        want = direct().to(x.dtype)
+        same = torch.equal(per_call(), want)
+        best = best_times({"direct": direct, "emulate": per_call}, repeat)
+        # contexts do not nest: the cached variant runs its rounds inside one context, after
+        with fpsim.emulate(recipe):
+            same = same and torch.equal(layer(x), want)
+            best.update(best_times({"emulate_cached": lambda: layer(x)}, repeat))
     return {"M": m, "K": k, "N": n, "inputs": inputs, "accum": accum, "order": order,
             "same_bits": same, **{f"{k}_s": v for k, v in best.items()},
             "ratio": best["emulate"] / best["direct"],
             "ratio_cached": best["emulate_cached"] / best["direct"]}
 
 
+#: The model table's recipes (None: the native forward); fpsim.Recipe arguments by keyword.
+MODEL_RECIPES: dict[str, dict | None] = {
+    "native FP32 (no emulation)": None,
+    "E4M3 per-tensor operands, FP32 sums (deterministic)": dict(inputs="e4m3",
+                                                                scaling="tensor"),
+    "E4M3 per-tensor operands, host FP32 sums": dict(inputs="e4m3", scaling="tensor",
+                                                     native_sums="host"),
+    "MXFP8 blocks, FP32 sums (deterministic)": dict(inputs="mxfp8_e4m3", scaling="block"),
+    "MXFP8 blocks, host FP32 sums": dict(inputs="mxfp8_e4m3", scaling="block",
+                                         native_sums="host"),
+    "NVFP4 blocks, host FP32 sums": dict(inputs="nvfp4", scaling="block", native_sums="host"),
+    "E4M3 operands, exact FP16 sequential sums": dict(inputs="e4m3", accum="fp16",
+                                                      order="sequential"),
+}
+LLAMA = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
+             num_attention_heads=8, num_key_value_heads=8, vocab_size=2048)
+DRY_LLAMA = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                 num_attention_heads=2, num_key_value_heads=2, vocab_size=64)
+
+
+def llama(config: dict, tokens: int, device: str = "cpu") -> tuple[torch.nn.Module, torch.Tensor]:
+    """A Llama-shaped causal LM with random weights (nothing downloaded) and ``tokens`` ids."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**config, max_position_embeddings=max(tokens, 16))
+    model = LlamaForCausalLM(cfg).eval().to(device)
+    ids = torch.randint(0, config["vocab_size"], (1, tokens), device=device)
+    return model, ids
+
+
+def forward_macs(config: dict, tokens: int) -> int:
+    """Multiply-adds of one forward pass: the linear layers, LM head and attention's Q.K^T and
+    P.V (causal masking not subtracted: the emulation computes every score)."""
+    d, f, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    kv = d * config["num_key_value_heads"] // config["num_attention_heads"]
+    per_layer = d * (d + 2 * kv + d) + 3 * d * f + 2 * tokens * d
+    return tokens * (layers * per_layer + d * config["vocab_size"])
+
+
+def model_rows(repeat: int, device: str = "cpu", config: dict = LLAMA,
+               tokens: int = 256) -> list[dict]:
+    """Best forward time of the model natively and under each of ``MODEL_RECIPES``, rounds
+    interleaved; ratios to the native forward of the same run."""
+    model, ids = llama(config, tokens, device)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def timed(name: str) -> float:
+        spec = MODEL_RECIPES[name]
+        with torch.no_grad():
+            if spec is None:
+                model(ids)
+                sync()
+                t = time.perf_counter()
+                model(ids)
+                sync()
+                return time.perf_counter() - t
+            with fpsim.emulate(Recipe(name=name, **spec)):
+                model(ids)                      # quantizes the weights into the context's cache
+                sync()
+                t = time.perf_counter()
+                model(ids)
+                sync()
+                return time.perf_counter() - t
+
+    best = {name: float("inf") for name in MODEL_RECIPES}
+    for _ in range(repeat):
+        for name in MODEL_RECIPES:
+            best[name] = min(best[name], timed(name))
+    native = best["native FP32 (no emulation)"]
+    macs = forward_macs(config, tokens)
+    return [{"recipe": name, "spec": MODEL_RECIPES[name], "forward_s": round(t, 5),
+             "ratio": round(t / native, 2), "mac_per_s": round(macs / t)}
+            for name, t in best.items()]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--model-repeat", type=int, default=3)
+    ap.add_argument("--skip-cases", action="store_true", help="the model table only")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch's and fpsim's threads (default: every core); on a loaded "
+                         "machine 1 keeps OpenMP's spinning threads from inflating the native time")
     ap.add_argument("--json", type=Path,
                     default=Path(__file__).parent / "results" / "emulate_bench.json")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        os.environ["FPSIM_THREADS"] = str(args.threads)
     info = machine()
-    rows = [run_case(*c, repeat=args.repeat) for c in CASES]
+    rows = [] if args.skip_cases else [run_case(*c, repeat=args.repeat) for c in CASES]
+    model = model_rows(args.model_repeat)
     info["load_average_after"] = machine()["load_average_1_5_15"]
     print(f"machine: {info['cpu']}, {info['cores']} cores, load {info['load_average_1_5_15']}, "
           f"torch threads {torch.get_num_threads()}")
@@ -85,9 +188,18 @@ def main() -> None:
               f"{r['order']:>10} {r['direct_s'] * 1e3:>10.2f} {r['emulate_s'] * 1e3:>11.2f} "
               f"{r['ratio']:>6.2f} {r['emulate_cached_s'] * 1e3:>10.2f} "
               f"{r['ratio_cached']:>6.2f} {'same' if r['same_bits'] else 'DIFFER'}")
+    print(f"\nLlama-shaped model ({LLAMA}), one forward of 256 tokens, "
+          f"{forward_macs(LLAMA, 256) / 1e9:.2f} G multiply-adds, best of {args.model_repeat}:")
+    for r in model:
+        print(f"{r['recipe']:>55} {r['forward_s'] * 1e3:>10.1f} ms {r['ratio']:>7.2f}x "
+              f"{r['mac_per_s'] / 1e6:>9.0f} M MAC/s")
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"machine": info, "torch_threads": torch.get_num_threads(),
-                                     "repeat": args.repeat, "cases": rows}, indent=1) + "\n")
+    args.json.write_text(json.dumps({
+        "machine": info, "torch_threads": torch.get_num_threads(),
+        "fpsim_threads": os.environ.get("FPSIM_THREADS", "every core"), "repeat": args.repeat,
+        "cases": rows, "model": {"config": LLAMA, "tokens": 256, "repeat": args.model_repeat,
+                                 "macs": forward_macs(LLAMA, 256), "rows": model,
+                                 "bound": BOUND}}, indent=1) + "\n")
     print(f"wrote {args.json}")
 
 

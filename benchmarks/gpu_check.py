@@ -17,7 +17,10 @@ Sections (each one's failure is recorded and the others still run):
    casts and ``torch.compile`` (the rows of ``kernels_bench.py``).
 3. ``emulation``: ``fpsim.matmul`` and ``fpsim.quantize`` on CUDA tensors against the CPU/NumPy
    path on the same operands (same bits), as the experiments run them.
-4. ``tensor_cores``: real tensor-core outputs on adversarial inputs (``torch.matmul`` in FP16 and
+4. ``model``: a Llama-shaped model's forward natively and under each recipe of
+   ``emulate_bench.MODEL_RECIPES`` (operand-only FP8/MXFP8/NVFP4 with deterministic and host
+   FP32 sums, exact FP16 sums), best of 3, ratios to the native forward (the CPU table's rows).
+5. ``tensor_cores``: real tensor-core outputs on adversarial inputs (``torch.matmul`` in FP16 and
    BF16 with FP32 accumulation, ``torch._scaled_mm`` in FP8) saved as a small fixture
    (``tests/fixtures/tensor_cores_<gpu>.npz``) so that fpsim's ``tensor_core`` presets can be
    checked against hardware on any CPU afterwards; the presets' agreement is printed too.
@@ -42,7 +45,7 @@ from typing import Any, Callable
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))          # kernels_bench beside this file
+sys.path.insert(0, str(HERE))          # kernels_bench and emulate_bench beside this file
 RESULTS = HERE / "results"
 FIXTURES = HERE.parent / "tests" / "fixtures"
 MODES = ("rne", "rna", "rtz", "rup", "rdown", "rto")
@@ -184,6 +187,15 @@ def emulation(device: str, dry: bool) -> dict:
     return out
 
 
+def model(device: str, dry: bool) -> list[dict]:
+    """The model table of ``emulate_bench.py`` on ``device`` (dry: a one-layer toy model)."""
+    import emulate_bench
+
+    if dry:
+        return emulate_bench.model_rows(1, device, emulate_bench.DRY_LLAMA, tokens=16)
+    return emulate_bench.model_rows(3, device)
+
+
 def adversarial(k: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Operand pairs (a: 16 x k, b: k x 8) where accumulation order and width show: long sums of
     equal terms, cancellation around large values, terms differing only in their low bits,
@@ -311,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU tensors in the Triton interpreter, tiny sizes (checks the script)")
     ap.add_argument("--only", nargs="*", choices=["bitexact", "bandwidth", "emulation",
-                                                  "tensor_cores"], help="run these sections")
+                                                  "model", "tensor_cores"],
+                    help="run these sections")
     ap.add_argument("--out-dir", type=Path, default=RESULTS, help="where the JSON report goes")
     ap.add_argument("--fixture-dir", type=Path, default=FIXTURES,
                     help="where the tensor-core capture goes (default tests/fixtures/)")
@@ -332,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         "bitexact": lambda: bitexact(device, args.dry_run),
         "bandwidth": lambda: bandwidth(device, args.dry_run),
         "emulation": lambda: emulation(device, args.dry_run),
+        "model": lambda: model(device, args.dry_run),
         "tensor_cores": lambda: tensor_cores(device, args.dry_run, gpu, args.fixture_dir)}
     report: dict[str, Any] = {"machine": machine(), "dry_run": args.dry_run}
     failed = False

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import functools
 import numbers
+import struct
+import sys
 from typing import Any, Callable
 
 import numpy as np
@@ -45,13 +47,28 @@ def _fast_plan(fmt: Any, rounding: Any, saturate: Any, subnormals: Any, backend:
     arguments as given: a repeated call costs one tuple and one dict lookup, no resolving and
     no context managers.  None (stochastic rounding, other dtypes, torch backends, options the
     general path must check or reject) sends the call the general way."""
-    key = (fmt, rounding, saturate, subnormals, backend, on_nan, dtype, want)
+    return _memo(_FAST, (fmt, rounding, saturate, subnormals, backend, on_nan, dtype, want),
+                 _build_fast)
+
+
+def _memo(cache: dict, key: tuple, build: Callable[..., Any]) -> Any:
+    """``cache[key]``, made by ``build(*key)`` on the first call (the cache is emptied when
+    full); None for unhashable arguments, which the general path checks and names."""
     try:
-        return _FAST[key]
+        return cache[key]
     except KeyError:
         pass
-    except TypeError:                                  # unhashable: the general path says why
+    except TypeError:
         return None
+    if len(cache) >= _FAST_ENTRIES:
+        cache.clear()
+    entry = cache[key] = build(*key)
+    return entry
+
+
+def _build_fast(fmt: Any, rounding: Any, saturate: Any, subnormals: Any, backend: Any,
+                on_nan: Any, dtype: np.dtype, want: str) -> tuple | None:
+    """:func:`_fast_plan`'s entry for these arguments."""
     entry = None
     if (dtype in _NATIVE_FLOATS and isinstance(fmt, (str, Format)) and isinstance(rounding, str)
             and backend in ("auto", "numpy") and on_nan in ("raise", "zero")):
@@ -62,9 +79,54 @@ def _fast_plan(fmt: Any, rounding: Any, saturate: Any, subnormals: Any, backend:
                                dtype == _NATIVE_FLOATS[1])
             entry = (parallel.elementwise(plan), code_dtype(f),
                      on_nan == "raise" and not f.has_nan)
-    if len(_FAST) >= _FAST_ENTRIES:
-        _FAST.clear()
-    _FAST[key] = entry
+    return entry
+
+
+#: Python floats and NumPy float32/float64 scalars: (type, arguments as given) -> a function of
+#: the scalar giving quantize's (or encode's) result, or None where the array path runs
+_SCALAR: dict[tuple, Callable[[Any], Any] | None] = {}
+_PACK, _UNPACK = struct.Struct("<d").pack, struct.Struct("<Q").unpack   # a double's bits
+_SCALAR_TYPES = frozenset({float, np.float64, np.float32})
+
+
+def _scalar_plan(kind: type, fmt: Any, rounding: Any, saturate: Any, subnormals: Any,
+                 backend: Any, on_nan: Any, want: str) -> Callable[[Any], Any] | None:
+    """The scalar path of a call on a Python float or NumPy float32/float64 scalar: where the
+    array plan is a lookup table, its index computed on the scalar's bits as Python integers
+    and one table read (about a microsecond instead of an array call's tens); the same table,
+    so the same bits.  None (no table, NaN checks, options the general path must resolve)
+    sends the call the general way."""
+    return _memo(_SCALAR, (kind, fmt, rounding, saturate, subnormals, backend, on_nan, want),
+                 _build_scalar)
+
+
+def _build_scalar(kind: type, fmt: Any, rounding: Any, saturate: Any, subnormals: Any,
+                  backend: Any, on_nan: Any, want: str) -> Callable[[Any], Any] | None:
+    """:func:`_scalar_plan`'s entry for these arguments."""
+    dtype = np.dtype(np.float64 if kind is float else kind)
+    fast = _fast_plan(fmt, rounding, saturate, subnormals, backend, on_nan, dtype, want)
+    entry = None
+    if fast is not None and not fast[2]:               # no NaN to look for (encode's raise)
+        f, mode, _ = _options(fmt, rounding, backend)
+        index = getattr(_numpy_plan(f, mode, check_saturate(saturate),
+                                    check_flag(subnormals, "subnormals"), want,
+                                    dtype == _NATIVE_FLOATS[1]), "index", None)
+        if index is not None:
+            table, shift, below = index
+            # encode gives a 0-d array, quantize a Python float or the NumPy scalar's type;
+            # the bits: float32's through NumPy's view (which keeps a NaN's payload), a Python
+            # float's or np.float64's (a float subclass) through struct
+            out = np.asarray if want == "code" else float if kind is float else None
+            if kind is np.float32:
+                def entry(x: Any) -> Any:
+                    u = int(x.view(np.uint32))
+                    v = table[(((u & below) + below) | u) >> shift]
+                    return v if out is None else out(v)
+            else:
+                def entry(x: Any) -> Any:
+                    u = _UNPACK(_PACK(x))[0]
+                    v = table[(((u & below) + below) | u) >> shift]
+                    return v if out is None else out(v)
     return entry
 
 
@@ -272,7 +334,9 @@ def _table_plan(table: np.ndarray, low: int, src: Source) -> Callable:
 
     def lookup(flat: np.ndarray, out: np.ndarray) -> None:
         u = flat.view(utype)
-        jit = _jit() if u.size >= JIT_SIZE else None
+        # small arrays too once the kernels are loaded: one compiled call instead of five
+        # NumPy calls, each of which costs more than the whole job on a few elements
+        jit = _jit() if u.size >= JIT_SIZE else sys.modules.get(_KERNELS)
         if jit is not None:
             jit.table_lookup(u, table, *args, out)
             return
@@ -283,6 +347,7 @@ def _table_plan(table: np.ndarray, low: int, src: Source) -> Callable:
         for lo in range(0, u.size, CHUNK):
             part = u[lo:lo + CHUNK]
             table.take(index(part, idx[:part.size]), out=out[lo:lo + part.size], mode="wrap")
+    lookup.index = (table, low - 1, (1 << (low - 1)) - 1)      # _scalar_plan's, as ints
     return lookup
 
 
@@ -420,6 +485,7 @@ def _via_float32(fmt: Format) -> bool:
 #: Fewest elements a compiled kernel takes: below, the gain is a few microseconds, and numba's
 #: first use costs about 0.5 s once per process (import, cache load; compiling when uncached).
 JIT_SIZE = 1 << 16
+_KERNELS = f"{__package__}._cast_kernels"      # loaded: small arrays take the kernels too
 
 
 @functools.cache
@@ -572,6 +638,11 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
             out = np.empty(x.shape, x.dtype)
             fast[0](x.ravel(), out.reshape(-1))
             return out
+    elif type(x) in _SCALAR_TYPES:
+        one = _scalar_plan(type(x), fmt, rounding, saturate, subnormals, backend, "raise",
+                           "value")
+        if one:
+            return one(x)
     fmt, rounding, backend = _options(fmt, rounding, backend)
     saturate, subnormals = check_saturate(saturate), check_flag(subnormals, "subnormals")
     srbits = check_srbits(srbits, rounding)
@@ -627,6 +698,10 @@ def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool |
             out = np.empty(x.shape, fast[1])
             fast[0](x.ravel(), out.reshape(-1))
             return out
+    elif type(x) in _SCALAR_TYPES and not deprecated:
+        one = _scalar_plan(type(x), fmt, rounding, saturate, subnormals, backend, on_nan, "code")
+        if one:
+            return one(x)
     on_nan = on_nan_keyword(on_nan, deprecated, "encode")
     fmt, rounding, backend = _options(fmt, rounding, backend)
     saturate, subnormals = check_saturate(saturate), check_flag(subnormals, "subnormals")

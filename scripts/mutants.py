@@ -268,6 +268,25 @@ MUTANTS = [
            "rrows = None if rbits is None else _to_rows(rbits, kind, axis, lay)",
            "rrows = None if rbits is None else _to_rows(rbits, kind, axis, lay)[:, ::-1]",
            SR_BITS),
+    # speed: the compiled engine under emulate, host sums, small calls
+    Mutant("cpu-tensors-numpy", "CPU tensors never take the compiled engine",
+           'return plan.backend == "auto" and why is None and not use_torch and jit.available()',
+           'return plan.backend == "auto" and why is None and use_torch and jit.available()',
+           ["tests/test_emulate_compiled.py"]),
+    Mutant("host-sums-order", "native_sums='host' is accepted with an explicit order",
+           'if self.native_sums == "host" and (self.accum != "fp32" or self.order is not None):',
+           'if self.native_sums == "host" and self.accum != "fp32":',
+           ["tests/test_emulate_compiled.py"]),
+    Mutant("scalar-f32-sign", "the scalar path reads a float32's bits with the sign flipped",
+           "u = int(x.view(np.uint32))", "u = int(x.view(np.uint32)) ^ (1 << 31)",
+           ["tests/test_small_calls.py"]),
+    Mutant("scalar-f64-sticky", "the scalar path reads a double's bits with the last one set",
+           "u = _UNPACK(_PACK(x))[0]", "u = _UNPACK(_PACK(x))[0] | 1",
+           ["tests/test_small_calls.py"]),
+    Mutant("small-kernel-shift", "the compiled table lookup shifts one bit too far",
+           "jit.table_lookup(u, table, *args, out)",
+           "jit.table_lookup(u, table, args[0] + 1, args[1], out)",
+           ["tests/test_small_calls.py"]),
 ]
 
 

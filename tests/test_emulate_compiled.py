@@ -63,7 +63,7 @@ def codes(t: torch.Tensor) -> np.ndarray:
 def test_compiled_engine_gives_the_other_engines_bits(accum, order, mode, monkeypatch):
     layer, x = layer_and_input(specials=True)
     assert torch.isfinite(layer(x)[0, 2]).any()
-    recipe = Recipe("r", "e4m3", accum=accum, order=order, rounding=mode,
+    recipe = Recipe("e4m3", accum=accum, order=order, rounding=mode,
                     chunk=3 if order == "chunked" else None)
     fast, n_fast = run(layer, x, recipe, monkeypatch, compiled=True)
     slow, n_slow = run(layer, x, recipe, monkeypatch, compiled=False)
@@ -77,10 +77,10 @@ def test_compiled_engine_gives_the_other_engines_bits(accum, order, mode, monkey
 
 
 @pytest.mark.parametrize("recipe, dtype, why", [
-    (Recipe("sr", "e4m3", accum="fp16", rounding="stochastic"), torch.float32, "stochastic"),
-    (Recipe("tc", "e4m3", order="tensor_core", tensor_core="hopper_fp8"), torch.float32,
+    (Recipe("e4m3", accum="fp16", rounding="stochastic"), torch.float32, "stochastic"),
+    (Recipe("e4m3", order="tensor_core", tensor_core="hopper_fp8"), torch.float32,
      "tensor-core model"),
-    (Recipe("f64", "e4m3", accum="fp16"), torch.float64, "float64 products (product='fp64')"),
+    (Recipe("e4m3", accum="fp16"), torch.float64, "float64 products (product='fp64')"),
 ])
 def test_fallback_where_the_compiled_engine_does_not_apply(recipe, dtype, why, monkeypatch):
     layer, x = layer_and_input(False)
@@ -98,6 +98,62 @@ def test_capture_takes_the_engine_with_statistics(monkeypatch):
     calls = []
     real = jit.run
     monkeypatch.setattr(jit, "run", lambda *a: calls.append(1) or real(*a))
-    with torch.no_grad(), fpsim.emulate(Recipe("r", "e4m3", accum="fp16"), capture=True) as em:
+    with torch.no_grad(), fpsim.emulate(Recipe("e4m3", accum="fp16"), capture=True) as em:
         layer(x)
     assert calls == [] and em.table()[0]["swamped"] is not None
+
+
+# ----------------------------------------------------------------------------------------------
+# native FP32 sums: deterministic by default, the host's GEMM on request
+# ----------------------------------------------------------------------------------------------
+from fpsim.emulation.recipe import NATIVE_SUMS  # noqa: E402
+
+#: every way of summing a native FP32 accumulator but "host" (the host's own GEMM, whose bits
+#: depend on the machine, BLAS and thread count by design), which the next test leaves out
+REPRODUCIBLE = [s for s in NATIVE_SUMS if s != "host"]
+
+
+@pytest.mark.parametrize("sums", REPRODUCIBLE)
+def test_native_sums_are_the_same_bits_on_any_thread_count(sums):
+    g = torch.Generator().manual_seed(5)
+    layer = torch.nn.Linear(300, 40)
+    x = torch.randn(64, 300, generator=g)
+    recipe = Recipe("e4m3", scaling="tensor", native_sums=sums)
+    threads = torch.get_num_threads()
+    outs = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            with torch.no_grad(), fpsim.emulate(recipe):
+                outs.append(layer(x))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    # one rounding of the FP64 sum of the quantized operands' exact products and the bias
+    qx, qw = (fpsim.scaled_quantize(t.detach().double(), "e4m3").values.float()
+              for t in (x, layer.weight))
+    want = torch.addmm(layer.bias.detach().double(), qx.double(), qw.double().T).float()
+    assert torch.equal(outs[0], want)
+
+
+def test_host_sums_are_torchs_own_matmul():
+    """native_sums="host": the quantized operands multiplied by torch's own FP32 GEMM (and
+    the norms' statistics by torch's own sums), whatever bits that host gives."""
+    g = torch.Generator().manual_seed(6)
+    layer = torch.nn.Linear(50, 20)
+    x = torch.randn(3, 7, 50, generator=g)
+    with torch.no_grad(), fpsim.emulate(Recipe("e4m3", native_sums="host")):
+        y = layer(x)
+        ssq = fpsim.emulation.sites.sum_squares(Recipe(native_sums="host"), x)
+    qx, qw = (fpsim.quantize(t.detach(), "e4m3") for t in (x, layer.weight))
+    assert torch.equal(y, torch.nn.functional.linear(qx, qw, layer.bias.detach()))
+    assert torch.equal(ssq, (x * x).sum(-1))
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(native_sums="blas"), "native_sums 'blas' is not one of"),
+    (dict(native_sums="host", accum="fp16"), "needs accum='fp32' and order=None"),
+    (dict(native_sums="host", order="sequential"), "needs accum='fp32' and order=None")])
+def test_native_sums_option_is_checked(kw, match):
+    with pytest.raises(ValueError, match=match):
+        Recipe("e4m3", **kw)

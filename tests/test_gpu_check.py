@@ -33,6 +33,9 @@ def test_dry_run_checks_every_section(tmp_path):
     assert len(report["emulation"]["matmul"]) == 6
     assert {r["group"] for r in report["bandwidth"]} >= {"copy", "torch", "kernels", "mx"}
     assert not any("error" in r for r in report["bandwidth"])
+    rows = {r["recipe"]: r for r in report["model"]}
+    assert len(rows) == 7 and rows["native FP32 (no emulation)"]["ratio"] == 1
+    assert all(r["forward_s"] > 0 for r in rows.values())
     capture = np.load(tmp_path / "tensor_cores_dry_run.npz")
     # the dry run's "device" is CPU torch, whose FP32 GEMM of exact products the fp32 sequential
     # model reproduces here: the fixture's layout round-trips through the comparison

@@ -24,6 +24,9 @@ from ..stochastic import check_srbits
 SCALINGS = ("none", "tensor", "channel", "block", "tile")
 TILE = 128  # DeepSeek-V3 fine-grained scaling: 1 x TILE activations, TILE x TILE weights
 NATIVE = ("fp32", "fp64")  # accumulators summed in FP64 by torch and rounded once to themselves
+#: How a native FP32 accumulator is summed (``Recipe.native_sums``): "fp64" in FP64 and rounded
+#: once (the same bits on every machine), "host" by the host's own FP32 GEMM (not reproducible).
+NATIVE_SUMS = ("fp64", "host")
 #: Op kinds a :class:`Rule` selects: ``linear`` (F.linear, addmm: a layer's product and bias),
 #: ``matmul`` (matmul / @ / mm / bmm / baddbmm / einsum), ``attention`` (the Q.K^T and P.V of
 #: scaled_dot_product_attention), ``norm`` (LayerNorm / RMSNorm statistics).
@@ -65,7 +68,12 @@ class Recipe:
     to zero at their FP32 value (an ablation that removes underflow, not a real format).  ``full_subnormals``: values below the
     smallest normal that do not flush keep the format's full mantissa width, as if its exponent
     range went on downwards (an ablation that removes the precision subnormals lose; needs
-    ``scaling='none'`` and a floating-point format).
+    ``scaling='none'`` and a floating-point format).  ``native_sums``: how a native FP32
+    accumulator (``accum="fp32"``, ``order=None``) sums: ``"fp64"`` (default) in FP64, rounded
+    once to FP32: deterministic, the same bits on every machine and thread count;
+    ``"host"``: torch's own FP32 matmul, as fast as the host's GEMM but NOT deterministic (its
+    summation order, hence its bits, depend on the machine, the BLAS library and the thread
+    count), e.g. ``Recipe("e4m3", scaling="tensor", native_sums="host", name="fast")``.
     """
 
     inputs: FormatLike | None = None
@@ -84,6 +92,7 @@ class Recipe:
     scale_rounding: str | None = None
     full_subnormals: bool = False
     srbits: int | None = None
+    native_sums: str = "fp64"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -131,6 +140,12 @@ class Recipe:
                 f"recipe {self.name!r}: full_subnormals is an ablation of unscaled "
                 "floating-point operands; use scaling='none' and an eXmY format"
             )
+        if self.native_sums not in NATIVE_SUMS:
+            raise ValueError(f"recipe {self.name!r}: native_sums {self.native_sums!r} is not one "
+                             f"of {NATIVE_SUMS}")
+        if self.native_sums == "host" and (self.accum != "fp32" or self.order is not None):
+            raise ValueError(f"recipe {self.name!r}: native_sums='host' is torch's own FP32 "
+                             "matmul: it needs accum='fp32' and order=None")
         if (self.order == "tensor_core") != (self.tensor_core is not None):
             raise ValueError(
                 f"recipe {self.name!r}: order='tensor_core' goes with a tensor_core preset"
@@ -146,8 +161,9 @@ class Recipe:
         >>> Recipe("e4m3", scaling="tensor").describe(), Recipe(accum="fp64").describe()
         ('e4m3/tensor', 'fp64')
         """
+        host = " host-sums" if self.native_sums == "host" else ""
         if self.plain:
-            return self.accum
+            return self.accum + host
         ops = format_name(self.inputs) or "fp32"
         w = format_name(self.weights)
         if w is not None and w != ops:
@@ -168,7 +184,7 @@ class Recipe:
             words.append(self.rounding)
         if self.scale_rounding is not None:
             words.append(f"scale={self.scale_rounding}")
-        return " ".join(words)
+        return " ".join(words) + host
 
     @property
     def emulated(self) -> bool:

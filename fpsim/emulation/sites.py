@@ -9,7 +9,8 @@ Operands are quantized with :func:`fpsim.quantize` (no scaling), :func:`fpsim.sc
 then multiplied exactly and summed by torch, unless the recipe asks for another accumulator
 or an explicit order, which :func:`fpsim.matmul` emulates.  An FP32 accumulator is computed
 in FP64 and rounded once to FP32 (a correctly rounded FP32 dot product, barring FP64 ties): the
-same bits on any thread count and machine, which torch's own FP32 matmul does not promise.  Scales
+same bits on any thread count and machine, which torch's own FP32 matmul (``native_sums="host"``,
+fast) does not promise.  Scales
 follow the reduction axis: per-channel means one scale per row of the left operand and per
 column of the right one, so the scales factor out of every dot product.  This module imports
 torch; ``import fpsim`` does not import it.
@@ -259,6 +260,8 @@ def _product(
     if recipe.emulated:
         y = _emulated_matmul(a, b, recipe, events)
         return y if bias is None else y + bias
+    if recipe.native_sums == "host":              # torch's FP32 GEMM: fast, not reproducible
+        return a @ b if bias is None else torch.nn.functional.linear(a, b.mT, bias)
     acc, f64 = NATIVE_ACCUMULATORS[recipe.accum], torch.float64
     if bias is None:
         return (a.to(f64) @ b.to(f64)).to(acc).to(a.dtype)
@@ -271,6 +274,8 @@ def _row_dot(recipe: Recipe, u: Tensor, v: Tensor, events: dict | None = None) -
     """Dot products of ``u`` and ``v`` along their last axis, accumulated as the recipe says."""
     if recipe.emulated:
         return _emulated_matmul(u[..., None, :], v[..., :, None], recipe, events)[..., 0, 0]
+    if recipe.native_sums == "host":
+        return (u * v).sum(-1)
     acc = NATIVE_ACCUMULATORS[recipe.accum]
     return (u.double() * v.double()).sum(-1).to(acc).to(u.dtype)
 

@@ -1,0 +1,47 @@
+"""The speed numbers quoted in README.md and docs/speed.md are those of the committed
+benchmark JSON (benchmarks/results/emulate_bench.json, small_calls.json)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def test_readme_emulate_sentence_quotes_the_benchmark():
+    bench = load("emulate_bench.json")
+    text = " ".join((ROOT / "README.md").read_text().split())
+    cases = [c[k] for c in bench["cases"] for k in ("ratio", "ratio_cached")]
+    assert f"operands is {min(cases):.2f}–{max(cases):.2f}× on" in text
+    rows = {r["recipe"]: r["ratio"] for r in bench["model"]["rows"]}
+    exact = rows.pop("E4M3 operands, exact FP16 sequential sums")
+    rows.pop("native FP32 (no emulation)")
+    assert (f"costs {min(rows.values()):.2f}–{max(rows.values()):.2f}× the native one with "
+            f"FP8/MX/NVFP4 operands and FP32 sums, {exact:.2f}× with exact FP16 sums") in text
+
+
+def test_docs_speed_tables_quote_the_benchmarks():
+    doc = (ROOT / "docs" / "speed.md").read_text()
+    model = {r["recipe"]: r["ratio"] for r in load("emulate_bench.json")["model"]["rows"]}
+    quoted = dict(re.findall(r"^\| ([^|]+?) \| ([\d.]+)× ", doc, re.M))
+    assert {k: model[k] for k in quoted} == {k: float(v) for k, v in quoted.items()}
+    assert len(quoted) == len(model) - 1
+    small = {r["call"]: r for r in load("small_calls.json")["rows"]}
+    names = {"quantize, Python float": "quantize Python float",
+             "quantize, np.float32": "quantize np.float32",
+             "quantize, np.float64": "quantize np.float64",
+             "encode, Python float": "encode Python float",
+             "quantize, 16 float32": "quantize 16 float32",
+             "encode, 16 float32": "encode 16 float32"}
+    rows = re.findall(r"^\| ([^|]+?) \| ([\d.]+) µs \| ([\d.]+)× \|$", doc, re.M)
+    assert len(rows) == len(names)
+    for call, us, ratio in rows:
+        r = small[names[call]]
+        assert (us, float(ratio)) == (f"{r['fpsim_us']:.2f}", r["ratio"])
