@@ -202,8 +202,8 @@ def test_recipe_only_changes_the_selected_sites():
 
 
 def test_bad_rules_are_named():
-    with pytest.raises(ValueError, match="kind 'conv'"):
-        Rule(E4M3, kind="conv")
+    with pytest.raises(ValueError, match="kind 'conv2d'"):
+        Rule(E4M3, kind="conv2d")
     with pytest.raises(TypeError, match="Rule objects"):
         Rules([E4M3])
     with pytest.raises(TypeError, match="Recipe or Rules"):
