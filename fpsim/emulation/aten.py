@@ -12,6 +12,7 @@ parameter of the current module or one below it is named after that module
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -40,8 +41,12 @@ class AtenMode(TorchDispatchMode):
 
     def __init__(self, ic: Any) -> None:
         super().__init__()
-        self.ic = ic
+        self._ic = weakref.ref(ic)    # not a cycle: the interceptor frees by reference counting
         self.busy = 0                 # > 0: a Python-level handler is computing (fpsim's ops)
+
+    @property
+    def ic(self) -> Any:
+        return self._ic()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
