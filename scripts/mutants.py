@@ -44,6 +44,7 @@ MX_CHUNKS = ["tests/test_mx_chunks.py"]
 TENSOR_CORE = ["tests/test_arith_tensor_core.py"]
 FMA = ["tests/test_fma.py"]
 JIT = ["tests/test_jit_matmul.py"]
+COVERAGE = ["tests/test_emulate_coverage.py"]
 
 
 @dataclass(frozen=True)
@@ -239,6 +240,17 @@ MUTANTS = [
            "if chunk > 0 and k > 0 and k % chunk == 0:",
            "if chunk > 0 and k > 0 and k % (chunk + 1) == 0:",
            JIT),
+    # fpsim.emulate coverage (issue 26)
+    Mutant("conv-unflipped", "a transposed convolution keeps its kernel unflipped",
+           "wd = wd.flip(list(range(3, 3 + len(k))))", "wd = wd", COVERAGE),
+    Mutant("conv-pieces", "convolution pieces of whole images skip every other image",
+           "return [(lo, min(n, lo + k), 0, rows) for lo in range(0, n, k)]",
+           "return [(lo, min(n, lo + k), 0, rows) for lo in range(0, n, 2 * k)]", COVERAGE),
+    Mutant("aten-missed-silent", "an op named as not emulated runs without being counted",
+           "self.ic.missed(entry, func._schema.name, *args)", "pass", COVERAGE),
+    Mutant("norm-running-var", "batch norm updates its running variance with the biased one",
+           "_update(running_var, ssq / max(m - 1, 1), momentum)",
+           "_update(running_var, ssq / m, momentum)", COVERAGE),
 ]
 
 

@@ -1,23 +1,27 @@
 """``fpsim.emulate``: run any PyTorch model's dot products under a recipe, and measure them.
 
-Inside ``with fpsim.emulate(recipe) as em:`` every matrix-multiply-like op a model calls
-(``F.linear``, ``addmm``, ``matmul``/``@``, ``mm``, ``bmm``, ``baddbmm``, two-operand
-``einsum`` that is a batched product, the Q.K^T and P.V of ``scaled_dot_product_attention``
-(its softmax, like any softmax over the last axis where attention is emulated, in FP64 rounded
-once), and the statistics of ``layer_norm``, ``rms_norm`` and of ``x.pow(2).mean(-1)`` as HF's
-RMSNorm writes it) is computed by :mod:`fpsim.emulation.sites` under the recipe that :class:`Rules`
-selects for it: operands rounded to the recipe's formats, summed in its accumulator and order
-(:func:`fpsim.matmul`), the result written in its output format.  Each op is a *site* named
-``"<module path>:<op>"`` (``"transformer.h.0.attn.c_attn:addmm"``,
-``"model.layers.1.self_attn:qk"``); the module path comes from forward pre-hooks on every
-module, and a module that calls the same op again in one forward pass gets ``#2``, ``#3``...  With ``capture=True`` the context also
-keeps per-site statistics (:class:`SiteStats`: operand amax, overflowed / saturated / flushed
-operand elements, SNR of the result against FP64 arithmetic on the same operands, swamped
-additions of an emulated accumulator) in ``em.sites``; ``em.table()`` lists them.
+Inside ``with fpsim.emulate(recipe) as em:`` every op that sums products is computed by
+:mod:`fpsim.emulation.sites` under the recipe that :class:`Rules` selects for it: operands
+rounded to the recipe's formats, summed in its accumulator and order (:func:`fpsim.matmul`),
+the result written in its output format.  Which ops those are is one table,
+:mod:`fpsim.emulation.ops`: linear layers, every matmul spelling, convolutions (as implicit
+GEMMs, :mod:`fpsim.emulation.conv`), the Q.K^T and P.V of attention (its softmax in FP64,
+rounded once), and the statistics of layer / RMS / batch / group / instance norms
+(docs/emulate.md).  An op of that table that fpsim does not emulate is counted in
+``em.missed`` and shown as a "not emulated" row, warned about at exit, and raises under
+``strict=True``.  Each op is a *site* named ``"<module path>:<op>"``
+(``"transformer.h.0.attn.c_attn:addmm"``, ``"model.layers.1.self_attn:qk"``); the module path
+comes from forward pre-hooks on every module (or the module owning a parameter operand), and a
+module that calls the same op again in one forward pass gets ``#2``, ``#3``...  With
+``capture=True`` the context also keeps per-site statistics (:class:`SiteStats`: operand amax,
+overflowed / saturated / flushed operand elements, SNR of the result against FP64 arithmetic
+on the same operands, swamped additions of an emulated accumulator) in ``em.sites``;
+``em.table()`` lists them with the rule that chose each recipe.
 
-The forward pass only: emulated results carry no gradient.  Quantized weights are cached per
-context (keyed by storage, shape and version, so an in-place update invalidates them).  torch is
-imported when a context is entered, never by ``import fpsim``.
+The forward pass only: an emulated result that autograd tracks raises on backward
+(:mod:`fpsim.emulation.grad`).  Quantized weights are cached per context (keyed by storage,
+shape and version, so an in-place update invalidates them).  torch is imported when a context
+is entered, never by ``import fpsim``.
 """
 
 from __future__ import annotations
