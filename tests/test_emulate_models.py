@@ -180,24 +180,30 @@ class Float64Throughout(torch.overrides.TorchFunctionMode):
 
 
 def _run(model, inputs, recipe=None, keep64=True, **kw):
-    args = inputs() if not isinstance(inputs(), dict) else ()
-    kwargs = inputs() if isinstance(inputs(), dict) else {}
+    """The model's output tensor (logits or last hidden state) on ``inputs()``, natively or
+    under ``recipe``, and the emulation context."""
+    given = inputs()
+    args, kwargs = ((), given) if isinstance(given, dict) else (given, {})
+    em = None
     with torch.no_grad(), Float64Throughout() if keep64 else contextlib.nullcontext():
         if recipe is None:
-            out = model(*args, **kwargs), None
+            y = model(*args, **kwargs)
         else:
             with fpsim.emulate(recipe, **kw) as em:
-                out = model(*args, **kwargs), em
-    y = out[0]
-    y = y if isinstance(y, torch.Tensor) else (y.logits if getattr(y, "logits", None) is not None
-                                              else y.last_hidden_state)
-    return y, out[1]
+                y = model(*args, **kwargs)
+    if not isinstance(y, torch.Tensor):
+        y = y.logits if getattr(y, "logits", None) is not None else y.last_hidden_state
+    return y, em
 
 
-def _fp64(model):
-    """The model in float64 throughout (HF norms that upcast to float32 stay float64)."""
-    model = model.double().eval()
-    return model
+def _double(inputs):
+    def dbl():
+        given = inputs()
+        cast = lambda v: v.double() if v.is_floating_point() else v  # noqa: E731
+        if isinstance(given, dict):
+            return {k: cast(v) for k, v in given.items()}
+        return tuple(cast(v) for v in given)
+    return dbl
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -207,15 +213,11 @@ def test_model_is_emulated_site_by_site(name):
     model = build().eval()
     if name.startswith("resnet"):
         model.train()                                   # batch statistics: norm sites
-    def cast(v):
-        return v.double() if v.is_floating_point() else v
-    dbl = lambda: ({k: cast(v) for k, v in inputs().items()} if isinstance(inputs(), dict)  # noqa: E731
-                   else tuple(cast(v) for v in inputs()))
     state = {k: v.clone() for k, v in model.state_dict().items()}
     model.double()
-    ref, _ = _run(model, dbl)
-    model.load_state_dict(state)
-    got, em = _run(model, dbl, FP64, capture=True, strict=True)
+    ref, _ = _run(model, _double(inputs))
+    model.load_state_dict(state)                       # running statistics as they were
+    got, em = _run(model, _double(inputs), FP64, capture=True, strict=True)
     assert torch.equal(got.float(), ref.float()), float((got - ref).abs().max())
     layers = {n for n, m in model.named_modules()
               if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))}
@@ -224,7 +226,5 @@ def test_model_is_emulated_site_by_site(name):
     assert not em.missed
     model.load_state_dict(state)
     model.float()
-    fp32 = lambda: inputs()  # noqa: E731
-    low, _ = _run(model, fp32, FP4, keep64=False)
-    model.load_state_dict(state)
+    low, _ = _run(model, inputs, FP4, keep64=False)
     assert not torch.equal(low, ref.float())

@@ -23,7 +23,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from . import norms, sites
 from .aten import AtenMode
 from .grad import guard, wants_grad
-from .ops import ATEN, AtenOp, python_handlers
+from .ops import AtenOp, python_handlers
 from .recipe import FP64, Recipe
 from .sitestats import SiteStats
 
@@ -41,6 +41,9 @@ class Interceptor(TorchFunctionMode):
     :class:`fpsim.emulation.Emulation`, whose ``sites`` it fills when ``em.capture``)."""
 
     active = False                                # an interceptor is running (they do not nest)
+    #: Emulated results that autograd tracks raise on backward (:mod:`fpsim.emulation.grad`);
+    #: a subclass whose handlers compute differentiably (the experiments' ops) turns it off.
+    guard_grad = True
 
     def __init__(self, em: Any) -> None:
         super().__init__()
@@ -158,18 +161,34 @@ class Interceptor(TorchFunctionMode):
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         name = HANDLERS.get(func)
-        tracked = wants_grad(args, kwargs)
+        tracked = wants_grad(args, kwargs) if self.guard_grad else []
         before = self.emulated
         if name is not None:
+            calls: list[int] = []
+
+            def native() -> Any:
+                calls.append(1)
+                return func(*args, **kwargs)
+
             quiet = torch.no_grad() if tracked and name not in WATCHERS \
                 else contextlib.nullcontext()
             with self.suspended(), quiet:
-                out = getattr(self, name)(lambda: func(*args, **kwargs), *args, **kwargs)
-            if out is not NotImplemented and (not tracked or self.emulated != before
-                                              or name in WATCHERS):
-                return guard(out, tracked, self.path or '<root>') if self.emulated != before else out
+                out = getattr(self, name)(native, *args, **kwargs)
+            if out is not NotImplemented:
+                if not tracked or name in WATCHERS:
+                    return out
+                if not calls:                      # emulated: no gradient of torch's to give
+                    return guard(out, tracked, self.path or "<root>")
+                # torch computed it under no_grad: again, with its gradient
         out = func(*args, **kwargs)                # the aten mode emulates what it can
-        return guard(out, tracked, self.path or '<root>') if tracked and self.emulated != before else out
+        return self.guarded(out, tracked, before)
+
+    def guarded(self, out: Any, tracked: list[Tensor], before: int) -> Any:
+        """``out``, made to raise on backward when autograd tracks it and a site was emulated
+        since ``before`` (:func:`fpsim.emulation.grad.guard`)."""
+        if tracked and self.emulated != before:
+            return guard(out, tracked, self.path or "<root>")
+        return out
 
     # ---------------------------------------------------------------------------------------
     # Products

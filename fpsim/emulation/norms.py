@@ -13,6 +13,8 @@ recipe computes torch's own op in FP64 and rounds once.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -48,12 +50,8 @@ def batch_norm(recipe: Recipe, x: Tensor, running_mean: Tensor | None,
                momentum: float, eps: float, events: dict | None = None) -> Tensor:
     """Training-mode ``F.batch_norm`` (statistics of the batch) under ``recipe``."""
     if recipe.plain:
-        rm, rv = (None if t is None else t.double() for t in (running_mean, running_var))
-        y = F.batch_norm(x.double(), rm, rv, _d(weight), _d(bias), True, momentum, eps)
-        for t, new in ((running_mean, rm), (running_var, rv)):
-            if t is not None:
-                t.copy_(new)
-        return y.to(NATIVE_ACCUMULATORS[recipe.accum]).to(x.dtype)
+        return _plain(recipe, x, (running_mean, running_var), lambda xd, rm, rv: F.batch_norm(
+            xd, rm, rv, _d(weight), _d(bias), True, momentum, eps))
     rows = x.movedim(1, -1).reshape(-1, x.shape[1]).t()
     d, mean, ssq = row_stats(recipe, rows, events)
     m = rows.shape[-1]
@@ -67,8 +65,8 @@ def group_norm(recipe: Recipe, x: Tensor, groups: int, weight: Tensor | None,
                bias: Tensor | None, eps: float, events: dict | None = None) -> Tensor:
     """``F.group_norm`` under ``recipe`` (instance norm: one group per channel)."""
     if recipe.plain:
-        y = F.group_norm(x.double(), groups, _d(weight), _d(bias), eps)
-        return y.to(NATIVE_ACCUMULATORS[recipe.accum]).to(x.dtype)
+        return _plain(recipe, x, (), lambda xd: F.group_norm(xd, groups, _d(weight), _d(bias),
+                                                             eps))
     rows = x.reshape(x.shape[0] * groups, -1)
     d, _, ssq = row_stats(recipe, rows, events)
     y = (d * torch.rsqrt(ssq[:, None] / rows.shape[-1] + eps)).reshape(x.shape)
@@ -82,12 +80,8 @@ def instance_norm(recipe: Recipe, x: Tensor, running_mean: Tensor | None,
     ``recipe``; running statistics, when given, updated with their mean over the batch."""
     n, c = x.shape[:2]
     if recipe.plain:
-        rm, rv = (None if t is None else t.double() for t in (running_mean, running_var))
-        y = F.instance_norm(x.double(), rm, rv, _d(weight), _d(bias), True, momentum, eps)
-        for t, new in ((running_mean, rm), (running_var, rv)):
-            if t is not None:
-                t.copy_(new)
-        return y.to(NATIVE_ACCUMULATORS[recipe.accum]).to(x.dtype)
+        return _plain(recipe, x, (running_mean, running_var), lambda xd, rm, rv: F.instance_norm(
+            xd, rm, rv, _d(weight), _d(bias), True, momentum, eps))
     rows = x.reshape(n * c, -1)
     d, mean, ssq = row_stats(recipe, rows, events)
     m = rows.shape[-1]
@@ -95,6 +89,17 @@ def instance_norm(recipe: Recipe, x: Tensor, running_mean: Tensor | None,
     _update(running_var, (ssq / max(m - 1, 1)).reshape(n, c).mean(0), momentum)
     y = (d * torch.rsqrt(ssq[:, None] / m + eps)).reshape(x.shape)
     return _affine(y, weight, bias)
+
+
+def _plain(recipe: Recipe, x: Tensor, running: tuple, op: Any) -> Tensor:
+    """torch's own op on ``x`` and the running statistics in FP64 (copied back in place), the
+    result rounded once to the recipe's accumulator."""
+    copies = [None if t is None else t.double() for t in running]
+    y = op(x.double(), *copies)
+    for t, new in zip(running, copies):
+        if t is not None:
+            t.copy_(new)
+    return y.to(NATIVE_ACCUMULATORS[recipe.accum]).to(x.dtype)
 
 
 def _d(t: Tensor | None) -> Tensor | None:
