@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -56,12 +57,26 @@ def numbers() -> dict[str, dict]:
     return out
 
 
+def same_metric(got: str, want: str) -> bool:
+    """The metrics are float64 sums of ``log_softmax``/``exp`` over the logits: their last bits
+    follow torch's vectorised transcendental kernels and reduction split, which differ between
+    machines and torch builds (on a 2-core EPYC, with the logits' SHA-256 unchanged, a KL of
+    2.85e-5 moved by 9e-17: 3e-12 relative, as KL is a small difference of log-probabilities of
+    size 1-20, each good to ~1e-15).  The logits themselves are compared bit for bit, by hash."""
+    g, w = float(got), float(want)
+    return (math.isnan(g) and math.isnan(w)) or math.isclose(g, w, rel_tol=1e-12, abs_tol=1e-15)
+
+
 def test_gpt2_numbers_are_unchanged() -> None:
     want = json.loads(FIXTURE.read_text())
     got = numbers()
     assert set(got) == set(want)
     for name in want:
-        assert got[name] == want[name], name
+        g, w = dict(got[name]), dict(want[name])
+        gm, wm = g.pop("metrics"), w.pop("metrics")
+        assert g == w, name                           # logits' SHA-256, events, non-finite counts
+        assert set(gm) == set(wm), name
+        assert all(same_metric(gm[k], wm[k]) for k in wm), (name, gm, wm)
 
 
 if __name__ == "__main__":

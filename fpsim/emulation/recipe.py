@@ -20,6 +20,7 @@ from .. import mx
 from ..formats import Format, get_format
 from ..inputs import check_flag
 from ..rounding import check_mode, check_saturate
+from ..stochastic import check_srbits
 
 SCALINGS = ("none", "tensor", "channel", "block", "tile")
 TILE = 128  # DeepSeek-V3 fine-grained scaling: 1 x TILE activations, TILE x TILE weights
@@ -61,7 +62,9 @@ class Recipe:
     ``order="tensor_core"``).  ``output``: the
     format the result is rounded to (None keeps it).  ``saturate``: clamp overflow to the
     largest finite value instead of inf/NaN (operands without scaling and the output).
-    ``flush``: False keeps nonzero operand values that round to zero at their FP32 value (an
+    ``rounding``: the rounding mode of operands, accumulator and output; ``srbits``: its number
+    of random bits when stochastic (None: every dropped bit; e.g. ``rounding="stochastic",
+    srbits=8``, docs/stochastic.md).  ``flush``: False keeps nonzero operand values that round to zero at their FP32 value (an
     ablation that removes underflow, not a real format).  ``full_subnormals``: values below the
     smallest normal that do not flush keep the format's full mantissa width, as if its exponent
     range went on downwards (an ablation that removes the precision subnormals lose; needs
@@ -83,12 +86,13 @@ class Recipe:
     flush: bool = True
     scale_rounding: str | None = None
     full_subnormals: bool = False
+    srbits: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
             raise TypeError(f"Recipe name must be a string, got {self.name!r}")
         check_saturate(self.saturate)
-        check_mode(self.rounding)
+        check_srbits(self.srbits, check_mode(self.rounding))
         for flag in ("flush", "full_subnormals"):     # "no" would count as True
             check_flag(getattr(self, flag), flag)
         accum = get_format(self.accum).name
