@@ -45,6 +45,7 @@ TENSOR_CORE = ["tests/test_arith_tensor_core.py"]
 FMA = ["tests/test_fma.py"]
 JIT = ["tests/test_jit_matmul.py"]
 SR_BITS = ["tests/test_stochastic_bits.py"]
+COVERAGE = ["tests/test_emulate_coverage.py"]
 
 
 @dataclass(frozen=True)
@@ -287,6 +288,17 @@ MUTANTS = [
            "jit.table_lookup(u, table, *args, out)",
            "jit.table_lookup(u, table, args[0] + 1, args[1], out)",
            ["tests/test_small_calls.py"]),
+    # fpsim.emulate coverage (issue 26)
+    Mutant("conv-unflipped", "a transposed convolution keeps its kernel unflipped",
+           "wd = wd.flip(list(range(3, 3 + len(k))))", "wd = wd", COVERAGE),
+    Mutant("conv-pieces", "convolution pieces of whole images skip every other image",
+           "return [(lo, min(n, lo + k), 0, rows) for lo in range(0, n, k)]",
+           "return [(lo, min(n, lo + k), 0, rows) for lo in range(0, n, 2 * k)]", COVERAGE),
+    Mutant("aten-missed-silent", "an op named as not emulated runs without being counted",
+           "self.ic.missed(entry, func._schema.name, *args)", "pass", COVERAGE),
+    Mutant("norm-running-var", "batch norm updates its running variance with the biased one",
+           "_update(running_var, ssq / max(m - 1, 1), momentum)",
+           "_update(running_var, ssq / m, momentum)", COVERAGE),
 ]
 
 

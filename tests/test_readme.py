@@ -96,3 +96,36 @@ def test_tour_comments_are_true(tmp_path, monkeypatch):
         check_line(stmt, line.split("#", 1)[1].strip(), env)
         checked += 1
     assert checked >= 7, "the tour's commented lines were all found"
+
+
+def test_any_model_rules_example_reports_what_it_says():
+    """The README's Rules example, run on a tiny Llama built here: each rule takes the sites it
+    names (the lm_head rule too: it comes before the broader linear rule), the report says so,
+    and it shows the sites the comment names."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import warnings
+
+    import fpsim
+
+    code = next(b for b in python_blocks() if "fpsim.emulate(rules" in b)
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=61,
+                                   max_position_embeddings=16)
+    env = {"torch": torch, "fpsim": fpsim, "model": transformers.LlamaForCausalLM(cfg).eval(),
+           "ids": torch.randint(0, 61, (1, 6))}
+    out = io.StringIO()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(out):
+        warnings.simplefilter("error")                 # no rule shadowed, nothing not emulated
+        exec(compile(code, "README.md", "exec"), env)
+    rows = {line.split()[0]: line.split() for line in out.getvalue().splitlines()[1:]}
+    comment = code.split("e.g.", 1)[1].split("\n")[0]
+    named = [s.strip() for s in comment.split(",")]
+    assert named and all(s in rows for s in named), (named, list(rows))
+    def row(site: str) -> str:
+        return " ".join(rows[site])
+    assert "linear fp32 acc=fp16 sequential rule 0" in row("lm_head:linear")
+    assert "linear e4m3/tensor rule 1" in row("model.layers.0.self_attn.q_proj:linear")
+    assert "attention bf16 out=bf16 rule 2" in row("model.layers.0.self_attn:qk")
+    assert "norm fp32 default" in row("model.norm:rms_norm")

@@ -14,13 +14,13 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fpsim.emulation.context import Emulation
 from fpsim.emulation.intercept import Interceptor, Native
 from fpsim.emulation.recipe import Rules
 
@@ -80,8 +80,10 @@ def site_name(site: str) -> str:
 class OpsMode(Interceptor):
     """fpsim.emulate's interception with each site computed by ``ops`` under its GPT-2 name."""
 
+    guard_grad = False                    # ops compute differentiably (experiments.training)
+
     def __init__(self, ops: Any) -> None:
-        super().__init__(SimpleNamespace(rules=Rules(default=None), capture=False, sites={}))
+        super().__init__(Emulation(Rules(default=None), capture=False))
         self.ops = ops
 
     def product(self, kind: str, op: str, a: Tensor, b: Tensor, bias: Tensor | None,

@@ -3,8 +3,13 @@
 - :mod:`.recipe`: the data model (:class:`Recipe`, :class:`Rule`, :class:`Rules`); NumPy only.
 - :mod:`.context`: :func:`emulate` and the :class:`Emulation` it returns; imports torch only when
   a context is entered.
-- :mod:`.intercept`: the ``TorchFunctionMode`` that routes each op to a site, with module paths.
-- :mod:`.sites`: one dot-product site computed under a recipe, on torch tensors.
+- :mod:`.ops`: the table of ops that sum products, and what fpsim does with each.
+- :mod:`.intercept`: the ``TorchFunctionMode`` that routes each op to a site, with module paths;
+  :mod:`.aten`: the ``TorchDispatchMode`` that catches every spelling after decomposition.
+- :mod:`.sites`: one dot-product site computed under a recipe, on torch tensors;
+  :mod:`.conv`: a convolution as an implicit GEMM; :mod:`.norms`: batch / group / instance
+  norm statistics.
+- :mod:`.grad`: what backward does through an emulated site (raises, for now).
 - :mod:`.sitestats`: the per-site statistics that ``capture=True`` tabulates.
 """
 

@@ -1,44 +1,56 @@
 """``fpsim.emulate``: run any PyTorch model's dot products under a recipe, and measure them.
 
-Inside ``with fpsim.emulate(recipe) as em:`` every matrix-multiply-like op a model calls
-(``F.linear``, ``addmm``, ``matmul``/``@``, ``mm``, ``bmm``, ``baddbmm``, two-operand
-``einsum`` that is a batched product, the Q.K^T and P.V of ``scaled_dot_product_attention``
-(its softmax, like any softmax over the last axis where attention is emulated, in FP64 rounded
-once), and the statistics of ``layer_norm``, ``rms_norm`` and of ``x.pow(2).mean(-1)`` as HF's
-RMSNorm writes it) is computed by :mod:`fpsim.emulation.sites` under the recipe that :class:`Rules`
-selects for it: operands rounded to the recipe's formats, summed in its accumulator and order
-(:func:`fpsim.matmul`), the result written in its output format.  Each op is a *site* named
-``"<module path>:<op>"`` (``"transformer.h.0.attn.c_attn:addmm"``,
-``"model.layers.1.self_attn:qk"``); the module path comes from forward pre-hooks on every
-module, and a module that calls the same op again in one forward pass gets ``#2``, ``#3``...  With ``capture=True`` the context also
-keeps per-site statistics (:class:`SiteStats`: operand amax, overflowed / saturated / flushed
-operand elements, SNR of the result against FP64 arithmetic on the same operands, swamped
-additions of an emulated accumulator) in ``em.sites``; ``em.table()`` lists them.
+Inside ``with fpsim.emulate(recipe) as em:`` every op that sums products is computed by
+:mod:`fpsim.emulation.sites` under the recipe that :class:`Rules` selects for it: operands
+rounded to the recipe's formats, summed in its accumulator and order (:func:`fpsim.matmul`),
+the result written in its output format.  Which ops those are is one table,
+:mod:`fpsim.emulation.ops`: linear layers, every matmul spelling, convolutions (as implicit
+GEMMs, :mod:`fpsim.emulation.conv`), the Q.K^T and P.V of attention (its softmax in FP64,
+rounded once), and the statistics of layer / RMS / batch / group / instance norms
+(docs/emulate.md).  An op of that table that fpsim does not emulate is counted in
+``em.missed`` and shown as a "not emulated" row, warned about at exit, and raises under
+``strict=True``.  Each op is a *site* named ``"<module path>:<op>"``
+(``"transformer.h.0.attn.c_attn:addmm"``, ``"model.layers.1.self_attn:qk"``); the module path
+comes from forward pre-hooks on every module (or the module owning a parameter operand), and a
+module that calls the same op again in one forward pass gets ``#2``, ``#3``...  With
+``capture=True`` the context also keeps per-site statistics (:class:`SiteStats`: operand amax,
+overflowed / saturated / flushed operand elements, SNR of the result against FP64 arithmetic
+on the same operands, swamped additions of an emulated accumulator) in ``em.sites``;
+``em.table()`` lists them with the rule that chose each recipe.
 
-The forward pass only: emulated results carry no gradient.  Quantized weights are cached per
-context (keyed by storage, shape and version, so an in-place update invalidates them).  torch is
-imported when a context is entered, never by ``import fpsim``.
+The forward pass only: an emulated result that autograd tracks raises on backward
+(:mod:`fpsim.emulation.grad`).  Quantized weights are cached per context (keyed by storage,
+shape and version, so an in-place update invalidates them).  torch is imported when a context
+is entered, never by ``import fpsim``.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from ..inputs import check_flag
 from .recipe import Recipe, Rules
 from .sitestats import COLUMNS, SiteStats
 
+
 class Emulation:
     """The context :func:`emulate` returns: enter it to emulate, read ``sites`` after.
 
     ``sites`` maps a site name to its :class:`SiteStats`, in the order the sites were first
-    called (filled with ``capture=True``).
+    called (filled with ``capture=True``).  ``missed`` maps ``"<module path>:<op>"`` to the
+    calls of ops that sum products and ran in plain torch, not emulated (always filled; empty
+    when everything was emulated or left to torch by the rules).  ``matched`` maps each site
+    to ``(index of the rule that chose its recipe or None for the default, path, kind)``.
     """
 
-    def __init__(self, rules: Rules, capture: bool) -> None:
+    def __init__(self, rules: Rules, capture: bool, strict: bool = False) -> None:
         self.rules = rules
         self.capture = capture
+        self.strict = strict
         self.sites: dict[str, SiteStats] = {}
+        self.missed: dict[str, SiteStats] = {}
+        self.matched: dict[str, tuple[int | None, str, str]] = {}
         self._state: Any = None
 
     def __enter__(self) -> "Emulation":
@@ -54,10 +66,34 @@ class Emulation:
     def __exit__(self, *exc: Any) -> None:
         state, self._state = self._state, None
         state.stop()
+        if self.missed:
+            calls = sum(s.calls for s in self.missed.values())
+            names = ", ".join(list(self.missed)[:5]) + (", ..." if len(self.missed) > 5 else "")
+            warnings.warn(f"fpsim.emulate: {calls} call(s) of ops that sum products ran in "
+                          f"plain torch, not emulated: {names} (rows 'not emulated' in "
+                          "em.report(); strict=True raises at the first)", stacklevel=2)
+        for text in self.shadowed():
+            warnings.warn(f"fpsim.emulate: {text}", stacklevel=2)
+
+    def shadowed(self) -> list[str]:
+        """Rules that matched no site although a site they match ran: an earlier rule took
+        it (README's old example: ``kind='linear'`` before ``path='lm_head'``)."""
+        used = {index for index, _, _ in self.matched.values()}
+        out = []
+        for j, rule in enumerate(self.rules.rules):
+            if j in used:
+                continue
+            taken = next(((name, index) for name, (index, path, kind) in self.matched.items()
+                          if rule.matches(path, kind)), None)
+            if taken is not None:
+                out.append(f"rule {j} ({rule.describe()}) matched no site: {taken[0]} went to "
+                           f"rule {taken[1]}, which comes first")
+        return out
 
     def table(self) -> list[dict[str, Any]]:
-        """One row per site (:data:`COLUMNS`), in the order the sites were first called."""
-        return [s.row() for s in self.sites.values()]
+        """One row per site (:data:`COLUMNS`), in the order the sites were first called, then
+        one per op that ran not emulated (recipe ``"not emulated"``)."""
+        return [s.row() for s in (*self.sites.values(), *self.missed.values())]
 
     def report(self) -> str:
         """:meth:`table` as aligned plain text."""
@@ -77,14 +113,18 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def emulate(recipe: Recipe | Rules, *, capture: bool = False) -> Emulation:
+def emulate(recipe: Recipe | Rules, *, capture: bool = False, strict: bool = False) -> Emulation:
     """A context manager that computes every dot-product site of any PyTorch model under
-    ``recipe`` (one :class:`fpsim.emulation.recipe.Recipe` for all sites, or :class:`fpsim.emulation.recipe.Rules`
-    selecting per module path and op kind); with ``capture`` it also records per-site
-    statistics.  See the module docstring for the ops caught and how sites are named.
+    ``recipe`` (one :class:`fpsim.emulation.recipe.Recipe` for all sites, or
+    :class:`fpsim.emulation.recipe.Rules` selecting per module path and op kind); with
+    ``capture`` it also records per-site statistics.  An op that sums products and that fpsim
+    does not emulate is named in ``em.missed`` / ``em.report()`` and warned about at exit;
+    with ``strict`` it raises instead, naming op and module.  See the module docstring for the
+    ops caught and how sites are named, docs/emulate.md for the whole story.
 
     >>> with fpsim.emulate(Recipe("e4m3", scaling="tensor"), capture=True) as em:
     ...     logits = model(ids)
     >>> print(em.report())
     """
-    return Emulation(Rules.of(recipe), check_flag(capture, "capture"))
+    return Emulation(Rules.of(recipe), check_flag(capture, "capture"),
+                     check_flag(strict, "strict"))

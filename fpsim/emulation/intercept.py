@@ -1,46 +1,39 @@
 """The machinery behind :func:`fpsim.emulate`: a ``TorchFunctionMode`` that routes each
-matrix-multiply-like op to :mod:`fpsim.emulation.sites`, and global module hooks that say in which module
-it runs.  Imports torch (``fpsim.emulate`` imports this module when a context is entered).
+torch function of :data:`fpsim.emulation.ops.python_handlers` to :mod:`fpsim.emulation.sites`,
+a ``TorchDispatchMode`` (:mod:`fpsim.emulation.aten`) that emulates or names the aten ops of
+:data:`fpsim.emulation.ops.ATEN` that no Python-level handler computed, and global module hooks
+that say in which module each runs.  Imports torch (``fpsim.emulate`` imports this module when a
+context is entered).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.modules import module as nn_module
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from . import sites
+from . import norms, sites
+from .aten import AtenMode
+from .grad import guard, wants_grad
+from .ops import AtenOp, python_handlers
 from .recipe import FP64, Recipe
 from .sitestats import SiteStats
 
 Native = Callable[[], Tensor]
 
 
-#: torch function -> name of the Interceptor method that handles it.  Names, not bound methods:
-#: a dict of bound methods on the instance would be a reference cycle, and every interceptor
-#: (with its cache of quantized weights) would then live until the cyclic garbage collector ran.
-HANDLERS: dict[Any, str] = {
-    F.linear: "linear",
-    torch.addmm: "addmm", Tensor.addmm: "addmm",
-    torch.matmul: "matmul", Tensor.matmul: "matmul",
-    Tensor.__matmul__: "matmul", Tensor.__rmatmul__: "rmatmul",
-    torch.mm: "matmul", Tensor.mm: "matmul",
-    torch.bmm: "matmul", Tensor.bmm: "matmul",
-    torch.baddbmm: "baddbmm", Tensor.baddbmm: "baddbmm",
-    torch.einsum: "einsum",
-    F.scaled_dot_product_attention: "attention",
-    torch.softmax: "softmax", Tensor.softmax: "softmax", F.softmax: "softmax",
-    F.layer_norm: "layer_norm",
-    F.rms_norm: "rms_norm",
-    Tensor.pow: "pow", torch.pow: "pow", Tensor.__pow__: "pow",
-    Tensor.mean: "mean", torch.mean: "mean",
-}
+#: torch function -> name of the Interceptor method that handles it (the table: ops.py).
+HANDLERS: dict[Any, str] = python_handlers()
+#: Handlers that only watch (their result is torch's own, with its gradient).
+WATCHERS = ("pow",)
 
 
 class Interceptor(TorchFunctionMode):
@@ -48,6 +41,9 @@ class Interceptor(TorchFunctionMode):
     :class:`fpsim.emulation.Emulation`, whose ``sites`` it fills when ``em.capture``)."""
 
     active = False                                # an interceptor is running (they do not nest)
+    #: Emulated results that autograd tracks raise on backward (:mod:`fpsim.emulation.grad`);
+    #: a subclass whose handlers compute differentiably (the experiments' ops) turns it off.
+    guard_grad = True
 
     def __init__(self, em: Any) -> None:
         super().__init__()
@@ -57,7 +53,10 @@ class Interceptor(TorchFunctionMode):
         self.names: dict[int, str] = {}           # id(module) -> path from the outermost module
         self.counts: dict[str, int] = {}          # calls per site name in this forward pass
         self.squares = WeakTensorKeyDictionary()  # x.pow(2) results -> x (RMSNorm's statistic)
+        self.owners: dict[int, str] = {}          # id(parameter) -> path of the module owning it
+        self.emulated = 0                         # sites computed under a recipe so far
         self.hooks: list[Any] = []
+        self.aten = AtenMode(self)
 
     # ---------------------------------------------------------------------------------------
     # Activation and module paths
@@ -71,18 +70,38 @@ class Interceptor(TorchFunctionMode):
         Interceptor.active = True
         self.hooks = [nn_module.register_module_forward_pre_hook(self.enter_module),
                       nn_module.register_module_forward_hook(self.leave_module, always_call=True)]
+        self.aten.__enter__()
         self.__enter__()
 
     def stop(self) -> None:
-        self.__exit__(None, None, None)
-        for h in self.hooks:
-            h.remove()
-        Interceptor.active = False
+        try:
+            self.__exit__(None, None, None)
+            self.aten.__exit__(None, None, None)
+        finally:
+            for h in self.hooks:
+                h.remove()
+            Interceptor.active = False
+
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """The aten mode off while a Python-level handler computes a site (its own arithmetic
+        is fpsim's, not the model's)."""
+        if _get_current_dispatch_mode() is self.aten:
+            with _pop_mode_temporarily():
+                yield
+        else:                                     # another mode above ours: it sees the ops
+            self.aten.busy += 1
+            try:
+                yield
+            finally:
+                self.aten.busy -= 1
 
     def enter_module(self, module: torch.nn.Module, args: Any) -> None:
         if not self.stack:                        # an outermost call: a new forward pass
             if id(module) not in self.names or self.names[id(module)] != "":
                 self.names = {id(m): n for n, m in module.named_modules(remove_duplicate=False)}
+                self.owners = {id(p): n.rpartition(".")[0]
+                               for n, p in module.named_parameters(remove_duplicate=False)}
             self.counts.clear()
         path = self.names.get(id(module))
         if path is None:                          # a module outside the outermost one's tree
@@ -93,32 +112,93 @@ class Interceptor(TorchFunctionMode):
     def leave_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self.stack.pop()
 
-    def site(self, kind: str, op: str) -> tuple[str, Recipe | None]:
-        """This call's site name and the recipe the rules give it."""
-        path = self.stack[-1] if self.stack else ""
+    @property
+    def path(self) -> str:
+        """Module path of the forward call under way ("" outside every module)."""
+        return self.stack[-1] if self.stack else ""
+
+    def owner(self, *ts: Any) -> str | None:
+        """Path of the current module or one below it that owns one of ``ts`` (or the tensor a
+        view of it was taken from) as a parameter: ``self_attn.out_proj`` when
+        ``nn.MultiheadAttention`` uses its ``out_proj.weight`` without calling the module."""
+        here = self.path
+        for t in ts:
+            if isinstance(t, Tensor):
+                p = self.owners.get(id(t))
+                p = self.owners.get(id(t._base)) if p is None and t._base is not None else p
+                if p is not None and (p == here or p.startswith(here + ".") or here == ""):
+                    return p
+        return None
+
+    def site(self, kind: str, op: str, path: str | None = None) -> tuple[str, Recipe | None]:
+        """This call's site name and the recipe the rules give it (``path``: the module path,
+        by default the current module's)."""
+        path = self.path if path is None else path
         base = f"{path}:{op}"
         n = self.counts.get(base, 0) + 1
         self.counts[base] = n
-        return (base if n == 1 else f"{base}#{n}"), self.em.rules.select(path, kind)
+        index, recipe = self.em.rules.match(path, kind)
+        self.em.matched[base if n == 1 else f"{base}#{n}"] = (index, path, kind)
+        if recipe is not None:
+            self.emulated += 1
+        return (base if n == 1 else f"{base}#{n}"), recipe
+
+    def missed(self, op: AtenOp, schema: str, *ts: Any) -> None:
+        """An op that sums products ran in plain torch: count it (``strict``: raise)."""
+        path = self.owner(*ts) or self.path
+        name = f"{path}:{op.site}"
+        if self.em.strict:
+            raise RuntimeError(
+                f"fpsim.emulate(strict=True): {schema} in module {path or '<root>'!r} sums "
+                "products and is not emulated (fpsim/emulation/ops.py lists what is); call it "
+                "outside the context, or leave strict off to have it named in em.report()")
+        st = self.em.missed.get(name)
+        if st is None:
+            st = self.em.missed[name] = SiteStats(name, op.kind, "not emulated")
+        st.calls += 1
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         name = HANDLERS.get(func)
+        tracked = wants_grad(args, kwargs) if self.guard_grad else []
+        before = self.emulated
         if name is not None:
-            out = getattr(self, name)(lambda: func(*args, **kwargs), *args, **kwargs)
+            calls: list[int] = []
+
+            def native() -> Any:
+                calls.append(1)
+                return func(*args, **kwargs)
+
+            quiet = torch.no_grad() if tracked and name not in WATCHERS \
+                else contextlib.nullcontext()
+            with self.suspended(), quiet:
+                out = getattr(self, name)(native, *args, **kwargs)
             if out is not NotImplemented:
-                return out
-        return func(*args, **kwargs)
+                if not tracked or name in WATCHERS:
+                    return out
+                if not calls:                      # emulated: no gradient of torch's to give
+                    return guard(out, tracked, self.path or "<root>")
+                # torch computed it under no_grad: again, with its gradient
+        out = func(*args, **kwargs)                # the aten mode emulates what it can
+        return self.guarded(out, tracked, before)
+
+    def guarded(self, out: Any, tracked: list[Tensor], before: int) -> Any:
+        """``out``, made to raise on backward when autograd tracks it and a site was emulated
+        since ``before`` (:func:`fpsim.emulation.grad.guard`)."""
+        if tracked and self.emulated != before:
+            return guard(out, tracked, self.path or "<root>")
+        return out
 
     # ---------------------------------------------------------------------------------------
     # Products
     # ---------------------------------------------------------------------------------------
     def product(self, kind: str, op: str, a: Tensor, b: Tensor, bias: Tensor | None,
-                native: Native) -> Tensor:
+                native: Native, path: str | None = None) -> Tensor:
         """``a @ b (+ bias)`` of site ``op`` under its recipe (``native``: torch's own, for
-        sites the rules leave to torch)."""
-        name, recipe = self.site(kind, op)
+        sites the rules leave to torch; ``path``: the module path, by default that of the
+        module owning ``b`` or ``a`` as a parameter, else the current one's)."""
+        name, recipe = self.site(kind, op, self.owner(b, a) if path is None else path)
         if recipe is None and not self.em.capture:
             return native()
         dt = torch.promote_types(a.dtype, b.dtype)
@@ -173,11 +253,34 @@ class Interceptor(TorchFunctionMode):
         y = y if alpha == 1 else y * alpha
         return y if beta == 0 else y + beta * input
 
-    def left_to_torch(self, kind: str) -> bool:
+    def left_to_torch(self, kind: str, path: str | None = None) -> bool:
         """True when the rules leave ops of ``kind`` in the current module to torch and
         nothing is captured: the handler lets torch compute the whole op."""
-        path = self.stack[-1] if self.stack else ""
+        path = self.path if path is None else path
         return self.em.rules.select(path, kind) is None and not self.em.capture
+
+    def vecdot(self, native: Native, x: Tensor, y: Tensor, *, dim: int = -1,
+               out: Any = None) -> Any:
+        """``linalg.vecdot``: dot products along ``dim`` (torch writes it as a multiply and a
+        sum, which the aten level cannot tell from any other sum)."""
+        if out is not None or not _floating(x, y) or x.is_complex() or y.is_complex():
+            return NotImplemented
+        a, b = x.movedim(dim, -1)[..., None, :], y.movedim(dim, -1)[..., :, None]
+        return self.product("matmul", "vecdot", a, b, None, lambda: a @ b)[..., 0, 0]
+
+    def bilinear(self, native: Native, input1: Tensor, input2: Tensor, weight: Tensor,
+                 bias: Tensor | None = None) -> Any:
+        """``F.bilinear`` (``y_o = x1 . W_o . x2 + b_o``) as two products: ``x1`` against
+        ``W`` over its first input axis, then each output's row against ``x2``."""
+        if not _floating(input1, input2, weight):
+            return NotImplemented
+        o, i, j = weight.shape
+        w = weight.permute(1, 0, 2).reshape(i, o * j)
+        u = self.product("linear", "bilinear", input1, w, None, lambda: input1 @ w)
+        u = u.reshape(*u.shape[:-1], o, j)
+        x2 = input2[..., :, None]
+        y = self.product("linear", "bilinear", u, x2, None, lambda: u @ x2)[..., 0]
+        return y if bias is None else y + bias
 
     def einsum(self, native: Native, equation: str, *operands: Any) -> Any:
         """A two-operand einsum that is a batched matrix product, as that product."""
@@ -253,6 +356,48 @@ class Interceptor(TorchFunctionMode):
             self.norm_stats(name, recipe, input, sites.layernorm_stats)
         return y
 
+    def batch_norm(self, native: Native, input: Tensor, running_mean: Tensor | None,
+                   running_var: Tensor | None, weight: Tensor | None = None,
+                   bias: Tensor | None = None, training: bool = False, momentum: float = 0.1,
+                   eps: float = 1e-5) -> Any:
+        """Training-mode batch norm: its per-channel statistics (and the running-stat update)
+        under the recipe of a ``norm`` site; with running statistics it sums nothing."""
+        if not training or not _floating(input) or input.dim() < 2:
+            return NotImplemented
+        rows = lambda: input.movedim(1, -1).reshape(-1, input.shape[1]).t()  # noqa: E731
+        return self.norm_site("batch_norm", native, rows, lambda r, ev: norms.batch_norm(
+            r, input, running_mean, running_var, weight, bias, momentum, eps, ev))
+
+    def instance_norm(self, native: Native, input: Tensor, running_mean: Tensor | None = None,
+                      running_var: Tensor | None = None, weight: Tensor | None = None,
+                      bias: Tensor | None = None, use_input_stats: bool = True,
+                      momentum: float = 0.1, eps: float = 1e-5) -> Any:
+        if not use_input_stats or not _floating(input) or input.dim() < 3:
+            return NotImplemented
+        rows = lambda: input.reshape(input.shape[0] * input.shape[1], -1)  # noqa: E731
+        return self.norm_site("instance_norm", native, rows, lambda r, ev: norms.instance_norm(
+            r, input, running_mean, running_var, weight, bias, momentum, eps, ev))
+
+    def group_norm(self, native: Native, input: Tensor, num_groups: int,
+                   weight: Tensor | None = None, bias: Tensor | None = None,
+                   eps: float = 1e-5) -> Any:
+        if not _floating(input) or input.dim() < 2:
+            return NotImplemented
+        rows = lambda: input.reshape(input.shape[0] * num_groups, -1)  # noqa: E731
+        return self.norm_site("group_norm", native, rows, lambda r, ev: norms.group_norm(
+            r, input, num_groups, weight, bias, eps, ev))
+
+    def norm_site(self, op: str, native: Native, rows: Callable[[], Tensor],
+                  compute: Callable[[Recipe, dict | None], Tensor]) -> Tensor:
+        """A norm site whose statistics are those of ``rows()`` (see :mod:`.norms`)."""
+        name, recipe = self.site("norm", op)
+        if recipe is None and not self.em.capture:
+            return native()
+        y = native() if recipe is None else compute(recipe, None)
+        if self.em.capture:
+            self.norm_stats(name, recipe, rows(), sites.layernorm_stats)
+        return y
+
     def rms_norm(self, native: Native, input: Tensor, normalized_shape: Any,
                  weight: Tensor | None = None, eps: float | None = None) -> Any:
         if len(tuple(normalized_shape)) != 1 or not _floating(input):
@@ -314,13 +459,17 @@ class Interceptor(TorchFunctionMode):
         ref = ref[1] if isinstance(ref, tuple) else ref
         st = self.em.sites.get(name)
         if st is None:
-            st = self.em.sites[name] = SiteStats(name, kind, None if recipe is None
-                                                 else recipe.name)
+            index = self.em.matched[name][0]
+            st = self.em.sites[name] = SiteStats(
+                name, kind, None if recipe is None else recipe.name,
+                "default" if index is None else f"rule {index}")
         st.calls += 1
         for x in operands:
             fin = x[torch.isfinite(x)]
-            st.elements += x.numel()
             st.amax = max(st.amax, float(fin.abs().max()) if fin.numel() else 0.0)
+        counted = [events[r]["elements"] for r in ("a", "b") if events.get(r)]
+        st.elements += sum(counted) if len(counted) == len(operands) \
+            else sum(x.numel() for x in operands)        # a convolution counts its patches
         for role in ("a", "b"):
             ev = events.get(role)
             if ev is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -27,10 +28,12 @@ NATIVE = ("fp32", "fp64")  # accumulators summed in FP64 by torch and rounded on
 #: How a native FP32 accumulator is summed (``Recipe.native_sums``): "fp64" in FP64 and rounded
 #: once (the same bits on every machine), "host" by the host's own FP32 GEMM (not reproducible).
 NATIVE_SUMS = ("fp64", "host")
-#: Op kinds a :class:`Rule` selects: ``linear`` (F.linear, addmm: a layer's product and bias),
-#: ``matmul`` (matmul / @ / mm / bmm / baddbmm / einsum), ``attention`` (the Q.K^T and P.V of
-#: scaled_dot_product_attention), ``norm`` (LayerNorm / RMSNorm statistics).
-KINDS = ("linear", "matmul", "attention", "norm")
+#: Op kinds a :class:`Rule` selects: ``linear`` (F.linear, addmm, F.bilinear, any product with a
+#: module's parameter: a layer's product and bias), ``matmul`` (matmul / @ / mm / bmm / baddbmm /
+#: einsum / dot / mv / tensordot ...), ``conv`` (every convolution), ``attention`` (the Q.K^T and
+#: P.V of scaled_dot_product_attention), ``norm`` (layer / RMS / batch / group / instance norm
+#: statistics).  The ops of each: :mod:`fpsim.emulation.ops`.
+KINDS = ("linear", "matmul", "conv", "attention", "norm")
 FormatLike = str | Format
 
 
@@ -235,11 +238,29 @@ class Rule:
         """True when this rule applies to an op of ``kind`` in the module at ``path``."""
         return (self.kind is None or self.kind == kind) and fnmatch.fnmatchcase(path, self.path)
 
+    def covers(self, other: "Rule") -> bool:
+        """True when every site ``other`` matches is provably matched by this rule too (its
+        path is ``"*"``, the same glob, or a glob matching ``other``'s literal path)."""
+        if self.kind is not None and self.kind != other.kind:
+            return False
+        if self.path in ("*", other.path):
+            return True
+        return not any(c in other.path for c in "*?[") \
+            and fnmatch.fnmatchcase(other.path, self.path)
+
+    def describe(self) -> str:
+        """``path='lm_head', kind='linear'`` (the fields that select)."""
+        return f"path={self.path!r}" + ("" if self.kind is None else f", kind={self.kind!r}")
+
 
 @dataclass(frozen=True)
 class Rules:
     """Per-site recipes: the first of ``rules`` that matches a site gives its recipe, else
     ``default`` (the deterministic FP32 reference; None leaves unmatched sites to torch).
+
+    A rule that can never match, because an earlier one covers all its sites
+    (:meth:`Rule.covers`), is warned about when the Rules are built; ``em.report()`` shows
+    which rule matched each site.
 
     For example "linear layers in E4M3 with per-tensor scaling, attention in BF16, norms in
     FP32"::
@@ -257,13 +278,25 @@ class Rules:
             raise TypeError(f"Rules takes Rule objects, got {bad[0]!r}: wrap it as Rule(recipe, "
                             "path=..., kind=...)")
         object.__setattr__(self, "rules", tuple(self.rules))
+        for j, later in enumerate(self.rules):
+            first = next((i for i in range(j) if self.rules[i].covers(later)), None)
+            if first is not None:
+                warnings.warn(
+                    f"Rules: rule {j} ({later.describe()}) can never match: rule {first} "
+                    f"({self.rules[first].describe()}) comes first and takes all its sites; put "
+                    "the narrower rule first", UserWarning, stacklevel=3)
+
+    def match(self, path: str, kind: str) -> tuple[int | None, Recipe | None]:
+        """The index of the first rule matching an op of ``kind`` at ``path`` (None: the
+        default) and the recipe it gives (None: torch computes the op)."""
+        for i, rule in enumerate(self.rules):
+            if rule.matches(path, kind):
+                return i, rule.recipe
+        return None, self.default
 
     def select(self, path: str, kind: str) -> Recipe | None:
         """The recipe of an op of ``kind`` in the module at ``path`` (None: torch computes it)."""
-        for rule in self.rules:
-            if rule.matches(path, kind):
-                return rule.recipe
-        return self.default
+        return self.match(path, kind)[1]
 
     @classmethod
     def of(cls, recipe: "Recipe | Rules") -> "Rules":

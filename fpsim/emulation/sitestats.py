@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 #: Columns of :meth:`Emulation.table`, in order.
-COLUMNS = ("site", "kind", "recipe", "calls", "elements", "amax", "overflow", "saturated",
+COLUMNS = ("site", "kind", "recipe", "rule", "calls", "elements", "amax", "overflow", "saturated",
            "flushed", "outputs", "nonfinite", "snr_db", "swamped")
 
 
@@ -15,6 +15,9 @@ COLUMNS = ("site", "kind", "recipe", "calls", "elements", "amax", "overflow", "s
 class SiteStats:
     """What one site did, summed over its calls.
 
+    ``recipe``: the name of the recipe that computed it (None: left to torch by the rules;
+    ``"not emulated"``: an op that sums products and that fpsim does not emulate ran there);
+    ``rule``: which rule of the :class:`fpsim.Rules` chose it (``"rule 2"``, ``"default"``).
     ``elements``: operand elements (both operands, every call); ``amax``: the largest finite
     operand magnitude; ``overflow`` / ``saturated`` / ``flushed``: operand elements the recipe
     sent to inf/NaN, clamped at the format's largest value, or flushed to zero; ``outputs``:
@@ -27,6 +30,7 @@ class SiteStats:
     site: str
     kind: str
     recipe: str | None
+    rule: str | None = None
     calls: int = 0
     elements: int = 0
     amax: float = 0.0
@@ -48,4 +52,7 @@ class SiteStats:
 
     def row(self) -> dict[str, Any]:
         """The site as a table row keyed by :data:`COLUMNS`."""
+        if self.recipe == "not emulated":            # only counted: nothing was measured
+            return {c: getattr(self, c) if c in ("site", "kind", "recipe", "calls") else None
+                    for c in COLUMNS}
         return {c: self.snr_db if c == "snr_db" else getattr(self, c) for c in COLUMNS}

@@ -1,0 +1,50 @@
+"""Emulated outputs and autograd, until emulated sites get a backward pass of their own.
+
+An emulated result that autograd would track is returned through :class:`NoBackward`, whose
+backward raises a clear error (which site, ``torch.no_grad()``, the training API to come)
+instead of differentiating torch's own op on operands the recipe never used, or failing on
+the emulation's in-place arithmetic.  One function, :func:`guard`, so that the training
+issue's backward can replace it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+MESSAGE = ("fpsim.emulate: backward() reached the emulated site {site!r}, and emulated sites "
+           "have no backward pass yet (the training API that gives them one is coming). Run the "
+           "forward pass under torch.no_grad() (or torch.inference_mode()) inside the context, "
+           "or leave the context before calling backward()")
+
+
+def wants_grad(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors among ``args`` and ``kwargs`` that autograd tracks (none outside grad mode)."""
+    if not torch.is_grad_enabled():
+        return []
+    leaves, _ = tree_flatten((args, kwargs))
+    return [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+class NoBackward(torch.autograd.Function):
+    """Identity forward (a copy of ``y``); backward raises :data:`MESSAGE` for ``site``."""
+
+    @staticmethod
+    def forward(ctx: Any, site: str, y: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+        ctx.site = site
+        return y.clone()
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        raise RuntimeError(MESSAGE.format(site=ctx.site))
+
+
+def guard(out: Any, inputs: list[torch.Tensor], site: str) -> Any:
+    """``out`` with each floating tensor in it made to raise on backward (see the module doc)."""
+    def one(t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            return NoBackward.apply(site, t.detach(), *inputs)
+        return t
+    return tree_map(one, out)

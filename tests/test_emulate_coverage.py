@@ -1,0 +1,215 @@
+"""What fpsim.emulate catches beyond linear layers: convolutions against fpsim.matmul on an
+explicit im2col (bit for bit), every matmul spelling, norm statistics, ops named as not
+emulated (strict raises), Rules that can never match, and backward through an emulated site."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+import fpsim  # noqa: E402
+from fpsim import Recipe, Rule, Rules  # noqa: E402
+from fpsim.emulation import conv as convmod  # noqa: E402
+
+FP64 = Recipe(accum="fp64")
+FP16_SUMS = Recipe("e4m3", accum="fp16", order="sequential")
+G = torch.Generator().manual_seed(7)
+
+# (dims, C_in, C_out, kernel, stride, padding, dilation, groups, transposed, output_padding)
+CONVS = [
+    (1, 4, 6, 3, 1, 0, 1, 1, False, 0),
+    (1, 4, 4, 4, 2, 3, 1, 4, False, 0),          # depthwise, stride, padding
+    (1, 4, 6, 3, 1, 2, 2, 2, False, 0),          # dilation, groups
+    (2, 3, 4, 3, 2, 1, 1, 1, False, 0),
+    (2, 4, 6, 3, 1, 2, 2, 2, False, 0),
+    (2, 4, 4, 3, 1, 1, 1, 4, False, 0),          # depthwise 2d
+    (3, 2, 4, 2, 1, 1, 1, 1, False, 0),
+    (1, 4, 6, 3, 2, 1, 1, 2, True, 1),           # transposed, groups, output padding
+    (2, 3, 4, 3, 2, 1, 1, 1, True, 0),
+    (2, 2, 4, 3, 1, 0, 2, 1, True, 0),           # transposed, dilation
+]
+
+
+def _conv_args(dims, cin, cout, k, stride, pad, dil, groups, transposed, outpad):
+    x = torch.randn(2, cin, *[7] * dims, generator=G)
+    wshape = (cin, cout // groups) if transposed else (cout, cin // groups)
+    w = torch.randn(*wshape, *[k] * dims, generator=G) / 4
+    b = torch.randn(cout, generator=G)
+    geo = ([stride] * dims, [pad] * dims, [dil] * dims, transposed, [outpad] * dims, groups)
+    return x, w, b, geo
+
+
+@pytest.mark.parametrize("case", CONVS, ids=str)
+@pytest.mark.parametrize("recipe", [FP16_SUMS, Recipe("e4m3", scaling="channel"),
+                                    Recipe("mxfp8_e4m3", scaling="block"), FP64], ids=str)
+def test_conv_is_fpsim_matmul_on_explicit_im2col(case, recipe, monkeypatch):
+    """The conv site equals fpsim.emulation.sites.matmul on the whole im2col of the same
+    operands (the sums of fpsim.matmul), plus the bias, in the output format; pieces of a few
+    patches change nothing."""
+    from fpsim.emulation.sites import _operands, _product, round_output
+
+    x, w, b, geo = _conv_args(*case)
+    ref_native = torch.ops.aten.convolution(x.double(), w.double(), b.double(), *geo)
+    xp, wd, stride = convmod.direct(x, w, *geo[:5], geo[5])
+    cols = convmod.im2col(xp, wd.shape[2:], stride, geo[2], geo[5])
+    qa, qb = _operands(recipe, cols, convmod.weight_matrix(wd, geo[5]), None)
+    want = _product(recipe, qa, qb, None, None)
+    n, out = x.shape[0], ref_native.shape[2:]
+    want = want.transpose(0, 1).reshape(n, *out, -1).movedim(-1, 1) + b.reshape(-1, *[1] * len(out))
+    want = round_output(want, recipe)
+    image = math.prod(out) * x.shape[1] * math.prod(wd.shape[2:])
+    for piece in (50, image):                           # pieces of a few patches, of one image
+        monkeypatch.setattr(convmod, "PIECE", piece)
+        with torch.no_grad(), fpsim.emulate(recipe, strict=True) as em:
+            got = torch.ops.aten.convolution(x, w, b, *geo)
+        assert got.shape == ref_native.shape
+        assert torch.equal(got, want)
+        assert not em.missed
+    if recipe is FP64:                                      # FP64 sums: torch's own, rounded
+        assert torch.allclose(got.double(), ref_native, rtol=1e-6, atol=1e-6)
+
+
+def test_conv_tensor_scaling_and_padding_modes():
+    torch.manual_seed(0)
+    convs = [nn.Conv2d(3, 4, 3, padding=1, padding_mode=m) for m in
+             ("zeros", "reflect", "replicate", "circular")] + [nn.Conv1d(3, 4, 4, padding="same")]
+    x2, x1 = torch.randn(2, 3, 6, 6, generator=G), torch.randn(2, 3, 9, generator=G)
+    for c in convs:
+        x = x1 if isinstance(c, nn.Conv1d) else x2
+        c.double()
+        with torch.no_grad(), fpsim.emulate(FP64, strict=True, capture=True) as em:
+            y = c(x.double())
+        ref = c(x.double())
+        c.float()
+        assert torch.equal(y.float(), ref.float()), c
+        assert list(em.sites) == [":conv"]
+        with torch.no_grad(), fpsim.emulate(Recipe("e4m3", scaling="tensor")):
+            low = c(x)
+        assert not torch.equal(low, ref.float())
+
+
+def test_matmul_spellings_are_sites():
+    a, m = torch.randn(5, generator=G), torch.randn(4, 5, generator=G)
+    w = torch.randn(2, 3, 5, generator=G)
+    cases = {
+        "dot": lambda: torch.dot(a, a), "vdot": lambda: torch.vdot(a, a),
+        "mv": lambda: torch.mv(m, a), "addmv": lambda: torch.addmv(torch.ones(4), m, a, beta=2),
+        "inner": lambda: torch.inner(m, m), "vecdot": lambda: torch.linalg.vecdot(m, m),
+        "tensordot": lambda: torch.tensordot(m, m, dims=([1], [1])),
+        "multi_dot": lambda: torch.linalg.multi_dot([m, m.T, m]),
+        "einsum3": lambda: torch.einsum("ij,jk,kl->il", m, m.T, m),
+        "bilinear": lambda: F.bilinear(m[:, :3], m, w),
+        "addbmm": lambda: torch.addbmm(torch.ones(4, 4), m[None].repeat(2, 1, 1),
+                                       m.T[None].repeat(2, 1, 1), alpha=0.5),
+        "linalg.matmul": lambda: torch.linalg.matmul(m, m.T),
+    }
+    for name, f in cases.items():
+        ref = f()
+        with torch.no_grad(), fpsim.emulate(FP64, strict=True, capture=True) as em:
+            got = f()
+        assert em.sites, name
+        assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5), name
+        with torch.no_grad(), fpsim.emulate(Recipe("e2m1"), capture=True) as em:
+            low = f()
+        assert not torch.equal(low, ref), name
+    with fpsim.emulate(FP64, capture=True) as em:
+        torch.linalg.multi_dot([m, m.T, m, m.T])
+    assert len(em.sites) == 3                             # one site per pairwise product
+
+
+def test_norm_statistics_are_sites():
+    x = torch.randn(4, 6, 5, generator=G)
+    inorm = nn.InstanceNorm1d(6, affine=True, track_running_stats=True)
+    for mod in (nn.BatchNorm1d(6), nn.GroupNorm(3, 6), inorm):
+        mod.double()
+        ref_state = {k: v.clone() for k, v in mod.state_dict().items()}
+        ref = mod(x.double())
+        ref_after = {k: v.clone() for k, v in mod.state_dict().items()}
+        mod.load_state_dict(ref_state)
+        with torch.no_grad(), fpsim.emulate(FP16_SUMS, strict=True, capture=True) as em:
+            low = mod(x.double())
+        assert [s.kind for s in em.sites.values()] == ["norm"], mod
+        assert not torch.equal(low, ref)
+        mod.load_state_dict(ref_state)
+        with torch.no_grad(), fpsim.emulate(Recipe("fp64", accum="fp64", order="sequential"),
+                                            strict=True):
+            got = mod(x.double())
+        assert torch.allclose(got, ref, rtol=1e-12, atol=1e-12), mod
+        for k, v in mod.state_dict().items():                # running statistics updated alike
+            assert torch.allclose(v.double(), ref_after[k].double(), rtol=1e-12, atol=1e-12), k
+
+
+class PlantedMM(torch.autograd.Function):
+    """A custom op whose product runs through a path fpsim does not emulate (torch.cdist: an
+    aten kernel with its own matrix product inside)."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        return torch.cdist(a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        return None, None
+
+
+def test_planted_op_is_named_and_fails_strict():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return PlantedMM.apply(self.inner(x), x)
+
+    net, x = Net(), torch.randn(3, 4, generator=G)
+    with torch.no_grad(), pytest.warns(UserWarning, match="not emulated: :cdist_forward"):
+        with fpsim.emulate(FP64) as em:
+            net(x)
+            net(x)
+    assert em.missed[":cdist_forward"].calls == 2
+    rows = {r["site"]: r for r in em.table()}
+    assert rows[":cdist_forward"]["recipe"] == "not emulated"
+    assert "not emulated" in em.report()
+    with torch.no_grad(), pytest.raises(RuntimeError, match=r"aten::_cdist_forward in module "):
+        with fpsim.emulate(FP64, strict=True):
+            net(x)
+
+
+def test_rules_that_never_match_warn_and_the_report_names_the_rule():
+    lin = Recipe("e4m3", scaling="tensor")
+    with pytest.warns(UserWarning, match=r"rule 1 \(path='lm_head', kind='linear'\) can never"):
+        Rules([Rule(lin, kind="linear"), Rule(FP64, path="lm_head", kind="linear")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Rules([Rule(FP64, path="lm_head"), Rule(lin, kind="linear")])
+    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    rules = Rules([Rule(lin, kind="linear"), Rule(FP64, path="1")])
+    with torch.no_grad(), pytest.warns(UserWarning, match=r"rule 1 .* matched no site: 1:linear "
+                                                          r"went to rule 0"):
+        with fpsim.emulate(rules, capture=True) as em:
+            net(torch.randn(3, 4, generator=G))
+    assert [r["rule"] for r in em.table()] == ["rule 0", "rule 0"]
+
+
+def test_backward_through_an_emulated_site_says_what_to_do():
+    lin = nn.Linear(4, 3)
+    x = torch.randn(2, 4, generator=G)
+    with fpsim.emulate(Recipe("e4m3")):
+        y = lin(x).sum()
+    with pytest.raises(RuntimeError, match=r"no backward pass yet.*torch.no_grad\(\)"):
+        y.backward()
+    conv = nn.Conv1d(2, 2, 3)
+    with fpsim.emulate(Recipe("e4m3")):
+        y = conv(torch.randn(1, 2, 5, generator=G)).sum()
+    with pytest.raises(RuntimeError, match="no backward pass yet"):
+        y.backward()
+    with fpsim.emulate(Rules(default=None)):                # nothing emulated: torch's gradient
+        lin(x).sum().backward()
+    assert lin.weight.grad is not None
