@@ -15,7 +15,11 @@ keeps per-site statistics (:class:`SiteStats`: operand amax, overflowed / satura
 operand elements, SNR of the result against FP64 arithmetic on the same operands, swamped
 additions of an emulated accumulator) in ``em.sites``; ``em.table()`` lists them.
 
-The forward pass only: emulated results carry no gradient.  Quantized weights are cached per
+Product sites are differentiable: where a gradient is wanted, :mod:`fpsim.emulation.backward`
+computes each one's input- and weight-gradient GEMMs under the recipe's ``backward``
+settings (see :mod:`fpsim.emulation.presets` for the published training recipes); the
+emulated norm statistics are not (a clear error asks to leave norms to torch).  Quantized
+weights are cached per
 context (keyed by storage, shape and version, so an in-place update invalidates them).  torch is
 imported when a context is entered, never by ``import fpsim``.
 """
@@ -39,6 +43,9 @@ class Emulation:
         self.rules = rules
         self.capture = capture
         self.sites: dict[str, SiteStats] = {}
+        #: delayed scaling: (site, tensor) -> its AmaxHistory (``x``, ``w``, ``dy``), kept
+        #: from call to call and step to step while this object lives
+        self.histories: dict[tuple[str, str], Any] = {}
         self._state: Any = None
 
     def __enter__(self) -> "Emulation":
@@ -58,6 +65,16 @@ class Emulation:
     def table(self) -> list[dict[str, Any]]:
         """One row per site (:data:`COLUMNS`), in the order the sites were first called."""
         return [s.row() for s in self.sites.values()]
+
+    def amax_history(self, site: str) -> dict[str, dict[str, Any]]:
+        """Delayed scaling state of ``site``: per tensor (``x``, ``w``, ``dy``) its amax
+        history (oldest first) and the scale its next call uses."""
+        found = {role: h.state() for (name, role), h in self.histories.items() if name == site}
+        if not found:
+            known = sorted({name for name, _ in self.histories})
+            raise KeyError(f"no delayed-scaling state for site {site!r}; sites with one: "
+                           f"{known[:5]}")
+        return found
 
     def report(self) -> str:
         """:meth:`table` as aligned plain text."""

@@ -15,7 +15,7 @@ from torch.nn.modules import module as nn_module
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from . import sites
+from . import backward, sites
 from .recipe import FP64, Recipe
 from .sitestats import SiteStats
 
@@ -125,16 +125,19 @@ class Interceptor(TorchFunctionMode):
         a, b = a.to(dt), b.to(dt)
         bias = None if bias is None else bias.to(dt)
         events: dict | None = {} if self.em.capture else None
+        cache = self.cache if _parameter(b) else None  # only parameters live long enough
         if recipe is None:
             y = native()
+        elif backward.handles(recipe, a, b, bias):      # gradients, training casts
+            y = backward.product(self, name, recipe, a, b, bias, events, cache)
         elif bias is None and kind != "linear":
             y = sites.matmul(recipe, a, b, events)
-        else:                                      # only parameters live long enough to cache
-            cache = self.cache if _parameter(b) else None
+        else:
             y = sites.linear(recipe, a, b, bias, events, cache)
         if events is not None:
-            ref = sites.linear(FP64, a.double(), b.double(),
-                               None if bias is None else bias.double())
+            with torch.no_grad():
+                ref = sites.linear(FP64, a.double(), b.double(),
+                                   None if bias is None else bias.double())
             self.record(name, kind, recipe, (a, b), events, y, ref)
         return y
 
@@ -248,6 +251,8 @@ class Interceptor(TorchFunctionMode):
         name, recipe = self.site("norm", "layer_norm")
         if recipe is None and not self.em.capture:
             return native()
+        if recipe is not None:
+            backward.check_norm(name, recipe, input, weight, bias)
         y = native() if recipe is None else sites.layernorm(recipe, input, weight, bias, eps)
         if self.em.capture:
             self.norm_stats(name, recipe, input, sites.layernorm_stats)
@@ -261,6 +266,8 @@ class Interceptor(TorchFunctionMode):
         if recipe is None and not self.em.capture:
             return native()
         eps = torch.finfo(input.dtype).eps if eps is None else eps
+        if recipe is not None:
+            backward.check_norm(name, recipe, input, weight)
         y = native() if recipe is None else sites.rmsnorm(recipe, input, weight, eps)
         if self.em.capture:
             self.norm_stats(name, recipe, input, sites.sum_squares)
@@ -318,6 +325,7 @@ class Interceptor(TorchFunctionMode):
                                                  else recipe.name)
         st.calls += 1
         for x in operands:
+            x = x.detach()
             fin = x[torch.isfinite(x)]
             st.elements += x.numel()
             st.amax = max(st.amax, float(fin.abs().max()) if fin.numel() else 0.0)

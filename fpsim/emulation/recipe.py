@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from .. import mx
 from ..formats import Format, get_format
+from .casts import Backward, Cast
 from ..inputs import check_flag
 from ..rounding import check_mode, check_saturate
 
@@ -30,8 +31,10 @@ KINDS = ("linear", "matmul", "attention", "norm")
 FormatLike = str | Format
 
 
-def format_name(fmt: FormatLike | None) -> str | None:
-    """Name of a scalar or block format (None stays None)."""
+def format_name(fmt: FormatLike | Cast | None) -> str | None:
+    """Name of a scalar or block format, label of a :class:`Cast` (None stays None)."""
+    if isinstance(fmt, Cast):
+        return fmt.describe()
     return None if fmt is None else (fmt if isinstance(fmt, str) else fmt.name)
 
 
@@ -57,6 +60,13 @@ class Recipe:
     smallest normal that do not flush keep the format's full mantissa width, as if its exponent
     range went on downwards (an ablation that removes the precision subnormals lose; needs
     ``scaling='none'`` and a floating-point format).
+
+    Training: ``inputs`` / ``weights`` may be a :class:`fpsim.emulation.casts.Cast` (its own
+    scaling: Transformer Engine / torchao scaled casts, delayed scaling, NVFP4 2-D blocks;
+    ``scaling`` stays ``none``); ``backward`` (a :class:`fpsim.emulation.casts.Backward`) sets
+    the input- and weight-gradient GEMMs (None: gradients unquantized, the forward's operand
+    settings re-applied along each GEMM's reduction axis, the forward's accumulator).  The
+    published recipes are in :mod:`fpsim.emulation.presets`.
     """
 
     name: str
@@ -73,6 +83,7 @@ class Recipe:
     flush: bool = True
     scale_rounding: str | None = None
     full_subnormals: bool = False
+    backward: Backward | None = None
 
     def __post_init__(self) -> None:
         check_saturate(self.saturate)
@@ -86,8 +97,15 @@ class Recipe:
             raise ValueError(
                 f"recipe {self.name!r}: scaling {self.scaling!r} is not one of {SCALINGS}"
             )
+        if self.backward is not None and not isinstance(self.backward, Backward):
+            raise TypeError(f"recipe {self.name!r}: backward= takes a Backward, not "
+                            f"{self.backward!r}")
+        casts = [f for f in (self.inputs, self.weights) if isinstance(f, Cast)]
+        if casts and (self.scaling != "none" or self.full_subnormals):
+            raise ValueError(f"recipe {self.name!r}: a Cast operand carries its own scaling; "
+                             "leave scaling='none' (and full_subnormals off)")
         for fmt in (self.inputs, self.weights):
-            if fmt is None:
+            if fmt is None or isinstance(fmt, Cast):
                 continue
             if self.scaling == "block":
                 mx.get_mx_format(fmt)
@@ -141,6 +159,7 @@ class Recipe:
         d = dataclasses.asdict(self)
         for key in ("inputs", "weights", "output"):
             d[key] = format_name(getattr(self, key))
+        d["backward"] = None if self.backward is None else self.backward.describe()
         return d
 
 

@@ -46,9 +46,10 @@ def rounding_limit(fmt: Format) -> float:
 
 
 def quantize_operand(
-    x: Tensor, fmt: FormatLike | None, recipe: Recipe, axis: int
+    x: Tensor, fmt: FormatLike | None, recipe: Recipe, axis: int, seed: Any = None
 ) -> tuple[Tensor, Any]:
-    """``x`` rounded to ``fmt`` under the recipe's scaling, reducing along ``axis``.
+    """``x`` rounded to ``fmt`` under the recipe's scaling, reducing along ``axis``
+    (``seed``: stochastic rounding's, as :func:`fpsim.quantize` takes it).
 
     Returns the dequantized values (``x``'s dtype) and, per element (a float or a tensor that
     broadcasts against ``x``), the magnitude from which it is clamped or overflows instead of
@@ -58,7 +59,7 @@ def quantize_operand(
         return x, math.inf
     if recipe.scaling == "block":
         arr = mx.quantize(x, fmt, axis=axis, rounding=recipe.rounding,
-                          scale_rounding=recipe.scale_rounding)
+                          scale_rounding=recipe.scale_rounding, seed=seed)
         # the limit is the same over a block: the largest code of each block (as blocks of one
         # element) dequantized, then repeated along the axis: one full-size tensor, not several
         elem, lay = arr.fmt.elem, arr.layout
@@ -71,12 +72,12 @@ def quantize_operand(
         return arr.dequantize(x.dtype), limit
     f = get_format(fmt)
     if recipe.scaling == "none":
-        q = quantize(x, f, rounding=recipe.rounding, saturate=recipe.saturate)
+        q = quantize(x, f, rounding=recipe.rounding, saturate=recipe.saturate, seed=seed)
         if recipe.full_subnormals:
             q = widen_subnormals(x, q, f, recipe.rounding)
         return q, rounding_limit(f)
     if recipe.scaling == "tile":
-        return tile_quantize(x, f, axis, recipe.rounding), math.inf
+        return tile_quantize(x, f, axis, recipe.rounding, seed), math.inf
     # one scale per tensor or per row along the reduction axis; float64 keeps x / scale finite
     # for formats wider than float32, whose fp32 scales stop at 2^-126.  One contiguous copy:
     # scaled_quantize then reads its rows as a view (a strided one it would copy again)
@@ -89,6 +90,7 @@ def quantize_operand(
         granularity=recipe.scaling,
         axis=0 if channel else None,
         rounding=recipe.rounding,
+        seed=seed,
     )
     q = st.values.reshape(moved.shape).movedim(-1, axis).to(x.dtype)
     scales = st.scales.double()
@@ -106,7 +108,8 @@ def widen_subnormals(x: Tensor, q: Tensor, f: Format, rounding: str = "rne") -> 
     return torch.where(below, quantize(x, wide, rounding=rounding), q)
 
 
-def tile_quantize(x: Tensor, f: Format, axis: int, rounding: str = "rne") -> Tensor:
+def tile_quantize(x: Tensor, f: Format, axis: int, rounding: str = "rne",
+                  seed: Any = None) -> Tensor:
     """DeepSeek-V3 fine-grained scaling: amax scales per 1 x 128 tile along the reduction axis
     of a left operand (``axis=-1``), per 128 x 128 block of a right operand (``axis=-2``).
 
@@ -116,7 +119,7 @@ def tile_quantize(x: Tensor, f: Format, axis: int, rounding: str = "rne") -> Ten
     moved = x.movedim(axis, -1).double()
     if axis == -1:
         st = scaled_quantize(moved, f, granularity=("block", TILE), axis=-1,
-                                   rounding=rounding)
+                             rounding=rounding, seed=seed)
         return st.values.movedim(-1, axis).to(x.dtype)
     # right operand [..., K, N] moved to [..., N, K]: blocks of 128 columns x 128 reduction steps
     *batch, n, k = moved.shape
@@ -125,7 +128,7 @@ def tile_quantize(x: Tensor, f: Format, axis: int, rounding: str = "rne") -> Ten
     N, K = (n + pn) // TILE, (k + pk) // TILE
     blocks = padded.reshape(*batch, N, TILE, K, TILE).movedim(-3, -2)
     flat = blocks.reshape(-1, TILE * TILE)
-    st = scaled_quantize(flat, f, granularity="channel", axis=0, rounding=rounding)
+    st = scaled_quantize(flat, f, granularity="channel", axis=0, rounding=rounding, seed=seed)
     q = st.values.reshape(blocks.shape).movedim(-2, -3).reshape(padded.shape)[..., :n, :k]
     return q.movedim(-1, axis).to(x.dtype)
 
