@@ -85,9 +85,9 @@ class Site:
         self.capture = interceptor is not None and interceptor.em.capture
 
     def operand(self, x: Tensor, spec: Any, role: str, axis: int, events: dict | None,
-                key: str, scale: float | None = None) -> tuple[Tensor, float | None]:
-        """``x`` quantized by ``spec`` along ``axis`` (counted in ``events[key]``); the
-        delayed scale used, if any."""
+                key: str, scale: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """``x`` quantized by ``spec`` along ``axis`` (counted in ``events[key]``), and the
+        scale of a TE / torchao cast (``scale``: a delayed cast's, reused)."""
         if not isinstance(spec, Cast):
             q, ev = sites._quantize_counted(x, spec, self.recipe, axis, events is not None)
             if events is not None:
@@ -184,13 +184,18 @@ class Site:
             if ev is not None:
                 self.record("wgrad", dy, ev, db, aT.double() @ d2.double())
         if wanted[2]:
-            dbias = dy.double().reshape(-1, dy.shape[-1]).sum(0).to(dy.dtype)
+            dbias = bias_gradient(dy)
         return da, db, dbias
 
     def record(self, gemm: str, dy: Tensor, events: dict, y: Tensor, ref: Tensor) -> None:
         """A capture row for a backward GEMM: the gradient operand's events, the result's SNR."""
         self.interceptor.record(f"{self.name}/{gemm}", gemm, self.recipe, (dy,), events,
                                 y, _reduce(ref, y.shape))
+
+
+def bias_gradient(dy: Tensor) -> Tensor:
+    """``dy`` summed over every token in FP64 and rounded once (the bias gradient)."""
+    return dy.double().reshape(-1, dy.shape[-1]).sum(0).to(dy.dtype)
 
 
 def _reduce(g: Tensor, shape: torch.Size) -> Tensor:

@@ -60,12 +60,13 @@ class AmaxHistory:
 
 
 def cast(x: Tensor, c: Cast, axis: int, *, history: AmaxHistory | None = None,
-         scale: float | None = None) -> tuple[Tensor, Any, float | None]:
+         scale: Any = None) -> tuple[Tensor, Any, Tensor | None]:
     """``x`` quantized by ``c`` reducing along ``axis``: (values in ``x``'s dtype, the
-    magnitude from which an element saturates or overflows, the delayed scale used).
+    magnitude from which an element saturates or overflows, the FP32 scale tensor of a
+    ``tensorwise`` / ``rowwise`` / ``delayed`` cast, else None).
 
     ``delayed`` needs ``history`` (the site's :class:`AmaxHistory`) or an explicit ``scale``
-    (a backward GEMM reusing its forward's).
+    (a backward GEMM reusing its forward's); other scalings ignore ``scale``.
     """
     seed = generator(x.device) if c.rounding == "stochastic" else None
     if c.scaling in ("tensorwise", "rowwise", "delayed"):
@@ -93,11 +94,10 @@ def generator(device: Any) -> torch.Generator:
 
 
 def _multiplied(x: Tensor, c: Cast, axis: int, history: AmaxHistory | None,
-                scale: float | None, seed: Any) -> tuple[Tensor, Any, float | None]:
+                scale: Any, seed: Any) -> tuple[Tensor, Any, Tensor]:
     """TE / torchao scaled cast: codes of ``x * scale``, values ``code / scale`` (FP32)."""
     f = get_format(c.fmt)
     x32 = x.to(torch.float32)
-    used = None
     if c.scaling == "delayed":
         if scale is None:
             if history is None:
@@ -105,8 +105,7 @@ def _multiplied(x: Tensor, c: Cast, axis: int, history: AmaxHistory | None,
                                  "fpsim.emulate, which keeps one per site and tensor")
             amax = float(x32.abs().max()) if x32.numel() else 0.0
             scale = history.use(amax)
-        used = scale
-        s = torch.tensor(scale, dtype=torch.float32, device=x.device)
+        s = torch.tensor(float(scale), dtype=torch.float32, device=x.device)
     else:
         a = x32.abs()
         amax = a.amax(dim=axis, keepdim=True) if c.scaling == "rowwise" else a.max()
@@ -114,7 +113,7 @@ def _multiplied(x: Tensor, c: Cast, axis: int, history: AmaxHistory | None,
         if c.pow2:
             s = torch.exp2(torch.floor(torch.log2(s)))
     codes = quantize(x32 * s, f, rounding=c.rounding, saturate=True, seed=seed)
-    return (codes / s).to(x.dtype), rounding_limit(f) / s.double(), used
+    return (codes / s).to(x.dtype), rounding_limit(f) / s.double(), s
 
 
 def _block2d(x: Tensor, c: Cast, seed: Any) -> Tensor:
