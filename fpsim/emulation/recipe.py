@@ -93,11 +93,8 @@ class Recipe:
     flush: bool = True
     scale_rounding: str | None = None
     full_subnormals: bool = False
-<<<<<<< HEAD
-    backward: Backward | None = None
-=======
     srbits: int | None = None
->>>>>>> main
+    backward: Backward | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
