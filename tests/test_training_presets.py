@@ -261,6 +261,7 @@ def train(name, steps=6):
     return losses, [p.detach().clone() for p in model.parameters()]
 
 
+@pytest.mark.slow                                     # 7 presets x 2 runs: ~1 min on 2 cores
 @pytest.mark.parametrize("name", list(presets.PRESETS))
 def test_a_few_steps_decrease_the_loss_and_rerun_bit_identical(name):
     losses, params = train(name)
