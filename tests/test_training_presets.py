@@ -119,7 +119,8 @@ def test_linear_three_gemms_match_the_reference(name):
     with torch.no_grad():             # magnitudes spread over binades: block scales differ
         lin.weight.copy_(torch.randn(48, 64, generator=g)
                          * torch.exp(2 * torch.randn(48, 64, generator=g)) / 8)
-    x = torch.randn(2, 16, 64, generator=g).requires_grad_()   # the tokens: 2 x 16
+    x = (torch.randn(2, 16, 64, generator=g)                    # the tokens: 2 x 16
+         * torch.exp(2 * torch.randn(2, 16, 64, generator=g))).requires_grad_()
     G = torch.randn(2, 16, 48, generator=g) * 1e-3
     with fpsim.emulate(Rules([Rule(recipe)], default=None)):
         y = lin(x)
