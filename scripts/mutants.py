@@ -46,6 +46,7 @@ FMA = ["tests/test_fma.py"]
 JIT = ["tests/test_jit_matmul.py"]
 SR_BITS = ["tests/test_stochastic_bits.py"]
 COVERAGE = ["tests/test_emulate_coverage.py"]
+TRAINING = ["tests/test_training_presets.py"]
 
 
 @dataclass(frozen=True)
@@ -299,6 +300,21 @@ MUTANTS = [
     Mutant("norm-running-var", "batch norm updates its running variance with the biased one",
            "_update(running_var, ssq / max(m - 1, 1), momentum)",
            "_update(running_var, ssq / m, momentum)", COVERAGE),
+    # training: the backward GEMMs of fpsim.emulate
+    Mutant("dgrad-axis", "dgrad re-quantizes the weight along K instead of its own axis N",
+           'qbT, _ = self.operand(bT, wspec, "w", -2, None, "b", saved["sb"])',
+           'qbT, _ = self.operand(bT, wspec, "w", -1, None, "b", saved["sb"])', TRAINING),
+    Mutant("wgrad-reuse-rowwise", "rowwise casts are reused across GEMMs as if axis-free",
+           '_AXIS_FREE = ("none", "tensor", "tensorwise", "delayed")',
+           '_AXIS_FREE = ("none", "tensor", "tensorwise", "delayed", "rowwise")', TRAINING),
+    Mutant("hadamard-signs", "the random Hadamard transform loses its random signs",
+           "return torch.from_numpy(h * signs / math.sqrt(n))",
+           "return torch.from_numpy(h / math.sqrt(n))", TRAINING),
+    Mutant("delayed-current", "delayed scaling uses no history: scale 1 every call",
+           "scale = self.scale", "scale = 1.0", TRAINING),
+    Mutant("tensorwise-dequant", "a TE / torchao cast dequantizes with the reciprocal scale",
+           "return (codes / s).to(x.dtype), rounding_limit(f) / s.double(), s",
+           "return (codes * (1 / s)).to(x.dtype), rounding_limit(f) / s.double(), s", TRAINING),
 ]
 
 

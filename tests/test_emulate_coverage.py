@@ -76,6 +76,8 @@ def test_conv_is_fpsim_matmul_on_explicit_im2col(case, recipe, monkeypatch):
         assert torch.allclose(got.double(), ref_native, rtol=1e-6, atol=1e-6)
 
 
+# torch warns that padding='same' with an even kernel copies the input: what the test wants
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths")
 def test_conv_tensor_scaling_and_padding_modes():
     torch.manual_seed(0)
     convs = [nn.Conv2d(3, 4, 3, padding=1, padding_mode=m) for m in
@@ -199,17 +201,38 @@ def test_rules_that_never_match_warn_and_the_report_names_the_rule():
 
 
 def test_backward_through_an_emulated_site_says_what_to_do():
+    """Linear layers have an emulated backward (fpsim.emulation.backward); a convolution and a
+    norm statistic do not, and their backward says what to do instead of differentiating
+    torch's op on operands the recipe never used."""
     lin = nn.Linear(4, 3)
     x = torch.randn(2, 4, generator=G)
     with fpsim.emulate(Recipe("e4m3")):
-        y = lin(x).sum()
-    with pytest.raises(RuntimeError, match=r"no backward pass yet.*torch.no_grad\(\)"):
-        y.backward()
+        lin(x).sum().backward()
+    assert lin.weight.grad is not None
+    lin.weight.grad = None
     conv = nn.Conv1d(2, 2, 3)
     with fpsim.emulate(Recipe("e4m3")):
         y = conv(torch.randn(1, 2, 5, generator=G)).sum()
-    with pytest.raises(RuntimeError, match="no backward pass yet"):
+    with pytest.raises(RuntimeError, match=r"without an emulated backward.*Rule\(None, kind='conv'\)"):
+        y.backward()
+    ln = nn.LayerNorm(4)
+    with fpsim.emulate(Recipe("e4m3")):
+        y = ln(x).sum()
+    with pytest.raises(RuntimeError, match=r"'<root>'.*a norm statistic.*torch.no_grad\(\)"):
         y.backward()
     with fpsim.emulate(Rules(default=None)):                # nothing emulated: torch's gradient
         lin(x).sum().backward()
     assert lin.weight.grad is not None
+
+
+def test_a_norm_left_to_torch_is_not_named_missed_under_grad_and_capture():
+    """Rules that leave norms to torch, with capture and autograd on: torch's own layer norm
+    (recomputed with its gradient) is not a 'not emulated' row, and its gradient flows."""
+    ln, lin = nn.LayerNorm(4), nn.Linear(4, 3)
+    x = torch.randn(2, 4, generator=G, requires_grad=True)
+    rules = Rules([Rule(None, kind="norm")], default=Recipe("e4m3"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with fpsim.emulate(rules, capture=True) as em:
+            lin(ln(x)).sum().backward()
+    assert em.missed == {} and x.grad is not None and ln.weight.grad is not None

@@ -11,6 +11,10 @@
   norm statistics.
 - :mod:`.grad`: what backward does through an emulated site (raises, for now).
 - :mod:`.sitestats`: the per-site statistics that ``capture=True`` tabulates.
+- :mod:`.casts` (NumPy only): :class:`~.casts.Cast`, how one GEMM operand is quantized, and
+  :class:`~.casts.Backward`, a site's backward GEMMs; :mod:`.quantizers` and :mod:`.hadamard`
+  apply them; :mod:`.backward` runs the forward, input-gradient and weight-gradient GEMMs as
+  one autograd function; :mod:`.presets`: the published training recipes as data.
 """
 
 from .context import Emulation, emulate

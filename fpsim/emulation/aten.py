@@ -52,7 +52,9 @@ class AtenMode(TorchDispatchMode):
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         entry = ATEN.get(func._schema.name)
-        if entry is None or self.busy:
+        # a backward pass's ops are autograd's gradients, not the model's forward products
+        # (emulated product sites compute theirs in fpsim.emulation.backward)
+        if entry is None or self.busy or torch._C._current_autograd_node() is not None:
             return func(*args, **kwargs)
         a = bind(func, args, kwargs)
         if entry.training is not None and not a.get(entry.training):

@@ -18,10 +18,13 @@ overflowed / saturated / flushed operand elements, SNR of the result against FP6
 on the same operands, swamped additions of an emulated accumulator) in ``em.sites``;
 ``em.table()`` lists them with the rule that chose each recipe.
 
-The forward pass only: an emulated result that autograd tracks raises on backward
-(:mod:`fpsim.emulation.grad`).  Quantized weights are cached per context (keyed by storage,
-shape and version, so an in-place update invalidates them).  torch is imported when a context
-is entered, never by ``import fpsim``.
+Product sites are differentiable: where a gradient is wanted, :mod:`fpsim.emulation.backward`
+computes each one's input- and weight-gradient GEMMs under the recipe's ``backward``
+settings (see :mod:`fpsim.emulation.presets` for the published training recipes).  Emulated
+norm statistics and convolutions have no backward pass: a result of theirs that autograd
+tracks raises on backward (:mod:`fpsim.emulation.grad`).  Quantized weights are cached per
+context (keyed by storage, shape and version, so an in-place update invalidates them).  torch
+is imported when a context is entered, never by ``import fpsim``.
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ class Emulation:
         self.sites: dict[str, SiteStats] = {}
         self.missed: dict[str, SiteStats] = {}
         self.matched: dict[str, tuple[int | None, str, str]] = {}
+        #: delayed scaling: (site, tensor) -> its AmaxHistory (``x``, ``w``, ``dy``), kept
+        #: from call to call and step to step while this object lives
+        self.histories: dict[tuple[str, str], Any] = {}
         self._state: Any = None
 
     def __enter__(self) -> "Emulation":
@@ -94,6 +100,16 @@ class Emulation:
         """One row per site (:data:`COLUMNS`), in the order the sites were first called, then
         one per op that ran not emulated (recipe ``"not emulated"``)."""
         return [s.row() for s in (*self.sites.values(), *self.missed.values())]
+
+    def amax_history(self, site: str) -> dict[str, dict[str, Any]]:
+        """Delayed scaling state of ``site``: per tensor (``x``, ``w``, ``dy``) its amax
+        history (oldest first) and the scale its next call uses."""
+        found = {role: h.state() for (name, role), h in self.histories.items() if name == site}
+        if not found:
+            known = sorted({name for name, _ in self.histories})
+            raise KeyError(f"no delayed-scaling state for site {site!r}; sites with one: "
+                           f"{known[:5]}")
+        return found
 
     def report(self) -> str:
         """:meth:`table` as aligned plain text."""

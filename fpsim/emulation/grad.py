@@ -1,10 +1,10 @@
-"""Emulated outputs and autograd, until emulated sites get a backward pass of their own.
+"""Emulated outputs without a backward pass: norm statistics, convolutions, aten-level products.
 
-An emulated result that autograd would track is returned through :class:`NoBackward`, whose
-backward raises a clear error (which site, ``torch.no_grad()``, the training API to come)
-instead of differentiating torch's own op on operands the recipe never used, or failing on
-the emulation's in-place arithmetic.  One function, :func:`guard`, so that the training
-issue's backward can replace it.
+Product sites seen at the Python level have emulated gradient GEMMs
+(:mod:`fpsim.emulation.backward`).  Any other emulated result that autograd would track is
+returned through :class:`NoBackward`, whose backward raises a clear error (which site, what to do) instead of
+differentiating torch's own op on operands the recipe never used, or failing on the
+emulation's in-place arithmetic.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-MESSAGE = ("fpsim.emulate: backward() reached the emulated site {site!r}, and emulated sites "
-           "have no backward pass yet (the training API that gives them one is coming). Run the "
-           "forward pass under torch.no_grad() (or torch.inference_mode()) inside the context, "
-           "or leave the context before calling backward()")
+MESSAGE = ("fpsim.emulate: backward() reached {site!r}, where an op without an emulated "
+           "backward pass ran: a norm statistic, a convolution, or a product torch decomposed "
+           "before fpsim saw it (tensordot, multi_dot, nn.MultiheadAttention; F.linear, matmul "
+           "and attention have one). Leave those to torch in training (Rule(None, kind='norm'), "
+           "Rule(None, kind='conv')), or run the forward pass under torch.no_grad()")
 
 
 def wants_grad(args: tuple, kwargs: dict) -> list[torch.Tensor]:

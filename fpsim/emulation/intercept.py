@@ -20,7 +20,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from . import norms, sites
+from . import backward, norms, sites
 from .aten import AtenMode
 from .grad import guard, wants_grad
 from .ops import AtenOp, python_handlers
@@ -34,6 +34,8 @@ Native = Callable[[], Tensor]
 HANDLERS: dict[Any, str] = python_handlers()
 #: Handlers that only watch (their result is torch's own, with its gradient).
 WATCHERS = ("pow",)
+#: Handlers of norm statistics: their emulated results have no backward pass (guarded).
+NORMS = ("layer_norm", "rms_norm", "batch_norm", "instance_norm", "group_norm", "mean")
 
 
 class Interceptor(TorchFunctionMode):
@@ -170,16 +172,18 @@ class Interceptor(TorchFunctionMode):
                 calls.append(1)
                 return func(*args, **kwargs)
 
-            quiet = torch.no_grad() if tracked and name not in WATCHERS \
-                else contextlib.nullcontext()
+            # products are differentiable (fpsim.emulation.backward); norm statistics are not
+            guarded = bool(tracked) and name in NORMS
+            quiet = torch.no_grad() if guarded else contextlib.nullcontext()
             with self.suspended(), quiet:
                 out = getattr(self, name)(native, *args, **kwargs)
             if out is not NotImplemented:
-                if not tracked or name in WATCHERS:
+                if not guarded:
                     return out
                 if not calls:                      # emulated: no gradient of torch's to give
                     return guard(out, tracked, self.path or "<root>")
-                # torch computed it under no_grad: again, with its gradient
+                with self.suspended():             # torch's under no_grad: again, with its
+                    return func(*args, **kwargs)   # gradient (the rules left it to torch)
         out = func(*args, **kwargs)                # the aten mode emulates what it can
         return self.guarded(out, tracked, before)
 
@@ -205,16 +209,19 @@ class Interceptor(TorchFunctionMode):
         a, b = a.to(dt), b.to(dt)
         bias = None if bias is None else bias.to(dt)
         events: dict | None = {} if self.em.capture else None
+        cache = self.cache if _parameter(b) else None  # only parameters live long enough
         if recipe is None:
             y = native()
+        elif backward.handles(recipe, a, b, bias):      # gradients, training casts
+            y = backward.product(self, name, recipe, a, b, bias, events, cache)
         elif bias is None and kind != "linear":
             y = sites.matmul(recipe, a, b, events)
-        else:                                      # only parameters live long enough to cache
-            cache = self.cache if _parameter(b) else None
+        else:
             y = sites.linear(recipe, a, b, bias, events, cache)
         if events is not None:
-            ref = sites.linear(FP64, a.double(), b.double(),
-                               None if bias is None else bias.double())
+            with torch.no_grad():
+                ref = sites.linear(FP64, a.double(), b.double(),
+                                   None if bias is None else bias.double())
             self.record(name, kind, recipe, (a, b), events, y, ref)
         return y
 
@@ -459,12 +466,13 @@ class Interceptor(TorchFunctionMode):
         ref = ref[1] if isinstance(ref, tuple) else ref
         st = self.em.sites.get(name)
         if st is None:
-            index = self.em.matched[name][0]
+            index = self.em.matched[name.split("/")[0]][0]   # a dgrad/wgrad row: its site's
             st = self.em.sites[name] = SiteStats(
                 name, kind, None if recipe is None else recipe.name,
                 "default" if index is None else f"rule {index}")
         st.calls += 1
         for x in operands:
+            x = x.detach()
             fin = x[torch.isfinite(x)]
             st.amax = max(st.amax, float(fin.abs().max()) if fin.numel() else 0.0)
         counted = [events[r]["elements"] for r in ("a", "b") if events.get(r)]

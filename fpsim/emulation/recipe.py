@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from .. import mx
 from ..formats import Format, get_format
+from .casts import Backward, Cast
 from ..inputs import check_flag
 from ..rounding import check_mode, check_saturate
 from ..stochastic import check_srbits
@@ -37,8 +38,10 @@ KINDS = ("linear", "matmul", "conv", "attention", "norm")
 FormatLike = str | Format
 
 
-def format_name(fmt: FormatLike | None) -> str | None:
-    """Name of a scalar or block format (None stays None)."""
+def format_name(fmt: FormatLike | Cast | None) -> str | None:
+    """Name of a scalar or block format, label of a :class:`Cast` (None stays None)."""
+    if isinstance(fmt, Cast):
+        return fmt.describe()
     return None if fmt is None else (fmt if isinstance(fmt, str) else fmt.name)
 
 
@@ -68,15 +71,22 @@ class Recipe:
     ``rounding``: the rounding mode of operands, accumulator and output; ``srbits``: its number
     of random bits when stochastic (None: every dropped bit; e.g. ``rounding="stochastic",
     srbits=8``, docs/stochastic.md).  ``flush``: False keeps nonzero operand values that round
-    to zero at their FP32 value (an ablation that removes underflow, not a real format).  ``full_subnormals``: values below the
-    smallest normal that do not flush keep the format's full mantissa width, as if its exponent
-    range went on downwards (an ablation that removes the precision subnormals lose; needs
+    to zero at their FP32 value (an ablation that removes underflow, not a real format).
+    ``full_subnormals``: values below the smallest normal that do not flush keep the format's
+    full mantissa width, as if its exponent range went on downwards (an ablation that removes the precision subnormals lose; needs
     ``scaling='none'`` and a floating-point format).  ``native_sums``: how a native FP32
     accumulator (``accum="fp32"``, ``order=None``) sums: ``"fp64"`` (default) in FP64, rounded
     once to FP32: deterministic, the same bits on every machine and thread count;
     ``"host"``: torch's own FP32 matmul, as fast as the host's GEMM but NOT deterministic (its
     summation order, hence its bits, depend on the machine, the BLAS library and the thread
     count), e.g. ``Recipe("e4m3", scaling="tensor", native_sums="host", name="fast")``.
+
+    Training: ``inputs`` / ``weights`` may be a :class:`fpsim.emulation.casts.Cast` (its own
+    scaling: Transformer Engine / torchao scaled casts, delayed scaling, NVFP4 2-D blocks;
+    ``scaling`` stays ``none``); ``backward`` (a :class:`fpsim.emulation.casts.Backward`) sets
+    the input- and weight-gradient GEMMs (None: gradients unquantized, the forward's operand
+    settings re-applied along each GEMM's reduction axis, the forward's accumulator).  The
+    published recipes are in :mod:`fpsim.emulation.presets`.
     """
 
     inputs: FormatLike | None = None
@@ -96,6 +106,7 @@ class Recipe:
     full_subnormals: bool = False
     srbits: int | None = None
     native_sums: str = "fp64"
+    backward: Backward | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -111,8 +122,15 @@ class Recipe:
             raise ValueError(
                 f"recipe {self.name!r}: scaling {self.scaling!r} is not one of {SCALINGS}"
             )
+        if self.backward is not None and not isinstance(self.backward, Backward):
+            raise TypeError(f"recipe {self.name!r}: backward= takes a Backward, not "
+                            f"{self.backward!r}")
+        casts = [f for f in (self.inputs, self.weights) if isinstance(f, Cast)]
+        if casts and (self.scaling != "none" or self.full_subnormals):
+            raise ValueError(f"recipe {self.name!r}: a Cast operand carries its own scaling; "
+                             "leave scaling='none' (and full_subnormals off)")
         for fmt in (self.inputs, self.weights):
-            if fmt is None:
+            if fmt is None or isinstance(fmt, Cast):
                 continue
             if self.scaling == "block":
                 mx.get_mx_format(fmt)
@@ -213,6 +231,7 @@ class Recipe:
         d = dataclasses.asdict(self)
         for key in ("inputs", "weights", "output"):
             d[key] = format_name(getattr(self, key))
+        d["backward"] = None if self.backward is None else self.backward.describe()
         return d
 
 

@@ -47,9 +47,10 @@ def rounding_limit(fmt: Format) -> float:
 
 
 def quantize_operand(
-    x: Tensor, fmt: FormatLike | None, recipe: Recipe, axis: int
+    x: Tensor, fmt: FormatLike | None, recipe: Recipe, axis: int, seed: Any = None
 ) -> tuple[Tensor, Any]:
-    """``x`` rounded to ``fmt`` under the recipe's scaling, reducing along ``axis``.
+    """``x`` rounded to ``fmt`` under the recipe's scaling, reducing along ``axis``
+    (``seed``: stochastic rounding's, as :func:`fpsim.quantize` takes it).
 
     Returns the dequantized values (``x``'s dtype) and, per element (a float or a tensor that
     broadcasts against ``x``), the magnitude from which it is clamped or overflows instead of
@@ -59,7 +60,7 @@ def quantize_operand(
         return x, math.inf
     if recipe.scaling == "block":
         arr = mx.quantize(x, fmt, axis=axis, rounding=recipe.rounding, srbits=recipe.srbits,
-                          scale_rounding=recipe.scale_rounding)
+                          scale_rounding=recipe.scale_rounding, seed=seed)
         # the limit is the same over a block: the largest code of each block (as blocks of one
         # element) dequantized, then repeated along the axis: one full-size tensor, not several
         elem, lay = arr.fmt.elem, arr.layout
@@ -73,12 +74,12 @@ def quantize_operand(
     f = get_format(fmt)
     if recipe.scaling == "none":
         q = quantize(x, f, rounding=recipe.rounding, saturate=recipe.saturate,
-                     srbits=recipe.srbits)
+                     srbits=recipe.srbits, seed=seed)
         if recipe.full_subnormals:
             q = widen_subnormals(x, q, f, recipe.rounding, recipe.srbits)
         return q, rounding_limit(f)
     if recipe.scaling == "tile":
-        return tile_quantize(x, f, axis, recipe.rounding, recipe.srbits), math.inf
+        return tile_quantize(x, f, axis, recipe.rounding, recipe.srbits, seed), math.inf
     # one scale per tensor or per row along the reduction axis; float64 keeps x / scale finite
     # for formats wider than float32, whose fp32 scales stop at 2^-126.  One contiguous copy:
     # scaled_quantize then reads its rows as a view (a strided one it would copy again)
@@ -92,6 +93,7 @@ def quantize_operand(
         axis=0 if channel else None,
         rounding=recipe.rounding,
         srbits=recipe.srbits,
+        seed=seed,
     )
     q = st.values.reshape(moved.shape).movedim(-1, axis).to(x.dtype)
     scales = st.scales.double()
@@ -111,7 +113,7 @@ def widen_subnormals(x: Tensor, q: Tensor, f: Format, rounding: str = "rne",
 
 
 def tile_quantize(x: Tensor, f: Format, axis: int, rounding: str = "rne",
-                  srbits: int | None = None) -> Tensor:
+                  srbits: int | None = None, seed: Any = None) -> Tensor:
     """DeepSeek-V3 fine-grained scaling: amax scales per 1 x 128 tile along the reduction axis
     of a left operand (``axis=-1``), per 128 x 128 block of a right operand (``axis=-2``).
 
@@ -121,7 +123,7 @@ def tile_quantize(x: Tensor, f: Format, axis: int, rounding: str = "rne",
     moved = x.movedim(axis, -1).double()
     if axis == -1:
         st = scaled_quantize(moved, f, granularity=("block", TILE), axis=-1,
-                             rounding=rounding, srbits=srbits)
+                             rounding=rounding, srbits=srbits, seed=seed)
         return st.values.movedim(-1, axis).to(x.dtype)
     # right operand [..., K, N] moved to [..., N, K]: blocks of 128 columns x 128 reduction steps
     *batch, n, k = moved.shape
@@ -131,7 +133,7 @@ def tile_quantize(x: Tensor, f: Format, axis: int, rounding: str = "rne",
     blocks = padded.reshape(*batch, N, TILE, K, TILE).movedim(-3, -2)
     flat = blocks.reshape(-1, TILE * TILE)
     st = scaled_quantize(flat, f, granularity="channel", axis=0, rounding=rounding,
-                         srbits=srbits)
+                         srbits=srbits, seed=seed)
     q = st.values.reshape(blocks.shape).movedim(-2, -3).reshape(padded.shape)[..., :n, :k]
     return q.movedim(-1, axis).to(x.dtype)
 
@@ -162,7 +164,7 @@ def operand_events(x: Tensor, q: Tensor, limit: Any) -> dict[str, int]:
 def finite_below(t: Tensor, limit: float) -> bool:
     """Whether every element of ``t`` (non-empty) is finite and of magnitude below ``limit``
     (NaN fails: ``aminmax`` propagates it)."""
-    lo, hi = torch.aminmax(t)
+    lo, hi = torch.aminmax(t.detach())
     m = max(-float(lo), float(hi))
     return math.isfinite(m) and m < limit
 

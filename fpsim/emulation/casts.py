@@ -1,0 +1,155 @@
+"""How one operand of a GEMM is quantized, and what a site's backward GEMMs do (NumPy only).
+
+A training recipe runs three GEMMs per layer: forward ``y = x @ W``, input gradient
+``dx = dy @ W^T`` and weight gradient ``dW = x^T @ dy``, each reducing along its own axis.
+A :class:`Cast` says how one operand is quantized along the reduction axis of the GEMM it
+enters; :class:`Backward` gives a :class:`fpsim.emulation.recipe.Recipe` its backward GEMMs
+(the gradient's cast, optional casts of ``x`` and ``W`` for them, the random Hadamard
+transform of the weight-gradient operands and the accumulator).  The arithmetic (torch) is in
+:mod:`fpsim.emulation.quantizers` and :mod:`fpsim.emulation.backward`; the published
+recipes are data in :mod:`fpsim.emulation.presets`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import mx
+from ..formats import Format, get_format
+from ..inputs import check_flag
+from ..rounding import check_mode
+
+#: Scalings of a :class:`Cast`.  fpsim's own (scale = amax / format max, values = code * scale,
+#: as :func:`fpsim.scaled_quantize`): ``none``, ``tensor``, ``channel`` (one scale per index
+#: beside the reduction axis), ``block`` (MX / NVFP4 blocks along the reduction axis),
+#: ``block2d`` (NVFP4 16 x 16 blocks: the same values whichever axis a GEMM reduces),
+#: ``tile`` (DeepSeek-V3: 1 x 128 along the reduction axis), ``tile2d`` (128 x 128).
+#: Transformer Engine / torchao's (scale = format max / amax in FP32, codes = cast(x * scale)
+#: saturated, values = code / scale in FP32): ``tensorwise``, ``rowwise`` (one scale per index
+#: beside the reduction axis) and ``delayed`` (the scale from the amax history of earlier calls).
+CAST_SCALINGS = ("none", "tensor", "channel", "block", "block2d", "tile", "tile2d",
+                 "tensorwise", "rowwise", "delayed")
+BLOCK_SCALINGS = ("block", "block2d")
+
+
+@dataclass(frozen=True)
+class Cast:
+    """How one GEMM operand is quantized (see :data:`CAST_SCALINGS`).
+
+    ``fmt``: an eXmY format (an MX / NVFP4 name for ``block`` / ``block2d``); ``rounding``:
+    ``rne`` or ``stochastic`` (random bits from torch's global generator: ``torch.manual_seed``
+    makes a run repeatable); ``saturate``: clamp at the format's largest value (the scaled
+    casts of TE and torchao always saturate); ``pow2``: scales rounded down to a power of two
+    (torchao's ``round_scales_to_power_of_2``); ``history`` and ``margin``: delayed scaling's
+    amax history length and margin in binades (TE ``DelayedScaling``); ``scale_rounding``: the
+    MX scale rule (None: OCP floor).
+
+    >>> Cast("e5m2", "tensorwise", saturate=True).describe()
+    'e5m2/tensorwise sat'
+    """
+
+    fmt: str | Format
+    scaling: str = "none"
+    rounding: str = "rne"
+    saturate: bool = False
+    pow2: bool = False
+    history: int = 1024
+    margin: int = 0
+    scale_rounding: str | None = None
+
+    def __post_init__(self) -> None:
+        check_mode(self.rounding)
+        for flag in ("saturate", "pow2"):
+            check_flag(getattr(self, flag), flag)
+        if self.scaling not in CAST_SCALINGS:
+            raise ValueError(f"Cast scaling {self.scaling!r} is not one of {CAST_SCALINGS}")
+        if self.scaling in BLOCK_SCALINGS:
+            spec = mx.get_mx_format(self.fmt)
+            if self.scaling == "block2d" and spec.is_mx:
+                raise ValueError("block2d is NVFP4's 16 x 16 weight blocks: use fmt='nvfp4'")
+        elif isinstance(self.fmt, str) and self.fmt.lower() in mx.MX_FORMATS:
+            raise ValueError(f"{self.fmt} is a block format; use scaling='block'")
+        elif get_format(self.fmt).is_int and self.scaling in ("tensorwise", "rowwise",
+                                                               "delayed"):
+            raise ValueError(f"{self.scaling} scaling casts to a floating-point format, "
+                             f"not {self.fmt}")
+        if not (isinstance(self.history, int) and self.history >= 1):
+            raise ValueError(f"history={self.history!r}: the amax history holds >= 1 steps")
+        if not (isinstance(self.margin, int) and -127 <= self.margin <= 127):
+            raise ValueError(f"margin={self.margin!r}: a whole number of binades")
+
+    @property
+    def name(self) -> str:
+        """The format's name."""
+        return self.fmt if isinstance(self.fmt, str) else self.fmt.name
+
+    def describe(self) -> str:
+        """A short label: format, scaling and the options that differ from the defaults."""
+        words = [self.name if self.scaling == "none" else f"{self.name}/{self.scaling}"]
+        if self.scaling == "delayed":
+            words.append(f"h={self.history}" + (f" m={self.margin}" if self.margin else ""))
+        for flag, word in ((self.saturate, "sat"), (self.pow2, "pow2"),
+                           (self.rounding != "rne", self.rounding)):
+            if flag:
+                words.append(word)
+        return " ".join(words)
+
+
+@dataclass(frozen=True)
+class Backward:
+    """The backward GEMMs of a site: ``dx = dy @ W^T`` and ``dW = x^T @ dy``.
+
+    ``grad``: the cast of the output gradient ``dy`` in both (None: kept in the working
+    precision).  ``inputs`` / ``weights``: casts of ``x`` in the weight-gradient GEMM and of
+    ``W`` in the input-gradient GEMM (None: the forward's own settings, applied along the
+    backward GEMM's reduction axis, as Transformer Engine re-quantizes a weight along the other
+    axis for dgrad).  ``hadamard``: size of the random Hadamard transform applied to both
+    operands of the weight-gradient GEMM along its reduction axis before they are quantized
+    (0: none; NVFP4 training uses 16), its signs drawn from ``hadamard_seed``.  ``accum``,
+    ``order``, ``chunk``, ``tensor_core``: the backward accumulator (None: the forward's).
+    """
+
+    grad: Cast | None = None
+    inputs: Cast | None = None
+    weights: Cast | None = None
+    hadamard: int = 0
+    hadamard_seed: int = 0
+    accum: str | None = None
+    order: str | None = None
+    chunk: int | None = None
+    tensor_core: str | None = None
+
+    def __post_init__(self) -> None:
+        for role in ("grad", "inputs", "weights"):
+            c = getattr(self, role)
+            if c is not None and not isinstance(c, Cast):
+                raise TypeError(f"Backward {role}= takes a Cast (or None), not {c!r}: "
+                                f"Cast({c!r}) rounds without scaling")
+        h = self.hadamard
+        if not (isinstance(h, int) and not isinstance(h, bool) and (h == 0 or (
+                h >= 4 and h & (h - 1) == 0 and h.bit_length() % 2 == 1))):
+            raise ValueError(f"hadamard={h!r}: a power of four (16 for NVFP4: its 1/sqrt(n) "
+                             "is then a power of two), or 0 for none")
+
+    def describe(self) -> str:
+        """A short label of what differs from the default."""
+        words = [] if self.grad is None else [f"grad={self.grad.describe()}"]
+        for role in ("inputs", "weights"):
+            c = getattr(self, role)
+            if c is not None:
+                words.append(f"{role}={c.describe()}")
+        if self.hadamard:
+            words.append(f"rht{self.hadamard}")
+        if self.accum is not None or self.order is not None:
+            words.append(f"acc={self.accum or '-'} {self.order or ''}".strip())
+        return " ".join(words) or "default"
+
+
+def cast_name(c: Any) -> str | None:
+    """The label of a Cast, the name of a format (None stays None)."""
+    if c is None:
+        return None
+    if isinstance(c, Cast):
+        return c.describe()
+    return c if isinstance(c, str) else c.name

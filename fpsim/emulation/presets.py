@@ -1,0 +1,119 @@
+"""Published low-precision training recipes as data: name one, train under it.
+
+Each preset is a :class:`fpsim.emulation.recipe.Recipe` for the linear layers (``nn.Linear``,
+``Conv1D``: the sites of kind ``linear``) with its forward casts and :class:`Backward`; every
+other op stays with torch, as in the frameworks that publish them.  :func:`rules` turns a
+name into the :class:`Rules` that :func:`fpsim.emulate` takes, with chosen layers kept in BF16.
+Sources (also in ``docs/training.md``):
+
+- ``torchao-float8-tensorwise``: torchao 0.18.0 ``Float8LinearConfig()`` (the default of
+  ``convert_to_float8_training``): input and weight E4M3 (e4m3fn), grad_output E5M2, one
+  dynamic (current) scale per tensor, all three GEMMs.  Checked bit for bit against torchao's
+  ``emulate=True`` in ``tests/test_training_presets.py``.
+- ``torchao-float8-rowwise``: ``Float8LinearConfig.from_recipe_name("rowwise")``: E4M3 for all
+  three tensors, one scale per row along each GEMM's reduction axis, scales rounded down to a
+  power of two.
+- ``te-delayed``: Transformer Engine ``DelayedScaling(margin=0, fp8_format=HYBRID,
+  amax_history_len=1024, amax_compute_algo="max")``: E4M3 forward, E5M2 backward, the scale
+  from the largest amax of the previous 1024 calls.
+- ``te-current``: TE ``Float8CurrentScaling(fp8_format=HYBRID)``: per-tensor scale from the
+  tensor itself.
+- ``te-mxfp8``: TE ``MXFP8BlockScaling(fp8_format=E4M3)``: MXFP8 E4M3 in 1 x 32 blocks along
+  each GEMM's reduction axis (E8M0 scales, NVIDIA's round-up rule), forward and backward.
+- ``nvfp4``: NVIDIA, "Pretraining Large Language Models with NVFP4" (arXiv 2509.25149):
+  NVFP4 (E2M1, E4M3 scales per 16 elements, an FP32 tensor scale), weights in 16 x 16 2-D
+  blocks, gradients stochastically rounded, a 16-point random Hadamard transform on both
+  weight-gradient operands; keep the chosen layers in BF16 with ``rules(..., bf16=...)``.
+- ``deepseek-v3``: DeepSeek-V3 technical report (arXiv 2412.19437) section 3.3: E4M3 for the
+  inputs of all three GEMMs, 1 x 128 tiles for activations and gradients, 128 x 128 blocks
+  for weights, Hopper's FP8 tensor-core accumulator promoted to FP32 every 128 products.
+
+>>> em = fpsim.emulate(rules("torchao-float8-tensorwise"))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..names import normalize, resolve
+from .casts import Backward, Cast
+from .recipe import Recipe, Rule, Rules
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named training recipe and the publication or code it follows."""
+
+    name: str
+    recipe: Recipe
+    source: str
+
+
+def _tensorwise(fmt: str) -> Cast:
+    return Cast(fmt, "tensorwise", saturate=True)
+
+
+def _delayed(fmt: str) -> Cast:
+    return Cast(fmt, "delayed", saturate=True, history=1024, margin=0)
+
+
+_ROWWISE = Cast("e4m3", "rowwise", saturate=True, pow2=True)
+_MXFP8 = Cast("mxfp8_e4m3", "block", scale_rounding="ceil")
+_DEEPSEEK_ACT = Cast("e4m3", "tile")
+
+PRESETS: dict[str, Preset] = {p.name: p for p in (
+    Preset("torchao-float8-tensorwise",
+           Recipe(name="torchao-float8-tensorwise", inputs=_tensorwise("e4m3"),
+                  backward=Backward(grad=_tensorwise("e5m2"))),
+           "torchao 0.18.0 torchao.float8 Float8LinearConfig() (tensorwise dynamic scaling)"),
+    Preset("torchao-float8-rowwise",
+           Recipe(name="torchao-float8-rowwise", inputs=_ROWWISE,
+                  backward=Backward(grad=_ROWWISE)),
+           "torchao 0.18.0 Float8LinearConfig.from_recipe_name('rowwise')"),
+    Preset("te-delayed",
+           Recipe(name="te-delayed", inputs=_delayed("e4m3"),
+                  backward=Backward(grad=_delayed("e5m2"))),
+           "Transformer Engine DelayedScaling(margin=0, fp8_format=HYBRID, "
+           "amax_history_len=1024, amax_compute_algo='max')"),
+    Preset("te-current",
+           Recipe(name="te-current", inputs=_tensorwise("e4m3"),
+                  backward=Backward(grad=_tensorwise("e5m2"))),
+           "Transformer Engine Float8CurrentScaling(fp8_format=HYBRID)"),
+    Preset("te-mxfp8",
+           Recipe(name="te-mxfp8", inputs=_MXFP8, backward=Backward(grad=_MXFP8)),
+           "Transformer Engine MXFP8BlockScaling(fp8_format=E4M3)"),
+    Preset("nvfp4",
+           Recipe(name="nvfp4", inputs=Cast("nvfp4", "block"),
+                  weights=Cast("nvfp4", "block2d"),
+                  backward=Backward(grad=Cast("nvfp4", "block", rounding="stochastic"),
+                                    hadamard=16)),
+           "NVIDIA, Pretraining Large Language Models with NVFP4, arXiv 2509.25149"),
+    Preset("deepseek-v3",
+           Recipe(name="deepseek-v3", inputs=_DEEPSEEK_ACT, weights=Cast("e4m3", "tile2d"),
+                  order="tensor_core", tensor_core="hopper_fp8", chunk=128,
+                  backward=Backward(grad=_DEEPSEEK_ACT)),
+           "DeepSeek-V3 Technical Report, arXiv 2412.19437, section 3.3"),
+)}
+
+#: The recipe of layers a preset keeps in BF16: BF16 operands and gradients, FP32 sums.
+BF16 = Recipe(name="bf16", inputs="bf16", backward=Backward(grad=Cast("bf16")))
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called ``name`` (resolved like every fpsim name: case, white space and
+    ``-`` / ``_`` ignored; an unknown name lists the presets)."""
+    return resolve("training preset", name, {normalize(k): p for k, p in PRESETS.items()},
+                   known=list(PRESETS))
+
+
+def rules(name: str, *, bf16: tuple[str, ...] = ()) -> Rules:
+    """:class:`Rules` running the linear layers under preset ``name``, those whose module path
+    matches a glob of ``bf16`` in BF16 instead (NVFP4 keeps some layers in BF16), everything
+    else in torch.
+
+    >>> rules("nvfp4", bf16=("lm_head", "*.layers.11.*"))
+    """
+    if isinstance(bf16, str):
+        raise TypeError("bf16= takes a tuple of module-path globs, e.g. ('lm_head',)")
+    keep = [Rule(BF16, path=g, kind="linear") for g in bf16]
+    return Rules([*keep, Rule(get_preset(name).recipe, kind="linear")], default=None)

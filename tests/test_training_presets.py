@@ -1,0 +1,305 @@
+"""Training under fpsim.emulate: the three GEMMs of every product site against a slow
+reference written here (explicit quantize along each GEMM's reduction axis + a float64 matmul
+rounded once), for every preset; the random Hadamard transform; stochastic rounding of
+gradients; delayed-scaling state; a few training steps per preset."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import fpsim
+from fpsim import mx
+from fpsim.emulation import Recipe, Rule, Rules
+from fpsim.emulation import hadamard, presets
+from fpsim.emulation.casts import Backward, Cast
+from fpsim.formats import get_format
+
+torch.manual_seed(0)
+
+
+# ------------------------------------------------------------------------------------------
+# The slow reference: one function per scaling, written from the published rules
+# ------------------------------------------------------------------------------------------
+def ref_cast(x, c, axis):
+    """``x`` (float32) quantized by Cast ``c`` reducing along ``axis``: float32 values."""
+    x = x.detach().float()
+    if c.scaling == "none":
+        return fpsim.quantize(x, c.fmt, saturate=c.saturate, rounding=c.rounding)
+    if c.scaling in ("tensorwise", "rowwise"):        # torchao.float8, written out
+        fmax = get_format(c.fmt).max
+        amax = x.abs().amax(dim=axis, keepdim=True) if c.scaling == "rowwise" else x.abs().max()
+        s = (fmax / torch.clamp(amax.double(), min=1e-12)).float()
+        if c.pow2:
+            s = torch.exp2(torch.floor(torch.log2(s)))
+        q = fpsim.quantize(torch.clamp(x * s, -fmax, fmax), c.fmt)
+        return q / s
+    if c.scaling == "block":
+        return mx.quantize(x, c.fmt, axis=axis, scale_rounding=c.scale_rounding,
+                           rounding=c.rounding).dequantize(torch.float32)
+    if c.scaling == "block2d":                        # tile by tile, one global tensor scale
+        ts = mx.quantize(x, "nvfp4").tensor_scale
+        out = torch.empty_like(x)
+        for i in range(0, x.shape[0], 16):
+            for j in range(0, x.shape[1], 16):
+                t = x[i:i + 16, j:j + 16]
+                q = mx.quantize(t.reshape(-1), "nvfp4", block_size=t.numel(), tensor_scale=ts,
+                                rounding=c.rounding)
+                out[i:i + 16, j:j + 16] = q.dequantize(torch.float32).reshape(t.shape)
+        return out
+    if c.scaling == "tile":                           # every test axis is <= 128: one tile
+        moved = x.movedim(axis, -1)
+        st = fpsim.scaled_quantize(moved.double(), c.fmt, granularity="channel", axis=0)
+        return st.values.float().movedim(-1, axis)
+    if c.scaling == "tile2d":                         # <= 128 x 128: one block
+        return fpsim.scaled_quantize(x.double(), c.fmt).values.float()
+    raise AssertionError(c.scaling)
+
+
+def ref_sum(recipe, a, b):
+    """The accumulator: float64 matmul rounded once to float32, or fpsim.matmul's model."""
+    if recipe.order is None:
+        return (a.double() @ b.double()).float()
+    return fpsim.matmul(a.double(), b.double(), accum=recipe.accum, order=recipe.order,
+                        chunk=recipe.chunk, tensor_core=recipe.tensor_core).float()
+
+
+def ref_hadamard(x, axis, n=16, seed=0):
+    signs = np.random.default_rng(seed).choice([-1.0, 1.0], n)
+    # Sylvester's Hadamard matrix entry by entry: (-1)^popcount(i & j)
+    h = np.array([[(-1.0) ** bin(i & j).count("1") for j in range(n)] for i in range(n)])
+    t = torch.from_numpy(h * signs / math.sqrt(n))
+    moved = x.double().movedim(axis, -1)
+    out = (moved.reshape(*moved.shape[:-1], -1, n) @ t.T).reshape(moved.shape)
+    return out.movedim(-1, axis).float()
+
+
+def reference(recipe, x, W, bias, G):
+    """(y, dx, dW, dbias) of ``y = x @ W^T + bias`` with ``dy = G`` under ``recipe``."""
+    bw = recipe.backward
+    cx, cw, cg = recipe.inputs, recipe.weight_format, bw.grad
+    b = W.detach().t()                                # [K, N]
+    qx, qb = ref_cast(x, cx, -1), ref_cast(b, cw, -2)
+    if recipe.order is None:                          # the bias joins the float64 sum
+        y = torch.addmm(bias.detach().double(), qx.double(), qb.double()).float()
+    else:
+        y = ref_sum(recipe, qx, qb) + bias.detach()
+    dx = ref_sum(recipe, ref_cast(G, cg, -1), ref_cast(b.t(), cw, -2))
+    xt, g2 = x.detach().t(), G
+    if bw.hadamard:
+        xt, g2 = ref_hadamard(xt, -1, bw.hadamard), ref_hadamard(G, -2, bw.hadamard)
+    db = ref_sum(recipe, ref_cast(xt, cx, -1), ref_cast(g2, cg, -2))
+    dbias = None if bias is None else G.double().sum(0).float()
+    return y, dx, db.t(), dbias
+
+
+def deterministic(recipe):
+    """``recipe`` with stochastic gradient rounding made RNE (stochastic: tested apart)."""
+    bw = recipe.backward
+    if bw.grad.rounding == "rne":
+        return recipe
+    g = Cast(bw.grad.fmt, bw.grad.scaling)
+    return Recipe(name=recipe.name, inputs=recipe.inputs, weights=recipe.weights,
+                  backward=Backward(grad=g, hadamard=bw.hadamard))
+
+
+BIT_EXACT = [p for p in presets.PRESETS if p not in ("te-delayed",)]
+
+
+def bits(t):
+    return t.detach().float().contiguous().view(torch.int32)
+
+
+@pytest.mark.parametrize("name", BIT_EXACT)
+def test_linear_three_gemms_match_the_reference(name):
+    recipe = deterministic(presets.PRESETS[name].recipe)
+    g = torch.Generator().manual_seed(1)
+    lin = torch.nn.Linear(64, 48)
+    with torch.no_grad():             # magnitudes spread over binades: block scales differ
+        lin.weight.copy_(torch.randn(48, 64, generator=g)
+                         * torch.exp(2 * torch.randn(48, 64, generator=g)) / 8)
+    x = (torch.randn(2, 16, 64, generator=g)                    # the tokens: 2 x 16
+         * torch.exp(2 * torch.randn(2, 16, 64, generator=g))).requires_grad_()
+    G = torch.randn(2, 16, 48, generator=g) * 1e-3
+    with fpsim.emulate(Rules([Rule(recipe)], default=None)):
+        y = lin(x)
+        (y * G).sum().backward()
+    ry, rdx, rdW, rdb = reference(recipe, x.reshape(32, 64), lin.weight, lin.bias,
+                                  G.reshape(32, 48))
+    assert torch.equal(bits(y.reshape(32, 48)), bits(ry))
+    assert torch.equal(bits(x.grad.reshape(32, 64)), bits(rdx))
+    assert torch.equal(bits(lin.weight.grad), bits(rdW))
+    assert torch.equal(bits(lin.bias.grad), bits(rdb))
+
+
+@pytest.mark.parametrize("name", BIT_EXACT)
+def test_matmul_site_gradients_of_both_operands_match(name):
+    """A product of two activations (Q.K^T-like, a batch of one, so that per-tensor scales
+    are the slice's): both operands get gradients."""
+    recipe = deterministic(presets.PRESETS[name].recipe)
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(1, 32, 48, generator=g).requires_grad_()
+    b = torch.randn(1, 48, 32, generator=g).requires_grad_()
+    G = torch.randn(1, 32, 32, generator=g)
+    with fpsim.emulate(Rules([Rule(recipe)], default=None)):
+        (torch.matmul(a, b) * G).sum().backward()
+    bw = recipe.backward
+    for i in range(1):
+        da = ref_sum(recipe, ref_cast(G[i], bw.grad, -1),
+                     ref_cast(b[i].detach().t(), recipe.weight_format, -2))
+        at, gi = a[i].detach().t(), G[i]
+        if bw.hadamard:
+            at, gi = ref_hadamard(at, -1), ref_hadamard(gi, -2)
+        db = ref_sum(recipe, ref_cast(at, recipe.inputs, -1), ref_cast(gi, bw.grad, -2))
+        assert torch.equal(bits(a.grad[i]), bits(da))
+        assert torch.equal(bits(b.grad[i]), bits(db))
+
+
+def test_delayed_scaling_state_survives_steps_and_is_inspectable():
+    """TE delayed scaling: call t uses fmax / max(amax of calls < t), 1 before any history."""
+    recipe = presets.PRESETS["te-delayed"].recipe
+    lin = torch.nn.Linear(16, 8, bias=False)
+    xs = [torch.randn(4, 16) * s for s in (1.0, 3.0, 0.5)]
+    em = fpsim.emulate(Rules([Rule(recipe, kind="linear")], default=None))
+    amaxes = []
+    with em:
+        for x in xs:
+            lin(x).sum().backward()
+            amaxes.append(float(x.abs().max()))
+    state = em.amax_history(":linear")
+    assert state["x"]["history"] == pytest.approx(amaxes, rel=0, abs=0)
+    expected = float(torch.tensor(448.0) / torch.tensor(max(amaxes)))
+    assert state["x"]["scale"] == expected
+    assert set(state) == {"x", "w", "dy"}
+    # the third call used the scale from the first two amaxes: check its forward values
+    s = float(torch.tensor(448.0) / torch.tensor(max(amaxes[:2])))
+    q = fpsim.quantize(xs[2] * torch.tensor(s), "e4m3", saturate=True) / torch.tensor(s)
+    with em:
+        em.histories.clear()
+        for x in xs[:2]:
+            lin(x)
+        y = lin(xs[2])
+    wq = fpsim.quantize(lin.weight.detach().t() * torch.tensor(
+        float(torch.tensor(448.0) / lin.weight.detach().abs().max())), "e4m3", saturate=True)
+    wq = wq / torch.tensor(float(torch.tensor(448.0) / lin.weight.detach().abs().max()))
+    assert torch.equal(y, (q.double() @ wq.double()).float())
+    with pytest.raises(KeyError, match="no delayed-scaling state"):
+        em.amax_history("nowhere:linear")
+
+
+def test_hadamard_is_orthogonal_and_keeps_the_wgrad_product_exactly():
+    t = hadamard.matrix(16, seed=3)
+    assert torch.equal(t @ t.T, torch.eye(16, dtype=torch.float64))
+    assert torch.equal(t.T @ t, torch.eye(16, dtype=torch.float64))
+    g = torch.Generator().manual_seed(4)
+    # small integers: every product and sum is exact in float64
+    x = torch.randint(-8, 8, (24, 32), generator=g).double()
+    dy = torch.randint(-8, 8, (32, 12), generator=g).double()
+    tx = hadamard.transform(x, -1, 16, seed=3)
+    td = hadamard.transform(dy, -2, 16, seed=3)
+    assert torch.equal(tx @ td, x @ dy)
+    # a length that is not a multiple of 16 is zero-padded, and the product still holds
+    assert torch.equal(hadamard.transform(x[:, :20], -1, 16) @ hadamard.transform(
+        dy[:20], -2, 16), x[:, :20] @ dy[:20])
+
+
+def test_stochastic_rounding_of_gradients_is_unbiased():
+    """NVFP4's gradient cast (1 x 16 blocks, SR): over many independent draws (rows repeated:
+    blocks are per row) the mean of each element approaches its exact value; RNE's error is
+    systematic.  The backward pass uses it: two seeds give two different dgrads."""
+    grad = presets.PRESETS["nvfp4"].recipe.backward.grad
+    g = torch.Generator().manual_seed(5)
+    # every 16-element block holds +-1 (its amax): the block scales are then exact (448
+    # under the tensor scale), nothing saturates, and SR alone rounds
+    G = torch.rand(8, 16, generator=g) * 2 - 1
+    G[:, 3] = torch.where(torch.rand(8, generator=g) < 0.5, -1.0, 1.0)
+    reps = 4000
+    torch.manual_seed(6)
+    from fpsim.emulation.quantizers import cast
+    q = cast(G.repeat(reps, 1), grad, -1)[0].double().reshape(reps, 8, 16)
+    se = q.std(0) / math.sqrt(reps)
+    err = (q.mean(0) - G.double()).abs()
+    # 1e-4: an element within 1e-4 of a grid point may not move in 4000 draws (no spread);
+    # the grid's spacing here is 1/12 or more, RNE's errors up to half that
+    assert bool((err <= 5 * se + 1e-4).all())
+    z = err[se > 0] / se[se > 0]
+    assert float((z ** 2).mean()) < 1.5
+    rne = cast(G, Cast(grad.fmt, grad.scaling), -1)[0].double()
+    assert float(((rne - G.double()).abs() > 5 * se).float().mean()) > 0.3
+    W = torch.randn(16, 32, generator=g)
+    recipe = presets.PRESETS["nvfp4"].recipe
+    grads = []
+    for seed in (1, 1, 2):
+        torch.manual_seed(seed)
+        x = torch.randn(8, 32, generator=g).requires_grad_() if not grads else x
+        x.grad = None
+        with fpsim.emulate(Rules([Rule(recipe)], default=None)):
+            (torch.nn.functional.linear(x, W) * G).sum().backward()
+        grads.append(x.grad.clone())
+    assert torch.equal(grads[0], grads[1]) and not torch.equal(grads[0], grads[2])
+
+
+def tiny_mlp():
+    torch.manual_seed(7)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(),
+                               torch.nn.Linear(64, 64), torch.nn.GELU(),
+                               torch.nn.Linear(64, 8))
+
+
+def train(name, steps=6):
+    model = tiny_mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(64, 32, generator=g)
+    target = torch.randn(64, 8, generator=g)
+    torch.manual_seed(9)                              # stochastic rounding's bits
+    losses = []
+    with fpsim.emulate(presets.rules(name, bf16=("4",) if name == "nvfp4" else ())):
+        for _ in range(steps):
+            loss = torch.nn.functional.mse_loss(model(x), target)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.slow                                     # 7 presets x 2 runs: ~1 min on 2 cores
+@pytest.mark.parametrize("name", list(presets.PRESETS))
+def test_a_few_steps_decrease_the_loss_and_rerun_bit_identical(name):
+    losses, params = train(name)
+    assert losses[-1] < losses[0]
+    again, params2 = train(name)
+    assert again == losses
+    assert all(torch.equal(bits(p), bits(q)) for p, q in zip(params, params2))
+
+
+def test_capture_gives_backward_rows():
+    model = tiny_mlp()
+    x = torch.randn(16, 32)
+    with fpsim.emulate(presets.rules("torchao-float8-tensorwise"), capture=True) as em:
+        model(x).square().sum().backward()
+    rows = {r["site"]: r for r in em.table()}
+    assert {"2:linear/dgrad", "2:linear/wgrad", "0:linear/wgrad"} <= set(rows)
+    assert "0:linear/dgrad" not in rows               # the input needs no gradient
+    assert rows["2:linear/dgrad"]["kind"] == "dgrad" and rows["2:linear/dgrad"]["snr_db"] > 20
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(ValueError, match="training preset"):
+        presets.get_preset("torchao-float9")
+    assert presets.get_preset(" TorchAO-Float8_Tensorwise ").name == "torchao-float8-tensorwise"
+    with pytest.raises(ValueError, match="carries its own scaling"):
+        Recipe(name="x", inputs=Cast("e4m3", "tensorwise"), scaling="tensor")
+    with pytest.raises(ValueError, match="power of four"):
+        Backward(hadamard=8)
+    with pytest.raises(TypeError, match="takes a Cast"):
+        Backward(grad="e5m2")
+    with pytest.raises(ValueError, match="block format"):
+        Cast("mxfp8_e4m3")
+    ln = torch.nn.LayerNorm(8)
+    with fpsim.emulate(Recipe(name="e4m3", inputs="e4m3")):
+        y = ln(torch.randn(2, 8)).sum()
+    with pytest.raises(RuntimeError, match="a norm statistic"):
+        y.backward()
