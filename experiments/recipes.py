@@ -8,11 +8,11 @@ the same arithmetic as :func:`fpsim.emulate` does on any model.
 from __future__ import annotations
 
 from fpsim.emulation.recipe import FP32, FP64, SCALINGS, TILE, FormatLike, Recipe, format_name
-from fpsim.emulation.sites import (NATIVE_ACCUMULATORS, layernorm, layernorm_stats, linear, matmul,
+from fpsim.emulation.sites import (NATIVE_ACCUMULATORS, causal_matmul, layernorm, layernorm_stats, linear, matmul,
                          operand_events, quantize_operand, round_output, rounding_limit,
                          softmax, tile_quantize, unflush, widen_subnormals)
 
 __all__ = ["FP32", "FP64", "FormatLike", "NATIVE_ACCUMULATORS", "Recipe", "SCALINGS", "TILE",
-           "format_name", "layernorm", "layernorm_stats", "linear", "matmul", "operand_events",
+           "causal_matmul", "format_name", "layernorm", "layernorm_stats", "linear", "matmul", "operand_events",
            "quantize_operand", "round_output", "rounding_limit", "softmax", "tile_quantize",
            "unflush", "widen_subnormals"]
