@@ -19,7 +19,7 @@ from types import ModuleType
 import torch
 
 from . import (accumulation, activations, anymodel, context, deepseek, fp8, fp16_vs_bf16,
-               histograms, practice, range_cases, range_vs_precision, seeds,
+               histograms, practice, range_cases, range_findings, range_vs_precision, seeds,
                training)
 from fpsim.cliparse import OneLineParser
 
@@ -152,8 +152,8 @@ def index(out: Path, names: list[str]) -> str:
             "",
             "End-to-end KL(FP32 ‖ format) in nats/token of every IEEE-style eXmY split of B bits "
             "(inf/NaN in the all-ones exponent: e4m3 here has max 240, not OCP E4M3FN's 448) "
-            f"(`{rvp['meta']['model']}`, {rvp['meta']['tokens']} held-out tokens; NaN: inf/NaN "
-            f"logits):",
+            f"(`{rvp['meta']['model']}`: {range_findings.scope(rvp, range_findings.ratios_for(rvp))}"
+            f"; {rvp['meta']['tokens']} held-out tokens; NaN: inf/NaN logits):",
             "",
             range_vs_precision.headline(rvp),
             "",

@@ -200,7 +200,8 @@ def render(data: dict, out: Path) -> str:
         "Every site's operands are quantized, LayerNorm inputs (the residual stream) included. "
         "Ratios of KL carry two paired 95% percentile bootstrap intervals: over windows "
         "(1000 resamples) and, marked topics, over the held-out topics (each drawn topic brings "
-        "all its windows); a side is called only when the window interval excludes 1. "
+        "all its windows); a side is called only when the window interval excludes 1, with no "
+        "correction for the several comparisons made here: read them as exploratory. "
         "KL and top-1 are over all positions, including those with inf/NaN logits (a NaN KL); "
         '"finite" is the share of positions whose logits are all finite.'
     )

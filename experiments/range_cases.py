@@ -135,8 +135,26 @@ def run_case(ctx: context.Context, case: Case) -> dict[str, Any]:
     return {"name": case.name, "budget": case.budget, "format": case.fmt.name,
             "ebits": case.fmt.ebits, "mbits": case.fmt.mbits, "max": case.fmt.max,
             "min_subnormal": case.fmt.min_subnormal, "describe": case.describe(),
-            "recipe": recipe.to_json(), "e2e": e2e, "overflows": ops.overflows,
+            "recipe": recipe.to_json(), "e2e": e2e, "overflows": compact(ops.overflows),
             "seconds": round(time.perf_counter() - start, 1)}
+
+
+KEPT = 40   # overflow locations kept whole per run; the rest is counted by site and channel
+
+
+def compact(overflows: list[dict] | dict) -> dict:
+    """The overflow record of a run as stored: every recorded element counted by (site,
+    operand, last index: the channel of a [window, position, channel] operand) and by window,
+    and the first ``KEPT`` elements whole (a run that overflows everywhere would otherwise
+    store thousands)."""
+    if isinstance(overflows, dict):
+        return overflows
+    by: dict[str, int] = {}
+    for o in overflows:
+        key = f"{o['site']}|{o['operand']}|{o['index'][-1]}"
+        by[key] = by.get(key, 0) + 1
+    return {"recorded": len(overflows), "by_channel": by,
+            "windows": sorted({o["window"] for o in overflows}), "first": overflows[:KEPT]}
 
 
 def path(out: Path, group: str) -> Path:

@@ -15,6 +15,7 @@ from collections import Counter
 
 from .gpt2.data import window_topics
 from .likewise import Ratios, attribution, finite, label
+from .range_cases import compact
 from .report import in_forward_order, num, pct
 
 BUDGETS = (8, 12, 16)
@@ -98,7 +99,7 @@ def weights_line(data: dict) -> list[str]:
     lm = w.get("lm_head")
     def span(values: list[float]) -> str:
         lo, hi = pct(min(values)), pct(max(values))
-        return f"all {lo}" if lo == hi else f"{lo}–{hi}"
+        return ("all" if lo == "100%" else lo) if lo == hi else f"{lo}–{hi}"
 
     return [
         f"The bottom of the range is the weights: every linear (Conv1D) weight's largest "
@@ -170,11 +171,11 @@ def encoding_lines(data: dict, ratios: Ratios) -> list[str]:
                     ("saturating without flush", "saturate, no flush", f"{e4} sat, no flush",
                      f"{e5} sat, no flush"),
                     ("fn encoding", "fn encoding", f"{e4}fn", f"{e5}fn")]
-        parts = []
+        parts, missing = [], []
         for what, abl, four, five in variants:
             a, b, c = _abl(data, budget, abl), _case(data, four), _case(data, five)
             if a is None or b is None or c is None or not finite(a, b, c):
-                parts.append(f"{what}: {four} / {five} runs missing")
+                missing += [four, five]
                 continue
             steep = ratios.ratio(a, c, "format")
             vs4 = ratios.ratio(a, b, "format", decides=False)
@@ -183,6 +184,8 @@ def encoding_lines(data: dict, ratios: Ratios) -> list[str]:
                          f"{label(a)} / {label(b)} {vs4.text()}")
         ieee = "inf/NaN logits" if plain is None or not math.isfinite(plain["e2e"]["kl"]) \
             else f"KL {num(plain['e2e']['kl'])}"
+        if missing:
+            parts.append("not run yet: " + ", ".join(missing))
         text = (f"B={budget}, no scaling, with overflow made finite (beside the IEEE encoding, "
                 f"where {e3} gives {ieee}): " + "; ".join(parts))
         moved, sat4, sat3 = (_case(data, f"e3m{budget - 4}b4 saturating"),
@@ -234,9 +237,12 @@ def overflow_lines(data: dict) -> list[str]:
         ev = run["e2e"]["events"]
         total = sum(e["elements"] for e in ev.values())
         over = sum(e["overflow"] for e in ev.values())
-        where = run["overflows"]
-        windows = sorted({o["window"] for o in where})
-        channels = Counter((o["site"], o["index"][-1]) for o in where if len(o["index"]) == 2)
+        where = compact(run["overflows"])
+        windows = where["windows"]
+        channels = Counter()
+        for key, n in where["by_channel"].items():
+            site, _, channel = key.split("|")
+            channels[site, int(channel)] += n
         chan = ", ".join(f"{s} channel {c} ({n})" for (s, c), n in sorted(
             channels.items(), key=lambda kv: (-kv[1], kv[0])))
         first = in_forward_order(run["e2e"]["nonfinite_sites"])
@@ -246,7 +252,8 @@ def overflow_lines(data: dict) -> list[str]:
             f"({pct(run['e2e']['finite'])} of positions finite, first inf/NaN at "
             f"{first[0] if first else '-'}); every overflowing element (site, channel, count): "
             f"{chan or '-'}"
-            + (f" (first {len(where)} recorded)" if len(where) < over else "") + ".")
+            + (f" (first {where['recorded']} recorded)" if where["recorded"] < over else "")
+            + ".")
     seeds = data.get("model_seeds")
     if seeds:
         parts = []
@@ -254,9 +261,10 @@ def overflow_lines(data: dict) -> list[str]:
             e = s["runs"]["e3m4"]
             parts.append(f"seed {s['seed']} " + (f"finite (KL {num(e['kl'])})" if math.isfinite(
                 e["kl"]) else f"inf/NaN ({pct(e['finite'])} of positions finite)"))
-        out.append(f"On the other training seeds (model-seeds, {seeds['meta']['tokens']} tokens "
-                   f"each, e3m4 without scaling): " + "; ".join(parts) + ": the overflow is a "
-                   "property of one model of three, not of e3m4.")
+        out.append(f"The same e3m4 without scaling on three training seeds (model-seeds, the "
+                   f"first {seeds['meta']['tokens']} held-out tokens each): " + "; ".join(parts)
+                   + ". The overflow at the top of the range happens on one model of three; "
+                   "the cost at the bottom (next conclusions) does not need it.")
     return out
 
 
@@ -320,3 +328,21 @@ def extra(data: dict, ratios: Ratios) -> list[str]:
     return (weights_line(data) + overflow_lines(data) + attention_lines(data)
             + attribution_lines(data, ratios) + encoding_lines(data, ratios)
             + deployed_lines(data, ratios) + same_mantissa_lines(data, ratios))
+
+
+def cases_table(data: dict) -> list[str]:
+    """The runs of ``range-cases`` in this report: what each is, on how many windows, its KL."""
+    from .report import table
+
+    runs = sorted(data.get("cases", {}).values(),
+                  key=lambda r: (r["budget"], r["describe"]["format"], r["name"]))
+    if not runs:
+        return []
+    rows = [[r["budget"], r["name"], label(r), len(r["e2e"]["windows"]["kl"]),
+             num(r["e2e"]["kl"]), pct(r["e2e"]["finite"]), num(r["e2e"]["kl_finite"]),
+             r["seconds"]] for r in runs]
+    return ["", "## Like-with-like runs (`fpsim experiment range-cases`)", "",
+            "End to end. Runs on fewer than all windows ran on the first ones (`--tokens`) and "
+            "pair with the other runs' first windows; seconds are wall time on a shared machine.",
+            "", table(["B", "case", "what", "windows", "KL", "finite positions",
+                       "KL over finite", "seconds"], rows)]

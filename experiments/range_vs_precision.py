@@ -800,6 +800,9 @@ def render(data: dict, out: Path) -> str:
                 rows,
             ),
         ]
+    from .range_findings import cases_table
+
+    lines += cases_table(data)
     lines += [
         "",
         f"![KL vs mantissa bits]({names[1]})",
