@@ -164,7 +164,13 @@ def index(out: Path, names: list[str]) -> str:
             + fp16_vs_bf16.headline(load_json(out / fp16_vs_bf16.NAME / "results.json")),
             "",
         ]
-    lines += [limits(out), ""]
+    lines += [limits(out), "",
+              "Multiple comparisons: range-vs-precision's verdicts form one family, corrected "
+              "with Holm (its last conclusion says how many survive); the verdicts of the other "
+              "experiments below are each called at 95% without a correction across the page "
+              "and are exploratory. Intervals say what was resampled: windows (and topics) "
+              "end to end, trials or token rows in deepseek-accumulation, seeds in training.",
+              ""]
     for name in names:
         data = _load(EXPERIMENTS[name], out / name)
         meta = data["meta"]

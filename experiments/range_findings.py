@@ -55,9 +55,14 @@ def scope(data: dict, ratios: Ratios) -> str:
     from .gpt2.data import split_topics
     train, held = split_topics()
     counts = Counter(ratios.topics).most_common()
+    text = text.replace("help topics", f"{len(train)} help topics")
+    if len(counts) < 2:
+        return (text + f", evaluated on {n} windows of {meta['window']} bytes from one of its "
+                f"{len(held)} held-out topics ({counts[0][0]})")
     top2 = counts[0][1] + counts[1][1]
-    return (text.replace("help topics", f"{len(train)} help topics") +
-            f", evaluated on {n} windows of {meta['window']} bytes from its {len(held)} held-out "
+    which = (f"its {len(held)}" if len(counts) == len(held)
+             else f"{len(counts)} of its {len(held)}")
+    return (text + f", evaluated on {n} windows of {meta['window']} bytes from {which} held-out "
             f"topics, two of which ({counts[0][0]} {counts[0][1]}, {counts[1][0]} "
             f"{counts[1][1]}) give {top2} of the {n} windows")
 

@@ -256,6 +256,20 @@ def _best(series: list[dict]) -> dict | None:
     return min(finite, key=lambda r: r["e2e"]["kl"]) if finite else None
 
 
+def _captured_overflows(data: dict, captured: int) -> str:
+    """Which recorded end-to-end overflows (range-cases) fall in the captured windows."""
+    from .range_cases import compact
+
+    parts = []
+    for r in data.get("cases", {}).values():
+        if r["describe"]["attention"] == "eager" and r["name"].endswith(" eager"):
+            where = compact(r["overflows"])["windows"]
+            inside = [w for w in where if w < captured]
+            parts.append(f"{r['format']} overflows in {len(where)} windows, "
+                         f"{len(inside)} of them captured")
+    return f" (recorded end to end: {'; '.join(parts)})" if parts else ""
+
+
 def _overflowed(run: dict) -> bool:
     """Whether any site overflowed in the replay (when replayed) or produced inf/NaN end to end."""
     return bool(run.get("summary", {}).get("overflow_sites") or run["e2e"]["nonfinite_sites"])
@@ -563,11 +577,12 @@ def _conclusions(data: dict, ratios: Ratios) -> list[str]:
                 for r in hidden
             )
             + f" without scaling give inf/NaN end to end but overflow nowhere in the per-site "
-              f"replay: the "
-            f"replay covers the {meta['capture_tokens']} captured tokens, the end-to-end run all "
-            f"{meta['tokens']}, and the values past the rounding limit are only in the other "
-            f"windows "
-            "(see the activations experiment)."
+              f"replay. The replay rounds the FP32 reference's operands of the "
+            f"{meta['capture_tokens']} captured tokens (the first "
+            f"{meta['capture_tokens'] // meta['window']} windows); end to end every operand "
+            "also carries the rounding error of the sites before it, so the two round different "
+            "values, and most overflowing windows are not captured"
+            + _captured_overflows(data, meta['capture_tokens'] // meta['window']) + "."
         )
     out += p3109_lines(data, ratios)
     out += extra(data, ratios)
