@@ -92,3 +92,77 @@ def fmt_ci(ci: Sequence[float], digits: int = 3) -> str:
     if not all(math.isfinite(c) for c in ci):
         return "[CI undefined]"
     return f"[{ci[0]:.{digits}g}, {ci[1]:.{digits}g}]"
+
+
+# --------------------------------------------------------------------------------------------
+# Beyond one ratio of two runs: clusters of windows, functions of several runs, and p-values
+# --------------------------------------------------------------------------------------------
+def window_weights(windows: int, resamples: int = RESAMPLES, seed: int = SEED) -> np.ndarray:
+    """The window bootstrap of :func:`draws` as counts ``[resamples, windows]``: how often
+    each window is drawn in each resample."""
+    idx = draws(windows, resamples, seed)
+    out = np.zeros((resamples, windows))
+    np.add.at(out, (np.arange(resamples)[:, None], idx), 1.0)
+    return out
+
+
+def cluster_weights(groups: Sequence[int], resamples: int = RESAMPLES,
+                    seed: int = SEED) -> np.ndarray:
+    """A cluster bootstrap as counts ``[resamples, windows]``: the clusters (``groups[w]``: the
+    cluster of window ``w``, e.g. its held-out topic) are drawn with replacement and each
+    drawn cluster brings all its windows.  Windows of one topic are not independent samples
+    of text; this resamples what is (the topics), at the price of having few of them."""
+    labels = np.asarray(groups)
+    names = np.unique(labels)
+    pick = np.random.default_rng(seed).integers(0, len(names), size=(resamples, len(names)))
+    chosen = np.zeros((resamples, len(names)))
+    np.add.at(chosen, (np.arange(resamples)[:, None], pick), 1.0)
+    member = (labels[None, :] == names[:, None]).astype(np.float64)      # [clusters, windows]
+    return chosen @ member
+
+
+def weighted(windows: dict, key: str, weights: np.ndarray) -> np.ndarray:
+    """The metric ``key`` on each resample given as window counts (ratio of weighted sums)."""
+    num, den = _sums(windows, key), _sums(windows, DENOMINATOR[key])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (weights @ num) / (weights @ den)
+
+
+def combine(runs: Sequence[dict], fn, weights: np.ndarray,
+            key: str = "kl") -> tuple[float, list[float], np.ndarray]:
+    """``fn`` of several runs' metric ``key`` (e.g. a ratio, or a product of ratios), its
+    point value, 95% percentile interval and resampled values, every run resampled on the same
+    ``weights`` (paired)."""
+    if len({len(r["windows"]["loss"]) for r in runs}) != 1:
+        raise ValueError("a paired bootstrap needs every run on the same windows")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        samples = np.asarray(fn(*[weighted(r["windows"], key, weights) for r in runs]),
+                             dtype=np.float64)
+        point = float(fn(*[np.float64(r[key]) for r in runs]))
+    return point, _interval(samples), samples
+
+
+def p_value(samples: np.ndarray, point: float) -> float:
+    """Two-sided p-value of "the ratio is 1" from a ratio's bootstrap samples: the normal
+    approximation of the bootstrap distribution of its logarithm (z = log(point) / sd).  Used
+    for the Holm correction, where the percentile counts of 1,000 resamples cannot reach the
+    small levels a family of many comparisons needs."""
+    logs = np.log(samples)
+    if not (math.isfinite(point) and point > 0 and np.isfinite(logs).all()):
+        return math.nan
+    sd = float(np.std(logs, ddof=1))
+    if sd == 0:
+        return 1.0 if point == 1 else 0.0
+    return math.erfc(abs(math.log(point)) / sd / math.sqrt(2))
+
+
+def holm(pvalues: Sequence[float], level: float = 1 - LEVEL) -> list[bool]:
+    """Holm's step-down procedure: which of the hypotheses with ``pvalues`` are rejected at
+    family-wise error ``level`` (NaN p-values are never rejected and do not count)."""
+    order = sorted((p, i) for i, p in enumerate(pvalues) if math.isfinite(p))
+    m, out = len(order), [False] * len(pvalues)
+    for k, (p, i) in enumerate(order):
+        if p > level / (m - k):
+            break
+        out[i] = True
+    return out

@@ -19,7 +19,8 @@ from types import ModuleType
 import torch
 
 from . import (accumulation, activations, anymodel, context, deepseek, fp8, fp16_vs_bf16,
-               histograms, practice, range_vs_precision, seeds, training)
+               histograms, practice, range_cases, range_findings, range_vs_precision, seeds,
+               training)
 from fpsim.cliparse import OneLineParser
 
 from .report import load_json, write_json
@@ -29,15 +30,24 @@ EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (
     deepseek)}
 # train their own models; not in all
 STANDALONE: dict[str, ModuleType] = {training.NAME: training, seeds.NAME: seeds,
-                                     anymodel.NAME: anymodel}
+                                     anymodel.NAME: anymodel, range_cases.NAME: range_cases}
 DEFAULT_OUT = Path("results")
-LIMITS = ("What a tiny model cannot tell about GPT-2 124M: these numbers come from one training "
-          "seed of a 4-layer, width-256 byte-level model whose largest residual value is about 20; "
-          "GPT-2 124M has outlier channels in the thousands, 12 layers and a 50k vocabulary, so "
-          "where its overflow cliff lies, which tensor hits it first and how much flushing costs "
-          "must be measured on it (`--model gpt2`); the bootstrap covers the choice of held-out "
-          "windows, not the choice of model; `model-seeds` reruns the B=8 comparisons on tiny "
-          "models from two more training seeds.")
+def limits(out: Path) -> str:
+    """What the tiny model cannot tell about GPT-2 124M, with its largest residual value read
+    from the activations experiment's JSON when it ran."""
+    act = out / activations.NAME / "results.json"
+    top = "measured by the activations experiment"
+    if act.exists():
+        ln = activations._ln(load_json(act))
+        top = f"{max(s['a_amax'] for s in ln.values()):.3g}"
+    return ("What a tiny model cannot tell about GPT-2 124M: these numbers come from one training "
+            "seed of a 3.3M-parameter, 4-layer, width-256 byte-level GPT-2 trained on Python's "
+            f"help text, whose largest residual value is {top}; GPT-2 124M has outlier channels "
+            "in the thousands, 12 layers and a 50k vocabulary, so where its overflow cliff lies, "
+            "which tensor hits it first and how much flushing costs must be measured on it "
+            "(`--model gpt2`); the bootstraps cover the choice of held-out windows (and of "
+            "held-out topics, where a report says so), not the choice of model; `model-seeds` "
+            "reruns the B=8 comparisons on tiny models from two more training seeds.")
 
 
 def _tokens(text: str) -> int:
@@ -104,6 +114,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="only regenerate figures and REPORT.md from an existing results.json",
     )
+    range_cases.add_arguments(p)
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no CUDA device; use --device cpu")
@@ -122,22 +133,27 @@ def _summary(module: ModuleType) -> str:
     return first.split(": ", 1)[-1]
 
 
+def _load(module: ModuleType, out: Path) -> dict:
+    """An experiment's results as its report reads them (its own ``load`` when it has one)."""
+    return module.load(out) if hasattr(module, "load") else load_json(out / "results.json")
+
+
 def _render(module: ModuleType, out: Path) -> None:
-    (out / "REPORT.md").write_text(module.render(load_json(out / "results.json"), out))
+    (out / "REPORT.md").write_text(module.render(_load(module, out), out))
 
 
 def index(out: Path, names: list[str]) -> str:
     """``OUT/REPORT.md`` for ``all``: every experiment's conclusions, linked to its report."""
     lines = ["# Experiment results", ""]
     if range_vs_precision.NAME in names:
-        rvp = load_json(out / range_vs_precision.NAME / "results.json")
+        rvp = _load(range_vs_precision, out / range_vs_precision.NAME)
         lines += [
             f"![range vs precision]({range_vs_precision.NAME}/range_vs_precision.png)",
             "",
             "End-to-end KL(FP32 ‖ format) in nats/token of every IEEE-style eXmY split of B bits "
             "(inf/NaN in the all-ones exponent: e4m3 here has max 240, not OCP E4M3FN's 448) "
-            f"(`{rvp['meta']['model']}`, {rvp['meta']['tokens']} held-out tokens; NaN: inf/NaN "
-            f"logits):",
+            f"(`{rvp['meta']['model']}`: {range_findings.scope(rvp, range_findings.ratios_for(rvp))}"
+            f"; {rvp['meta']['tokens']} held-out tokens; NaN: inf/NaN logits):",
             "",
             range_vs_precision.headline(rvp),
             "",
@@ -148,9 +164,15 @@ def index(out: Path, names: list[str]) -> str:
             + fp16_vs_bf16.headline(load_json(out / fp16_vs_bf16.NAME / "results.json")),
             "",
         ]
-    lines += [LIMITS, ""]
+    lines += [limits(out), "",
+              "Multiple comparisons: range-vs-precision's verdicts form one family, corrected "
+              "with Holm (its last conclusion says how many survive); the verdicts of the other "
+              "experiments below are each called at 95% without a correction across the page "
+              "and are exploratory. Intervals say what was resampled: windows (and topics) "
+              "end to end, trials or token rows in deepseek-accumulation, seeds in training.",
+              ""]
     for name in names:
-        data = load_json(out / name / "results.json")
+        data = _load(EXPERIMENTS[name], out / name)
         meta = data["meta"]
         lines += [
             f"## [{name}]({name}/REPORT.md)",

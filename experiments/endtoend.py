@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fpsim import get_format
 from fpsim.emulation.sites import finite_below
 
 from . import recipes
@@ -30,6 +32,9 @@ from .gpt2.ops import forward
 from .recipes import FP32, Recipe
 
 EVENTS = ("elements", "overflow", "saturated", "flushed")
+ATTENTION = ("eager", "causal")
+OVERFLOWS_KEPT = 2000      # overflow locations kept per run (the events count every one)
+OVERFLOWS_WHOLE = 40       # of those, stored whole by compact(); the rest counted by channel
 
 
 class RecipeOps:
@@ -38,14 +43,30 @@ class RecipeOps:
     Sites not named in a per-site mapping use the FP32 reference recipe.  ``cache`` holds
     quantized weights; share one between ops of the same model only.  ``nonfinite`` counts,
     per site, the outputs that were inf/NaN; ``events`` sums, per site, the operand elements
-    (both operands, every call) and those that overflowed, saturated or flushed to zero.
+    (both operands, every call) and those that overflowed, saturated or flushed to zero;
+    ``overflows`` lists, for every unscaled operand element that overflowed, its site, operand,
+    window, index and value (at most ``OVERFLOWS_KEPT``; ``overflow`` in ``events`` counts all).
+
+    ``weights``: a recipe for the weight operand of the linear sites (its format, scaling and
+    flags; e.g. per-channel scaling while ``recipe`` leaves activations unscaled); None: the
+    site's recipe quantizes both.  ``attention``: ``"eager"`` computes ``probs @ v`` over every
+    key, masked ones with probability 0 (so an inf/NaN value at a later position turns earlier
+    queries NaN through ``0 * NaN``, as an eager matmul does); ``"causal"`` skips masked keys as
+    a causal attention kernel does (:func:`fpsim.emulation.sites.causal_matmul`).
     """
 
-    def __init__(self, recipe: Recipe | Mapping[str, Recipe], cache: dict | None = None) -> None:
+    def __init__(self, recipe: Recipe | Mapping[str, Recipe], cache: dict | None = None,
+                 weights: Recipe | None = None, attention: str = "eager") -> None:
+        if attention not in ATTENTION:
+            raise ValueError(f"attention {attention!r}: one of {ATTENTION}")
         self.recipe = recipe
         self.cache = {} if cache is None else cache
+        self.weights = weights
+        self.attention = attention
         self.nonfinite: dict[str, int] = {}
         self.events: dict[str, dict[str, int]] = {}
+        self.overflows: list[dict] = []
+        self.window0 = 0        # index of the first window of the batch being run
 
     def _watch(self, name: str, y: Tensor, events: dict) -> Tensor:
         bad = 0
@@ -67,18 +88,54 @@ class RecipeOps:
         """The recipe of site ``name``."""
         return self.recipe.get(name, FP32) if isinstance(self.recipe, Mapping) else self.recipe
 
+    def _where(self, name: str, role: str, x: Tensor, recipe: Recipe, fmt: Any) -> None:
+        """Record the elements of operand ``x`` that overflowed (unscaled, not saturating)."""
+        if fmt is None or recipe.scaling != "none" or recipe.saturate:
+            return
+        over = torch.isfinite(x) & (x.abs() >= recipes.rounding_limit(get_format(fmt)))
+        for idx in over.nonzero().tolist()[: max(0, OVERFLOWS_KEPT - len(self.overflows))]:
+            self.overflows.append({"site": name, "operand": role, "window": self.window0 + idx[0],
+                                   "index": idx[1:], "value": float(x[tuple(idx)])})
+
+    def _located(self, name: str, ev: dict, pairs: tuple) -> None:
+        for role, (x, recipe, fmt) in zip(("a", "b"), pairs):
+            if ev.get(role, {}).get("overflow"):
+                self._where(name, role, x, recipe, fmt)
+
     def linear(self, name: str, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
         ev: dict = {}
-        y = recipes.linear(self.recipe_for(name), x, W, b, events=ev, cache=self.cache)
+        recipe = self.recipe_for(name)
+        if self.weights is None or recipe is FP32:
+            y = recipes.linear(recipe, x, W, b, events=ev, cache=self.cache)
+            self._located(name, ev, ((x, recipe, recipe.inputs), (W, recipe, recipe.weight_format)))
+            return self._watch(name, y, ev)
+        qx, limit = recipes.quantize_operand(x, recipe.inputs, recipe, -1)
+        ev["a"] = recipes.operand_events(x, qx, limit)
+        key = ("weights", W.data_ptr(), W._version, tuple(W.shape), self.weights)
+        if key not in self.cache:
+            qW, wlimit = recipes.quantize_operand(W, self.weights.inputs, self.weights, -2)
+            self.cache[key] = (recipes.unflush(W, qW, self.weights),
+                               recipes.operand_events(W, qW, wlimit))
+        qW, ev["b"] = self.cache[key]
+        y = recipes.linear(FP32, recipes.unflush(x, qx, recipe), qW, b)
+        self._located(name, ev, ((x, recipe, recipe.inputs), (W, self.weights,
+                                                               self.weights.inputs)))
         return self._watch(name, y, ev)
 
     def matmul(self, name: str, a: Tensor, b: Tensor) -> Tensor:
         ev: dict = {}
-        return self._watch(name, recipes.matmul(self.recipe_for(name), a, b, events=ev), ev)
+        recipe = self.recipe_for(name)
+        op = recipes.causal_matmul if (self.attention == "causal" and name.endswith(".av")) \
+            else recipes.matmul
+        y = op(recipe, a, b, events=ev)
+        self._located(name, ev, ((a, recipe, recipe.inputs), (b, recipe, recipe.weight_format)))
+        return self._watch(name, y, ev)
 
     def layernorm(self, name: str, x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
         ev: dict = {}
-        y = recipes.layernorm(self.recipe_for(name), x, weight, bias, eps, events=ev)
+        recipe = self.recipe_for(name)
+        y = recipes.layernorm(recipe, x, weight, bias, eps, events=ev)
+        self._located(name, ev, ((x, recipe, recipe.inputs),))
         return self._watch(name, y, ev)
 
     def softmax(self, name: str, x: Tensor) -> Tensor:
@@ -111,8 +168,13 @@ def compare(model: GPT2, wins: Tensor, ref: list[Tensor], ops: object = None,
             batch_size: int = 8) -> dict:
     """Loss, perplexity, KL from the reference logits ``ref`` and top-1 agreement under ``ops``
     (:func:`compare_logits` of ``model``'s logits on each batch)."""
-    outputs = (forward(model, chunk[:, :-1], ops) for chunk in wins.split(batch_size))
-    return compare_logits(wins, ref, outputs, batch_size)
+    def outputs() -> Iterable[Tensor]:
+        for i, chunk in enumerate(wins.split(batch_size)):
+            if isinstance(ops, RecipeOps):
+                ops.window0 = i * batch_size
+            yield forward(model, chunk[:, :-1], ops)
+
+    return compare_logits(wins, ref, outputs(), batch_size)
 
 
 @torch.no_grad()
@@ -138,3 +200,19 @@ def compare_logits(wins: Tensor, ref: list[Tensor], outputs: Iterable[Tensor],
             "finite": total["finite"] / count,
             "kl_finite": total["kl_finite"] / total["finite"] if total["finite"] else math.nan,
             "windows": {"positions": positions, **parts}}
+
+
+def compact(overflows: list[dict] | dict) -> dict:
+    """The overflow record of a run as stored: every recorded element counted by (site,
+    operand, last index: the channel of a [window, position, channel] operand) and by window,
+    and the first ``OVERFLOWS_WHOLE`` elements whole (a run that overflows everywhere would
+    otherwise store thousands)."""
+    if isinstance(overflows, dict):
+        return overflows
+    by: dict[str, int] = {}
+    for o in overflows:
+        key = f"{o['site']}|{o['operand']}|{o['index'][-1]}"
+        by[key] = by.get(key, 0) + 1
+    return {"recorded": len(overflows), "by_channel": by,
+            "windows": sorted({o["window"] for o in overflows}),
+            "first": overflows[:OVERFLOWS_WHOLE]}

@@ -24,11 +24,14 @@ from tqdm import tqdm
 from fpsim import Format, get_format
 
 from .context import Context
+from .endtoend import compact
 from .gpt2.model import site_kind
 from .recipes import Recipe, rounding_limit
 from . import bootstrap
-from .bootstrap import fmt_ci, verdict
-from .report import figure, in_forward_order, num, page, pct, save, table
+from .bootstrap import fmt_ci
+from .likewise import Ratios
+from .range_findings import cases_table, extra, operand_shares, ratios_for, scope
+from .report import figure, in_forward_order, load_json, num, page, pct, save, table
 
 NAME = "range-vs-precision"
 BUDGETS = (8, 12, 16)
@@ -211,6 +214,27 @@ def run(ctx: Context) -> dict[str, Any]:
     }
 
 
+def load_cases(out: Path) -> dict[str, Any]:
+    """What ``range-cases`` wrote beside ``results.json`` in ``out``: its runs by name
+    (``cases``) and the weight statistics (``weights``), each empty when absent."""
+    found: dict[str, Any] = {"cases": {}, "weights": {}}
+    for p in sorted((out / "cases").glob("*.json")):
+        d = load_json(p)
+        found["cases"].update({r["name"]: r for r in d.get("runs", [])})
+        found["weights"].update(d.get("weights", {}))
+    return found
+
+
+def load(out: Path) -> dict[str, Any]:
+    """``out/results.json`` with the cases of :func:`load_cases` and, when ``model-seeds`` ran
+    beside it, its results (``model_seeds``)."""
+    data = {**load_json(out / "results.json"), **load_cases(out)}
+    seeds = out.parent / "model-seeds" / "results.json"
+    if seeds.exists():
+        data["model_seeds"] = load_json(seeds)
+    return data
+
+
 def _variants(data: dict) -> tuple[str, ...]:
     return VARIANTS if data.get("ln_fp32_runs") else SCALINGS
 
@@ -234,27 +258,16 @@ def _best(series: list[dict]) -> dict | None:
     return min(finite, key=lambda r: r["e2e"]["kl"]) if finite else None
 
 
-def _same_mantissa(data: dict) -> list[str]:
-    """For each mantissa width, the narrowest and widest exponent whose KLs agree within 5% (no
-    scaling)."""
-    out = []
-    runs = [r for r in data["runs"] if r["scaling"] == "none" and math.isfinite(r["e2e"]["kl"])]
-    for m in sorted({r["mbits"] for r in runs}):
-        group = sorted((r for r in runs if r["mbits"] == m), key=lambda r: r["ebits"])
-        for i, r in enumerate(group):
-            agree = [
-                g
-                for g in group[i + 1 :]
-                if abs(math.log(g["e2e"]["kl"] / r["e2e"]["kl"])) < math.log(1.05)
-            ]
-            if agree and r["e2e"]["kl"] > 0:
-                w = agree[-1]
-                out.append(
-                    f"{r['format']} (B={r['budget']}, KL {num(r['e2e']['kl'])}) and {w['format']} "
-                    f"(B={w['budget']}, KL {num(w['e2e']['kl'])})"
-                )
-                break
-    return out
+def _captured_overflows(data: dict, captured: int) -> str:
+    """Which recorded end-to-end overflows (range-cases) fall in the captured windows."""
+    parts = []
+    for r in data.get("cases", {}).values():
+        if r["describe"]["attention"] == "eager" and r["name"].endswith(" eager"):
+            where = compact(r["overflows"])["windows"]
+            inside = [w for w in where if w < captured]
+            parts.append(f"{r['format']} overflows in {len(where)} windows, "
+                         f"{len(inside)} of them captured")
+    return f" (recorded end to end: {'; '.join(parts)})" if parts else ""
 
 
 def _overflowed(run: dict) -> bool:
@@ -275,12 +288,12 @@ def kl_cell(run: dict) -> str:
     return num(kl)
 
 
-def _versus(run: dict, best: dict) -> str:
+def _versus(run: dict, best: dict, ratios: Ratios) -> str:
     e = run["e2e"]
     if not math.isfinite(e["kl"]):
         return f"gives inf/NaN logits ({_nonfinite(run)})"
-    r, ci = bootstrap.ratio(e, best["e2e"])
-    return f"gives KL {num(e['kl'])}, {num(r)}× the best {fmt_ci(ci)}"
+    r = ratios.ratio(run, best, "format", decides=False)
+    return f"gives KL {num(e['kl'])}, {r.text()} the best"
 
 
 def _nonfinite(run: dict) -> str:
@@ -293,8 +306,9 @@ def _nonfinite(run: dict) -> str:
     )
 
 
-def _steeper(less: dict, more: dict) -> str:
-    """Which side costs more, said only when the paired bootstrap CI of the ratio excludes 1."""
+def _steeper(less: dict, more: dict, ratios: Ratios) -> str:
+    """Which side costs more, said only when the paired ratio's interval excludes 1 and it
+    survives Holm's correction (else marked exploratory)."""
     a, b = less["e2e"], more["e2e"]
     if not math.isfinite(a["kl"]) and math.isfinite(b["kl"]):
         return "The steeper side is range: one exponent bit fewer gives inf/NaN (mechanism below)"
@@ -302,97 +316,16 @@ def _steeper(less: dict, more: dict) -> str:
         return "The steeper side is precision: one mantissa bit fewer gives inf/NaN"
     if not math.isfinite(a["kl"]):
         return "Both neighbours give inf/NaN"
-    r, ci = bootstrap.ratio(a, b)
-    side = verdict(
-        ci,
+    r = ratios.ratio(less, more, "format")
+    side = r.side(
         "the steeper side is range (fewer exponent bits)",
         "the steeper side is precision (fewer mantissa bits)",
         "no measurable difference between one exponent bit and one mantissa bit fewer",
     )
-    return f"KL ratio exponent-bit-fewer / mantissa-bit-fewer {num(r)} {fmt_ci(ci)}: {side}"
+    return f"KL ratio exponent-bit-fewer / mantissa-bit-fewer {r.text()}: {side}"
 
 
-def _shares(run: dict) -> tuple[float, float, str, float, str]:
-    """End to end over all operand elements: overflow share, flush share, worst sites' shares."""
-    ev = run["e2e"].get("events", {})
-    total = sum(e["elements"] for e in ev.values()) or 1
-    over = sum(e["overflow"] for e in ev.values()) / total
-    flush = sum(e["flushed"] for e in ev.values()) / total
-    worst_o = max(ev, key=lambda n: ev[n]["overflow"] / ev[n]["elements"], default="-")
-    worst_f = max(ev, key=lambda n: ev[n]["flushed"] / ev[n]["elements"], default="-")
-    share = lambda n, k: ev[n][k] / ev[n]["elements"] if n in ev else 0.0
-    return over, flush, worst_f, share(worst_f, "flushed"), worst_o
-
-
-def ablation_lines(data: dict) -> list[str]:
-    """What the range ablations of the 3-exponent-bit splits show, each ratio with its CI."""
-    out = []
-    for budget in BUDGETS:
-        best = _best(_series(data, budget, "none"))
-        plain = {r["ebits"]: r for r in _series(data, budget, "none")}.get(3)
-        ln = {r["ebits"]: r for r in _series(data, budget, LN_FP32)}.get(3)
-        runs = [r for r in data.get("ablation_runs", []) if r["budget"] == budget]
-        if not runs or best is None or plain is None:
-            continue
-        parts = []
-        for r in runs:
-            e = r["e2e"]
-            if not math.isfinite(e["kl"]):
-                parts.append(f"{r['ablation']}: inf/NaN ({_nonfinite(r)})")
-                continue
-            q, ci = bootstrap.ratio(e, best["e2e"])
-            parts.append(
-                f"{r['ablation']} ({r['format']}, max {num(r['max'])}): KL {num(e['kl'])} "
-                f"{fmt_ci(e['ci']['kl'])}, {num(q)}× {best['format']} {fmt_ci(ci)}"
-            )
-        out.append(
-            f"B={budget}, {plain['format']} without scaling "
-            + (
-                f"({_nonfinite(plain)})"
-                if not math.isfinite(plain["e2e"]["kl"])
-                else f"(KL {num(plain['e2e']['kl'])})"
-            )
-            + ", ablations end to end: "
-            + "; ".join(parts)
-            + "."
-        )
-        nf = {r["ablation"]: r for r in runs}.get("LN FP32, no flush")
-        if (
-            ln is not None
-            and nf is not None
-            and math.isfinite(ln["e2e"]["kl"])
-            and math.isfinite(nf["e2e"]["kl"])
-        ):
-            q, ci = bootstrap.ratio(ln["e2e"], nf["e2e"])
-            rest, rest_ci = bootstrap.ratio(nf["e2e"], best["e2e"])
-            over, flush, site, worst, _ = _shares(ln)
-            fmt = split_format(3, budget - 4)
-            text = (
-                f"B={budget}, {ln['format']} with LayerNorm in FP32: {pct(over)} of operand "
-                f"elements overflow end to end and {pct(flush)} flush to zero (most at {site}, "
-                f"{pct(worst)}); flushing multiplies KL by {num(q)} {fmt_ci(ci)} "
-                f"({verdict(ci, 'a measurable cost', 'a measurable gain')}); without it "
-                f"{nf['format']} is still {num(rest)}× {best['format']} {fmt_ci(rest_ci)}."
-            )
-            full = {r["ablation"]: r for r in runs}.get("LN FP32, no flush, full subnormals")
-            if full is not None and math.isfinite(full["e2e"]["kl"]):
-                sub, sub_ci = bootstrap.ratio(nf["e2e"], full["e2e"])
-                left, left_ci = bootstrap.ratio(full["e2e"], best["e2e"])
-                text += (
-                    f" Keeping values below the smallest normal ({num(fmt.min_normal)}) at the "
-                    f"full {fmt.mbits}-bit mantissa as well: the subnormals' lost bits multiply "
-                    f"KL by {num(sub)} {fmt_ci(sub_ci)} "
-                    f"({verdict(sub_ci, 'a measurable cost', 'a measurable gain')}); with no "
-                    f"flush and full subnormals {full['format']} is {num(left)}× "
-                    f"{best['format']} {fmt_ci(left_ci)} "
-                    f"({verdict(left_ci, 'worse', 'better')}: what is left is overflow, "
-                    f"{pct(over)} here, and {fmt.mbits} against {best['mbits']} mantissa bits)."
-                )
-            out.append(text)
-    return out
-
-
-def p3109_lines(data: dict) -> list[str]:
+def p3109_lines(data: dict, ratios: Ratios) -> list[str]:
     """The encoding's cost measured: each B=8 P3109 format against the IEEE-style eXmY split of
     the same widths, end to end without scaling, each ratio with its paired CI."""
     runs = data.get("p3109_runs", [])
@@ -407,19 +340,20 @@ def p3109_lines(data: dict) -> list[str]:
             parts.append(f"{r['format']} (max {num(r['max'])}): {kl_cell(r)} vs "
                          f"{base['format']} {kl_cell(base)}")
             continue
-        q, ci = bootstrap.ratio(e, base["e2e"])
+        q = ratios.ratio(r, base, "format")
         parts.append(f"{r['format']} (max {num(r['max'])}) KL {num(e['kl'])} "
-                     f"{fmt_ci(e['ci']['kl'])}, {num(q)}× {base['format']} {fmt_ci(ci)} "
-                     f"({verdict(ci, 'worse', 'better')})")
+                     f"{fmt_ci(e['ci']['kl'])}, {q.text()} {base['format']} "
+                     f"({q.side('worse', 'better')})")
     if not parts:
         return []
     return ["IEEE P3109 at B=8, no scaling (one NaN code at 0x80 and no -0, so the top binade "
             "holds finite values; 'se' keeps +-inf on the top codes, 'sf' has none), against the "
             "IEEE-style split of the same widths: " + "; ".join(parts) + "."
-            ] + p3109_bias_lines(data, runs, ieee)
+            ] + p3109_bias_lines(data, runs, ieee, ratios)
 
 
-def p3109_bias_lines(data: dict, runs: list[dict], ieee: dict[int, dict]) -> list[str]:
+def p3109_bias_lines(data: dict, runs: list[dict], ieee: dict[int, dict],
+                     ratios: Ratios) -> list[str]:
     """The bias ablation: e4m3 with P3109's bias 8 against e4m3 (what moving the range down one
     binade does, with both runs' overflow and flush shares) and each 4-exponent-bit P3109
     format against it (what the encoding does once the bias is the same)."""
@@ -430,21 +364,21 @@ def p3109_bias_lines(data: dict, runs: list[dict], ieee: dict[int, dict]) -> lis
         return []
 
     def shares(run: dict) -> str:
-        over, flush, *_ = _shares(run)
+        over, flush, *_ = operand_shares(run)
         return f"{pct(flush)} flushed, {pct(over)} overflowed"
 
-    q, ci = bootstrap.ratio(abl["e2e"], base["e2e"])
+    q = ratios.ratio(abl, base, "format")
     text = (f"Bias ablation: {abl['format']} (e4m3 with P3109's bias 8, IEEE-style encoding, "
             f"max {num(abl['max'])}, smallest subnormal 2^{math.log2(abl['min_subnormal']):.0f}) KL "
-            f"{num(abl['e2e']['kl'])} {fmt_ci(abl['e2e']['ci']['kl'])}, {num(q)}× "
-            f"{base['format']} {fmt_ci(ci)} ({verdict(ci, 'worse', 'better')}); operand "
+            f"{num(abl['e2e']['kl'])} {fmt_ci(abl['e2e']['ci']['kl'])}, {q.text()} "
+            f"{base['format']} ({q.side('worse', 'better')}); operand "
             f"elements end to end: {abl['format']} {shares(abl)}, {base['format']} "
             f"{shares(base)}")
     same = [r for r in runs if r["ebits"] == 4 and math.isfinite(r["e2e"]["kl"])]
     for r in same:
-        q, ci = bootstrap.ratio(r["e2e"], abl["e2e"])
-        text += (f"; {r['format']} ({shares(r)}) {num(q)}× {abl['format']} {fmt_ci(ci)} "
-                 f"({verdict(ci, 'worse', 'better')})")
+        q = ratios.ratio(r, abl, "format")
+        text += (f"; {r['format']} ({shares(r)}) {q.text()} {abl['format']} "
+                 f"({q.side('worse', 'better')})")
     return [text + "."]
 
 
@@ -544,7 +478,7 @@ def figures(data: dict, out: Path) -> list[str]:
             if not s:
                 continue
             x = [r["ebits"] for r in s]
-            shares = [_shares(r) for r in s]
+            shares = [operand_shares(r) for r in s]
             for ax, k in zip(axes[0], (0, 1)):
                 ax.plot(
                     x,
@@ -570,7 +504,18 @@ def figures(data: dict, out: Path) -> list[str]:
 
 
 def conclusions(data: dict) -> list[str]:
-    """Sentences that compare the numbers: best split, cost of one exponent vs one mantissa bit."""
+    """Sentences that compare the numbers: best split, cost of one exponent vs one mantissa bit,
+    then the like-with-like comparisons of :mod:`.range_findings`; rendered twice, the second
+    time with Holm's correction over the verdicts the first pass collected."""
+
+    ratios = ratios_for(data)
+    _conclusions(data, ratios)
+    ratios.holm()
+    return _conclusions(data, ratios) + [ratios.summary()]
+
+
+def _conclusions(data: dict, ratios: Ratios) -> list[str]:
+
     out = []
     for budget in BUDGETS:
         for scaling in _variants(data):
@@ -588,11 +533,13 @@ def conclusions(data: dict) -> list[str]:
             less, more = by_e.get(best["ebits"] - 1), by_e.get(best["ebits"] + 1)
             text += f" {fmt_ci(best['e2e']['ci']['kl'])}"
             if less:
-                text += f"; one exponent bit fewer ({less['format']}) {_versus(less, best)}"
+                text += (f"; one exponent bit fewer ({less['format']}) "
+                         f"{_versus(less, best, ratios)}")
             if more:
-                text += f"; one mantissa bit fewer ({more['format']}) {_versus(more, best)}"
+                text += (f"; one mantissa bit fewer ({more['format']}) "
+                         f"{_versus(more, best, ratios)}")
             if less and more:
-                text += ". " + _steeper(less, more)
+                text += ". " + _steeper(less, more, ratios)
             clean = [r["format"] for r in s if not _overflowed(r)]
             where = "end to end" if scaling == LN_FP32 else "replay or end to end"
             narrowest = clean[0] if clean else "none"
@@ -616,23 +563,15 @@ def conclusions(data: dict) -> list[str]:
                 for r in hidden
             )
             + f" without scaling give inf/NaN end to end but overflow nowhere in the per-site "
-              f"replay: the "
-            f"replay covers the {meta['capture_tokens']} captured tokens, the end-to-end run all "
-            f"{meta['tokens']}, and the values past the rounding limit are only in the other "
-            f"windows "
-            "(see the activations experiment)."
+              f"replay. The replay rounds the FP32 reference's operands of the "
+            f"{meta['capture_tokens']} captured tokens (the first "
+            f"{meta['capture_tokens'] // meta['window']} windows); end to end every operand "
+            "also carries the rounding error of the sites before it, so the two round different "
+            "values, and most overflowing windows are not captured"
+            + _captured_overflows(data, meta['capture_tokens'] // meta['window']) + "."
         )
-    out += ablation_lines(data)
-    out += p3109_lines(data)
-    same = _same_mantissa(data)
-    if same:
-        out.append(
-            "Without scaling, splits with the same mantissa width and different exponent widths "
-            "give KL "
-            "within 5% of each other: "
-            + "; ".join(same)
-            + ": beyond the narrower exponent, more exponent bits change nothing."
-        )
+    out += p3109_lines(data, ratios)
+    out += extra(data, ratios)
     for budget in BUDGETS:
         if LN_FP32 not in _variants(data):
             break
@@ -664,8 +603,9 @@ def conclusions(data: dict) -> list[str]:
         if none and tensor:
             out.append(
                 f"B={budget}: per-tensor scaling moves the best split from {none['format']} "
-                f"(KL {num(none['e2e']['kl'])}) to {tensor['format']} (KL "
-                f"{num(tensor['e2e']['kl'])})."
+                f"(KL {num(none['e2e']['kl'])} {fmt_ci(none['e2e']['ci']['kl'])}) to "
+                f"{tensor['format']} (KL {num(tensor['e2e']['kl'])} "
+                f"{fmt_ci(tensor['e2e']['ci']['kl'])})."
             )
     return out
 
@@ -718,8 +658,10 @@ def render(data: dict, out: Path) -> str:
     """Figures and the Markdown report of the results."""
     names = figures(data, out)
     meta = data["meta"]
+
     intro = (
-        f"Model `{meta['model']}`, {meta['tokens']} held-out tokens end to end "
+        f"Model `{meta['model']}`: {scope(data, ratios_for(data))}. "
+        f"{meta['tokens']} held-out tokens end to end "
         f"({len(data['baseline']['fp32']['windows']['kl'])} windows); per-site replay on "
         f"{meta['replay_rows']} rows per site. Operands of every site (both sides of every "
         "matmul, LayerNorm inputs) in IEEE-style eXmY (inf/NaN, subnormals; note e4m3 here has "
@@ -730,9 +672,16 @@ def render(data: dict, out: Path) -> str:
         f"in nats/token (FP32 loss {num(data['baseline']['fp32']['loss'], 4)}, FP64 vs FP32 KL "
         f"{num(data['baseline']['fp64']['kl'])}). The FP32 reference computes every dot product, "
         "LayerNorm and softmax in FP64 and rounds once to FP32, so it is the same on any machine. "
-        "Brackets are 95% bootstrap intervals over windows "
-        f"({bootstrap.RESAMPLES} resamples, seeded; ratios resampled paired); a side is called "
-        "steeper only when the ratio's interval excludes 1."
+        "Brackets are 95% percentile bootstrap intervals over windows "
+        f"({bootstrap.RESAMPLES} resamples, seeded; ratios resampled paired: the same windows "
+        "for both runs); \"topics [..]\" is the same ratio's interval when the held-out topics "
+        "are resampled instead (a cluster bootstrap: each drawn topic brings all its windows; "
+        "the last conclusion compares the widths). Every ratio divides two runs that "
+        "differ in the factor it names only (the report generator refuses any other). A side "
+        "is called worse or steeper only when the window interval excludes 1 and the ratio "
+        "survives Holm's correction over the report's family of verdicts (last conclusion); "
+        "the rest is marked exploratory. Runs added by `fpsim experiment range-cases` are "
+        "listed in the cases table."
     )
     lead = [f"![KL and loss vs exponent bits]({names[0]})", "", headline(data)]
     lines: list[str] = []
@@ -773,8 +722,8 @@ def render(data: dict, out: Path) -> str:
                     pct(none["summary"]["operand_overflow"]),
                     pct(none["summary"]["operand_flushed"]),
                     pct(tensor["summary"]["operand_flushed"]),
-                    pct(_shares(none)[0]),
-                    pct(_shares(none)[1]),
+                    pct(operand_shares(none)[0]),
+                    pct(operand_shares(none)[1]),
                 ]
             )
         lines.append(
@@ -806,7 +755,7 @@ def render(data: dict, out: Path) -> str:
     rows = []
     for r in data.get("ablation_runs", []):
         e = r["e2e"]
-        over, flush, site, worst, _ = _shares(r)
+        over, flush, site, worst, _ = operand_shares(r)
         rows.append(
             [
                 r["budget"],
@@ -851,6 +800,8 @@ def render(data: dict, out: Path) -> str:
                 rows,
             ),
         ]
+
+    lines += cases_table(data)
     lines += [
         "",
         f"![KL vs mantissa bits]({names[1]})",

@@ -1,5 +1,6 @@
-"""The experiments' recipes: :mod:`fpsim.emulation.recipe` (the data model) and :mod:`fpsim.emulation.sites` (a
-GPT-2 site computed under a recipe on torch tensors), under the names the experiments use.
+"""The experiments' recipes: :mod:`fpsim.emulation.recipe` (the data model) and
+:mod:`fpsim.emulation.sites` (a GPT-2 site computed under a recipe on torch tensors), under the
+names the experiments use.
 
 Both the per-site replay and the end-to-end ``ops`` compute through these, so the two measure
 the same arithmetic as :func:`fpsim.emulate` does on any model.
@@ -8,11 +9,13 @@ the same arithmetic as :func:`fpsim.emulate` does on any model.
 from __future__ import annotations
 
 from fpsim.emulation.recipe import FP32, FP64, SCALINGS, TILE, FormatLike, Recipe, format_name
-from fpsim.emulation.sites import (NATIVE_ACCUMULATORS, layernorm, layernorm_stats, linear, matmul,
-                         operand_events, quantize_operand, round_output, rounding_limit,
-                         softmax, tile_quantize, unflush, widen_subnormals)
+from fpsim.emulation.sites import (NATIVE_ACCUMULATORS, causal_matmul, layernorm,
+                                   layernorm_stats, linear, matmul, operand_events,
+                                   quantize_operand, round_output, rounding_limit, softmax,
+                                   tile_quantize, unflush, widen_subnormals)
 
 __all__ = ["FP32", "FP64", "FormatLike", "NATIVE_ACCUMULATORS", "Recipe", "SCALINGS", "TILE",
-           "format_name", "layernorm", "layernorm_stats", "linear", "matmul", "operand_events",
+           "causal_matmul", "format_name", "layernorm", "layernorm_stats", "linear", "matmul",
+           "operand_events",
            "quantize_operand", "round_output", "rounding_limit", "softmax", "tile_quantize",
            "unflush", "widen_subnormals"]

@@ -315,6 +315,15 @@ MUTANTS = [
     Mutant("tensorwise-dequant", "a TE / torchao cast dequantizes with the reciprocal scale",
            "return (codes / s).to(x.dtype), rounding_limit(f) / s.double(), s",
            "return (codes * (1 / s)).to(x.dtype), rounding_limit(f) / s.double(), s", TRAINING),
+    # attention semantics: the P·V site that skips masked keys (fpsim.emulation.sites)
+    Mutant("causal-diagonal", "the causal P·V skips each query's own key as well",
+           "keep = torch.ones(T, S, dtype=torch.bool, device=qp.device).tril(S - T)",
+           "keep = torch.ones(T, S, dtype=torch.bool, device=qp.device).tril(S - T - 1)",
+           ["tests/test_attention_semantics.py"]),
+    Mutant("causal-zero-inf", "the causal P·V forgets that 0 * inf is NaN at a kept key",
+           "nan = keep.to(f64) @ torch.isnan(qv).to(f64) + zero_p @ (up + down)",
+           "nan = keep.to(f64) @ torch.isnan(qv).to(f64)",
+           ["tests/test_attention_semantics.py"]),
 ]
 
 

@@ -8,6 +8,7 @@ import torch
 
 import fpsim
 from experiments import range_vs_precision as rvp
+from experiments.likewise import Ratios
 from experiments.endtoend import RecipeOps
 from experiments.recipes import Recipe, linear, softmax
 
@@ -109,10 +110,10 @@ def test_p3109_bias_ablation_separates_the_bias_from_the_encoding() -> None:
     data = {"runs": [], "p3109_runs": [_synthetic_run(p3109, [0.9 * v for v in kl], 6)],
             "p3109_bias_ablation": _synthetic_run(abl, [0.9 * v for v in kl], 6)}
     ieee = {4: _synthetic_run(e4m3, kl, 9)}
-    (line,) = rvp.p3109_bias_lines(data, data["p3109_runs"], ieee)
-    assert "e4m3b8" in line and "0.9× e4m3 [0.9, 0.9] (better)" in line
+    (line,) = rvp.p3109_bias_lines(data, data["p3109_runs"], ieee, Ratios(40))
+    assert "e4m3b8" in line and "0.9× [0.9, 0.9] e4m3 (better)" in line
     assert "e4m3b8 6% flushed, 0 overflowed, e4m3 9% flushed" in line
-    assert f"{p3109.name} (6% flushed, 0 overflowed) 1× e4m3b8 [1, 1] " \
+    assert f"{p3109.name} (6% flushed, 0 overflowed) 1× [1, 1] e4m3b8 " \
            "(no measurable difference)" in line
     del data["p3109_bias_ablation"]                 # results from before the ablation existed
-    assert rvp.p3109_bias_lines(data, data["p3109_runs"], ieee) == []
+    assert rvp.p3109_bias_lines(data, data["p3109_runs"], ieee, Ratios(40)) == []

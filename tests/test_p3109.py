@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import fpsim
-from fpsim.formats import P3109_FORMATS, p3109
+from fpsim.formats import P3109_FORMATS
 from reference import P3109_MODES, P3109_SATURATION, p3109_decode, p3109_project
 
 EIGHT_BIT = [n for n, f in P3109_FORMATS.items() if f.bits == 8]

@@ -129,3 +129,52 @@ def test_any_model_rules_example_reports_what_it_says():
     assert "linear e4m3/tensor rule 1" in row("model.layers.0.self_attn.q_proj:linear")
     assert "attention bf16 out=bf16 rule 2" in row("model.layers.0.self_attn:qk")
     assert "norm fp32 default" in row("model.norm:rms_norm")
+
+
+
+# --------------------------------------------------------------------------------------------
+# Experiment prose: every number in a marked region is one the generated reports print
+# --------------------------------------------------------------------------------------------
+REPO = README.parent
+REGION = re.compile(r"<!-- numbers: results -->(.*?)<!-- /numbers -->", re.S)
+NUMBER = re.compile(r"(?<![\w.^])-?\d[\d,]*(?:\.\d+)?(?:e[+-]?\d+)?(?![\w])")
+
+
+def numbers(text: str) -> set[str]:
+    """The numbers of ``text`` as printed, thousands separators dropped (``32,000`` -> ``32000``,
+    but ``[4.33, 4.63]`` gives two numbers)."""
+    out = set()
+    for m in NUMBER.finditer(text):
+        s = m.group().rstrip(",")
+        parts = s.split(",")
+        if len(parts) > 1 and all(len(p) == 3 for p in parts[1:]):
+            out.add("".join(parts))
+        else:
+            out.update(p for p in parts if p)
+    return out
+
+
+def marked_regions() -> list[tuple[str, str]]:
+    """(file, text) of every region marked ``<!-- numbers: results -->`` in README.md and the
+    docs: prose whose numbers the experiments' reports must print."""
+    files = [README, *sorted((REPO / "docs").rglob("*.md"))]
+    return [(p.name, t) for p in files if p.exists() for t in REGION.findall(p.read_text())]
+
+
+def test_experiment_prose_numbers_come_from_the_reports():
+    """Every number in the marked README/docs prose appears in a REPORT.md under results/
+    (each generated from its JSON, and re-rendered identically by test_experiments): a number
+    that drifts from its JSON is no longer printed by any report and fails here."""
+    regions = marked_regions()
+    assert regions, "the README marks its experiment prose with <!-- numbers: results -->"
+    printed = set()
+    for report in (REPO / "results").rglob("REPORT.md"):
+        printed |= numbers(report.read_text())
+    for name, text in regions:
+        missing = sorted(numbers(text) - printed)
+        assert not missing, f"{name}: numbers no report prints: {missing}"
+
+
+def test_number_extraction():
+    assert numbers("KL 0.19× [0.183, 0.196] on 32,000 tokens, e4m3, h2.ln_1, B=8, 2^-10") == \
+        {"0.19", "0.183", "0.196", "32000", "8", "2", "10"}

@@ -6,8 +6,9 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from experiments import seeds
+from experiments import likewise, seeds
 
 
 def _run(kl_per_window: list[float]) -> dict:
@@ -33,8 +34,8 @@ def test_ratios_carry_each_seeds_ci_and_agree_only_when_all_exclude_one() -> Non
     assert all(p["ci"][0] > 1 for p in e3["seeds"]) and e3["holds"] == "above 1"
     assert by["e5m2 / e4m3, no scaling"]["holds"] == "no measurable difference"
     assert by["bf16 / fp16"]["holds"] == "above 1"
-    left = by["e3m4 LN FP32, no flush, full subnormals / e4m3"]
-    assert left["holds"] == "no measurable difference"
+    assert "e3m4 LN FP32, no flush, full subnormals / e4m3" not in by   # a mixed baseline
+    assert by["subnormal bits: e3m4 LN FP32 no flush / + full subnormals"]["holds"] == "above 1"
     data["seeds"][1]["runs"] = {**data["seeds"][1]["runs"], "e5m2": _run([0.5] * 16)}
     assert {r["comparison"]: r for r in seeds.ratios(data)}[
         "e5m2 / e4m3, no scaling"]["holds"] == "differs between seeds"
@@ -60,3 +61,11 @@ def test_seed_zero_is_the_embedded_model_and_others_are_cached_by_steps(tmp_path
     ready.mkdir()
     (ready / "model.safetensors").write_bytes(b"")
     assert seeds.checkpoint(1, quick=False, cache=tmp_path) == ready   # trained once, reused
+
+
+def test_every_comparison_divides_runs_that_differ_in_its_factor_only() -> None:
+    for name, num, den, _, factor in seeds.COMPARISONS:
+        likewise.check(seeds.describe(num), seeds.describe(den), factor)
+    with pytest.raises(ValueError, match="ln_fp32"):            # the ratio that was removed
+        likewise.check(seeds.describe("e3m4 nf full"), seeds.describe("e4m3"),
+                       ["format", "flush", "full_subnormals"])

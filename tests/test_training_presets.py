@@ -229,10 +229,9 @@ def test_stochastic_rounding_of_gradients_is_unbiased():
     assert float(((rne - G.double()).abs() > 5 * se).float().mean()) > 0.3
     W = torch.randn(16, 32, generator=g)
     recipe = presets.PRESETS["nvfp4"].recipe
-    grads = []
+    grads, x = [], torch.randn(8, 32, generator=g).requires_grad_()
     for seed in (1, 1, 2):
         torch.manual_seed(seed)
-        x = torch.randn(8, 32, generator=g).requires_grad_() if not grads else x
         x.grad = None
         with fpsim.emulate(Rules([Rule(recipe)], default=None)):
             (torch.nn.functional.linear(x, W) * G).sum().backward()

@@ -56,3 +56,20 @@ def random_windows(data: Tensor, block_size: int, n: int, gen: torch.Generator) 
     """``n`` windows ``[n, block_size + 1]`` at uniformly random offsets drawn from ``gen``."""
     start = torch.randint(data.numel() - block_size - 1, (n,), generator=gen)
     return data[start[:, None] + torch.arange(block_size + 1)]
+
+
+def window_topics(block_size: int, n: int | None = None) -> list[str]:
+    """The held-out topic of each of the first ``n`` byte-level :func:`windows` of
+    ``block_size`` tokens: the topic that holds most of the window's bytes (the separators
+    between topics count for the topic before them).  The clusters of the topic bootstrap."""
+    owner: list[str] = []
+    for k in split_topics()[1]:
+        owner += [k] * (len(topics[k].encode("utf-8")) + 2)
+    owner = owner[: heldout_bytes().numel()]
+    count = (len(owner) - 1) // block_size
+    count = count if n is None else min(n, count)
+    out = []
+    for w in range(count):
+        span = owner[w * block_size: (w + 1) * block_size + 1]
+        out.append(max(dict.fromkeys(span), key=span.count))
+    return out

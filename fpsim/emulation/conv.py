@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 

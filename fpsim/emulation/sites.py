@@ -315,6 +315,36 @@ def matmul(recipe: Recipe, a: Tensor, b: Tensor, events: dict | None = None) -> 
     return round_output(_product(recipe, qa, qb, None, events), recipe)
 
 
+def causal_matmul(recipe: Recipe, p: Tensor, v: Tensor, events: dict | None = None) -> Tensor:
+    """Attention's ``p @ v`` under ``recipe`` as a causal kernel computes it: query ``i`` sums
+    over keys ``j <= i + S - T`` only (``p`` is ``[..., T, S]``), where :func:`matmul` (the
+    eager semantics) sums over every key with the masked probabilities at 0.
+
+    The two differ only when ``v`` holds inf/NaN at a masked key: eagerly ``0 * inf`` is NaN
+    and reaches every earlier query; here masked keys are skipped.  Finite results are the
+    same bits as :func:`matmul`'s (a masked ``0 * v`` adds an exact zero).
+    """
+    qp, qv = _operands(recipe, p, v, events)
+    T, S = qp.shape[-2], qv.shape[-2]
+    keep = torch.ones(T, S, dtype=torch.bool, device=qp.device).tril(S - T)
+    qp = torch.where(keep, qp, 0.0)      # a NaN probability at a masked key is skipped too
+    bad = ~torch.isfinite(qv)
+    if not bool(bad.any()):
+        return round_output(_product(recipe, qp, qv, None, events), recipe)
+    y = _product(recipe, qp, torch.where(bad, 0.0, qv), None, events)
+    # the non-finite terms of kept keys, by IEEE rules: 0 * inf and NaN give NaN, +inf and
+    # -inf together NaN, else the infinity (counts of indicator products, exact in float64)
+    f64 = torch.float64
+    pos_p, neg_p, zero_p = ((qp > 0) & keep).to(f64), ((qp < 0) & keep).to(f64), \
+        ((qp == 0) & keep).to(f64)
+    up, down = (qv == math.inf).to(f64), (qv == -math.inf).to(f64)
+    nan = keep.to(f64) @ torch.isnan(qv).to(f64) + zero_p @ (up + down)
+    plus, minus = pos_p @ up + neg_p @ down, pos_p @ down + neg_p @ up
+    extra = torch.where(plus > 0, math.inf, 0.0) + torch.where(minus > 0, -math.inf, 0.0)
+    extra = torch.where(nan > 0, math.nan, extra)
+    return round_output(y + extra.to(y.dtype), recipe)
+
+
 def _layernorm_parts(
     recipe: Recipe, x: Tensor, events: dict | None
 ) -> tuple[Tensor, Tensor, Tensor]:
