@@ -181,7 +181,7 @@ def test_triton_kernels_match(name):
         for saturate in P3109_SATURATION.values():
             kw = dict(rounding=mode, saturate=saturate)
             _same(kernels.quantize(xt, name, **kw), fpsim.quantize(x, name, **kw), f"{kw}")
-            _same_codes(kernels.encode(xt, name, nan="zero", **kw), _ref_codes(x, name, **kw),
+            _same_codes(kernels.encode(xt, name, on_nan="zero", **kw), _ref_codes(x, name, **kw),
                         f"encode {kw}")
     codes = np.arange(P3109_FORMATS[name].num_codes)
     tcodes = torch.from_numpy(codes).to(device).to(torch.uint8)

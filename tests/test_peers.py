@@ -40,7 +40,7 @@ def _compare_with_ml_dtypes(name, x):
     keep = ~nan_in
     if name == "e8m0":
         keep &= ~_ml_dtypes_mismatch_e8m0(x)
-    codes = fpsim.encode(x, fmt, nan="zero")
+    codes = fpsim.encode(x, fmt, on_nan="zero")
     ref_codes = _uint(ref).astype(codes.dtype)
     bad = np.flatnonzero(keep & (codes != ref_codes))
     assert bad.size == 0, (name, x[bad[:5]], codes[bad[:5]], ref_codes[bad[:5]])
