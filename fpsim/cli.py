@@ -272,13 +272,14 @@ EXPERIMENTS_MODULE = "experiments.cli"
 SWEEP_MODULE = "experiments.sweep.cli"
 
 
-def _experiments_module(name: str) -> Any:
-    """The module ``name`` of the experiments package, or a one-line error saying what is
-    missing."""
+@contextlib.contextmanager
+def _experiments_available() -> Any:
+    """Turn a missing experiments package, or a missing dependency of it, into one line."""
     try:
-        return importlib.import_module(name)
+        yield
     except ModuleNotFoundError as exc:
-        if exc.name is not None and name.startswith(exc.name):
+        ours = ("experiments", EXPERIMENTS_MODULE, SWEEP_MODULE, SWEEP_MODULE.rpartition(".")[0])
+        if exc.name in ours:
             raise CliError(f"the experiments are not available (no module {exc.name}): "
                            "run from a source checkout installed with pip install -e "
                            "'.[experiments]'") from None
@@ -287,13 +288,16 @@ def _experiments_module(name: str) -> Any:
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
-    module = _experiments_module(EXPERIMENTS_MODULE)
+    with _experiments_available():
+        module = importlib.import_module(EXPERIMENTS_MODULE)
     argv = ["--help"] if args.name in ("-h", "--help") else [args.name, *args.args]
     return int(module.main(argv) or 0)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    return int(_experiments_module(SWEEP_MODULE).main(args.args) or 0)
+    with _experiments_available():
+        module = importlib.import_module(SWEEP_MODULE)
+    return int(module.main(args.args) or 0)
 
 
 # --------------------------------------------------------------------------------------------

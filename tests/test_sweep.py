@@ -1,5 +1,8 @@
-"""``fpsim sweep``: config parsing, the in-process and pool executors, resume after the driver
-is killed, failing tasks; the Ray executor is in test_sweep_ray.py."""
+"""``fpsim sweep``: config parsing; the in-process, pool and Ray executors give the same
+results.json bit for bit; resume after the driver or a Ray worker is killed; failing tasks.
+
+The Ray tests share one local cluster of 2 CPUs started here; they are skipped, with the line
+that installs Ray, when it is absent."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -35,6 +39,14 @@ batch = 2
 recipes = ["fp32", "bf16", "e4m3"]
 """
 BAD = {"inputs": "e4m3", "order": "tensor_core", "tensor_core": "no_such_core"}
+
+
+try:
+    import ray
+except ImportError:
+    ray = None
+needs_ray = pytest.mark.skipif(ray is None, reason="the Ray executor's tests need Ray: "
+                               f"{executors.RAY_INSTALL}")
 
 
 def names(tasks: list) -> list[str]:
@@ -240,3 +252,78 @@ def test_cli_without_ray_says_how_to_install_it(tmp_path: Path, capsys, monkeypa
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install 'fpsim[sweep]'" in err
     assert not (tmp_path / "tasks").exists()
+
+
+# -- Ray -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster() -> object:
+    """A local Ray cluster of 2 CPUs whose workers import this checkout."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    yield ray
+    ray.shutdown()
+
+
+def busy_workers() -> list[int]:
+    """Process ids of Ray workers running a task's compute (Ray titles them ray::compute)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and (d / "cmdline").read_bytes().startswith(b"ray::compute"):
+                pids.append(int(d.name))
+        except OSError:
+            pass
+    return pids
+
+
+@needs_ray
+def test_ray_run_is_the_in_process_run_bit_for_bit(cluster: object, serial: Path,
+                                                   tmp_path: Path) -> None:
+    outcome = sweep.run(sweep.from_dict(SMALL), tmp_path, "ray", progress=False)
+    assert len(outcome.computed) == 6 and not outcome.failed
+    assert (tmp_path / "results.json").read_bytes() == (serial / "results.json").read_bytes()
+
+
+@needs_ray
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds workers in /proc")
+def test_ray_worker_killed_mid_task_is_rerun_once(cluster: object, serial: Path,
+                                                  tmp_path: Path) -> None:
+    """SIGKILL to a worker computing a task: Ray reruns that task, every task reaches the
+    driver once, results.json is the in-process bytes, and a resume computes nothing."""
+    outcome: list = []
+    run = threading.Thread(target=lambda: outcome.append(
+        sweep.run(sweep.from_dict(SMALL), tmp_path, "ray", progress=False)))
+    run.start()
+    killed = []
+    while run.is_alive() and not killed:
+        for pid in busy_workers()[:1]:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        time.sleep(0.01)
+    run.join()
+    assert killed, "no worker was caught computing a task"
+    done = outcome[0]
+    assert sorted(done.computed) == sorted(names(runner.plan(sweep.from_dict(SMALL))))
+    assert not done.failed
+    assert (tmp_path / "results.json").read_bytes() == (serial / "results.json").read_bytes()
+    again = sweep.run(sweep.from_dict(SMALL), tmp_path, "ray", resume=True, progress=False)
+    assert again.computed == [] and len(again.skipped) == 6
+    assert (tmp_path / "results.json").read_bytes() == (serial / "results.json").read_bytes()
+
+
+@needs_ray
+def test_ray_failing_task_is_retried_then_named(cluster: object, tmp_path: Path) -> None:
+    s = sweep.from_dict({**SMALL, "recipes": {"bf16": "bf16", "bad": BAD}})
+    outcome = sweep.run(s, tmp_path, "ray", retries=1, progress=False)
+    assert sorted(outcome.computed) == names(runner.plan(s))[:2]
+    assert sorted(f["task"] for f in outcome.failed) == names(runner.plan(s))[2:]
+    assert all(f["error"].startswith("ValueError: unknown tensor_core 'no_such_core'")
+               for f in outcome.failed)
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert [f["task"] for f in data["failed"]] == names(runner.plan(s))[2:]     # plan order
+
+
+def test_cli_help_is_the_sweep_parser(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        fpsim_main(["sweep", "--help"])
+    assert exc.value.code == 0 and "--executor {inprocess,pool,ray}" in capsys.readouterr().out
