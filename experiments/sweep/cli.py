@@ -58,9 +58,15 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     sweep = config.load(args.config)
     out = args.out or Path("results") / f"sweep-{args.config.stem}"
-    outcome = runner.run(sweep, out, args.executor, workers=args.workers, address=args.address,
-                         device=args.device, resume=args.resume, retries=args.retries,
-                         progress=not args.no_progress)
+    try:
+        outcome = runner.run(sweep, out, args.executor, workers=args.workers,
+                             address=args.address, device=args.device, resume=args.resume,
+                             retries=args.retries, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        kept = len(list((out / "tasks").glob("*.json")))
+        print(f"fpsim sweep: interrupted; {kept} task result(s) kept in {out / 'tasks'}: rerun "
+              "with --resume to compute the others", file=sys.stderr)
+        return 130
     for f in outcome.failed:
         print(f"fpsim sweep: task {f['task']} failed: {f['error']}", file=sys.stderr)
     print(f"sweep: {len(outcome.computed)} task(s) computed, {len(outcome.skipped)} kept, "
