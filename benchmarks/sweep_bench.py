@@ -53,6 +53,21 @@ def one(workers: int, out: Path) -> dict:
             "task_s_max": round(max(secs), 3), "load_after": list(os.getloadavg())}
 
 
+def summary(data: dict) -> str:
+    """The sentence docs/sweep.md states (a test checks it against the JSON)."""
+    one, two = data["runs"]
+    m, c = data["machine"], data["config"]
+    return (f"Measured on {m['cores']} cores ({m['cpu']}, load average "
+            f"{m['load_average_1_5_15'][0]:.1f} before the run) with Ray {data['ray']}: the "
+            f"sweep of `benchmarks/sweep_bench.py` ({one['tasks']} tasks of "
+            f"{c['batch']} windows of {c['window']} tokens on `{c['models'][0]}`, "
+            f"{len(c['recipes'])} recipes) cost {one['task_s_mean']:.2g} s per task with 1 Ray "
+            f"worker and {two['task_s_mean']:.2g} s with 2; the sweep took {one['sweep_s']:.0f} s "
+            f"on 1 worker and {two['sweep_s']:.0f} s on 2 (a {data['speedup_2_vs_1']}x "
+            f"speedup), plus {one['start_s']:.0f} s to start a local cluster; the two runs "
+            f"wrote {'the same' if data['same_results_json'] else 'different'} results.json.")
+
+
 def main(argv: list[str]) -> int:
     """Each worker count in a fresh Python (one Ray cluster per process); then the summary."""
     if argv[:1] == ["--one"]:                           # the child: one cluster, one run
@@ -75,6 +90,7 @@ def main(argv: list[str]) -> int:
             "same_results_json": same}
     OUT.write_text(json.dumps(data, indent=1) + "\n")
     print(json.dumps(data, indent=1))
+    print(summary(data))
     return 0 if same else 1
 
 

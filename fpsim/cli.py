@@ -303,8 +303,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="fpsim", description="Bit-exact number-format emulation.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser,
-                           metavar="{formats,explain,values,quantize,tensor-cores,experiment,sweep}")
+    sub = p.add_subparsers(
+        dest="command", required=True, parser_class=OneLineParser,
+        metavar="{formats,explain,values,quantize,tensor-cores,experiment,sweep}")
     table = load_gpu_peaks()
 
     s = sub.add_parser("formats", help="table of every named format",

@@ -346,3 +346,18 @@ def test_any_hugging_face_causal_lm(tmp_path: Path) -> None:
     assert [r["windows"] for r in runs] == [2, 2]
     assert runs[0]["e2e"]["windows"]["positions"] == 16
     assert runs[0]["e2e"]["kl"] == 0 < runs[1]["e2e"]["kl"]
+
+
+def test_docs_state_the_benchmarked_cost() -> None:
+    """docs/sweep.md's cost per task is the sentence benchmarks/sweep_bench.py makes of its
+    JSON."""
+    import importlib.util
+
+    path = REPO / "benchmarks" / "sweep_bench.py"
+    spec = importlib.util.spec_from_file_location("sweep_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    data = json.loads((REPO / "benchmarks" / "results" / "sweep_bench.json").read_text())
+    assert data["same_results_json"]
+    docs = " ".join((REPO / "docs" / "sweep.md").read_text().split())
+    assert bench.summary(data) in docs

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 BUILTIN_MODELS = {"tiny": REPO / "experiments" / "gpt2" / "tiny",
                   "massive_synthetic": REPO / "experiments" / "gpt2" / "massive_synthetic"}
 #: What a sweep can report: end-to-end metrics (always computed together from the same
-#: logits) and ``sites``, the per-site capture of fpsim.emulate (about doubles a task's cost).
+#: logits) and ``sites``, the per-site capture of fpsim.emulate (an FP64 product per site call).
 METRICS = ("kl", "loss", "top1", "finite", "sites")
 DEFAULT_METRICS = ("kl", "loss", "top1")
 KEYS = {"models", "text", "recipes", "seeds", "metrics", "tokens", "window", "batch",

@@ -106,7 +106,7 @@ def run_pool(sweep: Sweep, tasks: list[Task], device: str, retries: int, done: D
                 jobs[pool.submit(work.compute, sweep, item, ref, device)] = (kind, (item, ref),
                                                                             tries)
 
-        for key, group in groups.items():
+        for group in groups.values():
             submit("ref", group, 0)
         while jobs:
             running(min(workers, len(jobs)))
@@ -159,7 +159,8 @@ def start_ray(address: str | None, workers: int | None) -> bool:
     else:
         path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
         ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False,
-                 log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+                 log_to_driver=False,     # one CPU per task: one thread for torch and fpsim
+                 runtime_env={"env_vars": {"PYTHONPATH": path, "FPSIM_THREADS": "1"}})
     return True
 
 

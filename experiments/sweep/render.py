@@ -46,16 +46,17 @@ def plot(data: dict, out: Path) -> str | None:
         return None
     fig, axes = figure(len(groups), 1, width=7, height=0.4 * max(map(len, groups.values())) + 1.2)
     for ax, ((model, seed), runs) in zip(axes[:, 0], groups.items()):
-        kl = [r["e2e"]["kl"] for r in runs]
-        lo = [k - r["e2e"]["ci"]["kl"][0] for k, r in zip(kl, runs)]
-        hi = [r["e2e"]["ci"]["kl"][1] - k for k, r in zip(kl, runs)]
-        y = range(len(runs))
-        ax.errorbar([k if math.isfinite(k) else math.nan for k in kl], y,
-                    xerr=[[v if math.isfinite(v) else 0 for v in lo],
-                          [v if math.isfinite(v) else 0 for v in hi]], fmt="o", capsize=3)
-        ax.set_yticks(list(y), [r["recipe"] for r in runs], fontsize=8)
-        if all(k > 0 for k in kl if math.isfinite(k)) and any(math.isfinite(k) for k in kl):
-            ax.set_xscale("log")
+        for y, r in enumerate(runs):
+            kl, (lo, hi) = r["e2e"]["kl"], r["e2e"]["ci"]["kl"]
+            if math.isfinite(kl) and kl > 0:
+                err = [[kl - lo if math.isfinite(lo) else 0], [hi - kl if math.isfinite(hi) else 0]]
+                ax.errorbar([kl], [y], xerr=err, fmt="o", color="C0", capsize=3)
+            else:                    # no point on a log axis: say what it is at the left edge
+                ax.text(0.01, y, num(kl), transform=ax.get_yaxis_transform(), va="center",
+                        fontsize=8, color="C3")
+        ax.set_yticks(range(len(runs)), [r["recipe"] for r in runs], fontsize=8)
+        ax.set_ylim(-0.5, len(runs) - 0.5)
+        ax.set_xscale("log")
         ax.set_xlabel("KL(FP32 ‖ recipe), nats/token (95% CI)")
         ax.set_title(f"{model}, seed {seed}", fontsize=9)
         ax.grid(alpha=0.3)

@@ -12,6 +12,7 @@ Run facts (executor, seconds per task, machine load) go to ``OUT/run.json``.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -61,12 +62,17 @@ def plan(sweep: Sweep) -> list[Task]:
 
 def spec(sweep: Sweep, task: Task, device: str) -> dict[str, Any]:
     """What ``task``'s numbers depend on."""
-    text = None if sweep.text is None else digest(Path(sweep.text).read_text(encoding="utf-8"))
     return {"model": display(task.model), "text": sweep.text and display(sweep.text),
-            "text_digest": text, "window": task.window, "windows": list(task.windows),
+            "text_digest": sweep.text and _text_digest(sweep.text), "window": task.window,
+            "windows": list(task.windows),
             "batch": sweep.batch, "recipe": rules_json(sweep.recipes[task.recipe]),
             "recipe_name": task.recipe, "seed": task.seed, "shard": task.shard,
             "capture": sweep.capture, "device": device}
+
+
+@functools.lru_cache(maxsize=4)
+def _text_digest(path: str) -> str:
+    return digest(Path(path).read_text(encoding="utf-8"))
 
 
 def task_file(out: Path, task: Task, task_spec: dict) -> Path:
@@ -218,13 +224,13 @@ def run(sweep: Sweep, out: str | Path, executor: str = "inprocess", *, workers: 
         state["running"] = n
         _postfix(bar, n, len(outcome.failed))
 
-    own_ray = executor == "ray" and executors.start_ray(address, workers)
+    own_ray = executor == "ray" and bool(todo) and executors.start_ray(address, workers)
     try:
         if todo and executor == "pool":
             executors.run_pool(sweep, todo, device, retries, done, failed, running, workers)
         elif todo:
-            getattr(executors, f"run_{executor}")(sweep, todo, device, retries, done, failed,
-                                                   running)
+            run_tasks = executors.run_ray if executor == "ray" else executors.run_inprocess
+            run_tasks(sweep, todo, device, retries, done, failed, running)
     finally:
         bar.close()
         if own_ray:
