@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from . import work
@@ -95,16 +96,20 @@ def run_pool(sweep: Sweep, tasks: list[Task], device: str, retries: int, done: D
     workers = workers or os.cpu_count() or 1
     threads = max(1, (os.cpu_count() or 1) // workers)
     groups = _groups(tasks)
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_pool_init, initargs=(threads,)) as pool:
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_pool_init, initargs=(threads,))
+    try:
         jobs: dict[Future, tuple[str, Any, int]] = {}
 
         def submit(kind: str, item: Any, tries: int, ref: Any = None) -> None:
-            if kind == "ref":
-                jobs[pool.submit(work.reference, sweep, item[0], device)] = (kind, item, tries)
-            else:
-                jobs[pool.submit(work.compute, sweep, item, ref, device)] = (kind, (item, ref),
-                                                                            tries)
+            args = (work.reference, sweep, item[0]) if kind == "ref" else \
+                (work.compute, sweep, item, ref)
+            try:
+                fut = pool.submit(*args, device)
+            except BrokenProcessPool as exc:             # a worker died: fail, do not raise
+                fut = Future()
+                fut.set_exception(exc)
+            jobs[fut] = (kind, item if kind == "ref" else (item, ref), tries)
 
         for group in groups.values():
             submit("ref", group, 0)
@@ -114,7 +119,7 @@ def run_pool(sweep: Sweep, tasks: list[Task], device: str, retries: int, done: D
             for fut in finished:
                 kind, item, tries = jobs.pop(fut)
                 exc = fut.exception()
-                if exc is not None and tries < retries and not _broken(exc):
+                if exc is not None and tries < retries and not isinstance(exc, BrokenProcessPool):
                     submit(kind, item if kind == "ref" else item[0], tries + 1,
                            None if kind == "ref" else item[1])
                 elif kind == "ref":
@@ -129,12 +134,8 @@ def run_pool(sweep: Sweep, tasks: list[Task], device: str, retries: int, done: D
                 else:
                     done(item[0], fut.result())
         running(0)
-
-
-def _broken(exc: BaseException) -> bool:
-    from concurrent.futures.process import BrokenProcessPool
-
-    return isinstance(exc, BrokenProcessPool)
+    finally:                        # Ctrl-C: drop the queued tasks, do not wait
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def import_ray() -> Any:
