@@ -224,7 +224,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     fmt = get_format(args.format)
     target = _output_path(args.output)
     x = check_input(_load_npy(args.input), args.input)
-    q = quantize(x, fmt, rounding=args.rounding, saturate=args.saturate, seed=args.seed)
+    q = quantize(x, fmt, rounding=args.rounding, saturate=args.saturate, seed=args.seed,
+                 srbits=args.srbits)
     save_atomically(target, lambda fh: np.save(fh, q, allow_pickle=False))
     print(f"{x.size} values ({x.dtype}) -> {fmt.name}, rounding {args.rounding}"
           f"{', saturating' if args.saturate else ''}"
@@ -338,6 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     _format_option(s, repeat=False)
     _rounding_options(s)
     s.add_argument("--seed", type=int, help="random seed for --rounding stochastic")
+    s.add_argument("--srbits", type=int, metavar="N", help="random bits of a stochastic "
+                   "--rounding, 1 to 28 (default: every dropped bit; docs/stochastic.md)")
     s.set_defaults(func=cmd_quantize)
 
     s = sub.add_parser("tensor-cores", help="the tensor-core models of matmul",
