@@ -105,7 +105,7 @@ def test_config_from_python_objects() -> None:
     ({"models": ["tiny"], "recipes": ["e4m3/rows"]}, "scaling 'rows' is not one of"),
     ({"models": ["tiny"], "recipes": ["fp7"]}, "fp7"),
     ({"models": ["tiny"], "recipes": {"x": {"input": "e4m3"}}}, "unknown field(s) input"),
-    ({"models": ["tiny"], "recipes": {"x": {"inputs": "e4m3", "rounding": "stochastic"}}},
+    ({"models": ["tiny"], "recipes": {"x": {"inputs": "e4m3", "rounding": "stochastic_c"}}},
      "stochastic rounding"),
     ({"models": ["tiny"], "recipes": {"x": {"rules": [{"kind": "linear"}]}}}, "rule 1 must"),
     ({"models": ["tiny"], "recipes": ["bf16"], "metrics": ["kl", "ppl"]}, "unknown metric(s)"),

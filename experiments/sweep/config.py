@@ -20,6 +20,7 @@ from typing import Any
 
 from fpsim import Recipe, Rule, Rules, mx
 from fpsim.emulation.recipe import FP32, FP64, KINDS, SCALINGS
+from fpsim.rounding import STOCHASTIC
 
 from .. import anymodel
 
@@ -161,10 +162,10 @@ def parse_recipe(name: str, entry: Any) -> Rules:
     else:
         rules = Rules.of(_recipe(name, entry))
     for r in [*(rule.recipe for rule in rules.rules), rules.default]:
-        if r is not None and r.rounding == "stochastic":
-            raise ValueError(f"recipe {name!r}: stochastic rounding draws fresh random bits in "
-                             "fpsim.emulate, so its numbers could be neither repeated nor "
-                             "resumed; a sweep takes deterministic rounding modes")
+        if r is not None and r.rounding in STOCHASTIC:
+            raise ValueError(f"recipe {name!r}: stochastic rounding ({r.rounding}) draws fresh "
+                             "random bits in fpsim.emulate, so its numbers could be neither "
+                             "repeated nor resumed; a sweep takes deterministic rounding modes")
     return rules
 
 
