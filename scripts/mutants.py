@@ -46,7 +46,11 @@ TENSOR_CORE = ["tests/test_arith_tensor_core.py"]
 FMA = ["tests/test_fma.py"]
 JIT = ["tests/test_jit_matmul.py"]
 SR_BITS = ["tests/test_stochastic_bits.py"]
-SWEEP = ["tests/test_sweep.py"]
+SWEEP_PLAN = ["tests/test_sweep.py::test_plan_shards_whole_batches_and_seeds_draw_windows"]
+SWEEP_JOIN = ["tests/test_sweep.py::test_combined_numbers_are_one_pass_over_all_windows"]
+SWEEP_RESUME = ["tests/test_sweep.py::test_pool_gives_the_same_bytes_and_resume_computes_nothing"]
+SWEEP_RETRY = ["tests/test_sweep.py::test_attempts_count_retries"]
+SWEEP_RAY = ["tests/test_sweep.py::test_ray_failing_task_is_retried_then_named"]
 
 
 @dataclass(frozen=True)
@@ -273,18 +277,19 @@ MUTANTS = [
     # fpsim sweep (experiments/sweep)
     Mutant("sweep-shard-batches", "a sweep task holds task_batches windows, not batches",
            "per_task = sweep.batch * sweep.task_batches", "per_task = sweep.task_batches",
-           SWEEP),
+           SWEEP_PLAN),
     Mutant("sweep-seed-windows", "every seed takes the first windows",
-           "return sorted(order[:wanted].tolist())", "return list(range(wanted))", SWEEP),
+           "return sorted(order[:wanted].tolist())", "return list(range(wanted))",
+           SWEEP_PLAN),
     Mutant("sweep-join-order", "shards are joined last first",
-           "for t in shards:", "for t in reversed(shards):", SWEEP),
+           "for t in shards:", "for t in reversed(shards):", SWEEP_JOIN),
     Mutant("sweep-resume", "--resume recomputes the tasks already on disk",
-           "if files[t].name in on_disk:", "if False:", SWEEP),
+           "if files[t].name in on_disk:", "if False:", SWEEP_RESUME),
     Mutant("sweep-retry", "a failing task is not tried again",
-           "if not left:", "if True:", SWEEP),
+           "if not left:", "if True:", SWEEP_RETRY),
     Mutant("sweep-failed-order", "failed tasks listed in the order they ended",
            'order = {t.name: i for i, t in enumerate(tasks)}',
-           'order = {t.name: 0 for t in tasks}', SWEEP),
+           'order = {t.name: 0 for t in tasks}', SWEEP_RAY),
 ]
 
 

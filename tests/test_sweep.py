@@ -257,7 +257,9 @@ def test_cli_without_ray_says_how_to_install_it(tmp_path: Path, capsys, monkeypa
 # -- Ray -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cluster() -> object:
-    """A local Ray cluster of 2 CPUs whose workers import this checkout."""
+    """A local Ray cluster of 2 CPUs whose workers import this checkout (given 5 minutes to
+    start: on a loaded machine Ray's default minute is not always enough)."""
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "300")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     yield ray
