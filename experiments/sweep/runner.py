@@ -156,6 +156,29 @@ def _load() -> float | None:
         return None
 
 
+def saved(out: Path, tasks: list[Task], specs: dict[Task, dict], files: dict[Task, Path],
+          resume: bool) -> dict[Task, dict]:
+    """The results already in ``out/tasks``: refused without ``resume``, and when a file is not
+    one of ``tasks`` with its spec."""
+    on_disk = {p.name for p in (out / "tasks").glob("*.json")}
+    foreign = on_disk - {p.name for p in files.values()}
+    if on_disk and not resume:
+        raise ValueError(f"{out}/tasks already holds {len(on_disk)} task result(s); pass "
+                         "--resume to keep them and run the rest, or choose another --out")
+    if foreign:
+        raise ValueError(f"{out}/tasks holds {len(foreign)} result(s) of another sweep config "
+                         f"(e.g. {sorted(foreign)[0]}); --resume continues the same config "
+                         "only: choose another --out")
+    results = {}
+    for t in tasks:
+        if files[t].name in on_disk:
+            if digest(json.loads(files[t].read_text()).get("spec")) != digest(specs[t]):
+                raise ValueError(f"{files[t]} was not made by this task ({t.name}); remove it "
+                                 "or choose another --out")
+            results[t] = load_json(files[t])["result"]
+    return results
+
+
 def run(sweep: Sweep, out: str | Path, executor: str = "inprocess", *, workers: int | None = None,
         address: str | None = None, device: str = "cpu", resume: bool = False, retries: int = 2,
         progress: bool = True) -> Outcome:
@@ -179,30 +202,11 @@ def run(sweep: Sweep, out: str | Path, executor: str = "inprocess", *, workers: 
     tasks = plan(sweep)
     specs = {t: spec(sweep, t, device) for t in tasks}
     files = {t: task_file(out, t, specs[t]) for t in tasks}
-    on_disk = {p.name for p in (out / "tasks").glob("*.json")}
-    foreign = on_disk - {p.name for p in files.values()}
-    if on_disk and not resume:
-        raise ValueError(f"{out}/tasks already holds {len(on_disk)} task result(s); pass "
-                         "--resume to keep them and run the rest, or choose another --out")
-    if foreign:
-        raise ValueError(f"{out}/tasks holds {len(foreign)} result(s) of another sweep config "
-                         f"(e.g. {sorted(foreign)[0]}); --resume continues the same config "
-                         "only: choose another --out")
-    results: dict[Task, dict] = {}
-    outcome = Outcome(out)
-    for t in tasks:
-        if files[t].name in on_disk:
-            saved = json.loads(files[t].read_text())
-            if digest(saved.get("spec")) != digest(specs[t]):
-                raise ValueError(f"{files[t]} was not made by this task ({t.name}); remove it "
-                                 "or choose another --out")
-            results[t] = load_json(files[t])["result"]
-            outcome.skipped.append(t.name)
+    results = saved(out, tasks, specs, files, resume)
+    outcome = Outcome(out, skipped=[t.name for t in results])
     todo = [t for t in tasks if t not in results]
     bar = _bar(len(tasks), len(results), progress)
-    started, seconds, state = time.perf_counter(), {}, {"running": 0}
-
-    here = versions()
+    started, seconds, state, here = time.perf_counter(), {}, {"running": 0}, versions()
 
     def done(t: Task, result: dict) -> None:
         if result["versions"] != here:
@@ -236,8 +240,8 @@ def run(sweep: Sweep, out: str | Path, executor: str = "inprocess", *, workers: 
         if own_ray:
             executors.import_ray().shutdown()
     data = combine(sweep, tasks, results, outcome.failed)
-    write_json(out / "results.json", data)
-    write_json(out / "run.json", {
+    write_atomically(out / "results.json", data)
+    write_atomically(out / "run.json", {
         "executor": executor, "workers": workers, "address": address, "device": device,
         "computed": len(outcome.computed), "skipped": len(outcome.skipped),
         "failed": len(outcome.failed), "wall_seconds": round(time.perf_counter() - started, 2),
