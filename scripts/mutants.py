@@ -50,7 +50,7 @@ SWEEP_PLAN = ["tests/test_sweep.py::test_plan_shards_whole_batches_and_seeds_dra
 SWEEP_JOIN = ["tests/test_sweep.py::test_combined_numbers_are_one_pass_over_all_windows"]
 SWEEP_RESUME = ["tests/test_sweep.py::test_pool_gives_the_same_bytes_and_resume_computes_nothing"]
 SWEEP_RETRY = ["tests/test_sweep.py::test_attempts_count_retries"]
-SWEEP_RAY = ["tests/test_sweep.py::test_ray_failing_task_is_retried_then_named"]
+SWEEP_ORDER = ["tests/test_sweep.py::test_failures_are_listed_in_plan_order"]
 
 
 @dataclass(frozen=True)
@@ -289,7 +289,7 @@ MUTANTS = [
            "if not left:", "if True:", SWEEP_RETRY),
     Mutant("sweep-failed-order", "failed tasks listed in the order they ended",
            'order = {t.name: i for i, t in enumerate(tasks)}',
-           'order = {t.name: 0 for t in tasks}', SWEEP_RAY),
+           'order = {t.name: 0 for t in tasks}', SWEEP_ORDER),
 ]
 
 

@@ -213,6 +213,15 @@ def test_failing_task_is_named_and_the_others_finish(tmp_path: Path) -> None:
     assert "Task tiny | bad | seed 0 | shard 0 failed" in (tmp_path / "REPORT.md").read_text()
 
 
+def test_failures_are_listed_in_plan_order() -> None:
+    """Whatever order tasks fail in (Ray's), results.json lists them in plan order."""
+    s = sweep.from_dict(SMALL)
+    tasks = runner.plan(s)
+    data = runner.combine(s, tasks, {}, [{"task": t.name, "error": "x"} for t in tasks[::-1]])
+    assert [f["task"] for f in data["failed"]] == names(tasks)
+    assert all(r["missing_shards"] == [0, 1] for r in data["runs"])
+
+
 def test_attempts_count_retries() -> None:
     calls = []
 
