@@ -191,15 +191,21 @@ def compare_logits(wins: Tensor, ref: list[Tensor], outputs: Iterable[Tensor],
     for chunk, r, z in zip(wins.split(batch_size), ref, outputs, strict=True):
         for key, v in _per_window(z, r, chunk[:, 1:]).items():
             parts.setdefault(key, []).extend(float(x) for x in v.tolist())
-    positions = wins.shape[1] - 1
-    count = positions * len(parts["loss"])
-    total = {k: math.fsum(v) for k, v in parts.items()}
+    return means({"positions": wins.shape[1] - 1, **parts})
+
+
+def means(windows: dict) -> dict:
+    """The metrics of :func:`compare_logits` from per-window sums (``positions`` per window,
+    then one list per metric), summed exactly (``math.fsum``): windows split into shards and
+    joined in order give the bits of one pass over all of them."""
+    count = windows["positions"] * len(windows["loss"])
+    total = {k: math.fsum(v) for k, v in windows.items() if k != "positions"}
     loss = total["loss"] / count
     return {"loss": loss, "ppl": math.exp(loss) if math.isfinite(loss) else math.nan,
             "kl": total["kl"] / count, "top1": total["top1"] / count,
             "finite": total["finite"] / count,
             "kl_finite": total["kl_finite"] / total["finite"] if total["finite"] else math.nan,
-            "windows": {"positions": positions, **parts}}
+            "windows": windows}
 
 
 def compact(overflows: list[dict] | dict) -> dict:

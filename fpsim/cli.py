@@ -270,27 +270,43 @@ def cmd_tensor_cores(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------------------------
 EXPERIMENTS_MODULE = "experiments.cli"
+SWEEP_MODULE = "experiments.sweep.cli"
 
 
-def cmd_experiment(args: argparse.Namespace) -> int:
+@contextlib.contextmanager
+def _experiments_available() -> Any:
+    """Turn a missing experiments package, or a missing dependency of it, into one line."""
     try:
-        module = importlib.import_module(EXPERIMENTS_MODULE)
+        yield
     except ModuleNotFoundError as exc:
-        if exc.name in ("experiments", EXPERIMENTS_MODULE):
-            raise CliError(f"the experiments are not available (no module {EXPERIMENTS_MODULE}): "
+        ours = ("experiments", EXPERIMENTS_MODULE, SWEEP_MODULE, SWEEP_MODULE.rpartition(".")[0])
+        if exc.name in ours:
+            raise CliError(f"the experiments are not available (no module {exc.name}): "
                            "run from a source checkout installed with pip install -e "
                            "'.[experiments]'") from None
         raise CliError(f"the experiments need {exc.name!r}, which is not installed: "
                        "pip install -e '.[experiments]'") from None
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    with _experiments_available():
+        module = importlib.import_module(EXPERIMENTS_MODULE)
     argv = ["--help"] if args.name in ("-h", "--help") else [args.name, *args.args]
     return int(module.main(argv) or 0)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    with _experiments_available():
+        module = importlib.import_module(SWEEP_MODULE)
+    return int(module.main(args.args) or 0)
 
 
 # --------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="fpsim", description="Bit-exact number-format emulation.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser,
-                           metavar="{formats,explain,values,quantize,tensor-cores,experiment}")
+    sub = p.add_subparsers(
+        dest="command", required=True, parser_class=OneLineParser,
+        metavar="{formats,explain,values,quantize,tensor-cores,experiment,sweep}")
     table = load_gpu_peaks()
 
     s = sub.add_parser("formats", help="table of every named format",
@@ -340,6 +356,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
                    help="arguments for the experiment")
     s.set_defaults(func=cmd_experiment)
+
+    s = sub.add_parser("sweep", help="recipes x models x seeds, here or on Ray",
+                       description="Run a sweep config (docs/sweep.md); arguments go to "
+                                   f"{SWEEP_MODULE}.", add_help=False)
+    s.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                   help="CONFIG and options (fpsim sweep --help)")
+    s.set_defaults(func=cmd_sweep)
     return p
 
 
@@ -373,6 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv[:1] == ["experiment"] and (len(argv) == 1 or argv[1] in ("-h", "--help")):
             # the experiments' own help, which lists them and their options
             return cmd_experiment(argparse.Namespace(name="--help", args=[]))
+        if argv[:1] == ["sweep"]:         # every argument, --help included, is the sweep's
+            return cmd_sweep(argparse.Namespace(args=argv[1:]))
         args = build_parser().parse_args(argv)
         return args.func(args)
     except KeyboardInterrupt:

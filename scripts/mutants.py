@@ -1,7 +1,7 @@
 """Plant small deliberate bugs in fpsim, one at a time, and check that the fast tests catch each.
 
-Every mutant replaces one line of fpsim/ (found by its exact text, wherever it lives in the
-package, so moving code between modules keeps it working) in a temporary copy of the
+Every mutant replaces one line of fpsim/ or experiments/ (found by its exact text, wherever
+it lives in them, so moving code between modules keeps it working) in a temporary copy of the
 repository; the working tree is never touched.  The fast tests relevant to that mutant then
 run on the copy (``pytest -x -q -m "not slow"``): a failure means the mutant was caught.
 
@@ -32,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "fpsim"
+PACKAGES = (PACKAGE, "experiments")    # where a mutant's line is looked for
 
 CORE = ["tests/test_reference_modes.py", "tests/test_api.py", "tests/test_formats.py",
         "tests/test_properties.py"]
@@ -47,6 +48,11 @@ JIT = ["tests/test_jit_matmul.py"]
 SR_BITS = ["tests/test_stochastic_bits.py"]
 COVERAGE = ["tests/test_emulate_coverage.py"]
 TRAINING = ["tests/test_training_presets.py"]
+SWEEP_PLAN = ["tests/test_sweep.py::test_plan_shards_whole_batches_and_seeds_draw_windows"]
+SWEEP_JOIN = ["tests/test_sweep.py::test_combined_numbers_are_one_pass_over_all_windows"]
+SWEEP_RESUME = ["tests/test_sweep.py::test_pool_gives_the_same_bytes_and_resume_computes_nothing"]
+SWEEP_RETRY = ["tests/test_sweep.py::test_attempts_count_retries"]
+SWEEP_ORDER = ["tests/test_sweep.py::test_failures_are_listed_in_plan_order"]
 
 
 @dataclass(frozen=True)
@@ -324,6 +330,22 @@ MUTANTS = [
            "nan = keep.to(f64) @ torch.isnan(qv).to(f64) + zero_p @ (up + down)",
            "nan = keep.to(f64) @ torch.isnan(qv).to(f64)",
            ["tests/test_attention_semantics.py"]),
+    # fpsim sweep (experiments/sweep)
+    Mutant("sweep-shard-batches", "a sweep task holds task_batches windows, not batches",
+           "per_task = sweep.batch * sweep.task_batches", "per_task = sweep.task_batches",
+           SWEEP_PLAN),
+    Mutant("sweep-seed-windows", "every seed takes the first windows",
+           "return sorted(order[:wanted].tolist())", "return list(range(wanted))",
+           SWEEP_PLAN),
+    Mutant("sweep-join-order", "shards are joined last first",
+           "for t in shards:", "for t in reversed(shards):", SWEEP_JOIN),
+    Mutant("sweep-resume", "--resume recomputes the tasks already on disk",
+           "if files[t].name in on_disk:", "if False:", SWEEP_RESUME),
+    Mutant("sweep-retry", "a failing task is not tried again",
+           "if not left:", "if True:", SWEEP_RETRY),
+    Mutant("sweep-failed-order", "failed tasks listed in the order they ended",
+           'order = {t.name: i for i, t in enumerate(tasks)}',
+           'order = {t.name: 0 for t in tasks}', SWEEP_ORDER),
 ]
 
 
@@ -339,14 +361,14 @@ def code_of(text: str) -> str:
 def locate(root: Path, line: str) -> tuple[Path, int]:
     """The file and 0-based index of the one line of the package whose code is ``line``."""
     hits = []
-    for path in sorted((root / PACKAGE).rglob("*.py")):
+    for path in [p for pkg in PACKAGES for p in sorted((root / pkg).rglob("*.py"))]:
         for i, text in enumerate(path.read_text().splitlines()):
             if code_of(text) == code_of(line):
                 hits.append((path, i))
     if len(hits) != 1:
         where = ", ".join(f"{p.relative_to(root)}:{i + 1}" for p, i in hits) or "nowhere"
         raise Stale(f"patch no longer applies: the line {line!r} is found {len(hits)} times "
-                    f"({where}) in {PACKAGE}/; re-anchor the mutant on a unique line")
+                    f"({where}) in {'/, '.join(PACKAGES)}/; re-anchor the mutant on a unique line")
     return hits[0]
 
 

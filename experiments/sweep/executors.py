@@ -1,0 +1,198 @@
+"""Who runs a sweep's tasks: this process, a local process pool, or Ray.
+
+Every executor computes each needed reference (one per model, seed and shard: :func:`work.
+reference`) once, hands it to the tasks that compare with it (on Ray through the object store)
+and reports each task to ``done(task, result)`` or ``failed(task, error)`` in this process as
+soon as it ends, and how many run to ``running(n)``.  A task that raises is tried
+``retries`` more times (on Ray by Ray itself: ``max_retries`` with ``retry_exceptions``, which
+also reruns a task whose worker died) before it counts as failed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from . import work
+from .config import REPO, Sweep
+from .work import Task
+
+EXECUTORS = ("inprocess", "pool", "ray")
+#: The line that says how to get Ray (the version the tests and the benchmark ran).
+RAY_INSTALL = "pip install 'fpsim[sweep]' (or pip install ray==2.60.0)"
+
+Done = Callable[[Task, dict], None]
+Failed = Callable[[Task, str], None]
+Running = Callable[[int], None]
+
+
+def describe(exc: BaseException) -> str:
+    """An error in one line: its type and first line (Ray's wrapper unwrapped to its cause)."""
+    cause = getattr(exc, "cause", None)
+    exc = cause if isinstance(cause, BaseException) else exc
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def _groups(tasks: list[Task]) -> dict[tuple, list[Task]]:
+    """Tasks by the reference they need, in order."""
+    out: dict[tuple, list[Task]] = {}
+    for t in tasks:
+        out.setdefault(t.ref_key, []).append(t)
+    return out
+
+
+def _attempt(fn: Callable[[], Any], retries: int) -> Any:
+    for left in range(retries, -1, -1):
+        try:
+            return fn()
+        except Exception:
+            if not left:
+                raise
+    raise AssertionError("unreachable")
+
+
+def run_inprocess(sweep: Sweep, tasks: list[Task], device: str, retries: int, done: Done,
+                  failed: Failed, running: Running) -> None:
+    """Every task here, one after another (torch and fpsim use this process's threads)."""
+    for group in _groups(tasks).values():
+        try:
+            ref = _attempt(lambda: work.reference(sweep, group[0], device), retries)
+        except Exception as exc:
+            for t in group:
+                failed(t, f"reference logits: {describe(exc)}")
+            continue
+        for t in group:
+            running(1)
+            try:
+                result = _attempt(lambda: work.compute(sweep, t, ref, device), retries)
+            except Exception as exc:
+                running(0)
+                failed(t, describe(exc))
+            else:
+                running(0)
+                done(t, result)
+
+
+def _pool_init(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    os.environ["FPSIM_THREADS"] = str(threads)
+
+
+def run_pool(sweep: Sweep, tasks: list[Task], device: str, retries: int, done: Done,
+             failed: Failed, running: Running, workers: int | None = None) -> None:
+    """The tasks on ``workers`` local processes (spawned; the cores shared out between them).
+
+    A worker that dies takes the pool with it: the tasks still pending are reported failed
+    with that error, and ``--resume`` computes them.
+    """
+    import multiprocessing
+
+    workers = workers or os.cpu_count() or 1
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    groups = _groups(tasks)
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_pool_init, initargs=(threads,))
+    try:
+        jobs: dict[Future, tuple[str, Any, int]] = {}
+
+        def submit(kind: str, item: Any, tries: int, ref: Any = None) -> None:
+            args = (work.reference, sweep, item[0]) if kind == "ref" else \
+                (work.compute, sweep, item, ref)
+            try:
+                fut = pool.submit(*args, device)
+            except BrokenProcessPool as exc:             # a worker died: fail, do not raise
+                fut = Future()
+                fut.set_exception(exc)
+            jobs[fut] = (kind, item if kind == "ref" else (item, ref), tries)
+
+        for group in groups.values():
+            submit("ref", group, 0)
+        while jobs:
+            running(min(workers, len(jobs)))
+            finished, _ = wait(list(jobs), return_when=FIRST_COMPLETED)
+            for fut in finished:
+                kind, item, tries = jobs.pop(fut)
+                exc = fut.exception()
+                if exc is not None and tries < retries and not isinstance(exc, BrokenProcessPool):
+                    submit(kind, item if kind == "ref" else item[0], tries + 1,
+                           None if kind == "ref" else item[1])
+                elif kind == "ref":
+                    if exc is not None:
+                        for t in item:
+                            failed(t, f"reference logits: {describe(exc)}")
+                    else:
+                        for t in item:
+                            submit("task", t, 0, fut.result())
+                elif exc is not None:
+                    failed(item[0], describe(exc))
+                else:
+                    done(item[0], fut.result())
+        running(0)
+    finally:                        # Ctrl-C: drop the queued tasks, do not wait
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or a one-line error saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise ValueError(f"--executor ray needs Ray, which is not installed: {RAY_INSTALL}; "
+                         "--executor inprocess and pool need nothing more") from None
+    return ray
+
+
+def start_ray(address: str | None, workers: int | None) -> bool:
+    """Connect to the cluster at ``address``, or start a local one with ``workers`` CPUs (the
+    workers import this checkout); returns True when this call started or joined it (then the
+    caller shuts it down), False when Ray was already initialised here."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return False
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+        ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False,
+                 log_to_driver=False,     # one CPU per task: one thread for torch and fpsim
+                 runtime_env={"env_vars": {"PYTHONPATH": path, "FPSIM_THREADS": "1"}})
+    return True
+
+
+def run_ray(sweep: Sweep, tasks: list[Task], device: str, retries: int, done: Done,
+            failed: Failed, running: Running) -> None:
+    """The tasks as Ray tasks (one CPU each, or one GPU each with ``device="cuda"``) on the
+    cluster Ray is connected to; each reference is put in the object store once and read
+    there by every task that needs it."""
+    ray = import_ray()
+    options = {"max_retries": retries, "retry_exceptions": True, "num_cpus": 1,
+               "num_gpus": 1 if device == "cuda" else 0}
+    reference = ray.remote(work.reference).options(**options)
+    compute = ray.remote(work.compute).options(**options)
+    resources = ray.cluster_resources()
+    slots = int(resources.get("GPU" if device == "cuda" else "CPU", 1)) or 1
+    shared = ray.put(sweep)
+    pending: dict[Any, Task] = {}
+    for group in _groups(tasks).values():
+        ref = reference.remote(shared, group[0], device)
+        for t in group:
+            pending[compute.remote(shared, t, ref, device)] = t
+        del ref                    # the tasks hold it; the object store frees it after them
+    while pending:
+        running(min(slots, len(pending)))
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        for obj in ready:
+            t = pending.pop(obj)
+            try:
+                result = ray.get(obj)
+            except Exception as exc:
+                failed(t, describe(exc))
+            else:
+                done(t, result)
+    running(0)

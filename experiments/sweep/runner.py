@@ -1,0 +1,262 @@
+"""Run a sweep: plan its tasks, skip those already on disk, run the rest on an executor, write
+each result as it ends, then combine them.
+
+``OUT/tasks/<task>.json`` holds one task's result and the spec that made it (what the numbers
+depend on: model, text, windows, batch, recipe, seed, device), written atomically (a temporary
+file renamed), so a run killed at any moment leaves whole files only.  With ``resume`` a file
+whose spec matches is kept and its task not run again; one from another spec is an error, never
+silently reused.  ``OUT/results.json`` is built from the task files alone, in plan order, so it
+is the same bytes whichever executor ran the tasks, in whatever order, over however many runs.
+Run facts (executor, seconds per task, machine load) go to ``OUT/run.json``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import platform
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import bootstrap
+from ..endtoend import means
+from ..report import load_json, versions, write_json
+from . import executors, render, work
+from .config import Sweep, digest, display, rules_json
+from .work import Task
+
+
+@dataclass
+class Outcome:
+    """What a run did: the tasks it computed, skipped (on disk) and that failed (name, error)."""
+
+    out: Path
+    computed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: list[dict[str, str]] = field(default_factory=list)
+
+
+def plan(sweep: Sweep) -> list[Task]:
+    """Every task, in a fixed order: model, seed, recipe, shard."""
+    tasks = []
+    for model in sweep.models:
+        window = min(sweep.window, work.positions(model) or sweep.window)
+        available = (work.token_ids(model, sweep.text).numel() - 1) // window
+        if available < 1:
+            raise ValueError(f"model {display(model)}: the held-out text has fewer than "
+                             f"{window + 1} tokens")
+        wanted = min(available, max(1, sweep.tokens // window))
+        per_task = sweep.batch * sweep.task_batches
+        for seed in sweep.seeds:
+            picked = work.draw_windows(available, wanted, seed)
+            shards = [tuple(picked[i:i + per_task]) for i in range(0, len(picked), per_task)]
+            tasks += [Task(model, recipe, seed, i, shard, window)
+                      for recipe in sweep.recipes for i, shard in enumerate(shards)]
+    return tasks
+
+
+def spec(sweep: Sweep, task: Task, device: str) -> dict[str, Any]:
+    """What ``task``'s numbers depend on."""
+    return {"model": display(task.model), "text": sweep.text and display(sweep.text),
+            "text_digest": sweep.text and _text_digest(sweep.text), "window": task.window,
+            "windows": list(task.windows),
+            "batch": sweep.batch, "recipe": rules_json(sweep.recipes[task.recipe]),
+            "recipe_name": task.recipe, "seed": task.seed, "shard": task.shard,
+            "capture": sweep.capture, "device": device}
+
+
+@functools.lru_cache(maxsize=4)
+def _text_digest(path: str) -> str:
+    return digest(Path(path).read_text(encoding="utf-8"))
+
+
+def task_file(out: Path, task: Task, task_spec: dict) -> Path:
+    """Where ``task``'s result lives: a readable name plus the hash of its spec."""
+    slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in
+                   f"{display(task.model)}-{task.recipe}-s{task.seed}-{task.shard}")
+    return out / "tasks" / f"{slug[:80]}-{digest(task_spec)}.json"
+
+
+def write_atomically(path: Path, data: dict) -> None:
+    """``data`` as JSON at ``path`` via a temporary file in the same folder, renamed over it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write_json(Path(tmp), data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _combine_sites(parts: list[list[dict]]) -> list[dict[str, Any]]:
+    """Per-site statistics of every shard added up (amax: the largest), as table rows."""
+    from fpsim.emulation.sitestats import SiteStats
+
+    total: dict[str, dict] = {}
+    for rows in parts:
+        for row in rows:
+            t = total.setdefault(row["site"], {**row, "calls": 0, "elements": 0, "amax": 0.0,
+                                               "overflow": 0, "saturated": 0, "flushed": 0,
+                                               "outputs": 0, "nonfinite": 0, "signal": [],
+                                               "noise": [], "swamped": row["swamped"] and 0})
+            for key in ("calls", "elements", "overflow", "saturated", "flushed", "outputs",
+                        "nonfinite"):
+                t[key] += row[key]
+            t["amax"] = max(t["amax"], row["amax"])
+            t["signal"].append(row["signal"])
+            t["noise"].append(row["noise"])
+            if row["swamped"] is not None:
+                t["swamped"] = (t["swamped"] or 0) + row["swamped"]
+    return [SiteStats(**{**t, "signal": math.fsum(t["signal"]),
+                         "noise": math.fsum(t["noise"])}).row() for t in total.values()]
+
+
+def combine(sweep: Sweep, tasks: list[Task], results: dict[Task, dict],
+            failed: list[dict[str, str]]) -> dict[str, Any]:
+    """The sweep's numbers from its task results: per (model, seed, recipe) the end-to-end
+    metrics over all its windows with bootstrap intervals, and the sites when captured;
+    ``failed`` in plan order, whatever order the tasks ended in."""
+    runs: dict[tuple, list[Task]] = {}
+    for t in tasks:
+        runs.setdefault((t.model, t.seed, t.recipe), []).append(t)
+    out = []
+    for (model, seed, recipe), shards in runs.items():
+        run: dict[str, Any] = {"model": display(model), "seed": seed, "recipe": recipe,
+                               "windows": sum(len(t.windows) for t in shards)}
+        missing = [t.shard for t in shards if t not in results]
+        if missing:
+            out.append({**run, "missing_shards": missing})
+            continue
+        windows: dict[str, Any] = {"positions": shards[0].window}
+        for t in shards:
+            for key, values in results[t]["windows"].items():
+                if key != "positions":
+                    windows.setdefault(key, []).extend(values)
+        e2e = means(windows)
+        e2e["ci"] = bootstrap.intervals(windows)
+        run["e2e"] = e2e
+        if sweep.capture:
+            run["sites"] = _combine_sites([results[t]["sites"] for t in shards])
+        out.append(run)
+    order = {t.name: i for i, t in enumerate(tasks)}
+    return {"config": sweep.to_json(), "meta": {**versions(), "tasks": len(tasks)},
+            "runs": out, "failed": sorted(failed, key=lambda f: order[f["task"]])}
+
+
+def _load() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def saved(out: Path, tasks: list[Task], specs: dict[Task, dict], files: dict[Task, Path],
+          resume: bool) -> dict[Task, dict]:
+    """The results already in ``out/tasks``: refused without ``resume``, and when a file is not
+    one of ``tasks`` with its spec."""
+    on_disk = {p.name for p in (out / "tasks").glob("*.json")}
+    foreign = on_disk - {p.name for p in files.values()}
+    if on_disk and not resume:
+        raise ValueError(f"{out}/tasks already holds {len(on_disk)} task result(s); pass "
+                         "--resume to keep them and run the rest, or choose another --out")
+    if foreign:
+        raise ValueError(f"{out}/tasks holds {len(foreign)} result(s) of another sweep config "
+                         f"(e.g. {sorted(foreign)[0]}); --resume continues the same config "
+                         "only: choose another --out")
+    results = {}
+    for t in tasks:
+        if files[t].name in on_disk:
+            if digest(json.loads(files[t].read_text()).get("spec")) != digest(specs[t]):
+                raise ValueError(f"{files[t]} was not made by this task ({t.name}); remove it "
+                                 "or choose another --out")
+            results[t] = load_json(files[t])["result"]
+    return results
+
+
+def run(sweep: Sweep, out: str | Path, executor: str = "inprocess", *, workers: int | None = None,
+        address: str | None = None, device: str = "cpu", resume: bool = False, retries: int = 2,
+        progress: bool = True) -> Outcome:
+    """Run ``sweep`` into ``out`` (see the module docstring); returns what was done.
+
+    ``executor``: ``inprocess``, ``pool`` (``workers`` processes) or ``ray`` (the cluster at
+    ``address``, else a local one of ``workers`` CPUs started for the run).
+
+    >>> from experiments.sweep import config
+    >>> s = config.from_dict({"models": ["tiny"], "recipes": ["bf16"], "tokens": 64,
+    ...                       "window": 32, "batch": 1})
+    >>> run(s, tmp_path, progress=False).computed    # doctest: +SKIP
+    ['tiny | bf16 | seed 0 | shard 0', 'tiny | bf16 | seed 0 | shard 1']
+    """
+    if executor not in executors.EXECUTORS:
+        raise ValueError(f"executor {executor!r} is not one of {', '.join(executors.EXECUTORS)}")
+    if executor == "ray":
+        executors.import_ray()
+    out = Path(out)
+    (out / "tasks").mkdir(parents=True, exist_ok=True)
+    tasks = plan(sweep)
+    specs = {t: spec(sweep, t, device) for t in tasks}
+    files = {t: task_file(out, t, specs[t]) for t in tasks}
+    results = saved(out, tasks, specs, files, resume)
+    outcome = Outcome(out, skipped=[t.name for t in results])
+    todo = [t for t in tasks if t not in results]
+    bar = _bar(len(tasks), len(results), progress)
+    started, seconds, state, here = time.perf_counter(), {}, {"running": 0}, versions()
+
+    def done(t: Task, result: dict) -> None:
+        if result["versions"] != here:
+            return failed(t, f"its worker ran {result['versions']}, this process {here}: the "
+                             "numbers would not be comparable; install the same versions there")
+        seconds[t.name] = result["seconds"]
+        write_atomically(files[t], {"task": t.name, "spec": specs[t], "result": result})
+        results[t] = result
+        outcome.computed.append(t.name)
+        bar.update()
+        _postfix(bar, state["running"], len(outcome.failed))
+
+    def failed(t: Task, error: str) -> None:
+        outcome.failed.append({"task": t.name, "error": error})
+        bar.update()
+        _postfix(bar, state["running"], len(outcome.failed))
+
+    def running(n: int) -> None:
+        state["running"] = n
+        _postfix(bar, n, len(outcome.failed))
+
+    own_ray = executor == "ray" and bool(todo) and executors.start_ray(address, workers)
+    try:
+        if todo and executor == "pool":
+            executors.run_pool(sweep, todo, device, retries, done, failed, running, workers)
+        elif todo:
+            run_tasks = executors.run_ray if executor == "ray" else executors.run_inprocess
+            run_tasks(sweep, todo, device, retries, done, failed, running)
+    finally:
+        bar.close()
+        if own_ray:
+            executors.import_ray().shutdown()
+    data = combine(sweep, tasks, results, outcome.failed)
+    write_atomically(out / "results.json", data)
+    write_atomically(out / "run.json", {
+        "executor": executor, "workers": workers, "address": address, "device": device,
+        "computed": len(outcome.computed), "skipped": len(outcome.skipped),
+        "failed": len(outcome.failed), "wall_seconds": round(time.perf_counter() - started, 2),
+        "task_seconds": seconds, "cpus": os.cpu_count(), "load_after": _load(),
+        "node": platform.node(), **versions()})
+    render.write(out, data)
+    return outcome
+
+
+def _bar(total: int, initial: int, enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="task", desc="sweep", disable=not enabled,
+                dynamic_ncols=True)
+
+
+def _postfix(bar: Any, running: int, failed: int) -> None:
+    bar.set_postfix_str(f"running {running}, failed {failed}", refresh=True)

@@ -1,0 +1,374 @@
+"""``fpsim sweep``: config parsing; the in-process, pool and Ray executors give the same
+results.json bit for bit; resume after the driver or a Ray worker is killed; failing tasks.
+
+The Ray tests share one local cluster of 2 CPUs started here; they are skipped, with the line
+that installs Ray, when it is absent."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fpsim  # noqa: E402
+from experiments import sweep  # noqa: E402
+from experiments.endtoend import compare_logits  # noqa: E402
+from experiments.gpt2.checkpoint import load_gpt2  # noqa: E402
+from experiments.sweep import config, executors, runner, work  # noqa: E402
+from fpsim import Recipe, Rule, Rules  # noqa: E402
+from fpsim.cli import main as fpsim_main  # noqa: E402
+from fpsim.emulation.recipe import FP32  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+#: Three recipes on four windows of 16 tokens, two per task: six tasks, two references.
+SMALL = {"models": ["tiny"], "recipes": ["fp32", "bf16", "e4m3"], "tokens": 64,
+         "window": 16, "batch": 2}
+TOML = """models = ["tiny"]
+tokens = 64
+window = 16
+batch = 2
+recipes = ["fp32", "bf16", "e4m3"]
+"""
+BAD = {"inputs": "e4m3", "order": "tensor_core", "tensor_core": "no_such_core"}
+
+
+try:
+    import ray
+except ImportError:
+    ray = None
+needs_ray = pytest.mark.skipif(ray is None, reason="the Ray executor's tests need Ray: "
+                               f"{executors.RAY_INSTALL}")
+
+
+def names(tasks: list) -> list[str]:
+    return [t.name for t in tasks]
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The small sweep run in this process: the results every other run must reproduce."""
+    out = tmp_path_factory.mktemp("serial")
+    outcome = sweep.run(sweep.from_dict(SMALL), out, progress=False)
+    assert len(outcome.computed) == 6 and not outcome.failed and not outcome.skipped
+    return out
+
+
+# -- config ----------------------------------------------------------------------------------
+def test_config_toml_presets_tables_and_rules(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text('models = ["tiny"]\nseeds = [3, 4]\n[recipes]\nbf16 = "bf16"\n'
+                    'mx = "mxfp8_e4m3"\nfp8 = { inputs = "e4m3", scaling = "tensor", '
+                    'saturate = true }\n'
+                    '[recipes.linear]\ndefault = "torch"\n'
+                    'rules = [{ recipe = "e4m3/tensor", kind = "linear" }]\n')
+    s = config.load(path)
+    assert s.seeds == (3, 4) and list(s.recipes) == ["bf16", "mx", "fp8", "linear"]
+    assert s.recipes["bf16"] == Rules.of(Recipe(name="bf16", inputs="bf16"))
+    assert s.recipes["mx"].default.scaling == "block"
+    assert s.recipes["fp8"].default == Recipe(name="fp8", inputs="e4m3", scaling="tensor",
+                                              saturate=True)
+    lin = s.recipes["linear"]
+    assert lin.default is None and lin.rules[0].kind == "linear"
+    assert lin.rules[0].recipe == Recipe(name="e4m3/tensor", inputs="e4m3", scaling="tensor")
+    yaml = pytest.importorskip("yaml")
+    ypath = tmp_path / "s.yaml"
+    ypath.write_text(yaml.safe_dump({"models": ["tiny"], "seeds": [3, 4], "recipes": {
+        "bf16": "bf16", "mx": "mxfp8_e4m3", "fp8": {"inputs": "e4m3", "scaling": "tensor",
+                                                     "saturate": True},
+        "linear": {"default": "torch", "rules": [{"recipe": "e4m3/tensor", "kind": "linear"}]}}}))
+    assert config.load(ypath) == s
+
+
+def test_config_from_python_objects() -> None:
+    rules = Rules([Rule(Recipe(name="fp8", inputs="e4m3", scaling="tensor"), kind="linear")])
+    s = sweep.from_dict({"models": "tiny", "recipes": {"te": rules, "b": Recipe(name="b",
+                                                                                 inputs="bf16")}})
+    assert s.recipes == {"te": rules, "b": Rules.of(Recipe(name="b", inputs="bf16"))}
+    assert sweep.from_dict({"models": ["tiny"], "recipes": [Recipe(name="x", inputs="bf16")]}) \
+        .recipes == {"x": Rules.of(Recipe(name="x", inputs="bf16"))}
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"models": ["tiny"], "recipes": ["bf16"], "seed": [1]}, "unknown key(s) seed"),
+    ({"models": [], "recipes": ["bf16"]}, "names no model"),
+    ({"models": ["no/such/dir"], "recipes": ["bf16"]}, "has no config.json"),
+    ({"models": ["tiny"], "recipes": []}, "'recipes' is empty"),
+    ({"models": ["tiny"], "recipes": ["e4m3/rows"]}, "scaling 'rows' is not one of"),
+    ({"models": ["tiny"], "recipes": ["fp7"]}, "fp7"),
+    ({"models": ["tiny"], "recipes": {"x": {"input": "e4m3"}}}, "unknown field(s) input"),
+    ({"models": ["tiny"], "recipes": {"x": {"inputs": "e4m3", "rounding": "stochastic_c"}}},
+     "stochastic rounding"),
+    ({"models": ["tiny"], "recipes": {"x": {"rules": [{"kind": "linear"}]}}}, "rule 1 must"),
+    ({"models": ["tiny"], "recipes": ["bf16"], "metrics": ["kl", "ppl"]}, "unknown metric(s)"),
+    ({"models": ["tiny"], "recipes": ["bf16"], "batch": 0}, "batch must be a positive"),
+    ({"models": ["tiny"], "recipes": ["bf16"], "seeds": 1}, "seeds must be a list"),
+])
+def test_config_errors_name_the_problem(data: dict, message: str) -> None:
+    with pytest.raises(ValueError, match="sweep config|recipe|fp7") as exc:
+        config.from_dict(data)
+    assert message in str(exc.value)
+
+
+def test_plan_shards_whole_batches_and_seeds_draw_windows() -> None:
+    tasks = runner.plan(config.from_dict({**SMALL, "seeds": [0, 1], "task_batches": 2,
+                                          "tokens": 96}))
+    # 6 windows per seed in tasks of 2 batches of 2 windows: shards of 4 and 2 windows
+    assert [len(t.windows) for t in tasks[:2]] == [4, 2] and len(tasks) == 2 * 3 * 2
+    seed0, seed1 = tasks[0].windows + tasks[1].windows, tasks[6].windows + tasks[7].windows
+    assert seed0 != seed1 and len(set(seed0)) == 6 and list(seed0) == sorted(seed0)
+    assert runner.plan(config.from_dict({**SMALL, "seeds": [0, 1], "task_batches": 2,
+                                         "tokens": 96})) == tasks     # the same on every call
+
+
+# -- in-process run ----------------------------------------------------------------------------
+def test_combined_numbers_are_one_pass_over_all_windows(serial: Path) -> None:
+    """Shards joined in order give the bits of compare_logits over every window at once."""
+    data = json.loads((serial / "results.json").read_text())
+    s = sweep.from_dict(SMALL)
+    picked = tuple(t for task in runner.plan(s)[:2] for t in task.windows)
+    net = load_gpt2(config.BUILTIN_MODELS["tiny"])
+    wins = work.cut(work.token_ids(s.models[0], None), 16, picked)
+    with torch.no_grad():
+        with fpsim.emulate(FP32):
+            ref = [net(c[:, :-1]) for c in wins.split(2)]
+        for run in data["runs"]:
+            with fpsim.emulate(s.recipes[run["recipe"]]):
+                outs = [net(c[:, :-1]) for c in wins.split(2)]
+            e2e = compare_logits(wins, ref, outs, 2)
+            for key in ("loss", "kl", "top1", "finite"):
+                assert run["e2e"][key] == e2e[key], (run["recipe"], key)
+            assert run["e2e"]["windows"] == json.loads(json.dumps(e2e["windows"]))
+    assert [r["recipe"] for r in data["runs"]] == ["fp32", "bf16", "e4m3"]
+    assert data["runs"][0]["e2e"]["kl"] == 0 < data["runs"][1]["e2e"]["kl"]
+    assert (serial / "sweep.png").stat().st_size < 200_000
+    assert "e4m3" in (serial / "REPORT.md").read_text()
+
+
+def test_pool_gives_the_same_bytes_and_resume_computes_nothing(serial: Path,
+                                                               tmp_path: Path) -> None:
+    outcome = sweep.run(sweep.from_dict(SMALL), tmp_path, "pool", workers=2, progress=False)
+    assert len(outcome.computed) == 6
+    assert (tmp_path / "results.json").read_bytes() == (serial / "results.json").read_bytes()
+    again = sweep.run(sweep.from_dict(SMALL), tmp_path, resume=True, progress=False)
+    assert again.computed == [] and len(again.skipped) == 6
+    assert (tmp_path / "results.json").read_bytes() == (serial / "results.json").read_bytes()
+
+
+def test_existing_results_need_resume_and_the_same_config(serial: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="pass --resume"):
+        sweep.run(sweep.from_dict(SMALL), serial, progress=False)
+    with pytest.raises(ValueError, match="another sweep config"):
+        sweep.run(sweep.from_dict({**SMALL, "batch": 1}), serial, resume=True, progress=False)
+
+
+def test_killed_driver_resumes_with_only_the_missing_tasks(serial: Path, tmp_path: Path) -> None:
+    """The CLI in a subprocess, killed (SIGKILL) once two task files exist; a resume computes
+    exactly the others, leaves the two files as they were and writes the same results.json."""
+    cfg = tmp_path / "small.toml"
+    cfg.write_text(TOML)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "fpsim.cli", "sweep", str(cfg), "--out",
+                             str(out), "--no-progress"], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 600
+    while len(list((out / "tasks").glob("*.json"))) < 2 and proc.poll() is None:
+        assert time.monotonic() < deadline, "the sweep wrote no two task files in 600 s"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    kept = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in (out / "tasks").glob("*")}
+    assert 2 <= len(kept) < 6, proc.stderr.read().decode()      # no temporary file left over
+    s = sweep.from_dict(SMALL)
+    outcome = sweep.run(s, out, resume=True, progress=False)
+    tasks = runner.plan(s)
+    files = {t.name: runner.task_file(out, t, runner.spec(s, t, "cpu")).name for t in tasks}
+    assert sorted(outcome.skipped) == sorted(n for n in files if files[n] in kept)
+    assert sorted(outcome.computed) == sorted(n for n in files if files[n] not in kept)
+    for name, (body, mtime) in kept.items():
+        assert (out / "tasks" / name).read_bytes() == body
+        assert (out / "tasks" / name).stat().st_mtime_ns == mtime
+    assert (out / "results.json").read_bytes() == (serial / "results.json").read_bytes()
+
+
+def test_failing_task_is_named_and_the_others_finish(tmp_path: Path) -> None:
+    s = sweep.from_dict({**SMALL, "recipes": {"bf16": "bf16", "bad": BAD}})
+    outcome = sweep.run(s, tmp_path, retries=1, progress=False)
+    assert [f["task"] for f in outcome.failed] == ["tiny | bad | seed 0 | shard 0",
+                                                   "tiny | bad | seed 0 | shard 1"]
+    assert all("no_such_core" in f["error"] for f in outcome.failed)
+    assert names(runner.plan(s))[:2] == outcome.computed
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["runs"][1] == {"model": "tiny", "seed": 0, "recipe": "bad", "windows": 4,
+                               "missing_shards": [0, 1]}
+    assert "Task tiny | bad | seed 0 | shard 0 failed" in (tmp_path / "REPORT.md").read_text()
+
+
+def test_failures_are_listed_in_plan_order() -> None:
+    """Whatever order tasks fail in (Ray's), results.json lists them in plan order."""
+    s = sweep.from_dict(SMALL)
+    tasks = runner.plan(s)
+    data = runner.combine(s, tasks, {}, [{"task": t.name, "error": "x"} for t in tasks[::-1]])
+    assert [f["task"] for f in data["failed"]] == names(tasks)
+    assert all(r["missing_shards"] == [0, 1] for r in data["runs"])
+
+
+def test_attempts_count_retries() -> None:
+    calls = []
+
+    def flaky() -> int:
+        calls.append(1)
+        if len(calls) < 3:
+            raise RuntimeError("transient")
+        return 7
+
+    assert executors._attempt(flaky, 2) == 7 and len(calls) == 3
+    calls.clear()
+    with pytest.raises(RuntimeError):
+        executors._attempt(flaky, 1)
+    assert len(calls) == 2
+
+
+# -- command line ------------------------------------------------------------------------------
+def test_cli_failure_exit_status_and_one_line_errors(tmp_path: Path, capsys) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('models = ["tiny"]\nrecipes = ["bf16"]\nseed = 1\n')
+    assert fpsim_main(["sweep", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown key(s) seed" in err
+    cfg.write_text("models = [\n")
+    assert fpsim_main(["sweep", str(cfg)]) == 2
+    assert "not valid TOML" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        fpsim_main(["sweep", str(cfg), "--address", "auto"])
+    assert exc.value.code == 2 and "add --executor ray" in capsys.readouterr().err
+
+
+def test_cli_without_ray_says_how_to_install_it(tmp_path: Path, capsys, monkeypatch) -> None:
+    cfg = tmp_path / "small.toml"
+    cfg.write_text(TOML)
+    monkeypatch.setitem(sys.modules, "ray", None)          # import ray raises ImportError
+    assert fpsim_main(["sweep", str(cfg), "--executor", "ray", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'fpsim[sweep]'" in err
+    assert not (tmp_path / "tasks").exists()
+
+
+# -- Ray -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster() -> object:
+    """A local Ray cluster of 2 CPUs whose workers import this checkout (given 5 minutes to
+    start: on a loaded machine Ray's default minute is not always enough)."""
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "300")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    yield ray
+    ray.shutdown()
+
+
+def busy_workers() -> list[int]:
+    """Process ids of Ray workers running a task's compute (Ray titles them ray::compute)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and (d / "cmdline").read_bytes().startswith(b"ray::compute"):
+                pids.append(int(d.name))
+        except OSError:
+            pass
+    return pids
+
+
+@needs_ray
+def test_ray_run_is_the_in_process_run_bit_for_bit(cluster: object, serial: Path,
+                                                   tmp_path: Path) -> None:
+    outcome = sweep.run(sweep.from_dict(SMALL), tmp_path, "ray", progress=False)
+    assert len(outcome.computed) == 6 and not outcome.failed
+    assert (tmp_path / "results.json").read_bytes() == (serial / "results.json").read_bytes()
+
+
+@needs_ray
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds workers in /proc")
+def test_ray_worker_killed_mid_task_is_rerun_once(cluster: object, serial: Path,
+                                                  tmp_path: Path) -> None:
+    """SIGKILL to a worker computing a task: Ray reruns that task, every task reaches the
+    driver once, results.json is the in-process bytes, and a resume computes nothing."""
+    outcome: list = []
+    run = threading.Thread(target=lambda: outcome.append(
+        sweep.run(sweep.from_dict(SMALL), tmp_path, "ray", progress=False)))
+    run.start()
+    killed = []
+    while run.is_alive() and not killed:
+        for pid in busy_workers()[:1]:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        time.sleep(0.01)
+    run.join()
+    assert killed, "no worker was caught computing a task"
+    done = outcome[0]
+    assert sorted(done.computed) == sorted(names(runner.plan(sweep.from_dict(SMALL))))
+    assert not done.failed
+    assert (tmp_path / "results.json").read_bytes() == (serial / "results.json").read_bytes()
+    again = sweep.run(sweep.from_dict(SMALL), tmp_path, "ray", resume=True, progress=False)
+    assert again.computed == [] and len(again.skipped) == 6
+    assert (tmp_path / "results.json").read_bytes() == (serial / "results.json").read_bytes()
+
+
+@needs_ray
+def test_ray_failing_task_is_retried_then_named(cluster: object, tmp_path: Path) -> None:
+    s = sweep.from_dict({**SMALL, "recipes": {"bf16": "bf16", "bad": BAD}})
+    outcome = sweep.run(s, tmp_path, "ray", retries=1, progress=False)
+    assert sorted(outcome.computed) == names(runner.plan(s))[:2]
+    assert sorted(f["task"] for f in outcome.failed) == names(runner.plan(s))[2:]
+    assert all(f["error"].startswith("ValueError: unknown tensor_core 'no_such_core'")
+               for f in outcome.failed)
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert [f["task"] for f in data["failed"]] == names(runner.plan(s))[2:]     # plan order
+
+
+def test_cli_help_is_the_sweep_parser(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        fpsim_main(["sweep", "--help"])
+    assert exc.value.code == 0 and "--executor {inprocess,pool,ray}" in capsys.readouterr().out
+
+
+def test_any_hugging_face_causal_lm(tmp_path: Path) -> None:
+    """A Llama saved with save_pretrained (256-byte vocabulary, 16 positions): transformers
+    runs it under the recipes, windows shrink to its positions."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   vocab_size=256, max_position_embeddings=16)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "llama")
+    s = sweep.from_dict({"models": ["llama"], "recipes": ["fp32", "bf16"], "tokens": 32,
+                         "window": 64, "batch": 2}, base=tmp_path)
+    outcome = sweep.run(s, tmp_path / "out", progress=False)
+    assert len(outcome.computed) == 2 and not outcome.failed
+    runs = json.loads((tmp_path / "out" / "results.json").read_text())["runs"]
+    assert [r["windows"] for r in runs] == [2, 2]
+    assert runs[0]["e2e"]["windows"]["positions"] == 16
+    assert runs[0]["e2e"]["kl"] == 0 < runs[1]["e2e"]["kl"]
+
+
+def test_docs_state_the_benchmarked_cost() -> None:
+    """docs/sweep.md's cost per task is the sentence benchmarks/sweep_bench.py makes of its
+    JSON."""
+    import importlib.util
+
+    path = REPO / "benchmarks" / "sweep_bench.py"
+    spec = importlib.util.spec_from_file_location("sweep_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    data = json.loads((REPO / "benchmarks" / "results" / "sweep_bench.json").read_text())
+    assert data["same_results_json"]
+    docs = " ".join((REPO / "docs" / "sweep.md").read_text().split())
+    assert bench.summary(data) in docs
