@@ -239,11 +239,27 @@ class LossScaler:
     multiplies the scale by ``backoff_factor`` and restarts the count; ``growth_interval``
     steps in a row without inf/NaN multiply it by ``growth_factor`` (kept if finite).
     Static (``dynamic=False``): the scale never changes, overflowing steps are still skipped.
+
+    The first scale: GradScaler's 2^16 = 65,536 by default.  That is above E5M2's largest
+    value (57,344) and FP16's (65,504), so when gradients are rounded to one of those formats
+    the first step's scaled gradients can overflow to inf: that step is skipped and the scale
+    halved, as GradScaler does (correct, though alarming in a log).  ``grad_format`` chooses
+    the first scale from the gradient format instead: 2^16, lowered to the largest power of
+    two that format holds (E5M2 and FP16: 2^15), so that a gradient of 1 times the scale is
+    finite.  An explicit ``init_scale`` wins.
+
+    >>> LossScaler().get_scale(), LossScaler(grad_format="e5m2").get_scale()
+    (65536.0, 32768.0)
     """
 
-    def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
+    def __init__(self, init_scale: float | None = None, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000,
-                 dynamic: bool = True) -> None:
+                 dynamic: bool = True, grad_format: str | Format | None = None) -> None:
+        if init_scale is None:
+            init_scale = 2.0 ** 16
+            if grad_format is not None:
+                top = math.floor(math.log2(get_format(grad_format).max))
+                init_scale = 2.0 ** min(16, top)
         if not (init_scale > 0 and growth_factor > 1 and 0 < backoff_factor < 1
                 and growth_interval >= 1):
             raise ValueError("loss scaling needs init_scale > 0, growth_factor > 1, "
