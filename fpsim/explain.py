@@ -10,9 +10,11 @@ from typing import Any
 import numpy as np
 
 from .backend import is_torch
+from .blockrules import BLOCK_FORMATS, BlockFormat
 from .convert import decode, encode
 from .formats import Format, get_format
 from .inputs import check_input
+from .names import normalize
 
 
 @dataclass(frozen=True)
@@ -82,9 +84,28 @@ def _show(v: float) -> str:
     return repr(v)
 
 
-def explain(x: Any, fmt: str | Format, rounding: str = "rne", **options: Any) -> Explanation:
+def explain(x: Any, fmt: str | Format | BlockFormat, rounding: str = "rne",
+            **options: Any) -> Any:
     """Round the scalar ``x`` (a number, or an array or tensor of one element) to ``fmt`` and
-    describe the result field by field."""
+    describe the result field by field: an :class:`Explanation`, whose ``str()`` is one line.
+
+    With a block format (``"mxfp4"``, ``"nvfp4"``...: :data:`fpsim.mx.BLOCK_FORMATS`), ``x``
+    may hold several values, quantized together in blocks: a
+    :class:`fpsim.blockexplain.BlockExplanation` shows each block's scale bits and each
+    element's bits and value (``options`` then go to :func:`fpsim.mx.quantize`).
+
+    >>> import fpsim
+    >>> print(fpsim.explain(0.1, "bf16"))
+    0 | 01111011 | 1001101  = +1.1001101b × 2^-4 = 0.10009765625  (error +9.77e-05)
+    >>> fpsim.explain(500.0, "e4m3", saturate=True).value      # OCP E4M3's largest: 448
+    448.0
+    >>> print(fpsim.explain([0.5, -3.0], "mxfp4").lines()[1])
+      block scale  01111110  = 0.5
+    """
+    if isinstance(fmt, BlockFormat) or (isinstance(fmt, str) and normalize(fmt) in BLOCK_FORMATS):
+        from .blockexplain import explain_block
+
+        return explain_block(x, fmt, rounding=rounding, **options)
     fmt = get_format(fmt)
     v = check_input(x)
     v = v.detach() if is_torch(v) else np.asarray(v)
