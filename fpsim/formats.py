@@ -398,7 +398,15 @@ def known_names() -> list[str]:
 
 def get_format(fmt: str | Format) -> Format:
     """Resolve a name, alias, ``eXmY`` / ``eXmYfn`` / ``eXmYfnuz`` spec string or P3109 name
-    (``p3109_k8p3se``, ``binary8p3se``: see :func:`p3109`) to a Format."""
+    (``p3109_k8p3se``, ``binary8p3se``: see :func:`p3109`) to a Format.
+
+    Aliases come first: ``"e4m3"`` is OCP E4M3FN (max 448); the grammar's IEEE-style E4M3 is
+    ``"e4m3_ieee"`` (max 240).
+
+    >>> f = get_format("e4m3")
+    >>> f.name, f.bits, f.max, get_format("e4m3_ieee").max
+    ('fp8_e4m3fn', 8, 448.0, 240.0)
+    """
     if isinstance(fmt, Format):
         return fmt
     if not isinstance(fmt, str):

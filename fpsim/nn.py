@@ -27,7 +27,11 @@ Rounder = Callable[[Any], Any]
 
 def rounder(fmt: str | Format, *, rounding: str = "rne", saturate: bool = False,
             subnormals: bool = True, seed: Any = None) -> Rounder:
-    """``fpsim.quantize`` with these options as a one-argument function (format checked now)."""
+    """``fpsim.quantize`` with these options as a one-argument function (format checked now).
+
+    >>> rounder("e4m3", saturate=True)(500.0)
+    448.0
+    """
     f = get_format(fmt)
     return functools.partial(quantize, fmt=f, rounding=rounding, saturate=saturate,
                              subnormals=subnormals, seed=seed)
@@ -39,6 +43,12 @@ def round_through(x: Any, forward: Rounder | None, backward: Rounder | None) -> 
     ``None`` on either side is the identity: ``round_through(y, None, r)`` leaves a layer's
     output alone and rounds the gradient arriving at it.  The building block of every
     rounding in this module.
+
+    >>> import torch
+    >>> x = torch.tensor([0.1], requires_grad=True)
+    >>> round_through(x, None, rounder("e5m2")).backward(torch.tensor([0.3]))
+    >>> x.grad.tolist()                         # the gradient, rounded to E5M2
+    [0.3125]
     """
     return _straight_through().apply(x, forward, backward)
 
@@ -50,6 +60,14 @@ def fake_quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate:
 
     The backward pass hands the incoming gradient through unchanged, or rounded to ``grad_fmt``
     (with ``grad_rounding`` / ``grad_saturate``) when given.
+
+    >>> import torch
+    >>> x = torch.tensor([0.1, 500.0], requires_grad=True)
+    >>> y = fake_quantize(x, "e4m3", saturate=True)
+    >>> y.tolist()
+    [0.1015625, 448.0]
+    >>> y.sum().backward(); x.grad.tolist()      # straight through
+    [1.0, 1.0]
     """
     fwd = rounder(fmt, rounding=rounding, saturate=saturate, subnormals=subnormals, seed=seed)
     bwd = None if grad_fmt is None else rounder(grad_fmt, rounding=grad_rounding,
@@ -103,7 +121,12 @@ class GradFormats:
 
 
 def is_matmul_layer(module: Any) -> bool:
-    """``nn.Linear`` or a Hugging Face style ``Conv1D`` (by class name) with a 2-D weight."""
+    """``nn.Linear`` or a Hugging Face style ``Conv1D`` (by class name) with a 2-D weight.
+
+    >>> import torch
+    >>> is_matmul_layer(torch.nn.Linear(2, 2)), is_matmul_layer(torch.nn.ReLU())
+    (True, False)
+    """
     import torch
 
     weight = getattr(module, "weight", None)
@@ -164,6 +187,16 @@ def quantize_linear_layers(model: Any, weights: str | Format | None = None,
     sends back, and the weight gradient; bias gradients stay in the working precision.
     ``include(name, module)`` selects layers (default: all).  Returns a handle whose
     ``restore()`` undoes everything; it is also a context manager.
+
+    >>> import torch
+    >>> layer = torch.nn.Linear(2, 1, bias=False)
+    >>> with torch.no_grad():
+    ...     _ = layer.weight.copy_(torch.tensor([[0.1, 500.0]]))
+    >>> with quantize_linear_layers(layer, weights="e4m3", saturate=True):
+    ...     layer.weight.tolist()                # rounded on every access
+    [[0.1015625, 448.0]]
+    >>> layer.weight.tolist()                    # restored
+    [[0.10000000149011612, 500.0]]
     """
     import torch
     from torch.nn.utils import parametrize
