@@ -41,7 +41,7 @@ def run_case(m: int, k: int, n: int, inputs: str, accum: str, order: str,
     layer = torch.nn.Linear(k, n, bias=False)
     with torch.no_grad():
         layer.weight.copy_(torch.randn(n, k, generator=g) / k ** 0.5)
-    recipe = Recipe("bench", inputs, accum=accum, order=order)
+    recipe = Recipe(inputs, accum=accum, order=order, name="bench")
     w = layer.weight.detach()
 
     def direct() -> torch.Tensor:

@@ -38,15 +38,17 @@ REFERENCE = "fp64 sequential"
 
 def recipes() -> list[Recipe]:
     """FP64 (input rounding only), every accumulator in every order, and the tensor-core model."""
-    out = [Recipe(REFERENCE, INPUTS, accum="fp64", order="sequential")]
-    out += [Recipe(f"{a} {o}", INPUTS, accum=a, order=o, chunk=CHUNK if o == "chunked" else None)
+    out = [Recipe(INPUTS, accum="fp64", order="sequential", name=REFERENCE)]
+    out += [Recipe(INPUTS, accum=a, order=o, chunk=CHUNK if o == "chunked" else None,
+                   name=f"{a} {o}")
             for a in ACCUMULATORS for o in ORDERS]
     return out + [
-        Recipe(f"tensor core ({TENSOR_CORE})", INPUTS, order="tensor_core", tensor_core=TENSOR_CORE)
+        Recipe(INPUTS, order="tensor_core", tensor_core=TENSOR_CORE,
+               name=f"tensor core ({TENSOR_CORE})")
     ]
 
 
-QUANTIZED_REFERENCE = Recipe("fp64 native, bf16 operands", INPUTS, accum="fp64")
+QUANTIZED_REFERENCE = Recipe(INPUTS, accum="fp64", name="fp64 native, bf16 operands")
 
 
 def quantized_reference(site: Site) -> Tensor:

@@ -40,12 +40,13 @@ FP32 = Rules.of(REFERENCE)
 def recipes() -> dict[str, Rules]:
     """Name -> per-site rules: FP8 (E4M3) on the linear layers as Transformer Engine places it,
     FP8 and MXFP8 everywhere, BF16 operands everywhere."""
-    e4m3 = Recipe("E4M3 per-tensor", "e4m3", scaling="tensor")
+    e4m3 = Recipe("e4m3", scaling="tensor", name="E4M3 per-tensor")
     return {
         "E4M3 per-tensor, linear layers": Rules([Rule(e4m3, kind="linear")]),
         "E4M3 per-tensor, every site": Rules.of(e4m3),
-        "MXFP8 E4M3, every site": Rules.of(Recipe("MXFP8 E4M3", "mxfp8_e4m3", scaling="block")),
-        "BF16 operands, every site": Rules.of(Recipe("BF16", "bf16")),
+        "MXFP8 E4M3, every site": Rules.of(Recipe("mxfp8_e4m3", scaling="block",
+                                                  name="MXFP8 E4M3")),
+        "BF16 operands, every site": Rules.of(Recipe("bf16", name="BF16")),
     }
 
 

@@ -29,15 +29,11 @@ def recipes() -> list[Recipe]:
     same subsample) and accumulation in the format itself."""
     out = []
     for f in FORMATS:
-        out.append(Recipe(f"{f} in/out, fp32 acc", f, output=f))
-        out.append(
-            Recipe(
-                f"{f} in/out, fp32 acc (sequential)", f, accum="fp32", order="sequential", output=f
-            )
-        )
-        out.append(
-            Recipe(f"{f} in/out, {f} acc (sequential)", f, accum=f, order="sequential", output=f)
-        )
+        out.append(Recipe(f, output=f, name=f"{f} in/out, fp32 acc"))
+        out.append(Recipe(f, accum="fp32", order="sequential", output=f,
+                          name=f"{f} in/out, fp32 acc (sequential)"))
+        out.append(Recipe(f, accum=f, order="sequential", output=f,
+                          name=f"{f} in/out, {f} acc (sequential)"))
     return out
 
 

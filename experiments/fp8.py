@@ -28,8 +28,8 @@ BLOCKS = ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "mxin
 
 def recipes() -> list[Recipe]:
     """Every scalar format under every scaling, then every block format."""
-    out = [Recipe(f"{f}/{s}", f, scaling=s) for f in SCALARS for s in SCALAR_SCALINGS]
-    return out + [Recipe(f"{f}/block", f, scaling="block") for f in BLOCKS]
+    out = [Recipe(f, scaling=s, name=f"{f}/{s}") for f in SCALARS for s in SCALAR_SCALINGS]
+    return out + [Recipe(f, scaling="block", name=f"{f}/block") for f in BLOCKS]
 
 
 def bits_per_element(recipe: dict) -> float:

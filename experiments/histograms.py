@@ -24,14 +24,14 @@ from .report import figure, num, page, save, table
 NAME = "histograms"
 EDGES = np.arange(-10.0, 2.01, 0.25)  # log10 relative error
 RECIPES = (
-    Recipe("fp16", "fp16"),
-    Recipe("bf16", "bf16"),
-    Recipe("e4m3/tensor", "e4m3", scaling="tensor"),
-    Recipe("e5m2/tensor", "e5m2", scaling="tensor"),
-    Recipe("int8/channel", "int8", scaling="channel"),
-    Recipe("mxfp8_e4m3", "mxfp8_e4m3", scaling="block"),
-    Recipe("mxfp4", "mxfp4", scaling="block"),
-    Recipe("nvfp4", "nvfp4", scaling="block"),
+    Recipe("fp16"),
+    Recipe("bf16"),
+    Recipe("e4m3", scaling="tensor", name="e4m3/tensor"),
+    Recipe("e5m2", scaling="tensor", name="e5m2/tensor"),
+    Recipe("int8", scaling="channel", name="int8/channel"),
+    Recipe("mxfp8_e4m3", scaling="block", name="mxfp8_e4m3"),
+    Recipe("mxfp4", scaling="block", name="mxfp4"),
+    Recipe("nvfp4", scaling="block", name="nvfp4"),
 )
 
 

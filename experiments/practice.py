@@ -57,7 +57,7 @@ class DelayedScalingOps(RecipeOps):
         super().__init__(FP32)
         self.delayed, self.fmt, self.history = set(sites), get_format(fmt), history
         self.amax: dict[str, list[float]] = {}
-        self.weights = Recipe("weights", fmt, scaling="tensor")
+        self.weights = Recipe(fmt, scaling="tensor", name="weights")
 
     def linear(self, name: str, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
         if name not in self.delayed:
@@ -80,17 +80,18 @@ class DelayedScalingOps(RecipeOps):
 def end_to_end_recipes(ctx: Context) -> dict[str, Any]:
     """Name -> a per-site recipe mapping, or an ops object, for the end-to-end runs."""
     linear, attention = sites_of(ctx, LINEAR), sites_of(ctx, ATTENTION)
-    te = Recipe("TE E4M3 current", FP8, scaling="tensor")
-    ds = Recipe("DeepSeek-V3 E4M3 tiles", FP8, scaling="tile")
-    att = Recipe("attention E4M3", FP8, scaling="tensor")
+    te = Recipe(FP8, scaling="tensor", name="TE E4M3 current")
+    ds = Recipe(FP8, scaling="tile", name="DeepSeek-V3 E4M3 tiles")
+    att = Recipe(FP8, scaling="tensor", name="attention E4M3")
     return {
         "TE-style E4M3 linear, current scaling": {n: te for n in linear},
         f"TE-style E4M3 linear, delayed scaling (history {HISTORY})":
             lambda: DelayedScalingOps(linear),
         "DeepSeek-V3 E4M3 linear, 1x128 / 128x128 tiles": {n: ds for n in linear},
-        "MXFP8 E4M3 every site, floor scale": Recipe("mxfp8 floor", "mxfp8_e4m3", scaling="block"),
-        "MXFP8 E4M3 every site, ceil scale": Recipe("mxfp8 ceil", "mxfp8_e4m3", scaling="block",
-                                                     scale_rounding="ceil"),
+        "MXFP8 E4M3 every site, floor scale": Recipe("mxfp8_e4m3", scaling="block",
+                                                     name="mxfp8 floor"),
+        "MXFP8 E4M3 every site, ceil scale": Recipe("mxfp8_e4m3", scaling="block",
+                                                     scale_rounding="ceil", name="mxfp8 ceil"),
         "attention Q.K^T and P.V E4M3, per-tensor": {n: att for n in attention},
     }
 
@@ -98,11 +99,11 @@ def end_to_end_recipes(ctx: Context) -> dict[str, Any]:
 def accumulator_recipes() -> list[Recipe]:
     """DeepSeek-V3 tiles with the hopper_fp8 tensor-core accumulator, without and with
     promotion to FP32 every 128 products, and with FP32 accumulation on the same rows."""
-    return [Recipe("tiles, fp32 accumulation", FP8, scaling="tile", order="sequential"),
-            Recipe("tiles, hopper_fp8, no promotion", FP8, scaling="tile", order="tensor_core",
-                   tensor_core="hopper_fp8"),
-            Recipe("tiles, hopper_fp8, promoted every 128", FP8, scaling="tile",
-                   order="tensor_core", tensor_core="hopper_fp8", chunk=128)]
+    return [Recipe(FP8, scaling="tile", order="sequential", name="tiles, fp32 accumulation"),
+            Recipe(FP8, scaling="tile", order="tensor_core", tensor_core="hopper_fp8",
+                   name="tiles, hopper_fp8, no promotion"),
+            Recipe(FP8, scaling="tile", order="tensor_core", tensor_core="hopper_fp8", chunk=128,
+                   name="tiles, hopper_fp8, promoted every 128")]
 
 
 def run(ctx: Context) -> dict[str, Any]:

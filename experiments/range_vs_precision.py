@@ -88,31 +88,31 @@ def ablations(budget: int) -> list[tuple[str, Recipe, bool]]:
     m = budget - 4
     f = split_format(3, m)
     out = [
-        ("saturate", Recipe(f"{f.name} saturating", f, saturate=True), False),
-        ("no flush", Recipe(f"{f.name} no flush", f, flush=False), False),
+        ("saturate", Recipe(f, saturate=True, name=f"{f.name} saturating"), False),
+        ("no flush", Recipe(f, flush=False, name=f"{f.name} no flush"), False),
         (
             "saturate, no flush",
-            Recipe(f"{f.name} sat, no flush", f, saturate=True, flush=False),
+            Recipe(f, saturate=True, flush=False, name=f"{f.name} sat, no flush"),
             False,
         ),
-        ("fn encoding", Recipe(f"{f.name}fn", fn_format(3, m)), False),
-        ("LN FP32, no flush", Recipe(f"{f.name} LN FP32, no flush", f, flush=False), True),
+        ("fn encoding", Recipe(fn_format(3, m), name=f"{f.name}fn"), False),
+        ("LN FP32, no flush", Recipe(f, flush=False, name=f"{f.name} LN FP32, no flush"), True),
         (
             "LN FP32, full subnormals",
-            Recipe(f"{f.name} LN FP32, full subnormals", f, full_subnormals=True),
+            Recipe(f, full_subnormals=True, name=f"{f.name} LN FP32, full subnormals"),
             True,
         ),
         (
             "LN FP32, no flush, full subnormals",
-            Recipe(f"{f.name} LN FP32, no flush, full subnormals", f, flush=False,
-                   full_subnormals=True),
+            Recipe(f, flush=False,
+                   full_subnormals=True, name=f"{f.name} LN FP32, no flush, full subnormals"),
             True,
         ),
     ]
     if budget == 8:
         for bias in BIASES:
             g = Format(f"e3m{m}b{bias}", 3, m, bias=bias)
-            out.append((f"bias {bias}", Recipe(g.name, g), False))
+            out.append((f"bias {bias}", Recipe(g, name=g.name), False))
     return out
 
 
@@ -137,7 +137,7 @@ def p3109_bias_ablation() -> Format:
 
 def _p3109_run(ctx: Context, fmt: Format) -> dict:
     return {"budget": 8, "format": fmt.name, "ebits": fmt.ebits, "max": fmt.max, "scaling": "none",
-            "min_subnormal": fmt.min_subnormal, "e2e": ctx.end_to_end(Recipe(fmt.name, fmt))}
+            "min_subnormal": fmt.min_subnormal, "e2e": ctx.end_to_end(Recipe(fmt, name=fmt.name))}
 
 
 def _ablation_run(ctx: Context, budget: int, name: str, recipe: Recipe, ln_fp32: bool) -> dict:
@@ -174,17 +174,17 @@ def run(ctx: Context) -> dict[str, Any]:
     clamped = {job for job in scaled if job[2] == "tensor" and scale_clamped({"max": job[1].max})}
     todo = [job for job in scaled if job not in clamped]
     # one capture pass replays every split under both scalings
-    done = dict(zip(todo, ctx.run([Recipe(f"{f.name}/{s}", f, scaling=s) for _, f, s in todo],
+    done = dict(zip(todo, ctx.run([Recipe(f, scaling=s, name=f"{f.name}/{s}") for _, f, s in todo],
                                   desc=NAME), strict=True))
     runs = []
     for b, f, s in scaled:
         result = done[(b, f, "none" if (b, f, s) in clamped else s)]
         runs.append({**_head(b, f, s), **result,
-                     "recipe": Recipe(f"{f.name}/{s}", f, scaling=s).to_json()})
+                     "recipe": Recipe(f, scaling=s, name=f"{f.name}/{s}").to_json()})
     ln_runs = []
     for budget, fmt in tqdm([(b, f) for b, (formats, _) in plan.items() for f in formats],
                             desc=f"{NAME} LayerNorm FP32", unit="recipe"):
-        recipe = Recipe(f"{fmt.name}/none, LayerNorm FP32", fmt)
+        recipe = Recipe(fmt, name=f"{fmt.name}/none, LayerNorm FP32")
         per_site = {n: recipe for n in ctx.site_names if site_kind(n) != "layernorm"}
         ln_runs.append(
             {

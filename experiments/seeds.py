@@ -54,17 +54,17 @@ COMPARISONS = (
 def recipes() -> dict[str, tuple[Recipe, bool]]:
     """Run name -> (recipe, LayerNorm inputs kept in FP32)."""
     return {
-        "e3m4": (Recipe("e3m4", E3M4), False),
-        "e4m3": (Recipe("e4m3", E4M3), False),
-        "e5m2": (Recipe("e5m2", E5M2), False),
-        "e3m4 nf": (Recipe("e3m4 LN FP32, no flush", E3M4, flush=False), True),
+        "e3m4": (Recipe(E3M4, name="e3m4"), False),
+        "e4m3": (Recipe(E4M3, name="e4m3"), False),
+        "e5m2": (Recipe(E5M2, name="e5m2"), False),
+        "e3m4 nf": (Recipe(E3M4, flush=False, name="e3m4 LN FP32, no flush"), True),
         "e3m4 nf full": (
-            Recipe("e3m4 LN FP32, no flush, full subnormals", E3M4, flush=False,
-                   full_subnormals=True),
+            Recipe(E3M4, flush=False,
+                   full_subnormals=True, name="e3m4 LN FP32, no flush, full subnormals"),
             True,
         ),
-        "fp16": (Recipe("fp16", "fp16", output="fp16"), False),
-        "bf16": (Recipe("bf16", "bf16", output="bf16"), False),
+        "fp16": (Recipe("fp16", output="fp16", name="fp16"), False),
+        "bf16": (Recipe("bf16", output="bf16", name="bf16"), False),
     }
 
 

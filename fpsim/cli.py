@@ -357,7 +357,8 @@ def _quantize(x: Any, fmt: Any, scaling: str, args: argparse.Namespace) -> tuple
 
     meta = {"format": fmt.name, "scaling": scaling}
     if scaling == "none":
-        opts = dict(rounding=args.rounding, saturate=args.saturate, seed=args.seed)
+        opts = dict(rounding=args.rounding, saturate=args.saturate, seed=args.seed,
+                    srbits=args.srbits)
         values = quantize(x, fmt, **opts)
         record = {**meta, "element_format": fmt.name}
         if args.codes:                 # NaN into a format without NaN: encode's error
@@ -367,7 +368,8 @@ def _quantize(x: Any, fmt: Any, scaling: str, args: argparse.Namespace) -> tuple
         axis = args.axis
         gran = ("block", args.block_size) if scaling == "block" else scaling
         st = scaled_quantize(x, fmt, granularity=gran, axis=axis, rounding=args.rounding,
-                             seed=args.seed, scale_dtype=args.scale_dtype or "fp32")
+                             seed=args.seed, srbits=args.srbits,
+                             scale_dtype=args.scale_dtype or "fp32")
         return st.values, {**meta, "element_format": fmt.name, "codes": st.codes,
                            "scales": st.scales, "scale_format": args.scale_dtype or "fp32",
                            "axis": -1 if st.axis is None else st.axis,
@@ -377,7 +379,7 @@ def _quantize(x: Any, fmt: Any, scaling: str, args: argparse.Namespace) -> tuple
 
     axis = -1 if args.axis is None else args.axis
     q = mx.quantize(x, fmt, axis=axis, block_size=args.block_size, rounding=args.rounding,
-                    seed=args.seed)
+                    seed=args.seed, srbits=args.srbits)
     wide = x.dtype == np.float64
     values = q.dequantize(np.float64 if wide else np.float32)
     with np.errstate(over="ignore"):
@@ -557,6 +559,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write the codes and scales (layout: see above)")
     s.add_argument("--allow-wider", action="store_true",
                    help="write a format wider than the input (it changes nothing)")
+    s.add_argument("--srbits", type=int, metavar="N", help="random bits of a stochastic "
+                   "--rounding, 1 to 28 (default: every dropped bit; docs/stochastic.md)")
     s.set_defaults(func=cmd_quantize)
 
     s = sub.add_parser("tensor-cores", help="the tensor-core models of matmul",

@@ -25,7 +25,8 @@ from . import rounding
 from .backend import NumpyOps, check_backend, code_dtype, is_torch, on_nan_keyword, ops_for
 from .dispatch import CONVERT_BACKENDS as BACKENDS
 from .formats import FORMATS, Format, get_format
-from .rounding import F32, F64, Source, check_saturate, decode_bits, round_bits
+from .rounding import F32, F64, STOCHASTIC, Source, check_saturate, decode_bits, round_bits
+from .stochastic import check_random_bits, check_srbits
 from .inputs import check_flag, check_input, check_seed, exact_cast
 
 CHUNK = 1 << 16  # elements per slice: temporaries stay in cache, memory stays near the output's
@@ -55,7 +56,7 @@ def _fast_plan(fmt: Any, rounding: Any, saturate: Any, subnormals: Any, backend:
     if (dtype in _NATIVE_FLOATS and isinstance(fmt, (str, Format)) and isinstance(rounding, str)
             and backend in ("auto", "numpy") and on_nan in ("raise", "zero")):
         f, mode, _ = _options(fmt, rounding, backend)
-        if mode != "stochastic":
+        if mode not in STOCHASTIC:
             plan = _numpy_plan(f, mode, check_saturate(saturate),
                                check_flag(subnormals, "subnormals"), want,
                                dtype == _NATIVE_FLOATS[1])
@@ -150,11 +151,14 @@ def _sign_split(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _run_numpy(x: np.ndarray, fmt: Format, rounding: str, saturate: bool, subnormals: bool,
-               seed: Any, want: str, out_dtype: np.dtype) -> np.ndarray:
+               seed: Any, want: str, out_dtype: np.dtype, srbits: int | None = None,
+               rbits: np.ndarray | None = None) -> np.ndarray:
     flat = np.ascontiguousarray(x).reshape(-1)
     out = np.empty(flat.shape, dtype=out_dtype)
-    if rounding == "stochastic":
-        _routine(flat, out, fmt, rounding, saturate, subnormals, want, _numpy_rng(seed))
+    if rounding in STOCHASTIC:
+        rng = _numpy_rng(seed) if rbits is None else None
+        _routine(flat, out, fmt, rounding, saturate, subnormals, want, rng, srbits,
+                 None if rbits is None else rbits.reshape(-1))
     else:
         parallel.elementwise(_numpy_plan(fmt, rounding, saturate, subnormals, want,
                                          flat.dtype == np.float64))(flat, out)
@@ -162,17 +166,24 @@ def _run_numpy(x: np.ndarray, fmt: Format, rounding: str, saturate: bool, subnor
 
 
 def _routine(flat: np.ndarray, out: np.ndarray, fmt: Format, rounding: str, saturate: bool,
-             subnormals: bool, want: str, rng: np.random.Generator | None = None) -> None:
-    """The rounding routine itself, chunk by chunk (stochastic rounding: fresh bits from
-    ``rng`` for every chunk)."""
+             subnormals: bool, want: str, rng: np.random.Generator | None = None,
+             srbits: int | None = None, rbits: np.ndarray | None = None) -> None:
+    """The rounding routine itself, chunk by chunk (stochastic rounding: the caller's bits
+    ``rbits``, else fresh bits from ``rng`` for every chunk: ``srbits`` of them per element, or
+    all the lanes hold)."""
     src = _source_for(fmt, wide=flat.dtype == np.float64)
     work = flat.astype(np.float64 if src is F64 else np.float32, copy=False)
     itype = np.int64 if src is F64 else np.int32
+    nbits = src.width - 2 if srbits is None else srbits
     for lo in range(0, work.size, CHUNK):
         a, neg = _sign_split(work[lo:lo + CHUNK].view(itype))
-        rand = _NP.random_bits(a.shape, src.width - 2, itype, rng) if rng else None
+        rand = None
+        if rbits is not None:
+            rand = rbits[lo:lo + CHUNK].astype(itype)
+        elif rng:
+            rand = _NP.random_bits(a.shape, nbits, itype, rng)
         res = round_bits(_NP, a, neg, src, fmt, rounding, saturate=saturate,
-                         subnormals=subnormals, rand=rand, want=want)
+                         subnormals=subnormals, rand=rand, srbits=srbits, want=want)
         out[lo:lo + CHUNK] = res.view(work.dtype) if want == "value" else res
 
 
@@ -458,7 +469,7 @@ def _table_low_bits(fmt: Format, rounding: str, src: Source) -> int:
     when it has at most TABLE_BYTES of values: float32 into fp16/tf32 (2^21 entries), bf16,
     FP8/FP6/FP4 and integers (2^17-2^18); float64 into FP8/FP6/FP4, E8M0 and integers.
     """
-    if rounding == "stochastic" or fmt.bits > 19:
+    if rounding in STOCHASTIC or fmt.bits > 19:
         return 0
     least_shift = src.mbits - fmt.mbits + (1 if fmt.is_int else 0)
     low = min(src.width - 16, least_shift - 1)
@@ -495,7 +506,7 @@ def _check_nan(arr: Any, fmt: Format, on_nan: str) -> None:
 # The torch driver (same algorithm, whole tensor at once)
 # --------------------------------------------------------------------------------------------
 def _run_torch(x: Any, fmt: Format, rounding: str, saturate: bool, subnormals: bool, seed: Any,
-               want: str) -> Any:
+               want: str, srbits: int | None = None, rbits: Any = None) -> Any:
     import torch
 
     ops = ops_for(x)
@@ -511,10 +522,14 @@ def _run_torch(x: Any, fmt: Format, rounding: str, saturate: bool, subnormals: b
     bits = work.view(itype)
     neg = bits < 0
     a = bits & torch.iinfo(itype).max
-    rand = ops.random_bits(tuple(a.shape), src.width - 2, itype, seed, device=a.device) \
-        if rounding == "stochastic" else None
+    rand = None
+    if rbits is not None:
+        rand = rbits.to(itype)
+    elif rounding in STOCHASTIC:
+        rand = ops.random_bits(tuple(a.shape), src.width - 2 if srbits is None else srbits,
+                               itype, seed, device=a.device)
     res = round_bits(ops, a, neg, src, fmt, rounding, saturate=saturate, subnormals=subnormals,
-                       rand=rand, want=want)
+                     rand=rand, srbits=srbits, want=want)
     if want == "value":
         return res.view(fdt)
     return res
@@ -533,7 +548,8 @@ def _tensor_via_numpy(x: Any) -> np.ndarray:
 
 
 def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool | str = False,
-             subnormals: bool = True, seed: Any = None, backend: str = "auto") -> Any:
+             subnormals: bool = True, seed: Any = None, srbits: int | None = None,
+             random_bits: Any = None, backend: str = "auto") -> Any:
     """Round every element of ``x`` to the nearest value of ``fmt`` under ``rounding``.
 
     Returns the same kind of object as ``x``: NumPy array of the same float dtype (integer arrays
@@ -545,7 +561,10 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
     stays NaN.  ``saturate="finite"`` also sends infinite inputs to +-max (P3109's SatFinite;
     ``True`` is its SatPropagate, ``False`` its SatNone).  ``backend`` picks the driver for
     torch tensors (see :func:`fpsim.dispatch.route`): ``"auto"``, ``"numpy"``, ``"torch"`` or
-    ``"triton"``.
+    ``"triton"``.  Stochastic modes (docs/stochastic.md): ``srbits`` random bits per element
+    (None: every dropped bit, exact probabilities), drawn from ``seed`` or given as
+    ``random_bits`` (integers of ``x``'s shape in [0, 2^srbits)): the same random bits give the
+    same result on every backend.
 
     >>> import numpy as np, fpsim
     >>> q = fpsim.quantize(np.float32(0.1), "bf16")
@@ -554,7 +573,7 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
     >>> fpsim.quantize([300.0, 1e-3], "e4m3", saturate=True).tolist()
     [288.0, 0.001953125]
     """
-    if type(x) is np.ndarray:
+    if type(x) is np.ndarray and srbits is None and random_bits is None:
         fast = _fast_plan(fmt, rounding, saturate, subnormals, backend, "raise", x.dtype, "value")
         if fast:
             out = np.empty(x.shape, x.dtype)
@@ -562,25 +581,30 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
             return out
     fmt, rounding, backend = _options(fmt, rounding, backend)
     saturate, subnormals = check_saturate(saturate), check_flag(subnormals, "subnormals")
+    srbits = check_srbits(srbits, rounding)
     x = check_input(x)
+    rbits = check_random_bits(random_bits, x, rounding, srbits, seed)
+    sr = {"srbits": srbits, "random_bits": rbits}
     if is_torch(x):
         route = dispatch.route(x, backend, fmt, seed)
         if route == "triton":
             return dispatch.quantize(x, fmt, rounding=rounding, saturate=saturate,
-                                     subnormals=subnormals, seed=seed)
+                                     subnormals=subnormals, seed=seed, **sr)
         if route == "torch":
-            out = _run_torch(x, fmt, rounding, saturate, subnormals, seed, "value")
+            out = _run_torch(x, fmt, rounding, saturate, subnormals, seed, "value", srbits, rbits)
         else:
             import torch
 
-            out = torch.from_numpy(quantize(_tensor_via_numpy(x), fmt, rounding=rounding,
-                                            saturate=saturate, subnormals=subnormals, seed=seed))
+            out = torch.from_numpy(quantize(
+                _tensor_via_numpy(x), fmt, rounding=rounding, saturate=saturate,
+                subnormals=subnormals, seed=seed, srbits=srbits,
+                random_bits=None if rbits is None else rbits.cpu().numpy()))
         return out.to(x.dtype) if x.is_floating_point() else out
     arr, scalar = _as_array(x)
     work = _float_input(arr, fmt, rounding)
     wide = work.dtype == np.float64 or not F32.holds(fmt)   # float64 lanes: float64 values
     out = _run_numpy(work, fmt, rounding, saturate, subnormals, seed, "value",
-                     np.dtype(np.float64 if wide else np.float32))
+                     np.dtype(np.float64 if wide else np.float32), srbits, rbits)
     if arr.dtype.kind not in "iub" and out.dtype != arr.dtype:
         with np.errstate(over="ignore"):  # beyond the input dtype's range: inf, as casts do
             out = out.astype(arr.dtype)
@@ -592,15 +616,17 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
 
 
 def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool | str = False,
-           subnormals: bool = True, seed: Any = None, on_nan: str = "raise",
-           backend: str = "auto", **deprecated: Any) -> Any:
+           subnormals: bool = True, seed: Any = None, srbits: int | None = None,
+           random_bits: Any = None, on_nan: str = "raise", backend: str = "auto",
+           **deprecated: Any) -> Any:
     """The bit codes of ``quantize(x, fmt, ...)``, in the smallest unsigned dtype that holds them.
 
     Sub-byte codes sit in the low bits; integer formats use two's complement.  NaN inputs into a
     format without a NaN code raise ``ValueError`` unless ``on_nan="zero"`` (ml_dtypes'
     behaviour: NaN becomes a zero; the old keyword ``nan=`` still works with a warning).
     torch tensors give torch tensors on the same device, in :func:`fpsim.backend.code_dtype`'s
-    torch dtype: uint8 for codes of up to 8 bits, else int32/int64 lanes.
+    torch dtype: uint8 for codes of up to 8 bits, else int32/int64 lanes.  ``srbits`` and
+    ``random_bits``: as :func:`quantize`.
 
     >>> import fpsim
     >>> fpsim.encode([448.0, 500.0, -0.0], "e4m3").tolist()    # 500 overflows to NaN (0x7F)
@@ -608,7 +634,7 @@ def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool |
     >>> fpsim.encode([1.0], "bf16").dtype
     dtype('uint16')
     """
-    if type(x) is np.ndarray and not deprecated:
+    if type(x) is np.ndarray and not deprecated and srbits is None and random_bits is None:
         fast = _fast_plan(fmt, rounding, saturate, subnormals, backend, on_nan, x.dtype, "code")
         if fast and (not fast[2] or not np.isnan(x).any()):
             out = np.empty(x.shape, fast[1])
@@ -617,28 +643,32 @@ def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool |
     on_nan = on_nan_keyword(on_nan, deprecated, "encode")
     fmt, rounding, backend = _options(fmt, rounding, backend)
     saturate, subnormals = check_saturate(saturate), check_flag(subnormals, "subnormals")
+    srbits = check_srbits(srbits, rounding)
     x = check_input(x)
+    rbits = check_random_bits(random_bits, x, rounding, srbits, seed)
     if is_torch(x):
         route = dispatch.route(x, backend, fmt, seed)
         if route == "triton":                         # checks NaN inside the kernel
             return dispatch.encode(x, fmt, rounding=rounding, saturate=saturate,
-                                   subnormals=subnormals, seed=seed, on_nan=on_nan)
+                                   subnormals=subnormals, seed=seed, on_nan=on_nan,
+                                   srbits=srbits, random_bits=rbits)
         _check_nan(x, fmt, on_nan)
         if route == "torch":
-            res = _run_torch(x, fmt, rounding, saturate, subnormals, seed, "code")
+            res = _run_torch(x, fmt, rounding, saturate, subnormals, seed, "code", srbits, rbits)
         else:
             import torch
 
-            res = torch.from_numpy(encode(_tensor_via_numpy(x), fmt, rounding=rounding,
-                                          saturate=saturate, subnormals=subnormals, seed=seed,
-                                          on_nan=on_nan).astype(np.int64, copy=False)
-                                   .view(np.int64))
+            res = torch.from_numpy(encode(
+                _tensor_via_numpy(x), fmt, rounding=rounding, saturate=saturate,
+                subnormals=subnormals, seed=seed, srbits=srbits,
+                random_bits=None if rbits is None else rbits.cpu().numpy(),
+                on_nan=on_nan).astype(np.int64, copy=False).view(np.int64))
         return _torch_codes(res, fmt)
     arr, _ = _as_array(x)
     _check_nan(arr, fmt, on_nan)
     work = _float_input(arr, fmt, rounding)
     cdt = code_dtype(fmt)
-    out = _run_numpy(work, fmt, rounding, saturate, subnormals, seed, "code", cdt)
+    out = _run_numpy(work, fmt, rounding, saturate, subnormals, seed, "code", cdt, srbits, rbits)
     return out if arr.ndim else out.reshape(())
 
 

@@ -78,7 +78,8 @@ from .blockrules import (BLOCK_FORMATS, NVFP4_MIN_TENSOR_SCALE, SCALE_ROUNDINGS,
 from .convert import encode
 from .inputs import check_flag, check_input, check_seed
 from .packing import pack_pieces, packed_size, unpack_range
-from .rounding import check_mode
+from .rounding import STOCHASTIC, check_mode
+from .stochastic import check_random_bits, check_srbits
 
 CHUNK = 1 << 18                 # elements per NumPy piece: a few MiB of temporaries per thread
 TORCH_CHUNK = 1 << 24           # per torch piece: see _chunk
@@ -178,16 +179,17 @@ MXArray = BlockArray
 # --------------------------------------------------------------------------------------------
 def quantize(x: Any, fmt: str | BlockFormat, *, axis: int = -1, block_size: int | None = None,
              scale_rounding: str | None = None, rounding: str = "rne", pad: bool = True,
-             seed: Any = None, tensor_scale: float | None = None,
-             backend: str = "auto") -> BlockArray:
+             seed: Any = None, tensor_scale: float | None = None, srbits: int | None = None,
+             random_bits: Any = None, backend: str = "auto") -> BlockArray:
     """Quantize ``x`` to a block format: one shared scale per ``block_size`` consecutive values
     along ``axis`` (zero-padded), one element code per value.  The rules are in the module doc.
 
     ``scale_rounding`` (MX only; None means ``"floor"``) picks the scale rule, ``rounding`` any
-    core rounding mode for the elements (``seed`` for ``"stochastic"``).  ``pad=False`` refuses
+    core rounding mode for the elements (stochastic ones: ``seed``, ``srbits`` and
+    ``random_bits`` of ``x``'s shape as :func:`fpsim.quantize` takes them).  ``pad=False`` refuses
     an axis that is not a multiple of ``block_size``.  ``tensor_scale`` (NVFP4 only) replaces the
     computed per-tensor scale.  NumPy in, NumPy out; torch in, torch out (bit-identical, except
-    stochastic rounding, whose random bits differ).  ``backend``: ``"auto"`` runs CUDA
+    stochastic rounding, whose random bits differ unless given).  ``backend``: ``"auto"`` runs CUDA
     float32/float16/bfloat16 tensors on the Triton kernel (``kernels.mx_quantize``), ``"torch"``
     never, ``"triton"`` always (on CPU tensors too, through Triton's interpreter).
 
@@ -200,12 +202,15 @@ def quantize(x: Any, fmt: str | BlockFormat, *, axis: int = -1, block_size: int 
     mode = scale_rule(spec, scale_rounding)
     rounding, pad = check_mode(rounding), check_flag(pad, "pad")
     ts_arg = check_tensor_scale(spec, tensor_scale)
+    srbits = check_srbits(srbits, rounding)
     x = check_input(x)
+    rbits = check_random_bits(random_bits, x, rounding, srbits, seed)
     size = spec.block_size if block_size is None else block_size
     if dispatch.route_blocks(x, backend, pad, is_torch(x)):
         lay = blocks.layout(tuple(x.shape), axis, size, True)
         out = dispatch.mx_quantize(x, spec, axis=axis, block_size=size, scale_rounding=mode,
-                                   rounding=rounding, seed=seed, tensor_scale=ts_arg)
+                                   rounding=rounding, seed=seed, tensor_scale=ts_arg,
+                                   srbits=srbits, random_bits=rbits)
         codes = out.elements.reshape(lay.rows, lay.block_size)
         return BlockArray(blocks.rows_to_scales(out.scales, lay), blocks.from_rows(codes, lay),
                           spec, lay.axis, lay.block_size, lay.shape, out.tensor_scale)
@@ -216,7 +221,8 @@ def quantize(x: Any, fmt: str | BlockFormat, *, axis: int = -1, block_size: int 
     x3 = blocks.grouped(x, lay)
     # torch's stochastic rounding draws the random bits of one call from its seed: one piece
     parts = blocks.pieces(lay, lay.rows * lay.block_size if is_torch(x)
-                          and rounding == "stochastic" else _chunk(x))
+                          and rounding in STOCHASTIC else _chunk(x))
+    r3 = None if rbits is None else blocks.grouped(rbits, lay)
 
     def rows_of(p: blocks.Piece) -> Any:
         return float_input(blocks.gather(x3, lay, p), who, keep_float64=spec.is_mx)
@@ -234,17 +240,19 @@ def quantize(x: Any, fmt: str | BlockFormat, *, axis: int = -1, block_size: int 
             return nvfp4_scale_rows(r, spec, ts)
     scales, codes = _empty(x, lay.scale_shape, "uint8"), _empty(x, lay.shape, "uint8")
     scales3, codes3 = blocks.grouped(scales, lay, per_block=True), blocks.grouped(codes, lay)
-    rng = seed if is_torch(x) else np.random.default_rng(check_seed(seed))
+    rng = None if rbits is not None else seed if is_torch(x) else \
+        np.random.default_rng(check_seed(seed))
 
     def quantize_piece(p: blocks.Piece) -> None:
         scodes, scaled, _ = scale_rows(rows_of(p))
+        r = None if r3 is None else blocks.gather(r3, lay, p)
         ecodes = encode(scaled, spec.elem, rounding=rounding, saturate=True, seed=rng,
-                        on_nan="zero")
+                        srbits=srbits, random_bits=r, on_nan="zero")
         blocks.scatter(scales3, lay, p, scodes, per_block=True)
         blocks.scatter(codes3, lay, p, mx_element_codes(spec, ecodes))
 
     with np.errstate(over="ignore", invalid="ignore"):     # NaN-scale blocks, zeroed after
-        _each(parts, quantize_piece, is_torch(x) or rounding == "stochastic")
+        _each(parts, quantize_piece, is_torch(x) or rounding in STOCHASTIC)
     return BlockArray(scales, codes, spec, lay.axis, lay.block_size, lay.shape, ts)
 
 

@@ -20,21 +20,25 @@ import numpy as np
 
 from .convert import quantize
 from .formats import Format, get_format
+from .rounding import check_mode
+from .stochastic import check_srbits
 
 
 Rounder = Callable[[Any], Any]
 
 
 def rounder(fmt: str | Format, *, rounding: str = "rne", saturate: bool = False,
-            subnormals: bool = True, seed: Any = None) -> Rounder:
-    """``fpsim.quantize`` with these options as a one-argument function (format checked now).
+            subnormals: bool = True, seed: Any = None, srbits: int | None = None) -> Rounder:
+    """``fpsim.quantize`` with these options as a one-argument function (format and random bits
+    checked now; ``srbits``: stochastic rounding's random bits, docs/stochastic.md).
 
     >>> rounder("e4m3", saturate=True)(500.0)
     448.0
     """
     f = get_format(fmt)
+    check_srbits(srbits, check_mode(rounding))
     return functools.partial(quantize, fmt=f, rounding=rounding, saturate=saturate,
-                             subnormals=subnormals, seed=seed)
+                             subnormals=subnormals, seed=seed, srbits=srbits)
 
 
 def round_through(x: Any, forward: Rounder | None, backward: Rounder | None) -> Any:
@@ -55,11 +59,15 @@ def round_through(x: Any, forward: Rounder | None, backward: Rounder | None) -> 
 
 def fake_quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool = False,
                   subnormals: bool = True, seed: Any = None, grad_fmt: str | Format | None = None,
-                  grad_rounding: str = "rne", grad_saturate: bool = False) -> Any:
+                  grad_rounding: str = "rne", grad_saturate: bool = False,
+                  srbits: int | None = None, random_bits: Any = None,
+                  grad_srbits: int | None = None) -> Any:
     """``fpsim.quantize(x, fmt, ...)`` with a straight-through gradient.
 
     The backward pass hands the incoming gradient through unchanged, or rounded to ``grad_fmt``
-    (with ``grad_rounding`` / ``grad_saturate``) when given.
+    (with ``grad_rounding`` / ``grad_saturate`` / ``grad_srbits``) when given.  ``srbits`` and
+    ``random_bits``: stochastic rounding's random bits in the forward pass, as
+    :func:`fpsim.quantize` takes them.
 
     >>> import torch
     >>> x = torch.tensor([0.1, 500.0], requires_grad=True)
@@ -69,9 +77,11 @@ def fake_quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate:
     >>> y.sum().backward(); x.grad.tolist()      # straight through
     [1.0, 1.0]
     """
-    fwd = rounder(fmt, rounding=rounding, saturate=saturate, subnormals=subnormals, seed=seed)
+    fwd = functools.partial(rounder(fmt, rounding=rounding, saturate=saturate,
+                                    subnormals=subnormals, seed=seed, srbits=srbits),
+                            random_bits=random_bits)
     bwd = None if grad_fmt is None else rounder(grad_fmt, rounding=grad_rounding,
-                                                saturate=grad_saturate)
+                                                saturate=grad_saturate, srbits=grad_srbits)
     return round_through(x, fwd, bwd)
 
 
@@ -100,17 +110,22 @@ class GradFormats:
     ``activation``: gradients flowing between layers (the gradient arriving at a layer's output
     and the one it sends back to its input); ``weight``: gradients of the weights.  ``None``
     leaves that class in the working precision.  ``saturate`` clamps overflow to the largest
-    value instead of giving inf (what loss scaling detects).
+    value instead of giving inf (what loss scaling detects).  ``srbits``: random bits of a
+    stochastic ``rounding`` (e.g. ``GradFormats("e5m2", "e5m2", "stochastic", srbits=8)``).
     """
 
     activation: str | Format | None = None
     weight: str | Format | None = None
     rounding: str = "rne"
     saturate: bool = False
+    srbits: int | None = None
+
+    def __post_init__(self) -> None:
+        check_srbits(self.srbits, check_mode(self.rounding))
 
     def rounders(self) -> tuple[Rounder | None, Rounder | None]:
         """(activation-gradient rounder, weight-gradient rounder); None where not rounded."""
-        kw = {"rounding": self.rounding, "saturate": self.saturate}
+        kw = {"rounding": self.rounding, "saturate": self.saturate, "srbits": self.srbits}
         return tuple(None if f is None else rounder(f, **kw)        # type: ignore[return-value]
                      for f in (self.activation, self.weight))
 
@@ -174,7 +189,8 @@ class QuantizedLayers:
 def quantize_linear_layers(model: Any, weights: str | Format | None = None,
                            activations: str | Format | None = None, *, rounding: str = "rne",
                            saturate: bool = False, grad: str | Format | GradFormats | None = None,
-                           include: Callable[[str, Any], bool] | None = None) -> QuantizedLayers:
+                           include: Callable[[str, Any], bool] | None = None,
+                           srbits: int | None = None) -> QuantizedLayers:
     """Fake-quantize the weights, input activations and gradients of every ``nn.Linear`` and
     ``Conv1D``.
 
@@ -185,7 +201,9 @@ def quantize_linear_layers(model: Any, weights: str | Format | None = None,
     :class:`GradFormats` per tensor class) rounds the backward pass: the gradient arriving at the
     layer's output (before the layer's backward matmuls use it), the input gradient the layer
     sends back, and the weight gradient; bias gradients stay in the working precision.
-    ``include(name, module)`` selects layers (default: all).  Returns a handle whose
+    ``include(name, module)`` selects layers (default: all).  ``srbits``: random bits of a
+    stochastic ``rounding`` of weights and activations (gradients: ``GradFormats.srbits``,
+    e.g. ``grad=GradFormats("e5m2", "e5m2", "stochastic", srbits=8)``).  Returns a handle whose
     ``restore()`` undoes everything; it is also a context manager.
 
     >>> import torch
@@ -204,7 +222,7 @@ def quantize_linear_layers(model: Any, weights: str | Format | None = None,
     gfmts = GradFormats.of(grad)
     if weights is None and activations is None and grad is None:
         raise ValueError("nothing to quantize: pass weights=FMT, activations=FMT and/or grad=FMT")
-    fwd = {"rounding": rounding, "saturate": saturate}
+    fwd = {"rounding": rounding, "saturate": saturate, "srbits": srbits}
     wfwd = rounder(weights, **fwd) if weights is not None else None
     afwd = rounder(activations, **fwd) if activations is not None else None
     agrad, wgrad = gfmts.rounders()

@@ -22,20 +22,29 @@ from typing import Any
 from . import names
 from .formats import Format
 
-MODES = ("rne", "rna", "rtz", "rup", "rdown", "rto", "stochastic")
+#: The stochastic modes: the P3109 draft's StochasticA (``"stochastic"``, also PTX's ``cvt.rs``),
+#: StochasticB and StochasticC, and gfloat's StochasticOdd; they differ only with ``srbits``
+#: (docs/stochastic.md: how the n random bits meet the dropped bits).
+STOCHASTIC = ("stochastic", "stochastic_b", "stochastic_c", "stochastic_odd")
+MODES = ("rne", "rna", "rtz", "rup", "rdown", "rto") + STOCHASTIC
 
 
-# names people reach for, pointed to the mode they mean (a hint, not an alias)
+# names people reach for, pointed to the mode they mean (a hint, not an alias); gfloat's
+# RoundMode names too (its plain "Stochastic" is P3109's StochasticC: see docs/stochastic.md)
 _MODE_HINTS = {"nearest": "rne", "nearest_even": "rne", "round_nearest": "rne", "even": "rne",
                "rn": "rne", "ties_away": "rna", "nearest_away": "rna", "truncate": "rtz",
                "toward_zero": "rtz", "trunc": "rtz", "ceil": "rup", "floor": "rdown",
-               "odd": "rto", "sr": "stochastic"}
+               "odd": "rto", "sr": "stochastic", "stochasticfastest": "stochastic",
+               "stochastic_fastest": "stochastic", "stochasticfast": "stochastic_b",
+               "stochastic_fast": "stochastic_b", "stochasticodd": "stochastic_odd",
+               "rs": "stochastic"}
 
 
 def check_mode(rounding: str) -> str:
     """The canonical rounding mode (case and white space ignored), or a ValueError listing
-    :data:`MODES`."""
-    return names.resolve("rounding mode", rounding, {m: m for m in MODES}, hints=_MODE_HINTS)
+    :data:`MODES`; ``"stochastic_a"`` (P3109's name) is ``"stochastic"``."""
+    return names.resolve("rounding mode", rounding, {m: m for m in MODES},
+                         aliases={"stochastic_a": "stochastic"}, hints=_MODE_HINTS)
 
 
 def check_saturate(saturate: bool | str) -> bool | str:
@@ -105,12 +114,14 @@ def target_bias(fmt: Format) -> int:
 
 def round_bits(xp: Any, a: Any, neg: Any, src: Source, fmt: Format, mode: str, *,
                saturate: bool = False, subnormals: bool = True, rand: Any = None,
-               want: str = "code") -> Any:
+               srbits: int | None = None, want: str = "code") -> Any:
     """Round magnitudes ``a`` (source bits with the sign cleared) with signs ``neg`` to ``fmt``.
 
     Returns the target codes (sign included, two's complement for integers) when ``want ==
     "code"``, or the rounded values as source bits (sign included) when ``want == "value"``.
-    ``rand`` holds uniform random integers of ``src.width - 2`` bits for stochastic rounding.
+    Stochastic modes: ``rand`` holds uniform random integers of ``src.width - 2`` bits (every
+    dropped bit meets one, ``srbits`` None), or the ``srbits`` random bits of each element
+    (:func:`stochastic_bias` says how the variants combine them with the dropped bits).
     NaN inputs become the format's NaN, or a zero when it has none (callers decide beforehand).
     """
     # 1. split the source bits: exponent, significand with its implicit bit, specials
@@ -130,9 +141,12 @@ def round_bits(xp: Any, a: Any, neg: Any, src: Source, fmt: Format, mode: str, *
         t = xp.clamp_max(t, fmt.max_biased_exp + 2)   # keep codes in range; still overflows
     tt = xp.clamp_min(t, fmt.min_biased_exp)          # subnormal targets keep the least exponent
     shift = (tt - t) + (M - m)                        # low significand bits to drop
-    if mode == "stochastic":
+    if mode in STOCHASTIC:
         excess = xp.clamp_min(shift - (W - 2), 0)     # past W-2 bits: probability exact to 2^-(W-2)
-        sig = sig >> excess
+        cut = sig >> excess
+        if srbits is not None:                        # n bits look at most n+2 down: the rest
+            cut = cut | xp.astype((cut << excess) != sig, sig.dtype)  # as one sticky bit
+        sig = cut
         shift = shift - excess
     else:
         shift = xp.clamp_max(shift, W - 2)            # W-2 > M+1: dropping more changes nothing
@@ -154,8 +168,8 @@ def round_bits(xp: Any, a: Any, neg: Any, src: Source, fmt: Format, mode: str, *
         q = (sig + xp.where(neg, 0, mask)) >> shift
     elif mode == "rdown":
         q = (sig + xp.where(neg, mask, 0)) >> shift
-    elif mode == "stochastic":
-        q = (sig + (rand & mask)) >> shift
+    elif mode in STOCHASTIC:
+        q = (sig + stochastic_bias(xp, sig & mask, shift, rand, mode, srbits)) >> shift
     else:
         raise ValueError(check_mode(mode))
 
@@ -202,6 +216,32 @@ def round_bits(xp: Any, a: Any, neg: Any, src: Source, fmt: Format, mode: str, *
     else:
         res = _codes(xp, fmt, code, limit, to_inf, special, is_nan, neg, a, bad_sign, saturate)
     return res
+
+
+def stochastic_bias(xp: Any, dropped: Any, shift: Any, rand: Any, mode: str,
+                    srbits: int | None) -> Any:
+    """What a stochastic mode adds to the ``shift`` dropped bits before they are shifted out: a
+    carry out of them rounds up.  Every dropped bit (``srbits`` None): the random integer's low
+    ``shift`` bits, probability exactly dropped / 2^shift, in every variant.  With n random bits
+    r the dropped fraction f is first cut to n bits, in the P3109 draft's words:
+    StochasticA (``stochastic``): floor(f 2^n) + r >= 2^n; StochasticB: floor(f 2^(n+1)) + 2r + 1
+    >= 2^(n+1); StochasticC: f 2^n rounded to nearest even, + r >= 2^n; ``stochastic_odd``
+    (gfloat): nearest, ties to odd.  As a bias: r aligned under the top n dropped bits (or cut
+    when fewer bits are dropped), plus the tie rule's half - 1 + parity below them."""
+    if srbits is None:
+        return rand & ((1 << shift) - 1)
+    n = srbits
+    if mode == "stochastic_b":
+        rand, n = 2 * rand + 1, n + 1                 # r followed by a one: n+1 bits
+    below = shift - n                                 # dropped bits under the random ones
+    up = xp.clamp_min(below, 0)
+    bias = (rand << up) >> xp.clamp_min(-below, 0)
+    if mode == "stochastic_c" or mode == "stochastic_odd":
+        half = (1 << up) >> 1
+        odd = (dropped >> up) & 1                     # the last of the top n dropped bits
+        tie = half - 1 + odd if mode == "stochastic_c" else half - odd
+        bias = bias + xp.where(below > 0, tie, 0)
+    return bias
 
 
 def inf_input(fmt: Format, saturate: bool | str, inf: int, nan: int, big: Any) -> Any:

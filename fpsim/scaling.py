@@ -52,7 +52,8 @@ from .blockrules import ceil_exponent
 from .convert import decode, encode, quantize
 from .formats import Format, get_format
 from .inputs import check_flag, check_input
-from .rounding import F32, check_mode
+from .rounding import F32, STOCHASTIC, check_mode
+from .stochastic import check_random_bits, check_srbits
 
 SCALE_DTYPES = ("fp32", "e8m0")
 _WIDE_INT = Format("int16", 0, 15, inf=False, nan="none")   # rounds quotients to integers
@@ -80,8 +81,8 @@ class ScaledTensor:
 
 def scaled_quantize(x: Any, fmt: str | Format, *, granularity: Any = "tensor",
                     axis: int | None = None, scale_dtype: str = "fp32", margin: int = 0,
-                    symmetric: bool = True, rounding: str = "rne",
-                    seed: Any = None) -> ScaledTensor:
+                    symmetric: bool = True, rounding: str = "rne", seed: Any = None,
+                    srbits: int | None = None, random_bits: Any = None) -> ScaledTensor:
     """Quantize ``x`` to ``fmt`` with a scale per group, as FP8 training and INT8 inference do.
 
     Each group (the whole tensor, each channel along ``axis``, or each block of n values) is
@@ -94,7 +95,8 @@ def scaled_quantize(x: Any, fmt: str | Format, *, granularity: Any = "tensor",
     (asymmetric integers only).  ``granularity``: ``"tensor"``, ``"channel"`` (``axis``
     default 0) or ``("block", n)`` (``axis`` default -1, zero-padded).  ``margin`` multiplies
     the scale by 2^margin (Transformer Engine's headroom).  NumPy in, NumPy out; torch in,
-    torch out, bit-identical (stochastic rounding aside).  The exact rules (NaN groups, zero
+    torch out, bit-identical (stochastic rounding aside, unless ``random_bits`` of ``x``'s
+    shape are given; ``srbits``: as :func:`fpsim.quantize`).  The exact rules (NaN groups, zero
     groups, the scale's own rounding) are in the module doc, :mod:`fpsim.scaling`.
 
     >>> import numpy as np, fpsim
@@ -111,6 +113,8 @@ def scaled_quantize(x: Any, fmt: str | Format, *, granularity: Any = "tensor",
     symmetric = check_flag(symmetric, "symmetric")
     fmt = _check_format(get_format(fmt), symmetric)
     rounding = check_mode(rounding)
+    srbits = check_srbits(srbits, rounding)
+    rbits = check_random_bits(random_bits, check_input(x), rounding, srbits, seed)
     if scale_dtype not in SCALE_DTYPES:
         raise ValueError(f"scale_dtype={scale_dtype!r}: choose 'fp32' or 'e8m0'")
     if isinstance(margin, bool) or not isinstance(margin, (int, np.integer)) \
@@ -121,10 +125,11 @@ def scaled_quantize(x: Any, fmt: str | Format, *, granularity: Any = "tensor",
         work = ops_for(work).astype(work, ops_for(work).float64)
     kind, axis, lay = _grouping(granularity, axis, tuple(work.shape))
     rows = _to_rows(work, kind, axis, lay)
+    rrows = None if rbits is None else _to_rows(rbits, kind, axis, lay)
     ops = ops_for(rows)
     groups, length = rows.shape
     # stochastic rounding draws the whole tensor's random bits in one call: one chunk keeps them
-    parts = _chunks(groups, length, groups * length if rounding == "stochastic"
+    parts = _chunks(groups, length, groups * length if rounding in STOCHASTIC
                     else CHUNK * parallel.workers())
     qmax = fmt.max if not fmt.is_int else float(2**fmt.mbits - 1)
     if symmetric:
@@ -150,14 +155,15 @@ def scaled_quantize(x: Any, fmt: str | Format, *, granularity: Any = "tensor",
     vals = codes = None
     for r, c in parts:                 # elementwise, chunk by chunk into the outputs
         t = ops.where(bad[r], 0.0, divide(rows[r, c], scale[r]))
+        sr = {"srbits": srbits, "random_bits": None if rrows is None else rrows[r, c]}
         if fmt.is_int:
             shift = 0.0 if zp is None else ops.astype(zp[r], t.dtype)
-            q = clip(_round_int(t, rounding, seed) + shift, *clamp)
+            q = clip(_round_int(t, rounding, seed, **sr) + shift, *clamp)
             part_codes = encode(q, fmt)
             part_vals = (q - shift) * ops.astype(scale[r], t.dtype)   # NaN scale: NaN values
         else:
             part_codes = encode(t, fmt, rounding=rounding, saturate=True, seed=seed,
-                                on_nan="zero")
+                                on_nan="zero", **sr)
             part_vals = ops.astype(decode(part_codes, fmt), t.dtype) * ops.astype(scale[r],
                                                                                  t.dtype)
         if len(parts) == 1:
@@ -317,6 +323,7 @@ def _scale(span: Any, levels: float, scale_dtype: str, margin: int) -> Any:
     return ops.clamp_max(ops.clamp_min(s, _FP32_MIN_NORMAL), _FP32_MAX)
 
 
-def _round_int(t: Any, rounding: str = "rne", seed: Any = None) -> Any:
-    """Round to integers with the core (saturating far beyond every clamp used here)."""
-    return quantize(t, _WIDE_INT, rounding=rounding, seed=seed)
+def _round_int(t: Any, rounding: str = "rne", seed: Any = None, **sr: Any) -> Any:
+    """Round to integers with the core (saturating far beyond every clamp used here); ``sr``:
+    ``srbits`` and ``random_bits`` as :func:`fpsim.quantize` takes them."""
+    return quantize(t, _WIDE_INT, rounding=rounding, seed=seed, **sr)

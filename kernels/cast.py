@@ -20,10 +20,11 @@ import triton.language as tl
 
 from fpsim.backend import code_dtype as fpsim_code_dtype, on_nan_keyword
 from fpsim.formats import Format, get_format
-from fpsim.rounding import F32, Source, check_mode, check_saturate
+from fpsim.rounding import F32, STOCHASTIC, Source, check_mode, check_saturate
+from fpsim.stochastic import check_random_bits, check_srbits
 from fpsim.packing import packed_size
 
-from .rounding import decode_bits, format_spec, round_bits
+from .rounding import _stochastic, decode_bits, format_spec, round_bits
 
 BLOCK = 4096        # elements per program: 16 float32 per thread at 8 warps, 128-bit accesses
 NUM_WARPS = 8
@@ -78,6 +79,20 @@ def store_bits(ptr, offs, bits, mask, FMT: tl.constexpr):
 
 
 @triton.jit
+def stochastic_bits(seed, rbits_ptr, offs, mask, ROWS: tl.constexpr, COLS: tl.constexpr,
+                    SRBITS: tl.constexpr, GIVEN: tl.constexpr):
+    """The random bits of a stochastic rounding (int32, ``[ROWS, COLS]``): the caller's from
+    ``rbits_ptr`` (``GIVEN``), else Philox's 30 bits (``SRBITS`` None) or their top ``SRBITS``."""
+    if GIVEN:
+        r = tl.load(rbits_ptr + offs, mask=mask, other=0).to(tl.int32)
+    else:
+        r = random_bits(seed, ROWS, COLS)
+        if SRBITS is not None:
+            r = r >> (30 - SRBITS)
+    return r
+
+
+@triton.jit
 def random_bits(seed, ROWS: tl.constexpr, COLS: tl.constexpr):
     """30 uniform bits per element of this program's ``[ROWS, COLS]`` tile (row-major).
 
@@ -129,20 +144,21 @@ def load_packed(ptr, rows, n_bytes, BITS: tl.constexpr, PER: tl.constexpr):
 # Kernels
 # --------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["seed"])
-def _round_kernel(x_ptr, y_ptr, nan_ptr, n, n_bytes, seed, FMT: tl.constexpr,
+def _round_kernel(x_ptr, y_ptr, nan_ptr, rbits_ptr, n, n_bytes, seed, FMT: tl.constexpr,
                   MODE: tl.constexpr, SATURATE: tl.constexpr, SUBNORMALS: tl.constexpr,
                   WANT: tl.constexpr, COUNT_NAN: tl.constexpr, BITS: tl.constexpr,
-                  PER: tl.constexpr, BLOCK: tl.constexpr):
+                  PER: tl.constexpr, BLOCK: tl.constexpr, SRBITS: tl.constexpr,
+                  GIVEN: tl.constexpr):
     rows, idx = group_index(BLOCK, PER)
     inside = idx < n
     bits = load_bits(x_ptr, idx, inside)
     a = bits & 0x7FFFFFFF
     rand = None
-    if MODE == "stochastic":
-        rand = random_bits(seed, BLOCK // PER, PER)
+    if _stochastic(MODE):
+        rand = stochastic_bits(seed, rbits_ptr, idx, inside, BLOCK // PER, PER, SRBITS, GIVEN)
     if COUNT_NAN:
         tl.atomic_add(nan_ptr, tl.sum((a > 0x7F800000).to(tl.int32)))
-    res = round_bits(a, bits < 0, FMT, MODE, SATURATE, SUBNORMALS, rand, WANT)
+    res = round_bits(a, bits < 0, FMT, MODE, SATURATE, SUBNORMALS, rand, WANT, SRBITS)
     if WANT == "value":
         store_bits(y_ptr, idx, res, inside, FMT)
     elif PER == 1:                                    # unsigned codes, as fpsim gives them
@@ -218,39 +234,57 @@ def _grid(n: int) -> tuple[int]:
     return (max(1, triton.cdiv(n, BLOCK)),)
 
 
+def stochastic_args(x: torch.Tensor, rounding: str, seed: Any, srbits: Any,
+                    random_bits: Any) -> tuple[int, int | None, torch.Tensor | None]:
+    """(Philox key, srbits, the caller's random bits as a contiguous int32 tensor or None),
+    checked as :func:`fpsim.quantize` checks them."""
+    srbits = check_srbits(srbits, rounding)
+    rbits = check_random_bits(random_bits, x, rounding, srbits, seed)
+    if rbits is not None:
+        rbits = rbits.to(device=x.device, dtype=torch.int32).contiguous()
+    draw = rounding in STOCHASTIC and rbits is None
+    return (philox_seed(seed) if draw else 0), srbits, rbits
+
+
 def _round(x: torch.Tensor, y: torch.Tensor, fmt: Format, rounding: str, saturate: bool,
-           subnormals: bool, seed: Any, want: str, per: int, count_nan: bool) -> None:
+           subnormals: bool, seed: Any, want: str, per: int, count_nan: bool,
+           srbits: Any = None, random_bits: Any = None) -> None:
     rounding = check_mode(rounding)
-    seed = philox_seed(seed) if rounding == "stochastic" else 0
+    seed, srbits, rbits = stochastic_args(x, rounding, seed, srbits, random_bits)
     nan_count = torch.zeros(1, dtype=torch.int32, device=x.device) if count_nan else y
     _round_kernel[_grid(x.numel())](
-        x, y, nan_count, x.numel(), y.numel(), seed, FMT=format_spec(fmt),
-        MODE=rounding, SATURATE=saturate, SUBNORMALS=subnormals, WANT=want,
-        COUNT_NAN=count_nan, BITS=fmt.bits, PER=per, BLOCK=BLOCK, num_warps=NUM_WARPS)
+        x, y, nan_count, y if rbits is None else rbits, x.numel(), y.numel(), seed,
+        FMT=format_spec(fmt), MODE=rounding, SATURATE=saturate, SUBNORMALS=subnormals,
+        WANT=want, COUNT_NAN=count_nan, BITS=fmt.bits, PER=per, BLOCK=BLOCK, SRBITS=srbits,
+        GIVEN=rbits is not None, num_warps=NUM_WARPS)
     if count_nan and (count := int(nan_count.item())):
         raise ValueError(f"{count} NaN input(s) cannot be encoded: {fmt.name} has no NaN code. "
                          "Pass on_nan='zero' to map them to zero as ml_dtypes does.")
 
 
 def quantize(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne",
-             saturate: bool | str = False, subnormals: bool = True,
-             seed: Any = None) -> torch.Tensor:
+             saturate: bool | str = False, subnormals: bool = True, seed: Any = None,
+             srbits: int | None = None, random_bits: Any = None) -> torch.Tensor:
     """``fpsim.quantize`` for float32/float16/bfloat16 tensors: same dtype, same bits.
 
     16-bit inputs are rounded once to ``fmt`` and the result to the input's dtype (to nearest
     even), as fpsim does.  ``seed`` (int or ``torch.Generator``; None: torch's global generator)
-    keys the Philox stream of stochastic rounding.
+    keys the Philox stream of stochastic rounding; ``srbits`` keeps the top bits of each 30-bit
+    draw, and ``random_bits`` (a tensor of ``x``'s shape) replaces the draws: the same random
+    bits give fpsim's NumPy and torch results bit for bit.
     """
     fmt, x = kernel_format(fmt), _float_input(x)
     saturate = check_saturate(saturate)
     y = torch.empty_like(x)
-    _round(x, y, fmt, rounding, saturate, subnormals, seed, "value", 1, False)
+    _round(x, y, fmt, rounding, saturate, subnormals, seed, "value", 1, False, srbits,
+           random_bits)
     return y
 
 
 def encode(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne",
            saturate: bool | str = False, subnormals: bool = True, seed: Any = None,
-           on_nan: str = "raise", pack: bool = True, **deprecated: Any) -> torch.Tensor:
+           srbits: int | None = None, random_bits: Any = None, on_nan: str = "raise",
+           pack: bool = True, **deprecated: Any) -> torch.Tensor:
     """The codes of ``quantize(x, fmt, ...)``, as ``fpsim.encode`` gives them.
 
     With ``pack`` (default), formats under 8 bits come packed into a flat uint8 tensor, as
@@ -259,7 +293,8 @@ def encode(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne",
     in three bytes), a last partial byte zero-padded.  Other formats, or ``pack=False``, give
     codes of ``x``'s shape: uint8, or int32/int64 lanes above 8 bits, as ``fpsim.encode``.
     NaN into a format without a NaN code raises ``ValueError`` unless ``on_nan="zero"`` (counted
-    inside the kernel; the old keyword ``nan=`` warns).
+    inside the kernel; the old keyword ``nan=`` warns).  ``srbits``, ``random_bits``: as
+    :func:`quantize`.
     """
     on_nan = on_nan_keyword(on_nan, deprecated, "kernels.encode")
     fmt, x = kernel_format(fmt), _float_input(x)
@@ -270,7 +305,8 @@ def encode(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne",
         y = torch.empty(x.shape, dtype=code_dtype(fmt), device=x.device)
     else:
         y = torch.empty(packed_size(x.numel(), fmt.bits), dtype=torch.uint8, device=x.device)
-    _round(x, y, fmt, rounding, saturate, subnormals, seed, "code", per, count_nan)
+    _round(x, y, fmt, rounding, saturate, subnormals, seed, "code", per, count_nan, srbits,
+           random_bits)
     return y
 
 

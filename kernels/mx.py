@@ -29,9 +29,9 @@ from fpsim.blockrules import (BLOCK_FORMATS, BlockFormat, check_packed, check_te
 from fpsim.packing import packed_size, unpack_codes
 from fpsim.rounding import check_mode
 
-from .cast import FLOAT_DTYPES, codes_per_group, load_bits, load_packed, philox_seed, \
-    random_bits, store_packed
-from .rounding import decode_bits, format_spec, round_bits
+from .cast import FLOAT_DTYPES, codes_per_group, load_bits, load_packed, stochastic_args, \
+    stochastic_bits, store_packed
+from .rounding import _stochastic, decode_bits, format_spec, round_bits
 
 TILE = 4096                     # elements per program (NB = TILE // block_size blocks)
 NUM_WARPS = 8
@@ -83,7 +83,8 @@ def ceil_exponent(v, LIM: tl.constexpr):
 @triton.jit
 def _mx_blocks(x, amax_bits, rand, ELEM: tl.constexpr, EMAX: tl.constexpr,
                MAX_BITS: tl.constexpr, MBITS: tl.constexpr, ELEM_EXP: tl.constexpr,
-               SCALE_MODE: tl.constexpr, MODE: tl.constexpr, IS_INT: tl.constexpr):
+               SCALE_MODE: tl.constexpr, MODE: tl.constexpr, IS_INT: tl.constexpr,
+               SRBITS: tl.constexpr):
     """Scale codes ``[NB]`` and element codes ``[NB, BS]``: the twin of
     ``blockrules.mx_scale_rows`` (and the core's rounding, ``mx_element_codes``)."""
     amax = amax_bits.to(tl.float32, bitcast=True).to(tl.float64)
@@ -97,14 +98,16 @@ def _mx_blocks(x, amax_bits, rand, ELEM: tl.constexpr, EMAX: tl.constexpr,
         lost = (scaled == 0) & (x != 0)
         sbits = tl.where(lost, tl.where(x < 0, -0x7FFFFFFF, 1), sbits)
     sbits = tl.where(nan[:, None], 0, sbits)
-    codes = round_bits(sbits & 0x7FFFFFFF, sbits < 0, ELEM, MODE, True, True, rand, "code")
+    codes = round_bits(sbits & 0x7FFFFFFF, sbits < 0, ELEM, MODE, True, True, rand, "code",
+                       SRBITS)
     if IS_INT:
         codes = tl.where(codes == 0x80, 0x81, codes)  # symmetric: -128 clamps to -127
     return tl.where(nan, 255, s + 127).to(tl.int32), codes
 
 
 @triton.jit
-def _nvfp4_blocks(x, amax_bits, rand, ts, ELEM: tl.constexpr, MODE: tl.constexpr):
+def _nvfp4_blocks(x, amax_bits, rand, ts, ELEM: tl.constexpr, MODE: tl.constexpr,
+                  SRBITS: tl.constexpr):
     """Scale and element codes: the twin of ``blockrules.nvfp4_scale_rows`` (float32, each
     op rounded to nearest)."""
     amax = amax_bits.to(tl.float32, bitcast=True)
@@ -119,7 +122,8 @@ def _nvfp4_blocks(x, amax_bits, rand, ts, ELEM: tl.constexpr, MODE: tl.constexpr
     scaled = tl.math.div_rn(x, tl.broadcast_to(total[:, None], x.shape))
     ebits = tl.where(nan[:, None], 0, scaled.to(tl.int32, bitcast=True))
     scodes = tl.where(nan, 0x7F, scodes)
-    codes = round_bits(ebits & 0x7FFFFFFF, ebits < 0, ELEM, MODE, True, True, rand, "code")
+    codes = round_bits(ebits & 0x7FFFFFFF, ebits < 0, ELEM, MODE, True, True, rand, "code",
+                       SRBITS)
     return scodes, codes
 
 
@@ -137,24 +141,25 @@ def _tile(n_blocks, row_blocks, length, BS: tl.constexpr, NB: tl.constexpr,
 
 
 @triton.jit(do_not_specialize=["seed", "ts"])
-def _mx_quantize_kernel(x_ptr, scale_ptr, elem_ptr, n_blocks, row_blocks, length, n_bytes, seed,
-                        ts, ELEM: tl.constexpr, EMAX: tl.constexpr, MAX_BITS: tl.constexpr,
-                        MBITS: tl.constexpr, ELEM_EXP: tl.constexpr, SCALE_MODE: tl.constexpr,
-                        MODE: tl.constexpr, NV: tl.constexpr, IS_INT: tl.constexpr,
-                        BITS: tl.constexpr, PER: tl.constexpr, BS: tl.constexpr,
-                        NB: tl.constexpr, RAGGED: tl.constexpr):
+def _mx_quantize_kernel(x_ptr, scale_ptr, elem_ptr, rbits_ptr, n_blocks, row_blocks, length,
+                        n_bytes, seed, ts, ELEM: tl.constexpr, EMAX: tl.constexpr,
+                        MAX_BITS: tl.constexpr, MBITS: tl.constexpr, ELEM_EXP: tl.constexpr,
+                        SCALE_MODE: tl.constexpr, MODE: tl.constexpr, NV: tl.constexpr,
+                        IS_INT: tl.constexpr, BITS: tl.constexpr, PER: tl.constexpr,
+                        BS: tl.constexpr, NB: tl.constexpr, RAGGED: tl.constexpr,
+                        SRBITS: tl.constexpr, GIVEN: tl.constexpr):
     t, offs, inside = _tile(n_blocks, row_blocks, length, BS, NB, RAGGED)
     bits = load_bits(x_ptr, offs, inside)
     amax_bits = tl.max(bits & 0x7FFFFFFF, axis=1)     # NaN above inf: integer order
     x = bits.to(tl.float32, bitcast=True)
     rand = None
-    if MODE == "stochastic":
-        rand = random_bits(seed, NB, BS)
+    if _stochastic(MODE):
+        rand = stochastic_bits(seed, rbits_ptr, offs, inside, NB, BS, SRBITS, GIVEN)
     if NV:
-        scodes, codes = _nvfp4_blocks(x, amax_bits, rand, ts, ELEM, MODE)
+        scodes, codes = _nvfp4_blocks(x, amax_bits, rand, ts, ELEM, MODE, SRBITS)
     else:
         scodes, codes = _mx_blocks(x, amax_bits, rand, ELEM, EMAX, MAX_BITS, MBITS, ELEM_EXP,
-                                   SCALE_MODE, MODE, IS_INT)
+                                   SCALE_MODE, MODE, IS_INT, SRBITS)
     tl.store(scale_ptr + t, scodes.to(tl.uint8), mask=t < n_blocks)
     if PER == 1:
         tl.store(elem_ptr + t[:, None] * BS + tl.arange(0, BS)[None, :], codes.to(tl.uint8),
@@ -227,12 +232,14 @@ def _rows_last(x: torch.Tensor, lay: blocks.Layout) -> torch.Tensor:
 def mx_quantize(x: torch.Tensor, fmt: str | BlockFormat, *, axis: int = -1,
                 block_size: int | None = None, scale_rounding: str | None = None,
                 rounding: str = "rne", seed: Any = None, tensor_scale: float | None = None,
+                srbits: int | None = None, random_bits: Any = None,
                 pack: bool = True) -> MXPacked:
     """``fpsim.mx.quantize(x, fmt, ...).pack()`` (plus NVFP4's tensor scale) in one kernel pass.
 
     Arguments as :func:`fpsim.mx.quantize` (padding always on); ``x`` a float32, float16 or
     bfloat16 tensor.  Stochastic rounding draws Philox bits (``seed`` as
-    :func:`kernels.quantize`), so its codes differ from fpsim's NumPy ones.  ``pack=False``
+    :func:`kernels.quantize`), so its codes differ from fpsim's NumPy ones, unless the caller
+    gives ``random_bits`` (``x``'s shape, ``srbits`` bits each: then the same).  ``pack=False``
     gives one uint8 code per element instead, in the same order (padding included): the
     ``blocks.to_rows`` view of ``MXArray.codes``, flattened.
     """
@@ -253,9 +260,10 @@ def mx_quantize(x: torch.Tensor, fmt: str | BlockFormat, *, axis: int = -1,
                            device=x.device)
     args, grid = _shape_args(lay)
     rounding = check_mode(rounding)
-    seed = philox_seed(seed) if rounding == "stochastic" else 0
+    seed, srbits, rbits = stochastic_args(x, rounding, seed, srbits, random_bits)
     _mx_quantize_kernel[grid](
-        work, scales, elements, n_bytes=elements.numel(), seed=seed,
+        work, scales, elements, elements if rbits is None else _rows_last(rbits, lay),
+        n_bytes=elements.numel(), seed=seed, SRBITS=srbits, GIVEN=rbits is not None,
         ts=1.0 if ts is None else ts, ELEM=format_spec(elem), EMAX=spec.emax,
         MAX_BITS=float64_bits(spec.max), MBITS=spec.mbits, ELEM_EXP=spec.elem_exp,
         SCALE_MODE=mode if spec.is_mx else "floor", MODE=rounding, NV=not spec.is_mx,

@@ -56,13 +56,15 @@ class Variant:
 
 
 def _round(name: str, fmt: str, x: str = "*fp32", y: str = "*fp32", mode: str = "rne",
-           want: str = "value", pack: bool = False, count_nan: bool = False) -> Variant:
+           want: str = "value", pack: bool = False, count_nan: bool = False,
+           srbits: int | None = None, given: bool = False) -> Variant:
     f = get_format(fmt)
     per = cast.codes_per_group(f) if pack else 1
-    types = {"x_ptr": x, "y_ptr": y, "nan_ptr": "*i32", "n": "i32", "n_bytes": "i32",
-             "seed": "i64"}
+    types = {"x_ptr": x, "y_ptr": y, "nan_ptr": "*i32", "rbits_ptr": "*i32", "n": "i32",
+             "n_bytes": "i32", "seed": "i64"}
     cons = dict(FMT=format_spec(f), MODE=mode, SATURATE=False, SUBNORMALS=True, WANT=want,
-                COUNT_NAN=count_nan, BITS=f.bits, PER=per, BLOCK=cast.BLOCK)
+                COUNT_NAN=count_nan, BITS=f.bits, PER=per, BLOCK=cast.BLOCK, SRBITS=srbits,
+                GIVEN=given)
     return Variant(name, cast._round_kernel, types, cons, cast.BLOCK)
 
 
@@ -75,16 +77,17 @@ def _decode(name: str, fmt: str, y: str = "*fp32", pack: bool = False) -> Varian
 
 
 def _mx(name: str, fmt: str, mode: str = "rne", scale_mode: str = "floor",
-        ragged: bool = False, x: str = "*fp32") -> Variant:
+        ragged: bool = False, x: str = "*fp32", srbits: int | None = None,
+        given: bool = False) -> Variant:
     spec = get_block_format(fmt)
-    types = {"x_ptr": x, "scale_ptr": "*u8", "elem_ptr": "*u8", "n_blocks": "i32",
-             "row_blocks": "i32", "length": "i32", "n_bytes": "i32", "seed": "i64",
-             "ts": "fp32"}
+    types = {"x_ptr": x, "scale_ptr": "*u8", "elem_ptr": "*u8", "rbits_ptr": "*i32",
+             "n_blocks": "i32", "row_blocks": "i32", "length": "i32", "n_bytes": "i32",
+             "seed": "i64", "ts": "fp32"}
     cons = dict(ELEM=format_spec(spec.elem), EMAX=spec.emax, MAX_BITS=float64_bits(spec.max),
                 MBITS=spec.mbits, ELEM_EXP=spec.elem_exp, SCALE_MODE=scale_mode, MODE=mode,
                 NV=not spec.is_mx, IS_INT=spec.elem.is_int, BITS=spec.elem.bits,
                 PER=cast.codes_per_group(spec.elem), BS=spec.block_size,
-                NB=mx.TILE // spec.block_size, RAGGED=ragged)
+                NB=mx.TILE // spec.block_size, RAGGED=ragged, SRBITS=srbits, GIVEN=given)
     return Variant(name, mx._mx_quantize_kernel, types, cons, mx.TILE)
 
 
@@ -104,6 +107,10 @@ def variants() -> list[Variant]:
         _round("quantize bf16->e4m3->bf16", "fp8_e4m3fn", "*bf16", "*bf16"),
         _round("quantize fp16->bf16->fp16", "bf16", "*fp16", "*fp16"),
         _round("quantize fp32 stochastic e4m3", "fp8_e4m3fn", mode="stochastic"),
+        _round("quantize fp32 stochastic_c e4m3, 8 bits", "fp8_e4m3fn", mode="stochastic_c",
+               srbits=8),
+        _round("encode fp32->bf16 stochastic, 16 bits given", "bf16", y="*i32", want="code",
+               mode="stochastic", srbits=16, given=True),
         _round("encode fp32->e4m3", "fp8_e4m3fn", y="*u8", want="code"),
         _round("encode fp32->int8, NaN count", "int8", y="*u8", want="code", count_nan=True),
         _round("encode fp32->e2m1 packed", "fp4_e2m1", y="*u8", want="code", pack=True),
@@ -119,6 +126,8 @@ def variants() -> list[Variant]:
             x="*bf16"),
         _mx("mx_quantize mxfp4 ragged rows", "mxfp4", ragged=True),
         _mx("mx_quantize mxfp6_e3m2 stochastic", "mxfp6_e3m2", mode="stochastic"),
+        _mx("mx_quantize mxfp4 stochastic_b, 8 bits given", "mxfp4", mode="stochastic_b",
+            srbits=8, given=True),
         _mx("mx_quantize mxint8 rup, even", "mxint8", mode="rup", scale_mode="even"),
         _mx("mx_quantize nvfp4", "nvfp4"),
         _mx_dequant("mx_dequantize mxfp4", "mxfp4"),

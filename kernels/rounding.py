@@ -40,6 +40,11 @@ def _f32() -> rounding.Source:
     return rounding.F32
 
 
+@triton.constexpr_function
+def _stochastic(mode: str) -> bool:
+    return mode in rounding.STOCHASTIC
+
+
 _target_bias = triton.constexpr_function(rounding.target_bias)
 _inf_input = triton.constexpr_function(rounding.inf_input)
 _float_bits = triton.constexpr_function(rounding.F32.float_bits)
@@ -47,12 +52,13 @@ _float_bits = triton.constexpr_function(rounding.F32.float_bits)
 
 @triton.jit
 def round_bits(a, neg, FMT: tl.constexpr, MODE: tl.constexpr, SATURATE: tl.constexpr,
-               SUBNORMALS: tl.constexpr, rand, WANT: tl.constexpr):
+               SUBNORMALS: tl.constexpr, rand, WANT: tl.constexpr, SRBITS: tl.constexpr = None):
     """Round float32 magnitude bits ``a`` (int32) with signs ``neg`` to the format ``FMT``.
 
     Returns int32 codes (``WANT == "code"``) or float32 bits of the rounded values
     (``WANT == "value"``), exactly as :func:`fpsim.rounding.round_bits` with ``src = F32``.
-    ``rand`` holds uniform 30-bit integers for ``MODE == "stochastic"`` (else unused).
+    Stochastic modes: ``rand`` holds uniform 30-bit integers (``SRBITS`` None), or the
+    ``SRBITS`` random bits of each element (else unused).
     """
     # 1. split the source bits: exponent, significand with its implicit bit, specials
     fmt: tl.constexpr = _format(FMT)
@@ -75,9 +81,12 @@ def round_bits(a, neg, FMT: tl.constexpr, MODE: tl.constexpr, SATURATE: tl.const
         t = tl.minimum(t, fmt.max_biased_exp + 2)     # keep codes in range; still overflows
     tt = tl.maximum(t, fmt.min_biased_exp)            # subnormal targets keep the least exponent
     shift = (tt - t) + (M - m)                        # low significand bits to drop
-    if MODE == "stochastic":
+    if _stochastic(MODE):
         excess = tl.maximum(shift - (W - 2), 0)       # past W-2 bits: probability exact to 2^-(W-2)
-        sig = sig >> excess
+        cut = sig >> excess
+        if SRBITS is not None:                        # n bits look at most n+2 down: the rest
+            cut = cut | ((cut << excess) != sig).to(sig.dtype)  # as one sticky bit
+        sig = cut
         shift = shift - excess
     else:
         shift = tl.minimum(shift, W - 2)              # W-2 > M+1: dropping more changes nothing
@@ -100,8 +109,8 @@ def round_bits(a, neg, FMT: tl.constexpr, MODE: tl.constexpr, SATURATE: tl.const
     elif MODE == "rdown":
         q = (sig + tl.where(neg, mask, 0)) >> shift
     else:
-        tl.static_assert(MODE == "stochastic", "unknown rounding mode")
-        q = (sig + (rand & mask)) >> shift
+        tl.static_assert(_stochastic(MODE), "unknown rounding mode")
+        q = (sig + stochastic_bias(sig & mask, shift, rand, MODE, SRBITS)) >> shift
 
     # 4. the code magnitude: a carry in q moves into the exponent
     code = ((tt - 1) << m) + q
@@ -146,6 +155,29 @@ def round_bits(a, neg, FMT: tl.constexpr, MODE: tl.constexpr, SATURATE: tl.const
     else:
         res = _codes(FMT, code, limit, to_inf, special, is_nan, neg, a, bad_sign, SATURATE)
     return res
+
+
+@triton.jit
+def stochastic_bias(dropped, shift, rand, MODE: tl.constexpr, SRBITS: tl.constexpr):
+    """What a stochastic mode adds to the dropped bits: ``fpsim.rounding.stochastic_bias``."""
+    if SRBITS is None:
+        bias = rand & ((1 << shift) - 1)
+    else:
+        n: tl.constexpr = SRBITS + 1 if MODE == "stochastic_b" else SRBITS
+        if MODE == "stochastic_b":
+            rand = 2 * rand + 1                       # r followed by a one: n+1 bits
+        below = shift - n                             # dropped bits under the random ones
+        up = tl.maximum(below, 0)
+        bias = (rand << up) >> tl.maximum(-below, 0)
+        if MODE == "stochastic_c" or MODE == "stochastic_odd":
+            half = (1 << up) >> 1
+            odd = (dropped >> up) & 1                 # the last of the top n dropped bits
+            if MODE == "stochastic_c":
+                tie = half - 1 + odd
+            else:
+                tie = half - odd
+            bias = bias + tl.where(below > 0, tie, 0)
+    return bias
 
 
 @triton.jit

@@ -44,6 +44,7 @@ MX_CHUNKS = ["tests/test_mx_chunks.py"]
 TENSOR_CORE = ["tests/test_arith_tensor_core.py"]
 FMA = ["tests/test_fma.py"]
 JIT = ["tests/test_jit_matmul.py"]
+SR_BITS = ["tests/test_stochastic_bits.py"]
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,8 @@ class Mutant:
 MUTANTS = [
     # stochastic rounding and accumulation
     Mutant("stochastic-bits", "stochastic rounding draws W-3 random bits, not W-2",
-           "rand = _NP.random_bits(a.shape, src.width - 2, itype, rng) if rng else None",
-           "rand = _NP.random_bits(a.shape, src.width - 3, itype, rng) if rng else None",
+           "nbits = src.width - 2 if srbits is None else srbits",
+           "nbits = src.width - 3 if srbits is None else srbits",
            STOCHASTIC + CORE),
     Mutant("stochastic-twosum", "stochastic accumulation ignores the TwoSum error term",
            "return xp.where(u < ((s - lo) + e) / width, hi, lo)",
@@ -239,6 +240,34 @@ MUTANTS = [
            "if chunk > 0 and k > 0 and k % chunk == 0:",
            "if chunk > 0 and k > 0 and k % (chunk + 1) == 0:",
            JIT),
+    # stochastic rounding with n random bits (srbits, random_bits)
+    Mutant("sr-align", "n random bits meet the bottom of the dropped bits, not the top",
+           "bias = (rand << up) >> xp.clamp_min(-below, 0)",
+           "bias = rand >> xp.clamp_min(-below, 0)", SR_BITS),
+    Mutant("sr-b-one", "StochasticB adds 2r, not 2r + 1", "rand, n = 2 * rand + 1, n + 1",
+           "rand, n = 2 * rand, n + 1", SR_BITS),
+    Mutant("sr-c-ties", "StochasticC rounds every tie of the top n dropped bits down",
+           'tie = half - 1 + odd if mode == "stochastic_c" else half - odd',
+           'tie = half - 1 if mode == "stochastic_c" else half - odd', SR_BITS),
+    Mutant("sr-sticky", "float32 lanes forget the dropped bits beyond their 30",
+           "cut = cut | xp.astype((cut << excess) != sig, sig.dtype)", "cut = cut", SR_BITS),
+    Mutant("sr-given-order", "the caller's random bits meet another element",
+           "rand = rbits[lo:lo + CHUNK].astype(itype)",
+           "rand = rbits[lo:lo + CHUNK][::-1].astype(itype)", SR_BITS),
+    Mutant("sr-bits-range", "random bits up to 2^n pass the check",
+           "if lo < 0 or hi >= 1 << srbits:", "if lo < 0 or hi > 1 << srbits:", SR_BITS),
+    Mutant("sr-torch-draws", "torch draws 30 random bits whatever srbits says",
+           "rand = ops.random_bits(tuple(a.shape), src.width - 2 if srbits is None else srbits,",
+           "rand = ops.random_bits(tuple(a.shape), src.width - 2,", SR_BITS),
+    Mutant("sr-matmul-lanes", "matmul keeps round-to-odd's 2 guard bits only, not n + 2",
+           "extra = 2 if plan.srbits is None else plan.srbits + 2", "extra = 2", SR_BITS),
+    Mutant("sr-mx-pieces", "block formats hand each piece its random bits reversed",
+           "r = None if r3 is None else blocks.gather(r3, lay, p)",
+           "r = None if r3 is None else blocks.gather(r3, lay, p)[:, ::-1]", SR_BITS),
+    Mutant("sr-scaled-rows", "scaled_quantize hands each row its random bits reversed",
+           "rrows = None if rbits is None else _to_rows(rbits, kind, axis, lay)",
+           "rrows = None if rbits is None else _to_rows(rbits, kind, axis, lay)[:, ::-1]",
+           SR_BITS),
     # first hour (issue 29): bridges, the CLI's names and blocks, small things users trip on
     Mutant("bridge-fp4-nibbles", "float4_e2m1fn_x2 packs the first element in the high nibble",
            "return codes[..., 0::2] | (codes[..., 1::2] << 4)",

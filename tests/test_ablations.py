@@ -16,8 +16,8 @@ def test_no_flush_keeps_values_below_the_smallest_subnormal_and_only_those() -> 
     f = rvp.split_format(3, 4)                      # IEEE-style e3m4: min subnormal 2^-6
     x = torch.tensor([[1e-3, -2e-3, 0.0, 0.3, 100.0, 2.0**-6]]).T   # one product per row
     w = torch.ones(1, 1)
-    flushed = linear(Recipe("f", f), x, w, None)[:, 0]
-    kept = linear(Recipe("k", f, flush=False), x, w, None)[:, 0]
+    flushed = linear(Recipe(f), x, w, None)[:, 0]
+    kept = linear(Recipe(f, flush=False), x, w, None)[:, 0]
     assert flushed[:3].tolist() == [0.0, 0.0, 0.0] and math.isinf(flushed[4])
     assert kept[:3].tolist() == x[:3, 0].tolist()   # put back at their FP32 value
     assert torch.equal(kept[3:], flushed[3:])       # everything else rounds as before
@@ -27,9 +27,9 @@ def test_saturate_clamps_overflow_at_the_largest_finite_value() -> None:
     f = rvp.split_format(3, 4)
     assert f.max == 15.5
     x = torch.tensor([[15.7, 15.8, -100.0]]).T
-    y = linear(Recipe("s", f, saturate=True), x, torch.ones(1, 1), None)[:, 0]
+    y = linear(Recipe(f, saturate=True), x, torch.ones(1, 1), None)[:, 0]
     assert y.tolist() == [15.5, 15.5, -15.5]
-    y = linear(Recipe("o", f), x, torch.ones(1, 1), None)[:, 0]
+    y = linear(Recipe(f), x, torch.ones(1, 1), None)[:, 0]
     assert y[0] == 15.5 and y[1] == math.inf and y[2] == -math.inf  # rounding limit 15.75
 
 
@@ -46,7 +46,7 @@ def test_fn_encoding_and_bias_sweep_move_the_range() -> None:
 
 
 def test_end_to_end_ops_count_overflow_and_flush_per_site() -> None:
-    ops = RecipeOps({"s": Recipe("e3m4", rvp.split_format(3, 4))})
+    ops = RecipeOps({"s": Recipe(rvp.split_format(3, 4), name="e3m4")})
     x = torch.tensor([[1e-3, 20.0, 0.5]])
     ops.linear("s", x, torch.full((3, 2), 0.25), None)
     ops.linear("s", x, torch.full((3, 2), 0.25), None)
@@ -63,9 +63,9 @@ def test_full_subnormals_keep_the_mantissa_width_below_the_smallest_normal() -> 
     f = rvp.split_format(3, 4)            # IEEE-style e3m4: min normal 2^-2, min subnormal 2^-6
     x = torch.tensor([[0.1, -0.1, 1e-3, 0.3, 0.0078125 * 1.01, 0.2421875]]).T
     w = torch.ones(1, 1)
-    sub = linear(Recipe("s", f), x, w, None)[:, 0].tolist()
-    full = linear(Recipe("f", f, full_subnormals=True), x, w, None)[:, 0].tolist()
-    nf = linear(Recipe("n", f, flush=False, full_subnormals=True), x, w, None)[:, 0].tolist()
+    sub = linear(Recipe(f), x, w, None)[:, 0].tolist()
+    full = linear(Recipe(f, full_subnormals=True), x, w, None)[:, 0].tolist()
+    nf = linear(Recipe(f, flush=False, full_subnormals=True), x, w, None)[:, 0].tolist()
     # 0.1 = 6.4 * 2^-6 (subnormal: 6 * 2^-6) = 25.6 * 2^-8 (full 4-bit mantissa: 26 * 2^-8)
     assert sub[:2] == [6 / 64, -6 / 64] and full[:2] == [26 / 256, -26 / 256]
     assert sub[2] == full[2] == 0.0 and nf[2] == x[2, 0].item()   # flush is the other switch
@@ -80,9 +80,9 @@ def test_full_subnormals_keep_the_mantissa_width_below_the_smallest_normal() -> 
 def test_full_subnormals_refuse_scaled_or_integer_operands() -> None:
     import pytest
     with pytest.raises(ValueError, match="full_subnormals"):
-        Recipe("x", "e4m3", scaling="tensor", full_subnormals=True)
+        Recipe("e4m3", scaling="tensor", full_subnormals=True)
     with pytest.raises(ValueError, match="full_subnormals"):
-        Recipe("x", "int8", full_subnormals=True)
+        Recipe("int8", full_subnormals=True)
 
 
 def _synthetic_run(fmt: fpsim.Format, kl: list[float], flushed: int) -> dict:

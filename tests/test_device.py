@@ -28,13 +28,13 @@ from experiments.gpt2.data import windows
 from experiments.recipes import Recipe
 from experiments.report import load_json
 
-SCALED = (Recipe("fp16 in/out", "fp16", output="fp16"),          # Triton cast (FP32 lanes)
-          Recipe("e4m3/channel", "e4m3", scaling="channel"),     # torch engine (float64 scales)
-          Recipe("mxfp8_e4m3/block", "mxfp8_e4m3", scaling="block"))  # Triton MX kernel
+SCALED = (Recipe("fp16", output="fp16"),               # Triton cast (FP32 lanes)
+          Recipe("e4m3", scaling="channel"),           # torch engine (float64 scales)
+          Recipe("mxfp8_e4m3", scaling="block"))       # Triton MX kernel
 #: Emulated accumulators (fpsim.matmul's torch engine) on two small sites: every addition of
 #: the first rounds through the Triton cast, which the interpreter runs slowly.
-ACCUM = (Recipe("bf16 acc", "bf16", accum="bf16", order="sequential", output="bf16"),
-         Recipe("tensor core", "bf16", order="tensor_core", tensor_core="hopper_bf16"))
+ACCUM = (Recipe("bf16", accum="bf16", order="sequential", output="bf16", name="bf16 acc"),
+         Recipe("bf16", order="tensor_core", tensor_core="hopper_bf16", name="tensor core"))
 ACCUM_SITES = ("h0.ln_1", "h0.attn.qk")
 
 

@@ -19,8 +19,8 @@ from fpsim.emulation.context import COLUMNS  # noqa: E402
 from fpsim.emulation.intercept import einsum_plan  # noqa: E402
 from fpsim.emulation.recipe import FP32, FP64  # noqa: E402
 
-SEQUENTIAL_FP64 = Recipe("fp64 sequential", accum="fp64", order="sequential")
-E4M3 = Recipe("e4m3", "e4m3")
+SEQUENTIAL_FP64 = Recipe(accum="fp64", order="sequential", name="fp64 sequential")
+E4M3 = Recipe("e4m3")
 
 
 def gpt2(attn: str = "sdpa", dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -140,7 +140,7 @@ def adversarial_layer() -> tuple[nn.Module, torch.Tensor]:
 
 def test_fp16_accumulator_swamps_on_the_adversarial_layer():
     layer, x = adversarial_layer()
-    fp16 = Recipe("fp16 accumulator", accum="fp16", order="sequential")
+    fp16 = Recipe(accum="fp16", order="sequential", name="fp16 accumulator")
     with torch.no_grad(), fpsim.emulate(fp16, capture=True) as em:
         y = layer(x)
     assert y.item() == 2048.0
@@ -213,7 +213,7 @@ def test_bad_rules_are_named():
 def test_einsum_that_is_a_product_is_emulated_like_bmm():
     g = torch.Generator().manual_seed(2)
     a, b = torch.randn(3, 4, 40, generator=g), torch.randn(3, 40, 5, generator=g)
-    rec = Recipe("fp16 accumulator", accum="fp16", order="sequential")
+    rec = Recipe(accum="fp16", order="sequential", name="fp16 accumulator")
     with fpsim.emulate(rec, capture=True) as em:
         want = torch.bmm(a, b)
         got = torch.einsum("bik,bkj->bij", a, b)
@@ -267,7 +267,7 @@ def test_norm_functions_and_their_statistics():
     assert {s.kind for s in em.sites.values()} == {"norm"}
     big = torch.full((1, 1025), 1.0)
     big[0, 0] = 64.0                                    # 64^2 = 4096: then 1024 additions of 1
-    fp16 = Recipe("fp16 sums", accum="fp16", order="sequential")
+    fp16 = Recipe(accum="fp16", order="sequential", name="fp16 sums")
     with fpsim.emulate(fp16, capture=True) as em:
         y = F.rms_norm(big, (1025,), eps=0.0)
     assert em.sites[":rms_norm"].swamped == 1024       # ulp of 4096 in FP16 is 4
@@ -285,14 +285,14 @@ def test_contexts_do_not_nest_and_end_cleanly():
             1 / 0
     with torch.no_grad():
         assert layer(x).item() == 3048.0                  # torch again, nothing left registered
-        with fpsim.emulate(Recipe("fp16", accum="fp16", order="sequential")):
+        with fpsim.emulate(Recipe(accum="fp16", order="sequential")):
             assert layer(x).item() == 2048.0
 
 
 def test_only_parameters_are_cached():
     """A right operand that is not a parameter is quantized at every call, even when its
     address, shape and version stay the same (``.data`` writes do not bump the version)."""
-    rec = Recipe("e4m3", "e4m3", scaling="tensor")
+    rec = Recipe("e4m3", scaling="tensor")
     x, w = torch.ones(2, 8), torch.ones(8, 8)
     with fpsim.emulate(rec):
         for scale in (1.0, 2.0, 3.0):
@@ -309,7 +309,7 @@ def test_interceptor_and_its_weight_cache_free_without_the_cycle_collector():
     import weakref
 
     model = gpt2()
-    em = fpsim.emulate(Recipe("e4m3", "e4m3", scaling="tensor"))
+    em = fpsim.emulate(Recipe("e4m3", scaling="tensor"))
     enabled = gc.isenabled()
     gc.collect()
     gc.disable()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -20,18 +21,18 @@ from experiments.gpt2.checkpoint import load_gpt2
 from experiments.recipes import FP32, FP64, Recipe
 
 FIXTURE = Path(__file__).parent / "data" / "gpt2_emulation_before.json"
-E4M3 = Recipe("e4m3 tensor", "e4m3", scaling="tensor")
+E4M3 = Recipe("e4m3", scaling="tensor", name="e4m3 tensor")
 RECIPES = {
     "fp32": FP32,
     "fp64": FP64,
     "e4m3 per-tensor": E4M3,
-    "e3m4 unscaled, saturating": Recipe("e3m4", "e3m4", saturate=True),
-    "e3m2 unscaled": Recipe("e3m2", "e3m2"),
-    "mxfp8 e4m3": Recipe("mxfp8", "mxfp8_e4m3", scaling="block"),
-    "bf16 output, fp32 accum": Recipe("bf16", "bf16", output="bf16"),
-    "e5m2 lm_head only": {"lm_head": Recipe("e5m2", "e5m2")},
-    "fp16 accumulator, attention": {f"h{i}.attn.{s}": Recipe("fp16 acc", accum="fp16",
-                                                            order="sequential")
+    "e3m4 unscaled, saturating": Recipe("e3m4", saturate=True, name="e3m4"),
+    "e3m2 unscaled": Recipe("e3m2"),
+    "mxfp8 e4m3": Recipe("mxfp8_e4m3", scaling="block", name="mxfp8"),
+    "bf16 output, fp32 accum": Recipe("bf16", output="bf16", name="bf16"),
+    "e5m2 lm_head only": {"lm_head": Recipe("e5m2")},
+    "fp16 accumulator, attention": {f"h{i}.attn.{s}": Recipe(accum="fp16",
+                                                            order="sequential", name="fp16 acc")
                                     for i in range(4) for s in ("qk", "av")},
 }
 
@@ -56,12 +57,26 @@ def numbers() -> dict[str, dict]:
     return out
 
 
+def same_metric(got: str, want: str) -> bool:
+    """The metrics are float64 sums of ``log_softmax``/``exp`` over the logits: their last bits
+    follow torch's vectorised transcendental kernels and reduction split, which differ between
+    machines and torch builds (on a 2-core EPYC, with the logits' SHA-256 unchanged, a KL of
+    2.85e-5 moved by 9e-17: 3e-12 relative, as KL is a small difference of log-probabilities of
+    size 1-20, each good to ~1e-15).  The logits themselves are compared bit for bit, by hash."""
+    g, w = float(got), float(want)
+    return (math.isnan(g) and math.isnan(w)) or math.isclose(g, w, rel_tol=1e-12, abs_tol=1e-15)
+
+
 def test_gpt2_numbers_are_unchanged() -> None:
     want = json.loads(FIXTURE.read_text())
     got = numbers()
     assert set(got) == set(want)
     for name in want:
-        assert got[name] == want[name], name
+        g, w = dict(got[name]), dict(want[name])
+        gm, wm = g.pop("metrics"), w.pop("metrics")
+        assert g == w, name                           # logits' SHA-256, events, non-finite counts
+        assert set(gm) == set(wm), name
+        assert all(same_metric(gm[k], wm[k]) for k in wm), (name, gm, wm)
 
 
 if __name__ == "__main__":

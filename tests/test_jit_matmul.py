@@ -315,7 +315,7 @@ def test_property_random_shapes_and_values(m, k, n, order, mode, accum, data):
 # ----------------------------------------------------------------------------------------------
 # choosing the engine
 # ----------------------------------------------------------------------------------------------
-def test_auto_picks_numba_for_numpy_operands_and_falls_back(monkeypatch):
+def test_auto_picks_numba_for_numpy_operands_and_cpu_tensors_and_falls_back(monkeypatch):
     calls = []
     run = jit.run
     monkeypatch.setattr(jit, "run", lambda *x: calls.append(1) or run(*x))
@@ -329,8 +329,13 @@ def test_auto_picks_numba_for_numpy_operands_and_falls_back(monkeypatch):
     fpsim.matmul(a, b, order="tensor_core", tensor_core="hopper_fp8", inputs="e4m3")
     fpsim.matmul(a, b, accum="fp16", backend="numpy")
     torch = pytest.importorskip("torch")
+    out = fpsim.matmul(torch.ones(3, 4), torch.ones(4, 2), accum="fp16")  # zero-copy views
+    assert calls == [1, 1] and isinstance(out, torch.Tensor)
+    from fpsim import dispatch
+
+    monkeypatch.setattr(dispatch, "device_kind", lambda x: "cuda")   # the torch engine's path
     fpsim.matmul(torch.ones(3, 4), torch.ones(4, 2), accum="fp16")
-    assert calls == [1]
+    assert calls == [1, 1]
 
 
 @pytest.mark.parametrize("kw, match", [

@@ -100,7 +100,7 @@ def _same_codes(got, want: np.ndarray, what: str) -> None:
 def _ref_codes(x: np.ndarray, fmt, **kw) -> np.ndarray:
     """fpsim's codes, packed as kernels.encode packs formats under 8 bits."""
     fmt = fpsim.get_format(fmt)
-    codes = fpsim.encode(x, fmt, nan="zero", **kw)
+    codes = fpsim.encode(x, fmt, on_nan="zero", **kw)
     return pack_codes(codes, fmt.bits) if fmt.bits < 8 else codes
 
 
@@ -117,7 +117,7 @@ def test_float32_every_mode_matches_reference(fmt, device):
         [dict(rounding=m, subnormals=False) for m in ("rne", "rdown")]
     for kw in variants:
         _same(kernels.quantize(xt, fmt, **kw), fpsim.quantize(x, fmt, **kw), f"quantize {kw}")
-        _same_codes(kernels.encode(xt, fmt, nan="zero", **kw), _ref_codes(x, fmt, **kw),
+        _same_codes(kernels.encode(xt, fmt, on_nan="zero", **kw), _ref_codes(x, fmt, **kw),
                     f"encode {kw}")
 
 
@@ -135,7 +135,7 @@ def test_16bit_inputs_match_reference(fmt, dtype, device):
         got = kernels.quantize(xt, fmt, **kw)
         assert got.dtype == xt.dtype
         _same(got, fpsim.quantize(x, fmt, **kw), f"quantize {kw}")
-        _same_codes(kernels.encode(xt, fmt, nan="zero", **kw), _ref_codes(x, fmt, **kw),
+        _same_codes(kernels.encode(xt, fmt, on_nan="zero", **kw), _ref_codes(x, fmt, **kw),
                     f"encode {kw}")
 
 
@@ -171,8 +171,8 @@ def test_packing_matches_pack_codes_for_ragged_counts(fmt, device):
     x = x[~np.isnan(x)]                     # NaN stays NaN in quantize, encodes to 0 here
     for n in (1, 2, 3, 5, 7, 9, x.size):
         xt = torch.from_numpy(x[:n]).to(device)
-        got = kernels.encode(xt, fmt, nan="zero")
-        _same(got, pack_codes(fpsim.encode(x[:n], fmt, nan="zero"), fpsim.get_format(fmt).bits),
+        got = kernels.encode(xt, fmt, on_nan="zero")
+        _same(got, pack_codes(fpsim.encode(x[:n], fmt, on_nan="zero"), fpsim.get_format(fmt).bits),
               f"n={n}")
         back = kernels.decode(got, fmt, count=n)
         _same(back, fpsim.quantize(x[:n], fmt), f"round trip n={n}")
@@ -193,7 +193,7 @@ def test_stochastic_lands_on_a_neighbour_and_is_reproducible(fmt, device):
     assert np.any(got != down) and np.any(got != up)
     _same(kernels.quantize(xt, fmt, rounding="stochastic", seed=7), got, "same seed")
     assert np.any(_bits(kernels.quantize(xt, fmt, rounding="stochastic", seed=8)) != got)
-    codes = kernels.encode(xt, fmt, rounding="stochastic", seed=7, nan="zero", pack=False)
+    codes = kernels.encode(xt, fmt, rounding="stochastic", seed=7, on_nan="zero", pack=False)
     real = ~np.isnan(x)                     # NaN stays NaN in quantize, encodes to 0 here
     _same(kernels.decode(codes, fmt, packed=False).cpu()[real], got[real],
           "encode draws the same bits as quantize")
@@ -225,6 +225,44 @@ def test_stochastic_is_unbiased(device):
     assert np.all(np.abs(mean - x) < 5 * sem), (mean - x) / sem
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", fpsim.rounding.STOCHASTIC)
+@pytest.mark.parametrize("fmt", ["fp8_e4m3fn", "fp4_e2m1", "bf16", "p3109_k8p1se"], ids=_id)
+def test_given_random_bits_give_fpsims_bits(fmt, mode, device):
+    """The random bits as an input tensor: quantize and packed encode give fpsim's NumPy results
+    bit for bit, for every stochastic variant and n = 1, 13, 28; with a seed instead, the top n
+    bits of each Philox draw land on a neighbour."""
+    x = _probe(fmt, n_random=500)
+    xt = torch.from_numpy(x).to(device)
+    rng = np.random.default_rng(5)
+    for n in (1, 13, 28):
+        r = rng.integers(0, 2**n, x.shape)
+        kw = dict(rounding=mode, srbits=n)
+        want = fpsim.quantize(x, fmt, random_bits=r, **kw)
+        rt = torch.from_numpy(r).to(device)
+        _same(kernels.quantize(xt, fmt, random_bits=rt, **kw), want, f"quantize n={n}")
+        codes = fpsim.encode(x, fmt, random_bits=r, on_nan="zero", **kw)
+        packed = kernels.encode(xt, fmt, random_bits=rt, on_nan="zero", **kw)
+        _same(packed, pack_codes(codes, fpsim.get_format(fmt).bits) if
+              fpsim.get_format(fmt).bits < 8 else codes, f"encode n={n}")
+    got = _bits(kernels.quantize(xt, fmt, rounding=mode, srbits=3, seed=2))
+    down, up = (_bits(fpsim.quantize(x, fmt, rounding=m)) for m in ("rdown", "rup"))
+    assert np.all((got == down) | (got == up))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4", "nvfp4"])
+def test_mx_given_random_bits_give_fpsims_bytes(fmt, device):
+    x = _mx_input((8, 96), seed=6)
+    r = np.random.default_rng(6).integers(0, 2**6, x.shape)
+    for mode in fpsim.rounding.STOCHASTIC:
+        want = fmx.quantize(x, fmt, rounding=mode, srbits=6, random_bits=r).pack()
+        got = kernels.mx_quantize(torch.from_numpy(x).to(device), fmt, rounding=mode, srbits=6,
+                                  random_bits=torch.from_numpy(r).to(device))
+        _same(got.scales, want[0], f"{mode} scales")
+        _same(got.elements, want[1], f"{mode} elements")
+
+
 # --------------------------------------------------------------------------------------------
 # Contract
 # --------------------------------------------------------------------------------------------
@@ -235,8 +273,8 @@ def test_nan_into_a_format_without_nan(device):
         kernels.encode(x, "fp4_e2m1")
     with pytest.raises(ValueError, match="nan='zero'"):
         kernels.encode(x, "int8", pack=False)
-    _same(kernels.encode(x, "fp4_e2m1", nan="zero", pack=False),
-          fpsim.encode(x.cpu().numpy(), "fp4_e2m1", nan="zero"), "nan='zero'")
+    _same(kernels.encode(x, "fp4_e2m1", on_nan="zero", pack=False),
+          fpsim.encode(x.cpu().numpy(), "fp4_e2m1", on_nan="zero"), "nan='zero'")
     _same(kernels.encode(x, "fp8_e4m3fn"), fpsim.encode(x.cpu().numpy(), "fp8_e4m3fn"), "e4m3")
 
 
@@ -454,9 +492,9 @@ def test_fpsim_entry_points_run_the_kernels(device):
     _same(fpsim.quantize(xt, "e4m3", saturate=True, rounding="rup", backend=backend),
           fpsim.quantize(x, "e4m3", saturate=True, rounding="rup"), "quantize rup")
     for fmt in ("e4m3", "fp4_e2m1", "bf16"):
-        got = fpsim.encode(xt, fmt, nan="zero", backend=backend)
+        got = fpsim.encode(xt, fmt, on_nan="zero", backend=backend)
         assert got.shape == xt.shape and got.device == xt.device
-        _same_codes(got, fpsim.encode(x, fmt, nan="zero"), f"encode {fmt}")
+        _same_codes(got, fpsim.encode(x, fmt, on_nan="zero"), f"encode {fmt}")
     with pytest.raises(ValueError, match="NaN input"):
         fpsim.encode(xt, "fp4_e2m1", backend=backend)
     q = fpsim.quantize(xt, "e4m3", rounding="stochastic", seed=1, backend=backend)

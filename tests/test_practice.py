@@ -82,7 +82,7 @@ def test_clamped_per_tensor_scaling_is_the_unscaled_run(small: context.Context, 
 
     fmt = split_format(*split)
     assert scale_clamped({"max": fmt.max})
-    runs = small.run([Recipe("r", fmt, scaling=s) for s in ("none", "tensor")])
+    runs = small.run([Recipe(fmt, scaling=s) for s in ("none", "tensor")])
     for r in runs:
         del r["recipe"]
     assert json.dumps(runs[0], sort_keys=True) == json.dumps(runs[1], sort_keys=True)

@@ -82,7 +82,7 @@ def test_fp16_overflows_at_a_planted_huge_activation(model: GPT2, wins: torch.Te
     with torch.no_grad():
         planted.transformer.wpe.weight[3, 5] = 1e5  # beyond FP16's 65504: the residual stream at position 3
     sites, _ = capture(planted, wins[:, :-1])
-    fp16 = Recipe("fp16", "fp16", output="fp16")
+    fp16 = Recipe("fp16", output="fp16", name="fp16")
     stats = replay(sites, fp16)
     ln = stats["h0.ln_1"]
     assert ln["a_overflow"] == pytest.approx(3 / (3 * 16 * 32))  # one element per window
@@ -94,7 +94,7 @@ def test_fp16_overflows_at_a_planted_huge_activation(model: GPT2, wins: torch.Te
     e2e = compare(planted, wins, logits(planted, wins), ops)
     assert list(ops.nonfinite)[0] == "h0.ln_1" and math.isnan(e2e["kl"]) and e2e["finite"] < 1
     # saturating instead of overflowing: the same element is clamped, nothing is inf
-    sat = replay(sites, Recipe("fp16 sat", "fp16", output="fp16", saturate=True))["h0.ln_1"]
+    sat = replay(sites, Recipe("fp16", output="fp16", saturate=True, name="fp16 sat"))["h0.ln_1"]
     assert sat["a_overflow"] == sat["overflow"] == 0 and sat["a_saturated"] == ln["a_overflow"]
     assert sat["saturated"] == ln["overflow"]  # the sum of squares clamped at 65504
 
@@ -103,12 +103,12 @@ def test_fp32_recipe_end_to_end_matches_the_model(model: GPT2, wins: torch.Tenso
     ref = logits(model, wins)
     e2e = compare(model, wins, ref, RecipeOps(FP32))
     assert e2e["kl"] == 0 and e2e["top1"] == 1.0 and e2e["finite"] == 1.0
-    lossy = compare(model, wins, ref, RecipeOps(Recipe("e3m2", "e3m2")))
+    lossy = compare(model, wins, ref, RecipeOps(Recipe("e3m2")))
     assert lossy["kl"] > 1e-6 and lossy["top1"] < 1.0
 
 
 def test_per_site_recipes_only_change_their_site(model: GPT2, wins: torch.Tensor) -> None:
-    recipe = Recipe("e3m2", "e3m2")
+    recipe = Recipe("e3m2")
     ops = RecipeOps({"lm_head": recipe})
     assert ops.recipe_for("lm_head").name == "e3m2" and ops.recipe_for("h0.attn.qk") is FP32
     x = wins[:, :-1]
@@ -127,7 +127,7 @@ def test_per_site_recipes_only_change_their_site(model: GPT2, wins: torch.Tensor
 @pytest.mark.parametrize("scaling", ["tensor", "channel"])
 def test_scaling_is_fpsim_scaled_quantize_along_the_reduction_axis(scaling: str) -> None:
     x = torch.tensor([[1e6, -3.0, 0.5, 0.0], [2e-3, 1e-4, -7e-4, 1e-3]])
-    recipe = Recipe("s", "e4m3", scaling=scaling)
+    recipe = Recipe("e4m3", scaling=scaling)
     q, limit = quantize_operand(x, "e4m3", recipe, axis=-1)
     want = fpsim.scaled_quantize(x.double(), "e4m3", granularity=scaling, axis=0 if scaling == "channel" else None)
     assert torch.equal(q, want.values.float()) and q[0, 0] == 1e6
@@ -137,14 +137,14 @@ def test_scaling_is_fpsim_scaled_quantize_along_the_reduction_axis(scaling: str)
         assert ((q[1] - x[1]).abs() <= x[1].abs() / 16).all()
     else:  # one scale for both rows: the small row falls below E4M3's smallest subnormal
         assert (q[1] == 0).all()
-    unscaled, _ = quantize_operand(x, "e4m3", Recipe("n", "e4m3"), axis=-1)
+    unscaled, _ = quantize_operand(x, "e4m3", Recipe("e4m3"), axis=-1)
     assert torch.isnan(unscaled[0, 0])  # E4M3FN has no inf: overflow is NaN
 
 
 def test_block_scaling_uses_fpsim_mx() -> None:
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
     x[0, 0] = 1e4
-    q, limit = quantize_operand(x, "mxfp4", Recipe("mx", "mxfp4", scaling="block"), axis=-1)
+    q, limit = quantize_operand(x, "mxfp4", Recipe("mxfp4", scaling="block"), axis=-1)
     want = fpsim.mx.quantize(x, "mxfp4", axis=-1).dequantize()
     assert torch.equal(q, want)
     assert limit.shape == x.shape and limit[0, 0] == 7 * 2.0 ** 11  # scale 2^11; E2M1 max 6, ulp 2
@@ -163,7 +163,7 @@ def test_block_limit_is_each_elements_block_top_value(fmt, shape, axis) -> None:
         torch.randint(-30, 30, shape, generator=gen).float())
     x.view(-1)[0], x.view(-1)[5], x.view(-1)[-1] = math.nan, math.inf, 3e38
     x.select(axis, 1).zero_()
-    recipe = Recipe("b", fmt, scaling="block")
+    recipe = Recipe(fmt, scaling="block")
     _, limit = quantize_operand(x, fmt, recipe, axis=axis)
     arr = fpsim.mx.quantize(x, fmt, axis=axis, rounding=recipe.rounding,
                             scale_rounding=recipe.scale_rounding)
@@ -176,15 +176,15 @@ def test_block_limit_is_each_elements_block_top_value(fmt, shape, axis) -> None:
 
 def test_recipe_validation() -> None:
     with pytest.raises(ValueError, match="block format"):
-        Recipe("x", "mxfp4")
+        Recipe("mxfp4")
     with pytest.raises(ValueError, match="scaling"):
-        Recipe("x", "e4m3", scaling="row")
+        Recipe("e4m3", scaling="row")
     with pytest.raises(ValueError, match="unknown format"):
-        Recipe("x", "fp7")
+        Recipe("fp7")
     with pytest.raises(ValueError, match="input format"):
-        Recipe("x", scaling="tensor")
-    assert Recipe("x", "bf16", accum="fp16").emulated and not Recipe("x", "bf16").emulated
-    assert Recipe("x", "e4m3", weights="e2m1").to_json()["weights"] == "e2m1"
+        Recipe(scaling="tensor")
+    assert Recipe("bf16", accum="fp16").emulated and not Recipe("bf16").emulated
+    assert Recipe("e4m3", weights="e2m1").to_json()["weights"] == "e2m1"
 
 
 def test_layernorm_under_recipes() -> None:
@@ -195,8 +195,8 @@ def test_layernorm_under_recipes() -> None:
     f64 = torch.nn.functional.layer_norm(x.double(), (32,), w.double(), b.double(), 1e-5)
     assert torch.equal(layernorm(FP32, x, w, b, 1e-5), f64.float())
     assert torch.allclose(layernorm(FP32, x, w, b, 1e-5), want, rtol=0, atol=1e-5)
-    assert torch.allclose(layernorm(Recipe("f64", accum="fp64"), x, w, b, 1e-5), want, atol=1e-5)
-    assert not torch.allclose(layernorm(Recipe("e3m2", "e3m2"), x, w, b, 1e-5), want, atol=1e-2)
+    assert torch.allclose(layernorm(Recipe(accum="fp64"), x, w, b, 1e-5), want, atol=1e-5)
+    assert not torch.allclose(layernorm(Recipe("e3m2"), x, w, b, 1e-5), want, atol=1e-2)
 
 
 def test_error_stats_counts_and_errors() -> None:
@@ -223,8 +223,8 @@ def test_subsample_keeps_outputs_consistent(model: GPT2, wins: torch.Tensor) -> 
 def test_emulated_accumulators_go_through_fpsim_matmul(model: GPT2, wins: torch.Tensor) -> None:
     sites, _ = capture(model, wins[:, :-1])
     small = {n: sites[n].subsample(4, 8, torch.Generator().manual_seed(0)) for n in ("h0.ln_1", "h1.attn.qk", "lm_head")}
-    seq32 = replay(small, Recipe("seq", order="sequential"))
-    f16 = replay(small, Recipe("f16", "fp16", accum="fp16"))
+    seq32 = replay(small, Recipe(order="sequential"))
+    f16 = replay(small, Recipe("fp16", accum="fp16"))
     for name in small:
         assert seq32[name]["rel_p99"] < 1e-5 and seq32[name]["accum_overflow"] == 0, name
         assert f16[name]["rel_median"] > seq32[name]["rel_median"], name
@@ -232,11 +232,11 @@ def test_emulated_accumulators_go_through_fpsim_matmul(model: GPT2, wins: torch.
     a, b = torch.full((2, 512), 200.0), torch.ones(512, 3)
     for accum, bad, peak in (("fp16", 6, math.inf), ("fp32", 0, 102400), ("bf16", 0, 65536)):
         events: dict = {}
-        y = matmul(Recipe(accum, "fp16", accum=accum, order="sequential"), a, b, events)
+        y = matmul(Recipe("fp16", accum=accum, order="sequential", name=accum), a, b, events)
         assert int((~torch.isfinite(y)).sum()) == events["accum"]["overflow"] == bad
         assert events["accum"]["max_partial"] == peak  # BF16 stalls at 2^16: 200 < half its ulp
         assert (events["accum"]["swamped"] > 0) == (accum == "bf16")
-    tc = Recipe("tc", "bf16", order="tensor_core", tensor_core="hopper_bf16")
+    tc = Recipe("bf16", order="tensor_core", tensor_core="hopper_bf16")
     assert replay(small, tc)["lm_head"]["rel_median"] < 1e-2
 
 
@@ -281,7 +281,7 @@ def test_operand_events_fast_and_full_paths_match_the_definition(case):
     x = torch.randn(64, 48, generator=g, dtype=torch.float64) * 300
     x[0, :5] = 0.0
     x[1, :7] = 1e-9                                           # flushed by e4m3
-    recipe = Recipe("r", inputs="e4m3", saturate=case == "saturate")
+    recipe = Recipe(inputs="e4m3", saturate=case == "saturate")
     if case == "nan":
         x[2, 3] = float("nan")
     elif case == "inf":
@@ -291,7 +291,7 @@ def test_operand_events_fast_and_full_paths_match_the_definition(case):
     elif case == "clean":
         x = x.clamp(-400, 400)
     scaling = "tensor" if case == "tensor-limit" else "none"
-    recipe = Recipe("r", inputs="e4m3", saturate=case == "saturate", scaling=scaling)
+    recipe = Recipe(inputs="e4m3", saturate=case == "saturate", scaling=scaling)
     q, limit = quantize_operand(x, "e4m3", recipe, axis=-1)
     want = _events_by_definition(x, q, limit)
     assert operand_events(x, q, limit) == want

@@ -25,8 +25,8 @@ from experiments.recipes import Recipe
 
 SIZES = context.Sizes(tokens=128, capture_windows=2, rows=8, cols=8, emulation_rows=2,
                       emulation_cols=4)
-RECIPES = (Recipe("e4m3/tensor", "e4m3", scaling="tensor"),
-           Recipe("bf16 acc", "bf16", accum="bf16", order="sequential", output="bf16"))
+RECIPES = (Recipe("e4m3", scaling="tensor", name="e4m3/tensor"),
+           Recipe("bf16", accum="bf16", order="sequential", output="bf16", name="bf16 acc"))
 #: The most Sites alive at once: the whole site, its two subsamples and an FP64 copy of one of
 #: them while its reference is computed.
 MOST_ALIVE = 4

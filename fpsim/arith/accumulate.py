@@ -17,8 +17,11 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..backend import ops_for
+import numpy as np
+
 from ..convert import quantize
 from ..formats import Format
+from ..rounding import STOCHASTIC
 from .lanes import Lanes, lane_max
 
 #: Per-output statistics carried through a loop: (swamped, underflow, peak), or () when unused.
@@ -30,11 +33,13 @@ class Adder:
 
     ``plain`` adds in the lanes' own arithmetic (``fmt`` is the lanes' float, round to nearest
     even).  ``may_overflow`` guards sums beyond the lanes' range, which TwoSum cannot split.
+    ``srbits``: random bits of the stochastic modes (None: every dropped bit).
     """
 
     def __init__(self, fmt: Format, rounding: str, lanes: Lanes, rng: Any, *, plain: bool,
-                 may_overflow: bool) -> None:
+                 may_overflow: bool, srbits: int | None = None) -> None:
         self.fmt, self.rounding, self.lanes, self.rng = fmt, rounding, lanes, rng
+        self.srbits = srbits
         self.plain, self.may_overflow = plain, may_overflow
         self.top = lanes.src.width - 1
         self.big = lane_max(lanes.src)
@@ -55,7 +60,7 @@ class Adder:
         sb, eb = self.lanes.bits(s), self.lanes.bits(e)
         odd = (sb + ((eb ^ sb) >> self.top)) | 1     # toward e: |s|+1 or |s|-1, made odd
         s_odd = self.lanes.floats(xp.where(abs(e) > 0, odd, sb))
-        if self.rounding == "stochastic":
+        if self.rounding in STOCHASTIC:
             return self._stochastic(s, e, s_odd)
         return quantize(s_odd, self.fmt, rounding=self.rounding, backend=self.lanes.backend)
 
@@ -63,8 +68,15 @@ class Adder:
         """Stochastic rounding of the exact sum s + e.  Round-to-odd is exact only for the
         deterministic modes, so the two neighbours come from it (``rdown``/``rup``) and the
         probability of the upper one from the exact distance: (s - lo) + e over hi - lo.
-        ``s - lo`` and ``hi - lo`` are exact; the quotient carries one lane rounding."""
+        ``s - lo`` and ``hi - lo`` are exact; the quotient carries one lane rounding.  With
+        ``srbits`` n the exact sum's round-to-odd, n + 2 bits below the accumulator's (the lanes
+        are chosen so), has the exact sum's top n + 1 dropped bits and whether any other is set:
+        all that the n-bit rules read, so it is rounded with n random bits as it stands."""
         xp, lanes = self.lanes.xp, self.lanes
+        if self.srbits is not None:
+            return quantize(s_odd, self.fmt, rounding=self.rounding, srbits=self.srbits,
+                            random_bits=random_ints(lanes, self.rng, s.shape, self.srbits),
+                            backend=lanes.backend)
         lo = quantize(s_odd, self.fmt, rounding="rdown", backend=lanes.backend)
         hi = quantize(s_odd, self.fmt, rounding="rup", backend=lanes.backend)
         width = xp.where(xp.isinf(hi) & xp.isfinite(lo), self.top_ulp, hi - lo)
@@ -74,6 +86,14 @@ class Adder:
         else:
             u = self.rng.random(s.shape, dtype=lanes.fdt)
         return xp.where(u < ((s - lo) + e) / width, hi, lo)
+
+
+def random_ints(lanes: Lanes, rng: Any, shape: tuple, nbits: int) -> Any:
+    """Uniform ``nbits``-bit integers of ``shape`` from the lanes' generator."""
+    if lanes.torch:
+        return lanes.xp.randint(0, 1 << nbits, shape, generator=rng, device=lanes.device,
+                                dtype=lanes.xp.int32)
+    return rng.integers(0, 1 << nbits, shape, dtype=np.int32)
 
 
 def new_stats(lanes: Lanes, shape: tuple, wanted: bool) -> Stats:
@@ -109,8 +129,13 @@ class Steps:
         p = a * b
         if self.product is None:
             return p, st
-        q = quantize(p, self.product, rounding=self.rounding, seed=self.rng,
-                     backend=self.lanes.backend)
+        if self.add.srbits is None:
+            q = quantize(p, self.product, rounding=self.rounding, seed=self.rng,
+                         backend=self.lanes.backend)
+        else:
+            q = quantize(p, self.product, rounding=self.rounding, srbits=self.add.srbits,
+                         random_bits=random_ints(self.lanes, self.rng, p.shape, self.add.srbits),
+                         backend=self.lanes.backend)
         if st:
             miss = self.lanes.count((q == 0) & (p != 0))
             st = st[0], st[1] + (miss.sum(0) if miss.ndim > st[1].ndim else miss), st[2]

@@ -23,7 +23,7 @@ from ..backend import is_torch, is_torch_generator
 from ..convert import quantize
 from ..formats import Format
 from ..inputs import check_flag, check_input, check_seed
-from ..rounding import F32, F64
+from ..rounding import F32, F64, STOCHASTIC
 from . import accumulate, block_scaled, fused, jit
 from .tensor_core import (GroupStep, TensorCoreModel, canonical_nan, exponents,
                           run as run_tensor_core)
@@ -57,8 +57,9 @@ class MatmulStats:
 def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
            order: str = "sequential", chunk: int | None = None, product: str | Format = "exact",
            rounding: str = "rne", output: str | Format | None = None, return_stats: bool = False,
-           seed: Any = None, tensor_core: str | TensorCoreModel | None = None,
-           backend: str = "auto", engine: str | None = None, c: Any = None) -> Any:
+           seed: Any = None, srbits: int | None = None,
+           tensor_core: str | TensorCoreModel | None = None, backend: str = "auto",
+           engine: str | None = None, c: Any = None) -> Any:
     """Matrix product ``a @ b`` (NumPy ``matmul`` semantics) with emulated arithmetic, plus
     ``c`` when given: D = A·B + C, as the matrix instructions compute it.
 
@@ -82,7 +83,9 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     accumulator's format (with ``order="tensor_core"``: the instruction's C register, FP32 or
     FP16; with ``chunk``: FP32).  It starts the running sum (the first instruction's C, or the
     FP32 outer sum with ``chunk``); ``order="pairwise"`` adds it to the tree's sum.
-    ``seed``: seed or generator for stochastic rounding (NumPy Generator / torch Generator).
+    ``seed``: seed or generator for stochastic rounding (NumPy Generator / torch Generator);
+    ``srbits``: its number of random bits per rounding (None: every dropped bit, the exact
+    probability; n: the rule of the stochastic mode, docs/stochastic.md, on the exact sum).
     ``backend``: "numpy", "numba" (:mod:`fpsim.arith.jit`, needs numba: ``pip install
     fpsim[fast]``; one compiled loop on every core, many times faster than "numpy"; exact
     products, orders sequential/fma/chunked/pairwise, modes other than stochastic, signed
@@ -92,7 +95,8 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     compiled, which takes seconds to a minute per configuration; no stochastic rounding), or
     "auto" (torch for GPU tensors or a torch.Generator seed; for NumPy operands "numba" when
     numba is installed and covers the options, else NumPy, whose tiles run on every core; CPU
-    tensors take NumPy and come back as tensors).  Every backend gives the same bits.  ``engine`` is its old name (a DeprecationWarning).
+    tensors are read as NumPy arrays without a copy, take the same choice and come back as
+    tensors).  Every backend gives the same bits.  ``engine`` is its old name (a DeprecationWarning).
 
     Returns an array of float32 when the result's format fits it, else float64 (a torch tensor
     on the operands' device when either operand is one) and, with ``return_stats``, a
@@ -114,7 +118,7 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
                       stacklevel=2)
         backend, keyword = engine, "engine"
     plan = make_plan(inputs, accum, order, chunk, product, rounding, output, tensor_core, backend,
-                     keyword)
+                     keyword, srbits)
     return_stats = check_flag(return_stats, "return_stats")
     use_torch = plan.backend in ("torch", "compiled") or (plan.backend == "auto" and (
         any(is_torch(x) and dispatch.device_kind(x) != "cpu" for x in (a, b)) or is_torch_generator(seed)))
@@ -137,7 +141,7 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     pa, pb = profile(ops.a), profile(ops.b)
     prod = pa.times(pb)
     lanes = _lanes_for(plan, prod, pa.fits(F32) and pb.fits(F32), ops.a if use_torch else None)
-    if _compiled_engine(plan, prod, ops, return_stats, scaled is not None, keyword):
+    if _compiled_engine(plan, prod, use_torch, return_stats, scaled is not None, keyword):
         a3, idx_a = batched(ops.a, ops.batch)
         b3, idx_b = batched(ops.b, ops.batch)
         out, stats = jit.run(plan, prod, a3, b3, idx_a, idx_b, init), ()
@@ -174,10 +178,11 @@ def dot(a: Any, b: Any, **options: Any) -> Any:
     return matmul(a, b, **options)
 
 
-def _compiled_engine(plan: Plan, prod: Profile, ops: Operands, want_stats: bool,
+def _compiled_engine(plan: Plan, prod: Profile, use_torch: bool, want_stats: bool,
                      scaled: bool, keyword: str) -> bool:
     """Whether the Numba engine (:mod:`fpsim.arith.jit`) runs this product: always with
-    backend="numba" (or a ValueError saying why it cannot), with "auto" for NumPy operands when
+    backend="numba" (or a ValueError saying why it cannot), with "auto" for operands read as
+    NumPy arrays (NumPy operands, and CPU tensors as zero-copy views: ``not use_torch``) when
     numba is installed and the plan is one it covers."""
     why = jit.reason(plan, prod)
     if why is None and want_stats:
@@ -189,7 +194,7 @@ def _compiled_engine(plan: Plan, prod: Profile, ops: Operands, want_stats: bool,
             raise ValueError(f"{keyword}='numba' does not run {why}: use {keyword}='numpy' "
                              f"(or 'auto', which picks the engine)")
         return True
-    return plan.backend == "auto" and why is None and ops.device is None and jit.available()
+    return plan.backend == "auto" and why is None and not use_torch and jit.available()
 
 
 def _lanes_for(plan: Plan, prod: Profile, operands_fit_f32: bool, like: Any) -> Lanes:
@@ -209,8 +214,13 @@ def _lanes_for(plan: Plan, prod: Profile, operands_fit_f32: bool, like: Any) -> 
     compiled = plan.backend == "compiled"
     if fused.applies(plan, prod, like is None):
         return Lanes(F64)                   # float64's own sums: one rounding (fused.py)
+    extra = 2 if plan.srbits is None else plan.srbits + 2   # round to odd: 2 bits, + n random
+    if plan.srbits is not None and not guarded(F64, plan.accum, extra):
+        raise ValueError(f"srbits={plan.srbits} with accum {plan.accum.name!r}: the exact sum "
+                         f"would need {plan.accum.mbits + extra} significant bits, float64 lanes "
+                         f"hold 52; use srbits <= {F64.mbits - plan.accum.mbits - 2}")
     if plan.model is None and not plan.plain and operands_fit_f32 and prod.fits(F32) \
-            and guarded(F32, plan.accum) \
+            and guarded(F32, plan.accum, extra) \
             and (plan.product is None or holds(F32, plan.product)):
         return Lanes(F32, like, compiled)
     return Lanes(F64, like, compiled)
@@ -237,7 +247,7 @@ def _run(plan: Plan, lanes: Lanes, prod: Profile, ops: Operands, emins: tuple, s
             out[...] = init
         return out, stats
     modes = (plan.rounding, plan.model.rounding if plan.model is not None else None)
-    rng = _rng(lanes, seed) if "stochastic" in modes else None
+    rng = _rng(lanes, seed) if any(m in STOCHASTIC for m in modes) else None
     steps, outer, group_step = _steps(plan, lanes, wide, prod, rng)
 
     group = plan.model.group if plan.model else 1
@@ -310,15 +320,15 @@ def _steps(plan: Plan, lanes: Lanes, wide: Lanes, prod: Profile, rng: Any) -> tu
     accum = plan.accum
     big = 2 * max(accum.max, prod.bound if plan.product is None else plan.product.max)
     may_overflow = big >= lane_max(lanes.src)
-    key = (plan.accum, plan.rounding, plan.product, plan.model, may_overflow, lanes.src,
-           str(lanes.device))
+    key = (plan.accum, plan.rounding, plan.srbits, plan.product, plan.model, may_overflow,
+           lanes.src, str(lanes.device))
     if lanes.compiled and key in _COMPILED:
         return _COMPILED[key]
     if lanes.src is F64 and fused.applies(plan, prod, not lanes.torch):
         add = fused.OneRounding(accum, plan.rounding, lanes)
     else:
         add = accumulate.Adder(accum, plan.rounding, lanes, rng, plain=plan.plain,
-                               may_overflow=may_overflow)
+                               may_overflow=may_overflow, srbits=plan.srbits)
     steps = accumulate.Steps(add, plan.product, plan.rounding, rng, lanes.compiled)
     fp32 = accumulate.Adder(FP32, "rne", wide, None, plain=False, may_overflow=False)
     outer = accumulate.Steps(fp32, None, "rne", None, lanes.compiled)

@@ -51,6 +51,8 @@ class OneRounding:
     """``x + y`` in float64, rounded once to ``fmt``: :class:`accumulate.Adder`'s result where
     :func:`applies` holds."""
 
+    srbits = None                   # nearest modes only: no random bits
+
     def __init__(self, fmt: Format, rounding: str, lanes: Lanes) -> None:
         self.fmt, self.rounding, self.lanes = fmt, rounding, lanes
 

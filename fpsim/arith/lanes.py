@@ -85,10 +85,11 @@ def profile(x: Any, chunk: int | None = None) -> Profile:
     return Profile(sig, low, high) if sig else EMPTY
 
 
-def guarded(src: Source, fmt: Format) -> bool:
-    """Whether ``src`` holds ``fmt`` with two more bits everywhere (round-to-odd needs them)."""
+def guarded(src: Source, fmt: Format, extra: int = 2) -> bool:
+    """Whether ``src`` holds ``fmt`` with ``extra`` more bits everywhere (round-to-odd needs two;
+    stochastic rounding with n random bits n + 2)."""
     lowest = fmt.emin - (fmt.mbits if fmt.subnormals else 0)
-    return (fmt.mbits + 2 <= src.mbits and lowest - 2 >= src.emin - src.mbits
+    return (fmt.mbits + extra <= src.mbits and lowest - extra >= src.emin - src.mbits
             and fmt.emax <= src.emax)
 
 

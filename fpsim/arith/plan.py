@@ -9,7 +9,8 @@ import numpy as np
 
 from ..formats import Format, get_format
 from ..names import resolve
-from ..rounding import check_mode
+from ..rounding import STOCHASTIC, check_mode
+from ..stochastic import check_srbits
 from .tensor_core import TENSOR_CORES, TensorCoreModel, get_model
 
 ORDERS = ("sequential", "pairwise", "chunked", "fma", "tensor_core")
@@ -33,6 +34,7 @@ class Plan:
     output: Format | None
     model: TensorCoreModel | None
     backend: str
+    srbits: int | None = None   # random bits of stochastic rounding (None: every dropped bit)
 
     @property
     def plain(self) -> bool:
@@ -106,14 +108,16 @@ def _chunk(chunk: Any, order: str, model: TensorCoreModel | None) -> int | None:
 
 
 def make_plan(inputs: Any, accum: Any, order: str, chunk: Any, product: Any, rounding: str,
-              output: Any, tensor_core: Any, backend: str, keyword: str = "backend") -> Plan:
+              output: Any, tensor_core: Any, backend: str, keyword: str = "backend",
+              srbits: Any = None) -> Plan:
     """Check every option; errors name the problem and the fix (``keyword``: the name the
     caller used for ``backend``, "engine" being the deprecated one)."""
     rounding = check_mode(rounding)
+    srbits = check_srbits(srbits, rounding)
     if order not in ORDERS:
         raise ValueError(f"unknown order {order!r}: choose one of {', '.join(ORDERS)}")
     backend = resolve(keyword, backend, {b: b for b in MATMUL_BACKENDS})
-    if backend == "compiled" and rounding == "stochastic":
+    if backend == "compiled" and rounding in STOCHASTIC:
         raise ValueError(f"{keyword}='compiled' cannot draw random bits inside a compiled step; "
                          f"use {keyword}='torch' or 'numpy' for stochastic rounding")
     acc = _accum(accum, rounding)
@@ -138,4 +142,5 @@ def make_plan(inputs: Any, accum: Any, order: str, chunk: Any, product: Any, rou
         raise ValueError("order='fma' rounds product and sum once, so the product is exact: "
                          "use product='exact', or order='sequential' to round products first")
     return Plan(_inputs(inputs), acc, order, _chunk(chunk, order, model), prod, native,
-                rounding, None if output is None else _fmt(output, "output"), model, backend)
+                rounding, None if output is None else _fmt(output, "output"), model, backend,
+                srbits)

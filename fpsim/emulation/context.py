@@ -83,7 +83,7 @@ def emulate(recipe: Recipe | Rules, *, capture: bool = False) -> Emulation:
     selecting per module path and op kind); with ``capture`` it also records per-site
     statistics.  See the module docstring for the ops caught and how sites are named.
 
-    >>> with fpsim.emulate(Recipe("e4m3", "e4m3", scaling="tensor"), capture=True) as em:
+    >>> with fpsim.emulate(Recipe("e4m3", scaling="tensor"), capture=True) as em:
     ...     logits = model(ids)
     >>> print(em.report())
     """

@@ -19,6 +19,7 @@ from .. import mx
 from ..formats import Format, get_format
 from ..inputs import check_flag
 from ..rounding import check_mode, check_saturate
+from ..stochastic import check_srbits
 
 SCALINGS = ("none", "tensor", "channel", "block", "tile")
 TILE = 128  # DeepSeek-V3 fine-grained scaling: 1 x TILE activations, TILE x TILE weights
@@ -39,6 +40,12 @@ def format_name(fmt: FormatLike | None) -> str | None:
 class Recipe:
     """How a dot-product site is computed.
 
+    The formats are the positional arguments: ``Recipe("e4m3")`` rounds both operands to E4M3,
+    ``Recipe("e4m3", "e5m2")`` the left one to E4M3 and the right one to E5M2, ``Recipe()`` is
+    plain FP32; everything else is keyword-only.  ``name`` (keyword) labels the recipe in reports;
+    without it the name is derived from the fields (:meth:`describe`: ``"e4m3/tensor"``,
+    ``"bf16 out=bf16"``, ``"fp32 acc=fp16 sequential"``).
+
     ``inputs``: format of the activation operand (None keeps FP32); ``weights``: format of the
     second operand (None: the same as ``inputs``).  ``scaling``: ``none``, per-``tensor`` or
     per-``channel`` amax scaling (scale = amax / format max in FP32 from the tensor itself at
@@ -52,16 +59,19 @@ class Recipe:
     ``order="tensor_core"``).  ``output``: the
     format the result is rounded to (None keeps it).  ``saturate``: clamp overflow to the
     largest finite value instead of inf/NaN (operands without scaling and the output).
-    ``flush``: False keeps nonzero operand values that round to zero at their FP32 value (an
+    ``rounding``: the rounding mode of operands, accumulator and output; ``srbits``: its number
+    of random bits when stochastic (None: every dropped bit; e.g. ``rounding="stochastic",
+    srbits=8``, docs/stochastic.md).  ``flush``: False keeps nonzero operand values that round to zero at their FP32 value (an
     ablation that removes underflow, not a real format).  ``full_subnormals``: values below the
     smallest normal that do not flush keep the format's full mantissa width, as if its exponent
     range went on downwards (an ablation that removes the precision subnormals lose; needs
     ``scaling='none'`` and a floating-point format).
     """
 
-    name: str
     inputs: FormatLike | None = None
     weights: FormatLike | None = None
+    _: dataclasses.KW_ONLY
+    name: str = ""
     scaling: str = "none"
     accum: str = "fp32"
     order: str | None = None
@@ -73,10 +83,13 @@ class Recipe:
     flush: bool = True
     scale_rounding: str | None = None
     full_subnormals: bool = False
+    srbits: int | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise TypeError(f"Recipe name must be a string, got {self.name!r}")
         check_saturate(self.saturate)
-        check_mode(self.rounding)
+        check_srbits(self.srbits, check_mode(self.rounding))
         for flag in ("flush", "full_subnormals"):     # "no" would count as True
             check_flag(getattr(self, flag), flag)
         accum = get_format(self.accum).name
@@ -96,7 +109,13 @@ class Recipe:
                     f"recipe {self.name!r}: {fmt} is a block format; use scaling='block'"
                 )
             else:
-                get_format(fmt)
+                try:
+                    get_format(fmt)
+                except ValueError as e:
+                    raise ValueError(
+                        f"Recipe: {str(e).rstrip('.')}. The positional arguments are the "
+                        "operand formats (inputs, weights); a label goes in name=..."
+                    ) from None
         if self.scaling != "none" and self.inputs is None:
             raise ValueError(
                 f"recipe {self.name!r}: scaling {self.scaling!r} needs an input format"
@@ -116,6 +135,40 @@ class Recipe:
             raise ValueError(
                 f"recipe {self.name!r}: order='tensor_core' goes with a tensor_core preset"
             )
+        if not self.name:
+            object.__setattr__(self, "name", self.describe())
+
+    def describe(self) -> str:
+        """A name made of the fields that differ from plain FP32: operand formats (``"e4m3"``,
+        ``"e4m3*e5m2"`` when the weights differ), ``/scaling``, then ``acc=``, the order and
+        chunk, ``out=`` and the ablations (``sat``, ``no-flush``, ...).
+
+        >>> Recipe("e4m3", scaling="tensor").describe(), Recipe(accum="fp64").describe()
+        ('e4m3/tensor', 'fp64')
+        """
+        if self.plain:
+            return self.accum
+        ops = format_name(self.inputs) or "fp32"
+        w = format_name(self.weights)
+        if w is not None and w != ops:
+            ops += f"*{w}"
+        words = [ops if self.scaling == "none" else f"{ops}/{self.scaling}"]
+        if self.emulated or self.accum != "fp32":
+            acc = f"acc={format_name(self.accum)}"
+            acc += "" if self.order is None else f" {self.order}"
+            acc += "" if self.tensor_core is None else f"={self.tensor_core}"
+            words.append(acc if self.chunk is None else f"{acc}/{self.chunk}")
+        if self.output is not None:
+            words.append(f"out={format_name(self.output)}")
+        for flag, word in ((self.saturate, "sat"), (not self.flush, "no-flush"),
+                           (self.full_subnormals, "full-subnormals")):
+            if flag:
+                words.append(word)
+        if self.rounding != "rne":
+            words.append(self.rounding)
+        if self.scale_rounding is not None:
+            words.append(f"scale={self.scale_rounding}")
+        return " ".join(words)
 
     @property
     def emulated(self) -> bool:
@@ -144,8 +197,8 @@ class Recipe:
         return d
 
 
-FP32 = Recipe("fp32")
-FP64 = Recipe("fp64", accum="fp64")
+FP32 = Recipe()
+FP64 = Recipe(accum="fp64")
 
 
 @dataclass(frozen=True)
@@ -175,8 +228,8 @@ class Rules:
     For example "linear layers in E4M3 with per-tensor scaling, attention in BF16, norms in
     FP32"::
 
-        Rules([Rule(Recipe("fp8", "e4m3", scaling="tensor"), kind="linear"),
-               Rule(Recipe("bf16", "bf16", accum="fp32", output="bf16"), kind="attention")])
+        Rules([Rule(Recipe("e4m3", scaling="tensor"), kind="linear"),
+               Rule(Recipe("bf16", output="bf16"), kind="attention")])
     """
 
     rules: Sequence[Rule] = ()

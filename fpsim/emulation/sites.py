@@ -57,7 +57,7 @@ def quantize_operand(
     if fmt is None:
         return x, math.inf
     if recipe.scaling == "block":
-        arr = mx.quantize(x, fmt, axis=axis, rounding=recipe.rounding,
+        arr = mx.quantize(x, fmt, axis=axis, rounding=recipe.rounding, srbits=recipe.srbits,
                           scale_rounding=recipe.scale_rounding)
         # the limit is the same over a block: the largest code of each block (as blocks of one
         # element) dequantized, then repeated along the axis: one full-size tensor, not several
@@ -71,12 +71,13 @@ def quantize_operand(
         return arr.dequantize(x.dtype), limit
     f = get_format(fmt)
     if recipe.scaling == "none":
-        q = quantize(x, f, rounding=recipe.rounding, saturate=recipe.saturate)
+        q = quantize(x, f, rounding=recipe.rounding, saturate=recipe.saturate,
+                     srbits=recipe.srbits)
         if recipe.full_subnormals:
-            q = widen_subnormals(x, q, f, recipe.rounding)
+            q = widen_subnormals(x, q, f, recipe.rounding, recipe.srbits)
         return q, rounding_limit(f)
     if recipe.scaling == "tile":
-        return tile_quantize(x, f, axis, recipe.rounding), math.inf
+        return tile_quantize(x, f, axis, recipe.rounding, recipe.srbits), math.inf
     # one scale per tensor or per row along the reduction axis; float64 keeps x / scale finite
     # for formats wider than float32, whose fp32 scales stop at 2^-126.  One contiguous copy:
     # scaled_quantize then reads its rows as a view (a strided one it would copy again)
@@ -89,6 +90,7 @@ def quantize_operand(
         granularity=recipe.scaling,
         axis=0 if channel else None,
         rounding=recipe.rounding,
+        srbits=recipe.srbits,
     )
     q = st.values.reshape(moved.shape).movedim(-1, axis).to(x.dtype)
     scales = st.scales.double()
@@ -97,16 +99,18 @@ def quantize_operand(
     return q, scales * rounding_limit(f)
 
 
-def widen_subnormals(x: Tensor, q: Tensor, f: Format, rounding: str = "rne") -> Tensor:
+def widen_subnormals(x: Tensor, q: Tensor, f: Format, rounding: str = "rne",
+                     srbits: int | None = None) -> Tensor:
     """``q`` (``x`` rounded to ``f``) with every nonzero value below ``f``'s smallest normal
     rounded instead at ``f``'s full mantissa width (the exponent range of FP32), so subnormals
     lose no bits; values ``f`` flushes to zero stay zero."""
     wide = Format(f"e8m{f.mbits}", 8, f.mbits)
     below = (q != 0) & (x.abs() < f.min_normal)
-    return torch.where(below, quantize(x, wide, rounding=rounding), q)
+    return torch.where(below, quantize(x, wide, rounding=rounding, srbits=srbits), q)
 
 
-def tile_quantize(x: Tensor, f: Format, axis: int, rounding: str = "rne") -> Tensor:
+def tile_quantize(x: Tensor, f: Format, axis: int, rounding: str = "rne",
+                  srbits: int | None = None) -> Tensor:
     """DeepSeek-V3 fine-grained scaling: amax scales per 1 x 128 tile along the reduction axis
     of a left operand (``axis=-1``), per 128 x 128 block of a right operand (``axis=-2``).
 
@@ -116,7 +120,7 @@ def tile_quantize(x: Tensor, f: Format, axis: int, rounding: str = "rne") -> Ten
     moved = x.movedim(axis, -1).double()
     if axis == -1:
         st = scaled_quantize(moved, f, granularity=("block", TILE), axis=-1,
-                                   rounding=rounding)
+                             rounding=rounding, srbits=srbits)
         return st.values.movedim(-1, axis).to(x.dtype)
     # right operand [..., K, N] moved to [..., N, K]: blocks of 128 columns x 128 reduction steps
     *batch, n, k = moved.shape
@@ -125,7 +129,8 @@ def tile_quantize(x: Tensor, f: Format, axis: int, rounding: str = "rne") -> Ten
     N, K = (n + pn) // TILE, (k + pk) // TILE
     blocks = padded.reshape(*batch, N, TILE, K, TILE).movedim(-3, -2)
     flat = blocks.reshape(-1, TILE * TILE)
-    st = scaled_quantize(flat, f, granularity="channel", axis=0, rounding=rounding)
+    st = scaled_quantize(flat, f, granularity="channel", axis=0, rounding=rounding,
+                         srbits=srbits)
     q = st.values.reshape(blocks.shape).movedim(-2, -3).reshape(padded.shape)[..., :n, :k]
     return q.movedim(-1, axis).to(x.dtype)
 
@@ -194,6 +199,7 @@ def _operands(
         recipe.weight_format,
         recipe.scaling,
         recipe.rounding,
+        recipe.srbits,
         recipe.saturate,
         recipe.flush,
         recipe.scale_rounding,
@@ -229,6 +235,7 @@ def _emulated_matmul(a: Tensor, b: Tensor, recipe: Recipe, events: dict | None) 
         order=recipe.order or "sequential",
         chunk=recipe.chunk,
         rounding=recipe.rounding,
+        srbits=recipe.srbits,
         tensor_core=recipe.tensor_core,
         return_stats=events is not None,
     )
@@ -272,7 +279,8 @@ def round_output(y: Tensor, recipe: Recipe) -> Tensor:
     """The site result written in the recipe's output format."""
     if recipe.output is None:
         return y
-    return quantize(y, recipe.output, rounding=recipe.rounding, saturate=recipe.saturate)
+    return quantize(y, recipe.output, rounding=recipe.rounding, saturate=recipe.saturate,
+                    srbits=recipe.srbits)
 
 
 # --------------------------------------------------------------------------------------------

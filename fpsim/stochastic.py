@@ -1,0 +1,81 @@
+"""Stochastic rounding's two options, checked once for every entry point that rounds.
+
+``srbits=n``: how many random bits meet the dropped bits (None: all of them, exact stochastic
+rounding); ``random_bits=``: the caller's own bits, an integer array of the input's shape with
+values in [0, 2^n), so that a result is a pure function of (input, random bits) on every
+backend.  The rule of each stochastic mode is :func:`fpsim.rounding.stochastic_bias`;
+``VARIANTS`` names each after the P3109 draft and gfloat (docs/stochastic.md).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+
+from .backend import is_torch
+from .rounding import STOCHASTIC
+
+#: The most random bits a stochastic mode takes: float32 lanes keep the top 30 dropped bits
+#: (the rest as a sticky bit), and StochasticC / odd look two bits below the n random ones.
+MAX_SRBITS = 28
+
+#: mode -> (the P3109 draft's name, gfloat's RoundMode name, the rule with n random bits r and
+#: the dropped fraction f of an ulp).  gfloat's own "Stochastic" is StochasticC.
+VARIANTS = {
+    "stochastic": ("StochasticA", "StochasticFastest", "floor(f 2^n) + r >= 2^n"),
+    "stochastic_b": ("StochasticB", "StochasticFast", "floor(f 2^(n+1)) + 2r + 1 >= 2^(n+1)"),
+    "stochastic_c": ("StochasticC", "Stochastic", "roundTiesToEven(f 2^n) + r >= 2^n"),
+    "stochastic_odd": (None, "StochasticOdd", "roundTiesToOdd(f 2^n) + r >= 2^n"),
+}
+
+
+def check_srbits(srbits: Any, rounding: str) -> int | None:
+    """``srbits`` as an int in [1, MAX_SRBITS], or None; only with a stochastic ``rounding``."""
+    if srbits is None:
+        return None
+    if isinstance(srbits, bool) or not isinstance(srbits, numbers.Integral) \
+            or not 1 <= srbits <= MAX_SRBITS:
+        raise ValueError(f"srbits={srbits!r}: the number of random bits is a whole number from 1 "
+                         f"to {MAX_SRBITS} (None: every dropped bit)")
+    if rounding not in STOCHASTIC:
+        raise ValueError(f"srbits={srbits} with rounding={rounding!r}: random bits go with a "
+                         f"stochastic mode ({', '.join(STOCHASTIC)})")
+    return int(srbits)
+
+
+def check_random_bits(random_bits: Any, x: Any, rounding: str, srbits: int | None,
+                      seed: Any) -> Any:
+    """``random_bits`` as an array (NumPy for NumPy or scalar ``x``, a tensor on ``x``'s device
+    for a tensor) of ``x``'s shape, every value in [0, 2^srbits); None stays None.  They need a
+    stochastic ``rounding`` and ``srbits`` (how many bits each holds), and no ``seed``."""
+    if random_bits is None:
+        return None
+    if rounding not in STOCHASTIC:
+        raise ValueError(f"random_bits with rounding={rounding!r}: random bits go with a "
+                         f"stochastic mode ({', '.join(STOCHASTIC)})")
+    if srbits is None:
+        raise ValueError("random_bits needs srbits=: how many random bits each value holds")
+    if seed is not None:
+        raise ValueError("pass random_bits or seed, not both: the random bits are given")
+    if is_torch(x):
+        import torch
+
+        r = random_bits if is_torch(random_bits) else torch.as_tensor(np.asarray(random_bits))
+        bad = r.is_floating_point() or r.is_complex() or r.dtype == torch.bool
+        r = r.to(x.device)
+    else:
+        r = np.asarray(random_bits.cpu() if is_torch(random_bits) else random_bits)
+        bad = r.dtype.kind not in "iu"
+    if bad:
+        raise TypeError(f"random_bits must be integers, got dtype {r.dtype}")
+    if tuple(r.shape) != tuple(np.shape(x) if not is_torch(x) else x.shape):
+        raise ValueError(f"random_bits has shape {tuple(r.shape)}; it needs the input's shape "
+                         f"{tuple(x.shape) if is_torch(x) else np.shape(x)}, one value per element")
+    if r.numel() if is_torch(r) else r.size:
+        lo, hi = int(r.min()), int(r.max())
+        if lo < 0 or hi >= 1 << srbits:
+            raise ValueError(f"random_bits hold {lo}..{hi}: with srbits={srbits} each lies in "
+                             f"[0, {(1 << srbits) - 1}]")
+    return r
