@@ -1,6 +1,7 @@
-"""The README's Python tour runs, and its comments state what the code returns.
+"""The Python tour (docs/tour.md, once the README's) runs, and its comments state what the
+code returns.
 
-The claims are read from README.md, not re-typed here: each tour line with a ``# comment`` is
+The claims are read from docs/tour.md, not re-typed here: each tour line with a ``# comment`` is
 run on its own and the literals of its comment are checked against what the line produced.
 """
 
@@ -19,9 +20,12 @@ DTYPE = re.compile(r"\b(?:np\.)?(u?int\d+|float\d+)\b")             # uint8, np.
 COUNT = re.compile(r"\b\d+\b")                                       # 8, 128 (not E8M0, FP4)
 
 
+TOUR = README.parent / "docs" / "tour.md"     # the README's tour, moved there (issue 29)
+
+
 def python_blocks() -> list[str]:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    assert blocks, "the README has a Python tour"
+    blocks = re.findall(r"```python\n(.*?)```", TOUR.read_text(), re.S)
+    assert blocks, "docs/tour.md has a Python tour"
     return blocks
 
 
