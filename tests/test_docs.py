@@ -125,3 +125,11 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
     assert (tmp_path / "site" / "results" / "REPORT" / "index.html").is_file()
     api = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
     assert "scaled_quantize" in api and "as_dtype" in api
+
+
+def test_the_readmes_stated_times_are_the_measured_ones():
+    """The main job's times in the README are the ones the results page reports as measured."""
+    times = re.findall(r"\d+ h \d+ min|\d+ min \d+ s", (ROOT / "README.md").read_text())
+    assert times, "the README states how long the main job takes"
+    results = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    assert all(t in results for t in times), times
