@@ -83,7 +83,12 @@ names.register("block format",
 
 
 def get_block_format(fmt: str | BlockFormat) -> BlockFormat:
-    """Resolve a block-format name (case and white space ignored) to a :class:`BlockFormat`."""
+    """Resolve a block-format name (case and white space ignored) to a :class:`BlockFormat`.
+
+    >>> f = get_block_format("MXFP4")
+    >>> f.name, f.elem.name, f.scale.name, f.block_size
+    ('mxfp4', 'fp4_e2m1', 'e8m0', 32)
+    """
     if isinstance(fmt, BlockFormat):
         return fmt
     if not isinstance(fmt, str):

@@ -36,10 +36,12 @@ def gpu_peak(fmt: Format, gpu: str, table: dict[str, Any]) -> float | None:
     return table["gpus"][gpu]["tflops"].get(kind) if kind else None
 
 
-def _print_table(header: Sequence[str], rows: list[Sequence[str]]) -> None:
+def _print_table(header: Sequence[str], rows: list[Sequence[str]], text: int = 1) -> None:
+    """Columns padded to their widths: the first ``text`` left-aligned, numbers right."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
-        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        print("  ".join(c.rjust(w) if i >= text else c.ljust(w)
+                        for i, (c, w) in enumerate(zip(r, widths))).rstrip())
 
 
 def cmd_formats(args: argparse.Namespace) -> int:
@@ -50,7 +52,12 @@ def cmd_formats(args: argparse.Namespace) -> int:
         header += [f"{args.gpu.upper()} TFLOPS", "vs FP32"]
         base = table["gpus"][args.gpu]["tflops"]["fp32"]
     rows = []
-    for f in FORMATS.values():
+    formats = list(FORMATS.values())
+    if args.p3109:
+        from .formats import P3109_FORMATS
+
+        formats += list(P3109_FORMATS.values())
+    for f in formats:
         conv = "int" if f.is_int else (f"{'inf, ' if f.inf else ''}{f.nan}")
         row = [f.name, str(f.bits), str(f.ebits), str(f.mbits), "-" if f.is_int else str(f.bias),
                _fmt_num(f.max), _fmt_num(f.min_normal), _fmt_num(f.min_subnormal),
@@ -62,7 +69,39 @@ def cmd_formats(args: argparse.Namespace) -> int:
     _print_table(header, rows)
     if table:
         _print_gpu_notes(table, args.gpu)
+    print()
+    _print_names(formats)
     return 0
+
+
+#: What ``fpsim formats`` says about names: the grammar and which formats the experiments mean.
+NAME_NOTES = (
+    "Grammar: a name or alias above wins; otherwise eXmY is X exponent and Y mantissa bits, "
+    "IEEE-style (inf and NaN in the all-ones exponent; also eXmY_ieee), eXmYfn has no inf and "
+    "one NaN (OCP-style), eXmYfnuz its NaN at -0.",
+    "So e4m3 is OCP E4M3FN (max 448) and e4m3_ieee = fp8_e4m3 is IEEE-style (max 240); e2m1, "
+    "e2m3 and e3m2 are the OCP MX elements (no inf, no NaN).",
+    "Experiments: range-vs-precision and seeds split bits into IEEE-style eXmY (their e4m3 is "
+    "e4m3_ieee, max 240); the other experiments' e4m3 is OCP E4M3FN (max 448).",
+    "P3109: p3109_kKpP + s|u (signed, unsigned) + e|f (extended: with inf, finite), e.g. "
+    "p3109_k8p3se (alias binary8p3se); --p3109 lists them.",
+)
+
+
+def _print_names(formats: list[Format]) -> None:
+    """The family and aliases of each format, the naming rules and the block formats."""
+    from .blockrules import BLOCK_FORMATS
+    from .formats import aliases_of, family
+
+    _print_table(["name", "family", "aliases"],
+                 [[f.name, family(f), ", ".join(aliases_of(f.name)) or "-"] for f in formats],
+                 text=3)
+    print()
+    for note in NAME_NOTES:
+        print(note)
+    blocks = ", ".join(f"{b.name} ({b.elem.name} x {b.scale.name} per {b.block_size})"
+                       for b in BLOCK_FORMATS.values())
+    print(f"Block formats (explain -f, quantize -f, fpsim.mx): {blocks}.")
 
 
 def _print_gpu_notes(table: dict[str, Any], gpu: str) -> None:
@@ -119,16 +158,32 @@ def use_color(mode: str, stream: Any = None) -> bool:
 def cmd_explain(args: argparse.Namespace) -> int:
     from .explain import explain
 
-    fmts = [get_format(name) for name in args.format or ["fp32"]]
+    fmts = [_any_format(name) for name in args.format or ["fp32"]]
+    scalars = [f for f in fmts if isinstance(f, Format)]
     color = use_color(args.color)
-    label_w = max(len(f.name) for f in fmts)
-    value_w = max(len(repr(v)) for v in args.values)
-    for value in args.values:
-        for i, f in enumerate(fmts):
-            e = explain(value, f, rounding=args.rounding, saturate=args.saturate)
-            lead = repr(value) if i == 0 else ""
-            print(f"{lead:>{value_w}}  {f.name:<{label_w}}  {e.render(color)}")
+    if scalars:
+        label_w = max(len(f.name) for f in scalars)
+        value_w = max(len(repr(v)) for v in args.values)
+        for value in args.values:
+            for i, f in enumerate(scalars):
+                e = explain(value, f, rounding=args.rounding, saturate=args.saturate)
+                lead = repr(value) if i == 0 else ""
+                print(f"{lead:>{value_w}}  {f.name:<{label_w}}  {e.render(color)}")
+    for f in fmts:
+        if not isinstance(f, Format):        # a block format: every VALUE in one row of blocks
+            if args.saturate:
+                raise CliError(f"{f.name}'s elements always saturate to their largest value: "
+                               "leave out --saturate")
+            print(explain(args.values, f, rounding=args.rounding).render(color))
     return 0
+
+
+def _any_format(name: str) -> Any:
+    """A Format, or a BlockFormat for a block-format name (mxfp4, nvfp4...)."""
+    from .blockrules import BLOCK_FORMATS, get_block_format
+    from .names import normalize
+
+    return get_block_format(name) if normalize(name) in BLOCK_FORMATS else get_format(name)
 
 
 # --------------------------------------------------------------------------------------------
@@ -184,55 +239,201 @@ def save_atomically(path: str, write: Any) -> None:
     A write that fails midway (disk full, file-size limit, Ctrl-C) leaves ``path`` as it was
     (the input too, when it is the same file) and removes the temporary file.
     """
+    save_all_atomically([(path, write)])
+
+
+def save_all_atomically(files: list[tuple[str, Any]]) -> None:
+    """:func:`save_atomically` for several files: every ``write(file)`` goes to a temporary file
+    first, and only when all of them succeeded are they renamed into place, so a failure leaves
+    every target as it was."""
     import tempfile
 
-    folder = os.path.dirname(os.path.abspath(path))
+    done: list[tuple[str, str, int]] = []
     try:
-        mode = os.stat(path).st_mode & 0o777            # keep an existing file's permissions
+        for path, write in files:
+            mode = _mode_for(path)
+            try:
+                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
+                                           prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+            except OSError as exc:
+                raise CliError(f"cannot write {path}: {exc}") from None
+            done.append((path, tmp, mode))
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    write(fh)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            except OSError as exc:
+                raise CliError(f"cannot write {path}: {exc}; it was left unchanged") from None
+        for path, tmp, mode in done:
+            os.chmod(tmp, mode)
+            os.replace(tmp, path)
+    except BaseException:
+        for _, tmp, _ in done:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
+
+
+def _mode_for(path: str) -> int:
+    """The permissions ``path`` keeps (an existing file's), or a new file's under the umask."""
+    try:
+        return os.stat(path).st_mode & 0o777
     except FileNotFoundError:
         umask = os.umask(0)
         os.umask(umask)
-        mode = 0o666 & ~umask
+        return 0o666 & ~umask
     except OSError as exc:
         raise CliError(f"cannot write {path}: {exc}") from None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    except OSError as exc:
-        raise CliError(f"cannot write {path}: {exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise CliError(f"cannot write {path}: {exc}; it was left unchanged") from None
-        raise
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from .convert import quantize
     from .inputs import check_input
     from .summary import summarize
 
-    fmt = get_format(args.format)
+    fmt = _any_format(args.format)
+    scaling = _scaling(args, fmt)
     target = _output_path(args.output)
+    codes_path = _codes_path(args.codes) if args.codes else None
     x = check_input(_load_npy(args.input), args.input)
-    q = quantize(x, fmt, rounding=args.rounding, saturate=args.saturate, seed=args.seed,
-                 srbits=args.srbits)
-    save_atomically(target, lambda fh: np.save(fh, q, allow_pickle=False))
-    print(f"{x.size} values ({x.dtype}) -> {fmt.name}, rounding {args.rounding}"
+    if x.dtype.kind in "iub":                       # integers give float64, as fpsim.quantize
+        x = x.astype(np.float64)
+    if isinstance(fmt, Format):
+        _check_width(args.format, fmt, x, args.allow_wider)
+    print(f"format: {describe_format(args.format, fmt)}")
+    values, record = _quantize(x, fmt, scaling, args)
+    files = [(target, lambda fh: np.save(fh, values, allow_pickle=False))]
+    if codes_path:
+        files.append((codes_path, lambda fh: np.savez(fh, **record)))
+    save_all_atomically(files)
+    how = "" if scaling == "none" else f", {scaling} scaling"
+    print(f"{x.size} values ({x.dtype}) -> {fmt.name}{how}, rounding {args.rounding}"
           f"{', saturating' if args.saturate else ''}"
-          f"{' (inf too)' if args.saturate == 'finite' else ''}: wrote {target}")
-    for line in summarize(x, q, fmt).lines():
+          f"{' (inf too)' if args.saturate == 'finite' else ''}: wrote {target}"
+          f"{f' and {codes_path}' if codes_path else ''}")
+    # scaled formats cannot overflow (the scale brings every finite value within range): the
+    # summary measures against float64's range, so only real overflow (to inf) counts
+    for line in summarize(x, values, fmt if scaling == "none" else "fp64").lines():
         print(f"  {line}")
     return 0
+
+
+#: ``--scaling`` values: how ``fpsim quantize`` groups values under one scale.
+SCALINGS = ("none", "tensor", "channel", "block")
+
+
+def _scaling(args: argparse.Namespace, fmt: Any) -> str:
+    """The scaling of ``fpsim quantize``, its options checked together (one-line errors)."""
+    block_format = not isinstance(fmt, Format)
+    scaling = args.scaling or ("block" if block_format else "none")
+    if block_format and scaling != "block":
+        raise CliError(f"{fmt.name} is a block format: one scale per {fmt.block_size} values "
+                       "(leave out --scaling, or pass --scaling block)")
+    if scaling == "block" and not block_format and args.block_size is None:
+        raise CliError(f"--scaling block with the element format {fmt.name} needs "
+                       "--block-size N (or name a block format, e.g. -f mxfp8_e4m3)")
+    if args.block_size is not None and scaling != "block":
+        raise CliError(f"--block-size applies to --scaling block, not {scaling}")
+    if args.axis is not None and scaling in ("none", "tensor"):
+        raise CliError(f"--axis applies to --scaling channel or block, not {scaling}")
+    if args.scale_dtype is not None and (scaling == "none" or block_format):
+        raise CliError("--scale-dtype applies to --scaling tensor, channel or block with an "
+                       "element format" + (f" ({fmt.name} fixes its scale format)"
+                                           if block_format else ""))
+    if args.saturate and scaling != "none":
+        raise CliError("scaled quantization always saturates to the format's largest value: "
+                       "leave out --saturate")
+    return scaling
+
+
+def _quantize(x: Any, fmt: Any, scaling: str, args: argparse.Namespace) -> tuple[Any, dict]:
+    """(values shaped and typed like ``x``, the arrays of ``--codes``' .npz: see QUANTIZE_HELP)."""
+    import numpy as np
+
+    from .convert import encode, quantize
+    from .scaling import scaled_quantize
+
+    meta = {"format": fmt.name, "scaling": scaling}
+    if scaling == "none":
+        opts = dict(rounding=args.rounding, saturate=args.saturate, seed=args.seed,
+                    srbits=args.srbits)
+        values = quantize(x, fmt, **opts)
+        record = {**meta, "element_format": fmt.name}
+        if args.codes:                 # NaN into a format without NaN: encode's error
+            record["codes"] = encode(x, fmt, **opts)
+        return values, record
+    if isinstance(fmt, Format):
+        axis = args.axis
+        gran = ("block", args.block_size) if scaling == "block" else scaling
+        st = scaled_quantize(x, fmt, granularity=gran, axis=axis, rounding=args.rounding,
+                             seed=args.seed, srbits=args.srbits,
+                             scale_dtype=args.scale_dtype or "fp32")
+        return st.values, {**meta, "element_format": fmt.name, "codes": st.codes,
+                           "scales": st.scales, "scale_format": args.scale_dtype or "fp32",
+                           "axis": -1 if st.axis is None else st.axis,
+                           "block_size": args.block_size or 0}
+    from . import mx
+    from .convert import decode
+
+    axis = -1 if args.axis is None else args.axis
+    q = mx.quantize(x, fmt, axis=axis, block_size=args.block_size, rounding=args.rounding,
+                    seed=args.seed, srbits=args.srbits)
+    wide = x.dtype == np.float64
+    values = q.dequantize(np.float64 if wide else np.float32)
+    with np.errstate(over="ignore"):
+        values = values.astype(x.dtype)
+    scales = decode(q.scales, fmt.scale).astype(np.float32)
+    record = {**meta, "element_format": fmt.elem.name, "codes": q.codes, "scales": scales,
+              "scale_codes": q.scales, "scale_format": fmt.scale.name, "axis": q.axis,
+              "block_size": q.block_size, "element_exponent": fmt.elem_exp}
+    if q.tensor_scale is not None:
+        record["tensor_scale"] = np.float32(q.tensor_scale)
+    return values, record
+
+
+def describe_format(name: str, fmt: Any) -> str:
+    """One line: what ``name`` resolved to (canonical name, family, bits, largest value)."""
+    from .formats import family
+
+    said = "" if name.strip().lower() == fmt.name else f"{name} -> "
+    if isinstance(fmt, Format):
+        layout = ("two's complement" if fmt.signed else "unsigned") if fmt.is_int else \
+            f"{fmt.ebits} exponent, {fmt.mbits} mantissa"
+        return (f"{said}{fmt.name} ({family(fmt)}): {fmt.bits} bits ({layout}), max "
+                f"{_fmt_num(fmt.max)}")
+    return (f"{said}{fmt.name}: {fmt.elem.name} elements ({fmt.elem.bits} bits, max "
+            f"{_fmt_num(fmt.max)}) x one {fmt.scale.name} scale per {fmt.block_size}"
+            f"{'' if fmt.is_mx else ' x a float32 tensor scale'}")
+
+
+def _check_width(name: str, fmt: Format, x: Any, allow: bool) -> None:
+    """Refuse a format wider than the data (quantizing would keep every value: likely a typo,
+    e.g. e4m33 for e4m3) unless ``--allow-wider``."""
+    import difflib
+
+    from .blockrules import BLOCK_FORMATS
+    from .formats import known_names
+
+    width = x.dtype.itemsize * 8
+    if fmt.bits <= width or allow:
+        return
+    key, known = name.strip().lower(), known_names()
+    close = [] if key in known else \
+        difflib.get_close_matches(key, known + list(BLOCK_FORMATS), n=1, cutoff=0.6)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise CliError(f"{describe_format(name, fmt)}: wider than the input's {x.dtype} "
+                   f"({width} bits), so quantizing would change nothing.{hint} Pass "
+                   "--allow-wider to write it anyway")
+
+
+def _codes_path(path: str) -> str:
+    """The file ``np.savez(path)`` writes (``.npz`` appended when missing); not a folder."""
+    target = path if path.endswith(".npz") else path + ".npz"
+    if os.path.isdir(path) or os.path.isdir(target):
+        raise CliError(f"{path} is a directory: give --codes as a file name, e.g. {path}/c.npz")
+    return target
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,6 +502,26 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return int(module.main(args.args) or 0)
 
 
+QUANTIZE_HELP = """\
+Round every element of IN (a .npy array) to FMT, save it as OUT (same float dtype; integers
+give float64) and print the format it resolved and the error summary.  FMT is an element
+format (e4m3, bf16, int8, e3m2fn...; --scaling tensor|channel|block adds scales) or a block
+format (mxfp8_e4m3, mxfp4, nvfp4...; one scale per block).  A format wider than the input is
+refused (a typo such as e4m33 would change nothing) unless --allow-wider.  Files are written
+whole or not at all.
+
+--codes FILE.npz holds (numpy.load(FILE)):
+  format, element_format, scaling   names (strings)
+  codes        one element code per value, IN's shape (uint8 up to 8 bits)
+  scales       float32 scale values: shape () per tensor; IN's shape with 1 except on the
+               channel axis; IN's shape with the block axis holding the block count
+  scale_codes  (block formats) the scales' codes in scale_format (E8M0 or E4M3), same shape
+  scale_format, axis, block_size, element_exponent (MXINT8: -6), tensor_scale (NVFP4)
+  value = decode(code, element_format) * 2**element_exponent * scale [* tensor_scale],
+  the block's scale repeated along the axis; with --scaling none only codes are written.
+"""
+
+
 # --------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="fpsim", description="Bit-exact number-format emulation.")
@@ -313,6 +534,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Every named format: widths, bias, range, precision, inf/NaN.")
     s.add_argument("--gpu", choices=sorted(table["gpus"]),
                    help="add each format's datasheet peak on this GPU and its speedup over FP32")
+    s.add_argument("--p3109", action="store_true",
+                   help="list the IEEE P3109 formats of 3 to 8 bits too")
     s.set_defaults(func=cmd_formats)
 
     s = sub.add_parser("explain", help="bit layout of values in formats",
@@ -331,14 +554,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_values)
 
     s = sub.add_parser("quantize", help="quantize a .npy file and summarise the error",
-                       description="Round every element of IN (a .npy array) to FMT, save it as "
-                                   "OUT (same float dtype; integers give float64) and print "
-                                   "the error summary.")
+                       description=QUANTIZE_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("input", metavar="IN", help="input .npy file")
     s.add_argument("output", metavar="OUT", help="output .npy file")
     _format_option(s, repeat=False)
     _rounding_options(s)
     s.add_argument("--seed", type=int, help="random seed for --rounding stochastic")
+    s.add_argument("--scaling", choices=SCALINGS,
+                   help="one scale per tensor, per channel along --axis, or per block (default: "
+                        "none for element formats, block for block formats)")
+    s.add_argument("--block-size", type=int, metavar="N",
+                   help="values per scale with --scaling block (block formats: their own)")
+    s.add_argument("--axis", type=int, help="the channel axis (default 0) or block axis "
+                                           "(default -1)")
+    s.add_argument("--scale-dtype", choices=("fp32", "e8m0"),
+                   help="scales of an element format's scaling: float32 (default) or powers "
+                        "of two")
+    s.add_argument("--codes", metavar="FILE.npz",
+                   help="also write the codes and scales (layout: see above)")
+    s.add_argument("--allow-wider", action="store_true",
+                   help="write a format wider than the input (it changes nothing)")
     s.add_argument("--srbits", type=int, metavar="N", help="random bits of a stochastic "
                    "--rounding, 1 to 28 (default: every dropped bit; docs/stochastic.md)")
     s.set_defaults(func=cmd_quantize)

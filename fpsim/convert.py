@@ -631,6 +631,13 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
     (None: every dropped bit, exact probabilities), drawn from ``seed`` or given as
     ``random_bits`` (integers of ``x``'s shape in [0, 2^srbits)): the same random bits give the
     same result on every backend.
+
+    >>> import numpy as np, fpsim
+    >>> q = fpsim.quantize(np.float32(0.1), "bf16")
+    >>> float(q), type(q).__name__                               # the type is kept
+    (0.10009765625, 'float32')
+    >>> fpsim.quantize([300.0, 1e-3], "e4m3", saturate=True).tolist()
+    [288.0, 0.001953125]
     """
     if type(x) is np.ndarray and srbits is None and random_bits is None:
         fast = _fast_plan(fmt, rounding, saturate, subnormals, backend, "raise", x.dtype, "value")
@@ -691,6 +698,12 @@ def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool |
     torch tensors give torch tensors on the same device, in :func:`fpsim.backend.code_dtype`'s
     torch dtype: uint8 for codes of up to 8 bits, else int32/int64 lanes.  ``srbits`` and
     ``random_bits``: as :func:`quantize`.
+
+    >>> import fpsim
+    >>> fpsim.encode([448.0, 500.0, -0.0], "e4m3").tolist()    # 500 overflows to NaN (0x7F)
+    [126, 127, 128]
+    >>> fpsim.encode([1.0], "bf16").dtype
+    dtype('uint16')
     """
     if type(x) is np.ndarray and not deprecated and srbits is None and random_bits is None:
         fast = _fast_plan(fmt, rounding, saturate, subnormals, backend, on_nan, x.dtype, "code")
@@ -748,6 +761,12 @@ def decode(codes: Any, fmt: str | Format, *, dtype: Any = np.float64) -> Any:
     values) is refused with ValueError unless it holds every decoded value exactly (every
     FP8/FP6/FP4 code fits float32).  torch tensors decode on their own device (to
     ``torch.float64`` unless ``dtype`` is a torch dtype; another NumPy dtype is refused).
+
+    >>> import numpy as np, fpsim
+    >>> fpsim.decode([0x7E, 0x7F, 0x80], "e4m3").tolist()         # max, NaN, -0
+    [448.0, nan, -0.0]
+    >>> fpsim.decode(np.uint8([1, 7]), "e2m1", dtype=np.float32).tolist()
+    [0.5, 6.0]
     """
     fmt = get_format(fmt)
     if isinstance(codes, int) and not isinstance(codes, bool):   # before 2^64 becomes a float
@@ -814,7 +833,12 @@ def _check_code_range(lo: int, hi: int, fmt: Format) -> None:
 
 
 def values(fmt: str | Format) -> np.ndarray:
-    """Every finite value of a format of at most 16 bits, sorted, each once (one zero)."""
+    """Every finite value of a format of at most 16 bits, sorted, each once (one zero).
+
+    >>> import fpsim
+    >>> fpsim.values("e2m1").tolist()
+    [-6.0, -4.0, -3.0, -2.0, -1.5, -1.0, -0.5, -0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    """
     fmt = get_format(fmt)
     if fmt.bits > 16:
         raise ValueError(f"{fmt.name} has 2^{fmt.bits} codes; values() lists formats of at most "

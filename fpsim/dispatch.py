@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import numbers
+import os
 from typing import Any
 
 from .backend import check_backend, is_torch_generator
@@ -61,22 +62,39 @@ def route_blocks(x: Any, backend: str, pad: bool, tensor: bool) -> bool:
     return backend == "triton" or (pad and kernel_input(x))
 
 
-def quantize(x: Any, fmt: Format, **options: Any) -> Any:
-    """:func:`kernels.quantize`."""
+def kernels_for(x: Any) -> Any:
+    """The ``kernels`` package, once it is known that Triton can run ``x``: a CUDA tensor, or
+    any tensor under ``TRITON_INTERPRET=1``.  Otherwise a RuntimeError that names the fix
+    (Triton's own, "0 active drivers", names none)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        import torch
+
+        where = None
+        if not torch.cuda.is_available():
+            where = "no CUDA GPU is available"
+        elif device_kind(x) != "cuda":
+            where = f"the tensor is on {x.device}"
+        if where:
+            raise RuntimeError(
+                f"backend='triton' runs the Triton kernels on CUDA tensors, but {where}: use "
+                "backend='auto' (NumPy/torch, the same bits), move the tensor with .cuda(), or "
+                "run the kernels on the CPU in Triton's interpreter by setting the environment "
+                "variable TRITON_INTERPRET=1 before triton is imported (slow)")
     import kernels
 
-    return kernels.quantize(x, fmt, **options)
+    return kernels
+
+
+def quantize(x: Any, fmt: Format, **options: Any) -> Any:
+    """:func:`kernels.quantize`."""
+    return kernels_for(x).quantize(x, fmt, **options)
 
 
 def encode(x: Any, fmt: Format, **options: Any) -> Any:
     """:func:`kernels.encode`, unpacked (codes shaped like ``x``, as ``fpsim.encode``)."""
-    import kernels
-
-    return kernels.encode(x, fmt, pack=False, **options)
+    return kernels_for(x).encode(x, fmt, pack=False, **options)
 
 
 def mx_quantize(x: Any, spec: Any, **options: Any) -> Any:
     """:func:`kernels.mx_quantize`, unpacked: one code per element in row order."""
-    import kernels
-
-    return kernels.mx_quantize(x, spec, pack=False, **options)
+    return kernels_for(x).mx_quantize(x, spec, pack=False, **options)

@@ -257,6 +257,21 @@ _NAMED = [
 #: Every named format, by canonical name.
 FORMATS: dict[str, Format] = {f.name: f for f in _NAMED}
 
+#: The family of each named format: who defines it, and how it encodes inf/NaN.
+#: "IEEE-style": inf and NaN in the all-ones exponent, as IEEE 754 (the eXmY grammar's
+#: default); "OCP": the Open Compute Project's FP8 (E4M3FN: no inf, one NaN) and MX formats;
+#: "fnuz": NaN at the code of -0, no inf (AMD MI300, Graphcore); P3109: see :func:`p3109`.
+FAMILIES: dict[str, str] = {
+    "fp64": "IEEE 754", "fp32": "IEEE 754", "fp16": "IEEE 754",
+    "tf32": "IEEE-style (NVIDIA)", "bf16": "IEEE-style (Google)",
+    "fp8_e4m3fn": "OCP FP8", "fp8_e5m2": "OCP FP8 (IEEE-style)",
+    "fp8_e4m3fnuz": "fnuz (AMD)", "fp8_e5m2fnuz": "fnuz (AMD)",
+    "fp8_e4m3b11fnuz": "fnuz (Graphcore)",
+    "fp8_e4m3": "IEEE-style", "fp8_e3m4": "IEEE-style",
+    "e8m0": "OCP MX scale", "fp6_e2m3": "OCP MX", "fp6_e3m2": "OCP MX", "fp4_e2m1": "OCP MX",
+    "int8": "integer", "int4": "integer", "uint8": "integer",
+}
+
 ALIASES: dict[str, str] = {
     "float64": "fp64", "double": "fp64",
     "float32": "fp32", "float": "fp32", "single": "fp32",
@@ -350,6 +365,32 @@ def _from_spec(name: str) -> Format | None:
     return _ieee(name, e, m)
 
 
+def family(fmt: str | Format) -> str:
+    """The family a format belongs to (see :data:`FAMILIES`); for formats made by the grammars,
+    what the grammar makes: ``"IEEE-style"``, ``"fn (OCP-style)"``, ``"fnuz"`` or ``"P3109"``.
+
+    >>> family("e4m3"), family("e4m3_ieee"), family("p3109_k8p3se")
+    ('OCP FP8', 'IEEE-style', 'P3109')
+    """
+    f = get_format(fmt)
+    if f.name in FAMILIES and FORMATS.get(f.name) == f:
+        return FAMILIES[f.name]
+    if f.p3109:
+        return "P3109"
+    if f.is_int:
+        return "integer"
+    return {"ieee": "IEEE-style", "fn": "fn (OCP-style)"}.get(f.nan, f.nan)
+
+
+def aliases_of(name: str) -> list[str]:
+    """The aliases of the canonical name ``name``, in :data:`ALIASES`' order.
+
+    >>> aliases_of("fp8_e4m3fn")
+    ['e4m3', 'e4m3fn', 'float8_e4m3fn']
+    """
+    return [a for a, target in ALIASES.items() if target == name]
+
+
 def known_names() -> list[str]:
     """Canonical names and aliases, sorted."""
     return sorted(set(FORMATS) | set(ALIASES))
@@ -357,7 +398,15 @@ def known_names() -> list[str]:
 
 def get_format(fmt: str | Format) -> Format:
     """Resolve a name, alias, ``eXmY`` / ``eXmYfn`` / ``eXmYfnuz`` spec string or P3109 name
-    (``p3109_k8p3se``, ``binary8p3se``: see :func:`p3109`) to a Format."""
+    (``p3109_k8p3se``, ``binary8p3se``: see :func:`p3109`) to a Format.
+
+    Aliases come first: ``"e4m3"`` is OCP E4M3FN (max 448); the grammar's IEEE-style E4M3 is
+    ``"e4m3_ieee"`` (max 240).
+
+    >>> f = get_format("e4m3")
+    >>> f.name, f.bits, f.max, get_format("e4m3_ieee").max
+    ('fp8_e4m3fn', 8, 448.0, 240.0)
+    """
     if isinstance(fmt, Format):
         return fmt
     if not isinstance(fmt, str):

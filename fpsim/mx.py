@@ -181,7 +181,8 @@ def quantize(x: Any, fmt: str | BlockFormat, *, axis: int = -1, block_size: int 
              scale_rounding: str | None = None, rounding: str = "rne", pad: bool = True,
              seed: Any = None, tensor_scale: float | None = None, srbits: int | None = None,
              random_bits: Any = None, backend: str = "auto") -> BlockArray:
-    """Quantize ``x`` to a block format along ``axis``; see the module doc for the rules.
+    """Quantize ``x`` to a block format: one shared scale per ``block_size`` consecutive values
+    along ``axis`` (zero-padded), one element code per value.  The rules are in the module doc.
 
     ``scale_rounding`` (MX only; None means ``"floor"``) picks the scale rule, ``rounding`` any
     core rounding mode for the elements (stochastic ones: ``seed``, ``srbits`` and
@@ -191,6 +192,11 @@ def quantize(x: Any, fmt: str | BlockFormat, *, axis: int = -1, block_size: int 
     stochastic rounding, whose random bits differ unless given).  ``backend``: ``"auto"`` runs CUDA
     float32/float16/bfloat16 tensors on the Triton kernel (``kernels.mx_quantize``), ``"torch"``
     never, ``"triton"`` always (on CPU tensors too, through Triton's interpreter).
+
+    >>> import numpy as np, fpsim
+    >>> b = fpsim.mx.quantize(np.float32([[0.1, -0.5, 1.0, 3.7]]), "mxfp4")
+    >>> b.scales.tolist(), b.codes.tolist()       # one E8M0 scale (2^-1), four FP4 codes
+    ([[126]], [[0, 10, 4, 7]])
     """
     spec = get_block_format(fmt)
     mode = scale_rule(spec, scale_rounding)
@@ -252,7 +258,13 @@ def quantize(x: Any, fmt: str | BlockFormat, *, axis: int = -1, block_size: int 
 
 def dequantize(mx: BlockArray, dtype: Any = np.float32) -> Any:
     """Values of a :class:`BlockArray` (float32 by default, or float64); NaN scales give NaN.
-    Computed piece by piece into the output: temporaries of one piece per thread."""
+    Computed piece by piece into the output: temporaries of one piece per thread.
+
+    >>> import numpy as np, fpsim
+    >>> b = fpsim.mx.quantize(np.float32([0.1, -0.5, 1.0, 3.7]), "mxfp4")
+    >>> fpsim.mx.dequantize(b).tolist()           # 3.7 saturates to 6 x 2^-1 (OCP's floor rule)
+    [0.0, -0.5, 1.0, 3.0]
+    """
     wide = _wants_float64(dtype)
     lay = mx.layout
     blocks.check_scales(mx.scales, lay)

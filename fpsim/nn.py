@@ -30,7 +30,11 @@ Rounder = Callable[[Any], Any]
 def rounder(fmt: str | Format, *, rounding: str = "rne", saturate: bool = False,
             subnormals: bool = True, seed: Any = None, srbits: int | None = None) -> Rounder:
     """``fpsim.quantize`` with these options as a one-argument function (format and random bits
-    checked now; ``srbits``: stochastic rounding's random bits, docs/stochastic.md)."""
+    checked now; ``srbits``: stochastic rounding's random bits, docs/stochastic.md).
+
+    >>> rounder("e4m3", saturate=True)(500.0)
+    448.0
+    """
     f = get_format(fmt)
     check_srbits(srbits, check_mode(rounding))
     return functools.partial(quantize, fmt=f, rounding=rounding, saturate=saturate,
@@ -43,6 +47,12 @@ def round_through(x: Any, forward: Rounder | None, backward: Rounder | None) -> 
     ``None`` on either side is the identity: ``round_through(y, None, r)`` leaves a layer's
     output alone and rounds the gradient arriving at it.  The building block of every
     rounding in this module.
+
+    >>> import torch
+    >>> x = torch.tensor([0.1], requires_grad=True)
+    >>> round_through(x, None, rounder("e5m2")).backward(torch.tensor([0.3]))
+    >>> x.grad.tolist()                         # the gradient, rounded to E5M2
+    [0.3125]
     """
     return _straight_through().apply(x, forward, backward)
 
@@ -58,6 +68,14 @@ def fake_quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate:
     (with ``grad_rounding`` / ``grad_saturate`` / ``grad_srbits``) when given.  ``srbits`` and
     ``random_bits``: stochastic rounding's random bits in the forward pass, as
     :func:`fpsim.quantize` takes them.
+
+    >>> import torch
+    >>> x = torch.tensor([0.1, 500.0], requires_grad=True)
+    >>> y = fake_quantize(x, "e4m3", saturate=True)
+    >>> y.tolist()
+    [0.1015625, 448.0]
+    >>> y.sum().backward(); x.grad.tolist()      # straight through
+    [1.0, 1.0]
     """
     fwd = functools.partial(rounder(fmt, rounding=rounding, saturate=saturate,
                                     subnormals=subnormals, seed=seed, srbits=srbits),
@@ -118,7 +136,12 @@ class GradFormats:
 
 
 def is_matmul_layer(module: Any) -> bool:
-    """``nn.Linear`` or a Hugging Face style ``Conv1D`` (by class name) with a 2-D weight."""
+    """``nn.Linear`` or a Hugging Face style ``Conv1D`` (by class name) with a 2-D weight.
+
+    >>> import torch
+    >>> is_matmul_layer(torch.nn.Linear(2, 2)), is_matmul_layer(torch.nn.ReLU())
+    (True, False)
+    """
     import torch
 
     weight = getattr(module, "weight", None)
@@ -182,6 +205,16 @@ def quantize_linear_layers(model: Any, weights: str | Format | None = None,
     stochastic ``rounding`` of weights and activations (gradients: ``GradFormats.srbits``,
     e.g. ``grad=GradFormats("e5m2", "e5m2", "stochastic", srbits=8)``).  Returns a handle whose
     ``restore()`` undoes everything; it is also a context manager.
+
+    >>> import torch
+    >>> layer = torch.nn.Linear(2, 1, bias=False)
+    >>> with torch.no_grad():
+    ...     _ = layer.weight.copy_(torch.tensor([[0.1, 500.0]]))
+    >>> with quantize_linear_layers(layer, weights="e4m3", saturate=True):
+    ...     layer.weight.tolist()                # rounded on every access
+    [[0.1015625, 448.0]]
+    >>> layer.weight.tolist()                    # restored
+    [[0.10000000149011612, 500.0]]
     """
     import torch
     from torch.nn.utils import parametrize
@@ -257,11 +290,27 @@ class LossScaler:
     multiplies the scale by ``backoff_factor`` and restarts the count; ``growth_interval``
     steps in a row without inf/NaN multiply it by ``growth_factor`` (kept if finite).
     Static (``dynamic=False``): the scale never changes, overflowing steps are still skipped.
+
+    The first scale: GradScaler's 2^16 = 65,536 by default.  That is above E5M2's largest
+    value (57,344) and FP16's (65,504), so when gradients are rounded to one of those formats
+    the first step's scaled gradients can overflow to inf: that step is skipped and the scale
+    halved, as GradScaler does (correct, though alarming in a log).  ``grad_format`` chooses
+    the first scale from the gradient format instead: 2^16, lowered to the largest power of
+    two that format holds (E5M2 and FP16: 2^15), so that a gradient of 1 times the scale is
+    finite.  An explicit ``init_scale`` wins.
+
+    >>> LossScaler().get_scale(), LossScaler(grad_format="e5m2").get_scale()
+    (65536.0, 32768.0)
     """
 
-    def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
+    def __init__(self, init_scale: float | None = None, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000,
-                 dynamic: bool = True) -> None:
+                 dynamic: bool = True, grad_format: str | Format | None = None) -> None:
+        if init_scale is None:
+            init_scale = 2.0 ** 16
+            if grad_format is not None:
+                top = math.floor(math.log2(get_format(grad_format).max))
+                init_scale = 2.0 ** min(16, top)
         if not (init_scale > 0 and growth_factor > 1 and 0 < backoff_factor < 1
                 and growth_interval >= 1):
             raise ValueError("loss scaling needs init_scale > 0, growth_factor > 1, "

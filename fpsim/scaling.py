@@ -23,7 +23,8 @@ Rules (fpsim's choices, each tested):
   NaN scale, codes 0 and NaN values throughout, like an MX block with a NaN scale.
 * Elements: x / scale rounded once to the data's float type (float32, or float64 for float64
   data and for formats whose range float32 cannot hold, e.g. e9m2), then to the format with ``rounding`` and saturation to ±qmax.  Values are
-  decode(code) * scale in that float type.
+  decode(code) * scale in that float type, then cast to the input's dtype when it is float16 or
+  bfloat16 (one rounding, as :func:`fpsim.quantize` keeps the dtype).
 
 ``granularity``: ``"tensor"`` (one scale), ``"channel"`` (one per index along ``axis``, default 0,
 e.g. a weight's output channels: scales keep that axis and have size 1 elsewhere) or
@@ -82,10 +83,32 @@ def scaled_quantize(x: Any, fmt: str | Format, *, granularity: Any = "tensor",
                     axis: int | None = None, scale_dtype: str = "fp32", margin: int = 0,
                     symmetric: bool = True, rounding: str = "rne", seed: Any = None,
                     srbits: int | None = None, random_bits: Any = None) -> ScaledTensor:
-    """Quantize ``x`` to ``fmt`` with absmax (or min/max) scales; see the module doc.
+    """Quantize ``x`` to ``fmt`` with a scale per group, as FP8 training and INT8 inference do.
 
-    NumPy in, NumPy out; torch in, torch out, bit-identical (stochastic rounding aside, unless
-    ``random_bits`` of ``x``'s shape are given; ``srbits``: as :func:`fpsim.quantize`).
+    Each group (the whole tensor, each channel along ``axis``, or each block of n values) is
+    divided by a scale chosen so that its absolute maximum lands on the format's largest value
+    (``symmetric=False``: min/max onto every integer code), rounded to ``fmt`` with
+    ``rounding`` (saturating), and multiplied back.  Returns a :class:`ScaledTensor`:
+    ``values`` (dequantized; float16 or bfloat16 in, the same dtype out, as
+    :func:`fpsim.quantize`), ``codes`` (the format's bit codes),
+    ``scales`` (float32, or powers of two with ``scale_dtype="e8m0"``) and ``zero_points``
+    (asymmetric integers only).  ``granularity``: ``"tensor"``, ``"channel"`` (``axis``
+    default 0) or ``("block", n)`` (``axis`` default -1, zero-padded).  ``margin`` multiplies
+    the scale by 2^margin (Transformer Engine's headroom).  NumPy in, NumPy out; torch in,
+    torch out, bit-identical (stochastic rounding aside, unless ``random_bits`` of ``x``'s
+    shape are given; ``srbits``: as :func:`fpsim.quantize`).  The exact rules (NaN groups, zero
+    groups, the scale's own rounding) are in the module doc, :mod:`fpsim.scaling`.
+
+    >>> import numpy as np, fpsim
+    >>> x = np.array([896.0, -3.0, 0.1, 0.0], np.float32)
+    >>> s = fpsim.scaled_quantize(x, "e4m3")      # one scale: 896 / 448 (E4M3's max) = 2
+    >>> float(s.scales), s.values.tolist(), s.codes.tolist()
+    (2.0, [896.0, -3.0, 0.1015625, 0.0], [126, 188, 21, 0])
+    >>> fpsim.scaled_quantize(x.astype(np.float16), "e4m3").values.dtype
+    dtype('float16')
+    >>> b = fpsim.scaled_quantize(x, "int8", granularity=("block", 2), scale_dtype="e8m0")
+    >>> b.scales.tolist(), b.values.tolist()      # a power-of-two scale per block of 2
+    ([8.0, 0.0009765625], [896.0, 0.0, 0.099609375, 0.0])
     """
     symmetric = check_flag(symmetric, "symmetric")
     fmt = _check_format(get_format(fmt), symmetric)
@@ -151,6 +174,7 @@ def scaled_quantize(x: Any, fmt: str | Format, *, granularity: Any = "tensor",
         vals[r, c], codes[r, c] = part_vals, part_codes
 
     shape = tuple(work.shape)
+    vals = _in_dtype(vals, x)
     scales = _scales_out(ops.astype(scale, ops.float32), kind, axis, lay, shape)
     if zp is not None:
         zp = _scales_out(ops.astype(zp, ops.int32), kind, axis, lay, shape)
@@ -173,6 +197,21 @@ def _check_format(fmt: Format, symmetric: bool) -> Format:
         raise ValueError(f"symmetric=False (a zero point) is defined for integer formats; "
                          f"{fmt.name} is a float format: use symmetric=True")
     return fmt
+
+
+def _in_dtype(vals: Any, x: Any) -> Any:
+    """``vals`` cast to the input's float dtype when it is narrower (float16, bfloat16: one
+    rounding of each value, as :func:`fpsim.quantize` keeps the dtype); float32 otherwise."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or (vals.dtype == dtype):
+        return vals
+    if is_torch(x):
+        return vals.to(dtype) if x.is_floating_point() and x.element_size() < 4 else vals
+    dtype = np.dtype(dtype)
+    if (dtype.kind == "f" or dtype.kind == "V") and dtype.itemsize < 4:
+        with np.errstate(over="ignore"):
+            return vals.astype(dtype)
+    return vals
 
 
 def _grouping(granularity: Any, axis: int | None,

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from .backend import is_torch
 from .formats import Format, get_format
 
 
@@ -48,10 +49,19 @@ def out_of_range(x: np.ndarray, fmt: Format) -> np.ndarray:
 
 
 def summarize(x: Any, q: Any, fmt: str | Format) -> ErrorSummary:
-    """Compare the input ``x`` with its quantized copy ``q`` (arrays or anything array-like)."""
+    """Error statistics of ``q``, the quantized copy of ``x`` in ``fmt``: how many values
+    overflowed, flushed to zero or became NaN/inf, the largest absolute and relative errors,
+    and the SNR in dB (an :class:`ErrorSummary`; ``.lines()`` prints it as ``fpsim quantize``
+    does).  Works on anything array-like, NumPy or torch (moved to float64 on the CPU).
+
+    >>> import numpy as np, fpsim
+    >>> x = np.array([0.1, 1000.0, 1e-5, -2.0], np.float32)
+    >>> s = fpsim.summarize(x, fpsim.quantize(x, "e4m3", saturate=True), "e4m3")
+    >>> s.overflow, s.underflow, s.max_abs
+    (1, 1, 552.0)
+    """
     fmt = get_format(fmt)
-    x = np.asarray(x, dtype=np.float64).reshape(-1)
-    q = np.asarray(q, dtype=np.float64).reshape(-1)
+    x, q = (np.asarray(_cpu(a), dtype=np.float64).reshape(-1) for a in (x, q))
     if x.shape != q.shape:
         raise ValueError(f"x has {x.size} elements but q has {q.size}: pass the quantized copy "
                          "of x")
@@ -71,6 +81,11 @@ def summarize(x: Any, q: Any, fmt: str | Format) -> ErrorSummary:
         max_rel=max_rel,
         snr_db=_snr_db(xs, err),
     )
+
+
+def _cpu(a: Any) -> Any:
+    """A torch tensor detached and on the CPU (float64 for NumPy); anything else as it is."""
+    return a.detach().cpu().double() if is_torch(a) else a
 
 
 def _snr_db(x: np.ndarray, err: np.ndarray) -> float:

@@ -346,6 +346,27 @@ MUTANTS = [
     Mutant("sweep-failed-order", "failed tasks listed in the order they ended",
            'order = {t.name: i for i, t in enumerate(tasks)}',
            'order = {t.name: 0 for t in tasks}', SWEEP_ORDER),
+    # first hour (issue 29): bridges, the CLI's names and blocks, small things users trip on
+    Mutant("bridge-fp4-nibbles", "float4_e2m1fn_x2 packs the first element in the high nibble",
+           "return codes[..., 0::2] | (codes[..., 1::2] << 4)",
+           "return codes[..., 1::2] | (codes[..., 0::2] << 4)", ["tests/test_bridge.py"]),
+    Mutant("scaled-dtype", "scaled_quantize returns float32 values for float16 input",
+           "vals = _in_dtype(vals, x)", "vals = vals", ["tests/test_first_hour.py"]),
+    Mutant("lossscaler-format", "LossScaler(grad_format=) starts one binade too high",
+           "init_scale = 2.0 ** min(16, top)", "init_scale = 2.0 ** min(16, top + 1)",
+           ["tests/test_first_hour.py"]),
+    Mutant("triton-no-gpu", "backend='triton' without a GPU reaches Triton's own error",
+           "if os.environ.get(\"TRITON_INTERPRET\") != \"1\":", "if False:",
+           ["tests/test_first_hour.py"]),
+    Mutant("cli-wider", "fpsim quantize writes a format wider than the data",
+           "if fmt.bits <= width or allow:", "if True:", ["tests/test_cli_names_blocks.py"]),
+    Mutant("cli-block-scales", "--codes writes E8M0 codes where the scale values belong",
+           "scales = decode(q.scales, fmt.scale).astype(np.float32)",
+           "scales = q.scales.astype(np.float32)", ["tests/test_cli_names_blocks.py"]),
+    Mutant("explain-block-padding", "explain counts the filled part of the last block as padding",
+           "return BlockExplanation(spec, scales, elements, -v.size % size, size, q.tensor_scale)",
+           "return BlockExplanation(spec, scales, elements, v.size % size, size, q.tensor_scale)",
+           ["tests/test_cli_names_blocks.py"]),
 ]
 
 

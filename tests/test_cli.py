@@ -22,8 +22,9 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def rows(out: str) -> dict[str, list[str]]:
-    """Table rows keyed by their first column."""
-    return {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
+    """Rows of the first table (up to the first blank line) keyed by their first column."""
+    table = out.split("\n\n")[0]
+    return {line.split()[0]: line.split() for line in table.splitlines() if line.strip()}
 
 
 # -- formats ----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""The README's Python tour runs, and its comments state what the code returns.
+"""The Python tour (docs/tour.md, once the README's) runs, and its comments state what the
+code returns.
 
-The claims are read from README.md, not re-typed here: each tour line with a ``# comment`` is
+The claims are read from docs/tour.md, not re-typed here: each tour line with a ``# comment`` is
 run on its own and the literals of its comment are checked against what the line produced.
 """
 
@@ -19,9 +20,12 @@ DTYPE = re.compile(r"\b(?:np\.)?(u?int\d+|float\d+)\b")             # uint8, np.
 COUNT = re.compile(r"\b\d+\b")                                       # 8, 128 (not E8M0, FP4)
 
 
-def python_blocks() -> list[str]:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    assert blocks, "the README has a Python tour"
+TOUR = README.parent / "docs" / "tour.md"     # the README's tour, moved there (issue 29)
+
+
+def python_blocks(page: Path = TOUR) -> list[str]:
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+    assert blocks, f"{page.name} has Python examples"
     return blocks
 
 
@@ -39,7 +43,7 @@ def test_tour_runs(tmp_path, monkeypatch):
     for code in python_blocks():
         if "model(" in code:  # the fake-quantization sketch needs a model of the reader's own
             continue
-        exec(compile(code, "README.md", "exec"), env)
+        exec(compile(code, "docs/emulate.md", "exec"), env)
     png = mpimg.imread(tmp_path / "errors.png")                  # decodes as a PNG
     again = env["fpsim"].plot.error_histogram(env["x"], ["e4m3", "e5m2", "bf16"])
     width, height = again.canvas.get_width_height()
@@ -99,7 +103,7 @@ def test_tour_comments_are_true(tmp_path, monkeypatch):
 
 
 def test_any_model_rules_example_reports_what_it_says():
-    """The README's Rules example, run on a tiny Llama built here: each rule takes the sites it
+    """The Rules example of docs/emulate.md (once the README's), run on a tiny Llama built here: each rule takes the sites it
     names (the lm_head rule too: it comes before the broader linear rule), the report says so,
     and it shows the sites the comment names."""
     torch = pytest.importorskip("torch")
@@ -108,7 +112,8 @@ def test_any_model_rules_example_reports_what_it_says():
 
     import fpsim
 
-    code = next(b for b in python_blocks() if "fpsim.emulate(rules" in b)
+    page = README.parent / "docs" / "emulate.md"
+    code = next(b for b in python_blocks(page) if "fpsim.emulate(rules" in b)
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                                    num_attention_heads=4, num_key_value_heads=2, vocab_size=61,
@@ -118,7 +123,7 @@ def test_any_model_rules_example_reports_what_it_says():
     out = io.StringIO()
     with warnings.catch_warnings(), contextlib.redirect_stdout(out):
         warnings.simplefilter("error")                 # no rule shadowed, nothing not emulated
-        exec(compile(code, "README.md", "exec"), env)
+        exec(compile(code, "docs/emulate.md", "exec"), env)
     rows = {line.split()[0]: line.split() for line in out.getvalue().splitlines()[1:]}
     comment = code.split("e.g.", 1)[1].split("\n")[0]
     named = [s.strip() for s in comment.split(",")]

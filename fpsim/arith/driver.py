@@ -105,6 +105,12 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     With ``order="tensor_core"`` zeros are +0 (any rounding) and NaN is NVIDIA's 0x7FFFFFFF,
     as MMA-Sim has them; the FMA-chain presets (FP64 DMMA/MFMA, AMD FP32 MFMA) follow IEEE
     754's fma instead (-0·x + -0 is -0; NumPy's NaN), and FP64 ones run on NumPy only.
+
+    >>> import numpy as np, fpsim
+    >>> ones = np.ones((1, 4096), np.float16)
+    >>> y, stats = fpsim.matmul(ones, ones.T, accum="fp16", return_stats=True)
+    >>> y.tolist(), stats.swamped.tolist()       # FP16 stalls at 2048: 2048 additions swamped
+    ([[2048.0]], [[2048]])
     """
     keyword = "backend"
     if engine is not None:
@@ -160,6 +166,10 @@ def dot(a: Any, b: Any, **options: Any) -> Any:
     """Dot product of two vectors with emulated arithmetic; options as for :func:`matmul`.
 
     Returns a 0-d array (or tensor), and statistics with ``return_stats=True``.
+
+    >>> import numpy as np, fpsim
+    >>> float(fpsim.dot(np.ones(4096), np.ones(4096), accum="bf16"))   # BF16 stalls at 256
+    256.0
     """
     for x, which in ((a, "a"), (b, "b")):
         if len(getattr(x, "shape", np.shape(x))) != 1:

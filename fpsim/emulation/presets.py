@@ -111,7 +111,9 @@ def rules(name: str, *, bf16: tuple[str, ...] = ()) -> Rules:
     matches a glob of ``bf16`` in BF16 instead (NVFP4 keeps some layers in BF16), everything
     else in torch.
 
-    >>> rules("nvfp4", bf16=("lm_head", "*.layers.11.*"))
+    >>> r = rules("nvfp4", bf16=("lm_head", "*.layers.11.*"))
+    >>> [(rule.path, rule.recipe.name) for rule in r.rules]
+    [('lm_head', 'bf16'), ('*.layers.11.*', 'bf16'), ('*', 'nvfp4')]
     """
     if isinstance(bf16, str):
         raise TypeError("bf16= takes a tuple of module-path globs, e.g. ('lm_head',)")
