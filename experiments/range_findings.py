@@ -332,7 +332,8 @@ def same_mantissa_lines(data: dict, ratios: Ratios) -> list[str]:
         r = ratios.ratio(wide, narrow, "format")
         parts.append(f"{wide['format']} / {narrow['format']} {r.text()} "
                      f"({r.side('more range costs', 'more range helps')}; operand elements "
-                     f"flushed end to end {pct(operand_shares(narrow)[1])} -> {pct(operand_shares(wide)[1])})")
+                     f"flushed end to end {pct(operand_shares(narrow)[1])} -> "
+                     f"{pct(operand_shares(wide)[1])})")
     if not parts:
         return []
     return ["Without scaling, at a fixed mantissa width, the widest exponent run against the "

@@ -170,24 +170,37 @@ def test_existing_results_need_resume_and_the_same_config(serial: Path, tmp_path
         sweep.run(sweep.from_dict({**SMALL, "batch": 1}), serial, resume=True, progress=False)
 
 
+KILL_AFTER_TWO = """\
+import os, signal, sys
+from experiments.sweep import runner
+from fpsim import cli
+write, written = runner.write_atomically, []
+
+def write_then_die(path, data):          # the driver dies (SIGKILL) right after its 2nd task
+    write(path, data)
+    written.append(path)
+    if path.parent.name == "tasks" and len(written) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+runner.write_atomically = write_then_die
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
 def test_killed_driver_resumes_with_only_the_missing_tasks(serial: Path, tmp_path: Path) -> None:
-    """The CLI in a subprocess, killed (SIGKILL) once two task files exist; a resume computes
-    exactly the others, leaves the two files as they were and writes the same results.json."""
+    """The CLI in a subprocess, killed (SIGKILL) right after it wrote its second task file (at
+    that point, not after a race with a timer); a resume computes exactly the others, leaves
+    the two files as they were and writes the same results.json."""
     cfg = tmp_path / "small.toml"
     cfg.write_text(TOML)
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "fpsim.cli", "sweep", str(cfg), "--out",
-                             str(out), "--no-progress"], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 600
-    while len(list((out / "tasks").glob("*.json"))) < 2 and proc.poll() is None:
-        assert time.monotonic() < deadline, "the sweep wrote no two task files in 600 s"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc = subprocess.run([sys.executable, "-c", KILL_AFTER_TWO, "sweep", str(cfg), "--out",
+                           str(out), "--no-progress"], cwd=REPO, env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=900)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
     kept = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in (out / "tasks").glob("*")}
-    assert 2 <= len(kept) < 6, proc.stderr.read().decode()      # no temporary file left over
+    assert len(kept) == 2, proc.stderr.decode()          # no temporary file left over
     s = sweep.from_dict(SMALL)
     outcome = sweep.run(s, out, resume=True, progress=False)
     tasks = runner.plan(s)
