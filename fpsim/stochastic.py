@@ -46,10 +46,12 @@ def check_srbits(srbits: Any, rounding: str) -> int | None:
 
 
 def check_random_bits(random_bits: Any, x: Any, rounding: str, srbits: int | None,
-                      seed: Any) -> Any:
+                      seed: Any, shape: tuple | None = None, layout: str | None = None) -> Any:
     """``random_bits`` as an array (NumPy for NumPy or scalar ``x``, a tensor on ``x``'s device
     for a tensor) of ``x``'s shape, every value in [0, 2^srbits); None stays None.  They need a
-    stochastic ``rounding`` and ``srbits`` (how many bits each holds), and no ``seed``."""
+    stochastic ``rounding`` and ``srbits`` (how many bits each holds), and no ``seed``.
+    ``shape`` and ``layout`` (what the error says it is): the shape they need when it is not
+    ``x``'s (matmul: one value per rounding of each output)."""
     if random_bits is None:
         return None
     if rounding not in STOCHASTIC:
@@ -70,9 +72,11 @@ def check_random_bits(random_bits: Any, x: Any, rounding: str, srbits: int | Non
         bad = r.dtype.kind not in "iu"
     if bad:
         raise TypeError(f"random_bits must be integers, got dtype {r.dtype}")
-    if tuple(r.shape) != tuple(np.shape(x) if not is_torch(x) else x.shape):
-        raise ValueError(f"random_bits has shape {tuple(r.shape)}; it needs the input's shape "
-                         f"{tuple(x.shape) if is_torch(x) else np.shape(x)}, one value per element")
+    if shape is None:
+        shape = tuple(x.shape) if is_torch(x) else np.shape(x)
+        layout = f"the input's shape {shape}, one value per element"
+    if tuple(r.shape) != tuple(shape):
+        raise ValueError(f"random_bits has shape {tuple(r.shape)}; it needs {layout}")
     if r.numel() if is_torch(r) else r.size:
         lo, hi = int(r.min()), int(r.max())
         if lo < 0 or hi >= 1 << srbits:

@@ -14,7 +14,7 @@ can fuse each into one kernel with ``torch.compile``.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..backend import ops_for
 import numpy as np
@@ -23,6 +23,9 @@ from ..convert import quantize
 from ..formats import Format
 from ..rounding import STOCHASTIC
 from .lanes import Lanes, lane_max
+
+if TYPE_CHECKING:
+    from .given_bits import TileBits
 
 #: Per-output statistics carried through a loop: (swamped, underflow, peak), or () when unused.
 Stats = tuple
@@ -33,7 +36,8 @@ class Adder:
 
     ``plain`` adds in the lanes' own arithmetic (``fmt`` is the lanes' float, round to nearest
     even).  ``may_overflow`` guards sums beyond the lanes' range, which TwoSum cannot split.
-    ``srbits``: random bits of the stochastic modes (None: every dropped bit).
+    ``srbits``: random bits of the stochastic modes (None: every dropped bit); a call's ``r``:
+    the caller's n-bit values for these additions (shaped like the sum), else drawn from ``rng``.
     """
 
     def __init__(self, fmt: Format, rounding: str, lanes: Lanes, rng: Any, *, plain: bool,
@@ -45,7 +49,7 @@ class Adder:
         self.big = lane_max(lanes.src)
         self.top_ulp = 2.0 ** (fmt.emax - fmt.mbits)    # the step from max to inf, stochastically
 
-    def __call__(self, x: Any, y: Any) -> Any:
+    def __call__(self, x: Any, y: Any, r: Any = None) -> Any:
         # IEEE 754 section 6.3: an exact zero sum of opposite signs is +0, but -0 under rdown;
         # -((-x) - y) has the same value as x + y and that sign of zero (x + x keeps x's sign)
         s = -((-x) - y) if self.rounding == "rdown" else x + y
@@ -61,10 +65,10 @@ class Adder:
         odd = (sb + ((eb ^ sb) >> self.top)) | 1     # toward e: |s|+1 or |s|-1, made odd
         s_odd = self.lanes.floats(xp.where(abs(e) > 0, odd, sb))
         if self.rounding in STOCHASTIC:
-            return self._stochastic(s, e, s_odd)
+            return self._stochastic(s, e, s_odd, r)
         return quantize(s_odd, self.fmt, rounding=self.rounding, backend=self.lanes.backend)
 
-    def _stochastic(self, s: Any, e: Any, s_odd: Any) -> Any:
+    def _stochastic(self, s: Any, e: Any, s_odd: Any, r: Any) -> Any:
         """Stochastic rounding of the exact sum s + e.  Round-to-odd is exact only for the
         deterministic modes, so the two neighbours come from it (``rdown``/``rup``) and the
         probability of the upper one from the exact distance: (s - lo) + e over hi - lo.
@@ -74,9 +78,10 @@ class Adder:
         all that the n-bit rules read, so it is rounded with n random bits as it stands."""
         xp, lanes = self.lanes.xp, self.lanes
         if self.srbits is not None:
+            if r is None:
+                r = random_ints(lanes, self.rng, s.shape, self.srbits)
             return quantize(s_odd, self.fmt, rounding=self.rounding, srbits=self.srbits,
-                            random_bits=random_ints(lanes, self.rng, s.shape, self.srbits),
-                            backend=lanes.backend)
+                            random_bits=r, backend=lanes.backend)
         lo = quantize(s_odd, self.fmt, rounding="rdown", backend=lanes.backend)
         hi = quantize(s_odd, self.fmt, rounding="rup", backend=lanes.backend)
         width = xp.where(xp.isinf(hi) & xp.isfinite(lo), self.top_ulp, hi - lo)
@@ -124,8 +129,9 @@ class Steps:
         wrap = compile_step if compiled else (lambda f: f)
         self.seq, self.pair = wrap(self._seq), wrap(self._pair)
 
-    def products(self, a: Any, b: Any, st: Stats) -> tuple[Any, Stats]:
-        """Exact products, rounded to the product format when there is one."""
+    def products(self, a: Any, b: Any, st: Stats, r: Any = None) -> tuple[Any, Stats]:
+        """Exact products, rounded to the product format when there is one (stochastically:
+        with the random bits ``r`` when given, shaped like the products)."""
         p = a * b
         if self.product is None:
             return p, st
@@ -133,22 +139,25 @@ class Steps:
             q = quantize(p, self.product, rounding=self.rounding, seed=self.rng,
                          backend=self.lanes.backend)
         else:
+            if r is None:
+                r = random_ints(self.lanes, self.rng, p.shape, self.add.srbits)
             q = quantize(p, self.product, rounding=self.rounding, srbits=self.add.srbits,
-                         random_bits=random_ints(self.lanes, self.rng, p.shape, self.add.srbits),
-                         backend=self.lanes.backend)
+                         random_bits=r, backend=self.lanes.backend)
         if st:
             miss = self.lanes.count((q == 0) & (p != 0))
             st = st[0], st[1] + (miss.sum(0) if miss.ndim > st[1].ndim else miss), st[2]
         return q, st
 
-    def _seq(self, acc: Any, a: Any, b: Any, st: Stats) -> tuple[Any, Stats]:
-        p, st = self.products(a, b, st)
-        s = self.add(acc, p)
+    def _seq(self, acc: Any, a: Any, b: Any, st: Stats, r: tuple = (None, None)
+             ) -> tuple[Any, Stats]:
+        """One term: ``r`` the given random bits of its product and its addition (or None)."""
+        p, st = self.products(a, b, st, r[0])
+        s = self.add(acc, p, r[1])
         return s, counted(self.lanes, acc, p, s, st)
 
-    def _pair(self, x: Any, y: Any, st: Stats) -> tuple[Any, Stats]:
+    def _pair(self, x: Any, y: Any, st: Stats, r: Any = None) -> tuple[Any, Stats]:
         """Additions stacked on axis 0, either operand possibly the one swallowed."""
-        s = self.add(x, y)
+        s = self.add(x, y, r)
         if not st:
             return s, st
         xp = self.lanes.xp
@@ -179,7 +188,7 @@ def compile_step(fn: Callable) -> Callable:
 def _tensors(args: Any) -> list:
     out = []
     for x in args:
-        out.extend(_tensors(x) if isinstance(x, tuple) else [x])
+        out.extend(_tensors(x) if isinstance(x, tuple) else [] if x is None else [x])
     return out
 
 
@@ -188,10 +197,10 @@ Operands = Callable[[int, int], tuple[Any, Any]]  # (k0, k1) -> (a, b) terms k0.
 
 def sequential(operands: Operands, K: int, steps: Steps, st: Stats, shape: tuple,
                chunk: int | None = None, promote: Callable | None = None,
-               init: Any = None) -> tuple[Any, Stats]:
+               init: Any = None, bits: TileBits | None = None) -> tuple[Any, Stats]:
     """Left to right, one rounding per addition, starting from ``init`` (C) when given; with
     ``chunk``, the running sum restarts every ``chunk`` terms after ``promote(outer,
-    block_sum, st)`` folds it into an outer sum."""
+    block_sum, st)`` folds it into an outer sum.  ``bits``: the caller's random bits."""
     lanes = steps.lanes
     acc = lanes.full(shape, steps.identity) if init is None else init
     outer = None
@@ -200,27 +209,34 @@ def sequential(operands: Operands, K: int, steps: Steps, st: Stats, shape: tuple
             outer, st = promote(outer, acc, st)
             acc = lanes.full(shape, steps.identity)
         a, b = operands(k, k + 1)
-        acc, st = steps.seq(acc, a[0], b[0], st)
+        acc, st = steps.seq(acc, a[0], b[0], st, (None, None) if bits is None else bits.step(k))
     return promote(outer, acc, st) if chunk else (acc, st)
 
 
 def pairwise(operands: Operands, K: int, steps: Steps, st: Stats, shape: tuple,
-             init: Any = None) -> tuple[Any, Stats]:
+             init: Any = None, bits: TileBits | None = None) -> tuple[Any, Stats]:
     """A balanced tree: neighbours are added level by level (an odd last term moves up as is),
     so every product passes through at most ceil(log2 K) roundings; ``init`` (C), when given,
-    is added to the tree's sum with one more rounding."""
+    is added to the tree's sum with one more rounding.  ``bits``: the caller's random bits,
+    the tree's additions numbered level by level, left to right (given_bits.py)."""
+    def given(i: int, n: int) -> Any:
+        return None if bits is None else bits.additions(i, n)
+
     if init is not None:
-        s, st = pairwise(operands, K, steps, st, shape)
-        s, st = steps.pair(init[None], s[None], st)
+        s, st = pairwise(operands, K, steps, st, shape, bits=bits)
+        s, st = steps.pair(init[None], s[None], st, given(max(K - 1, 1), 1))
         return s[0], st
     xp = steps.lanes.xp
     a, b = operands(0, K)
-    level, st = steps.products(a, b, st)             # (K, *shape)
-    if K == 1:
-        s, st = steps.pair(steps.lanes.full((1,) + shape, steps.identity), level, st)
+    level, st = steps.products(a, b, st, None if bits is None else bits.product_bits())
+    if K == 1:                                       # level: (K, *shape)
+        s, st = steps.pair(steps.lanes.full((1,) + shape, steps.identity), level, st,
+                           given(0, 1))
         return s[0], st
+    done = 0                                         # additions so far
     while level.shape[0] > 1:
         n = level.shape[0]
-        s, st = steps.pair(level[0:n - 1:2], level[1:n:2], st)
+        s, st = steps.pair(level[0:n - 1:2], level[1:n:2], st, given(done, n // 2))
+        done += n // 2
         level = xp.concatenate([s, level[n - 1:]]) if n % 2 else s
     return level[0], st

@@ -24,7 +24,7 @@ from ..convert import quantize
 from ..formats import Format
 from ..inputs import check_flag, check_input, check_seed
 from ..rounding import F32, F64, STOCHASTIC
-from . import accumulate, block_scaled, fused, jit
+from . import accumulate, block_scaled, fused, given_bits, jit
 from .tensor_core import (GroupStep, TensorCoreModel, canonical_nan, exponents,
                           run as run_tensor_core)
 from .accumulate import Stats
@@ -57,7 +57,7 @@ class MatmulStats:
 def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
            order: str = "sequential", chunk: int | None = None, product: str | Format = "exact",
            rounding: str = "rne", output: str | Format | None = None, return_stats: bool = False,
-           seed: Any = None, srbits: int | None = None,
+           seed: Any = None, srbits: int | None = None, random_bits: Any = None,
            tensor_core: str | TensorCoreModel | None = None, backend: str = "auto",
            engine: str | None = None, c: Any = None) -> Any:
     """Matrix product ``a @ b`` (NumPy ``matmul`` semantics) with emulated arithmetic, plus
@@ -86,6 +86,11 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     ``seed``: seed or generator for stochastic rounding (NumPy Generator / torch Generator);
     ``srbits``: its number of random bits per rounding (None: every dropped bit, the exact
     probability; n: the rule of the stochastic mode, docs/stochastic.md, on the exact sum).
+    ``random_bits``: the n-bit values themselves instead of ``seed`` (needs ``srbits``): an
+    integer array of the result's shape plus one last axis with a value per rounding of each
+    output (the K rounded products when ``product=`` rounds them, then the additions in the
+    order's sequence: docs/stochastic.md); the result is then a pure function of (operands,
+    random bits), the same on every backend.
     ``backend``: "numpy", "numba" (:mod:`fpsim.arith.jit`, needs numba: ``pip install
     fpsim[fast]``; one compiled loop on every core, many times faster than "numpy"; exact
     products, orders sequential/fma/chunked/pairwise, modes other than stochastic, signed
@@ -137,6 +142,7 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     if plan.model is not None and plan.model.truncate is not None:   # TF32 reads 19 bits
         ops.a, ops.b = (quantize(x, plan.model.truncate, rounding="rtz") for x in (ops.a, ops.b))
     init = None if c is None else addend(c, ops, plan.c_format, use_torch)
+    bits = given_bits.check(random_bits, plan, seed, ops, c is not None)
     emins = tuple((f or g).emin if (f or g) else -1022 for f, g in zip(plan.inputs, ops.formats))
     pa, pb = profile(ops.a), profile(ops.b)
     prod = pa.times(pb)
@@ -147,7 +153,8 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
         out, stats = jit.run(plan, prod, a3, b3, idx_a, idx_b, init), ()
     else:
         with np.errstate(invalid="ignore", over="ignore"):      # inf - inf inside TwoSum
-            out, stats = _run(plan, lanes, prod, ops, emins, seed, return_stats, init, exps)
+            out, stats = _run(plan, lanes, prod, ops, emins, seed, return_stats, init, exps,
+                              bits)
     if plan.output is not None:
         out = quantize(out, plan.output)
     narrow = holds(F32, plan.result_format)
@@ -227,10 +234,12 @@ def _lanes_for(plan: Plan, prod: Profile, operands_fit_f32: bool, like: Any) -> 
 
 
 def _run(plan: Plan, lanes: Lanes, prod: Profile, ops: Operands, emins: tuple, seed: Any,
-         want_stats: bool, init: Any = None, exps: Operands | None = None) -> tuple[Any, Stats]:
+         want_stats: bool, init: Any = None, exps: Operands | None = None,
+         bits: Any = None) -> tuple[Any, Stats]:
     """Walk the (batch, M, N) output in tiles, starting from the addend ``init`` (batch, M, N)
     when given; ``exps``: the operands' exponents of block-scaled instructions, else they are
-    read from the operands.  Returns float64 results and statistics."""
+    read from the operands; ``bits``: the caller's random bits (batch, M, N, R), which replace
+    the generator.  Returns float64 results and statistics."""
     a3, idx_a = batched(lanes.cast(ops.a), ops.batch)
     b3, idx_b = batched(lanes.cast(ops.b), ops.batch)
     if exps is not None:
@@ -247,7 +256,9 @@ def _run(plan: Plan, lanes: Lanes, prod: Profile, ops: Operands, emins: tuple, s
             out[...] = init
         return out, stats
     modes = (plan.rounding, plan.model.rounding if plan.model is not None else None)
-    rng = _rng(lanes, seed) if any(m in STOCHASTIC for m in modes) else None
+    drawn = bits is None and any(m in STOCHASTIC for m in modes)
+    rng = _rng(lanes, seed) if drawn else None     # given bits: nothing drawn, tiles in parallel
+    products = 0 if bits is None else given_bits.count(plan, K, init is not None)[0]
     steps, outer, group_step = _steps(plan, lanes, wide, prod, rng)
 
     group = plan.model.group if plan.model else 1
@@ -272,6 +283,7 @@ def _run(plan: Plan, lanes: Lanes, prod: Profile, ops: Operands, emins: tuple, s
         where = (slice(b0, b0 + bt), slice(i0, i0 + tm), slice(j0, j0 + tn))
         c0 = None if init is None else wide.cast(init[where])
         inner = None if c0 is None or plan.chunk else lanes.cast(c0)
+        tb = None if bits is None else given_bits.TileBits(lanes, bits[where], products)
 
         def operands(k0: int, k1: int) -> tuple[Any, Any]:
             return A[k0:k1], Bs[k0:k1]
@@ -286,10 +298,10 @@ def _run(plan: Plan, lanes: Lanes, prod: Profile, ops: Operands, emins: tuple, s
             res, st = run_tensor_core(operands, lambda k0, k1: (EA[k0:k1], EB[k0:k1]), K,
                                       shape, group_step, st, plan.chunk, promote, inner)
         elif plan.order == "pairwise":
-            res, st = accumulate.pairwise(operands, K, steps, st, shape, inner)
+            res, st = accumulate.pairwise(operands, K, steps, st, shape, inner, tb)
         else:
             res, st = accumulate.sequential(operands, K, steps, st, shape, plan.chunk, promote,
-                                            inner)
+                                            inner, tb)
         out[where] = res
         for total, part in zip(stats, st):
             total[where] = part
