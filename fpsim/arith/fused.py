@@ -56,5 +56,6 @@ class OneRounding:
     def __init__(self, fmt: Format, rounding: str, lanes: Lanes) -> None:
         self.fmt, self.rounding, self.lanes = fmt, rounding, lanes
 
-    def __call__(self, x: Any, y: Any) -> Any:
+    def __call__(self, x: Any, y: Any, r: None = None) -> Any:
+        """``r``: always None (nearest modes take no random bits), as :class:`Adder` has it."""
         return quantize(x + y, self.fmt, rounding=self.rounding)
