@@ -46,6 +46,7 @@ TENSOR_CORE = ["tests/test_arith_tensor_core.py"]
 FMA = ["tests/test_fma.py"]
 JIT = ["tests/test_jit_matmul.py"]
 SR_BITS = ["tests/test_stochastic_bits.py"]
+SR_MATMUL = ["tests/test_matmul_random_bits.py"]
 COVERAGE = ["tests/test_emulate_coverage.py"]
 TRAINING = ["tests/test_training_presets.py"]
 SWEEP_PLAN = ["tests/test_sweep.py::test_plan_shards_whole_batches_and_seeds_draw_windows"]
@@ -367,6 +368,32 @@ MUTANTS = [
            "return BlockExplanation(spec, scales, elements, -v.size % size, size, q.tensor_scale)",
            "return BlockExplanation(spec, scales, elements, v.size % size, size, q.tensor_scale)",
            ["tests/test_cli_names_blocks.py"]),
+    # matmul's random_bits= (issue 31): one given n-bit value per rounding of each output
+    Mutant("sr-mm-step", "the running sum reads the random bits of its additions reversed",
+           "given = (None, None) if bits is None else bits.step(k)",
+           "given = (None, None) if bits is None else bits.step(K - 1 - k)", SR_MATMUL),
+    Mutant("sr-mm-offset", "additions read the products' random bits (no offset past them)",
+           "return (self.bits[k] if self.products else None), self.bits[self.products + k]",
+           "return (self.bits[k] if self.products else None), self.bits[k]", SR_MATMUL),
+    Mutant("sr-mm-tree", "each level of the pairwise tree restarts at its first random value",
+           "done += n // 2", "done += 0", SR_MATMUL),
+    Mutant("sr-mm-c", "pairwise C + the tree's sum reuses the tree's first random value",
+           "s, st = steps.pair(init[None], s[None], st, given(max(K - 1, 1), 1))",
+           "s, st = steps.pair(init[None], s[None], st, given(0, 1))", SR_MATMUL),
+    Mutant("sr-mm-count", "a pairwise sum of one term is counted with no rounding",
+           "return products, max(K - 1, 1) + with_c", "return products, K - 1 + with_c",
+           SR_MATMUL),
+    Mutant("sr-mm-axis", "a tile's random bits are reshaped, not moved, rounding first",
+           "self.bits = lanes.xp.moveaxis(bits, -1, 0)",
+           "self.bits = bits.reshape((bits.shape[-1],) + tuple(bits.shape[:-1]))", SR_MATMUL),
+    Mutant("sr-mm-adder", "an addition uses its given random value halved",
+           "random_bits=r, backend=lanes.backend)", "random_bits=r // 2, backend=lanes.backend)",
+           SR_MATMUL),
+    Mutant("sr-mm-product", "a rounded product uses its given random value with the low bit "
+           "flipped", "random_bits=r, backend=self.lanes.backend)",
+           "random_bits=r ^ 1, backend=self.lanes.backend)", SR_MATMUL),
+    Mutant("sr-mm-shape", "random bits of the right rank but wrong length pass the check",
+           "if tuple(r.shape) != tuple(shape):", "if r.ndim != len(shape):", SR_MATMUL),
 ]
 
 

@@ -167,7 +167,7 @@ def test_random_operands_match_the_reference(mode, order, chunk, backend):
     for K, accum, n, pfmt, with_c in [(1, "e5m2", 2, None, False), (2, "e5m2", 3, None, True),
                                       (5, "e5m2", 1, None, False), (7, "bf16", 5, None, True),
                                       (9, "e5m2", 4, "e4m3", False), (6, "bf16", 20, None, False),
-                                      (4, "bf16", 3, "e5m2", True)]:
+                                      (4, "bf16", 3, "e5m2", True), (1, "bf16", 2, None, True)]:
         if order == "fma" and pfmt:
             continue                              # fma rounds the product with the sum
         a = (rng.standard_normal((3, K)) * 4).astype(np.float32)

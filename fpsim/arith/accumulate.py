@@ -209,7 +209,8 @@ def sequential(operands: Operands, K: int, steps: Steps, st: Stats, shape: tuple
             outer, st = promote(outer, acc, st)
             acc = lanes.full(shape, steps.identity)
         a, b = operands(k, k + 1)
-        acc, st = steps.seq(acc, a[0], b[0], st, (None, None) if bits is None else bits.step(k))
+        given = (None, None) if bits is None else bits.step(k)
+        acc, st = steps.seq(acc, a[0], b[0], st, given)
     return promote(outer, acc, st) if chunk else (acc, st)
 
 
