@@ -83,3 +83,43 @@ def check_random_bits(random_bits: Any, x: Any, rounding: str, srbits: int | Non
             raise ValueError(f"random_bits hold {lo}..{hi}: with srbits={srbits} each lies in "
                              f"[0, {(1 << srbits) - 1}]")
     return r
+
+
+#: PTX ``cvt.rs``: which bits of the 32-bit ``rbits`` each value of a packed conversion uses,
+#: as (shift, width) for ``a`` then ``b``, where the PTX ISA's text says so.  The x4 forms
+#: (FP8/FP6/FP4) are absent: the text gives only which half (or bytes) serve a pair of values,
+#: not which bits go to each value (docs/stochastic.md, "Hardware").
+PTX_RBITS = {"f16x2": ((16, 13), (0, 13)), "bf16x2": ((16, 16), (0, 16))}
+_PTX_UNSAID = ("e4m3x4", "e5m2x4", "e2m3x4", "e3m2x4", "e2m1x4")
+
+
+def ptx_random_bits(rbits: Any, conversion: str) -> np.ndarray:
+    """The random bits each value of ``cvt.rs.<conversion>.f32 d, a, b, rbits`` uses, shaped
+    ``rbits.shape + (2,)`` (``a``, then ``b``), to pass as ``random_bits`` with ``srbits`` the
+    width (13 for f16x2: the 13 low bits of each 16-bit half; 16 for bf16x2: each half).
+
+    >>> import numpy as np, fpsim
+    >>> from fpsim.stochastic import ptx_random_bits
+    >>> r = ptx_random_bits(np.uint32(0xE001_1FFF), "f16x2")    # a: 0x0001, b: 0x1FFF
+    >>> r.tolist()
+    [1, 8191]
+    >>> x = np.float32([1 + 2**-23, 1 + 2**-23])                # 1 + 1/8192 of an fp16 ulp
+    >>> fpsim.quantize(x, "fp16", rounding="stochastic", srbits=13, random_bits=r).tolist()
+    [1.0, 1.0009765625]
+    """
+    if conversion in _PTX_UNSAID:
+        raise ValueError(f"cvt.rs.{conversion}: the PTX ISA's text does not say which bits of "
+                         "rbits each value uses (only which half or bytes serve a pair); split "
+                         "rbits yourself and pass random_bits with srbits=8")
+    if conversion not in PTX_RBITS:
+        raise ValueError(f"unknown conversion {conversion!r}: choose one of "
+                         f"{', '.join(PTX_RBITS)} (or the x4 forms {', '.join(_PTX_UNSAID)})")
+    r = np.asarray(rbits.cpu() if is_torch(rbits) else rbits)
+    if r.dtype.kind not in "iu":
+        raise TypeError(f"rbits must be integers (a .b32 register), got dtype {r.dtype}")
+    if r.size and (int(r.min()) < 0 or int(r.max()) >= 1 << 32):
+        raise ValueError(f"rbits hold {int(r.min())}..{int(r.max())}: a .b32 register holds "
+                         "0..2^32 - 1")
+    r = r.astype(np.int64)
+    lanes = [(r >> shift) & ((1 << width) - 1) for shift, width in PTX_RBITS[conversion]]
+    return np.stack(lanes, axis=-1)

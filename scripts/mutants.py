@@ -394,6 +394,13 @@ MUTANTS = [
            "random_bits=r ^ 1, backend=self.lanes.backend)", SR_MATMUL),
     Mutant("sr-mm-shape", "random bits of the right rank but wrong length pass the check",
            "if tuple(r.shape) != tuple(shape):", "if r.ndim != len(shape):", SR_MATMUL),
+    Mutant("sr-ptx-lanes", "cvt.rs.f16x2's a takes the lower half of rbits, b the upper",
+           'PTX_RBITS = {"f16x2": ((16, 13), (0, 13)), "bf16x2": ((16, 16), (0, 16))}',
+           'PTX_RBITS = {"f16x2": ((0, 13), (16, 13)), "bf16x2": ((16, 16), (0, 16))}', SR_BITS),
+    Mutant("sr-ptx-mask", "cvt.rs.f16x2 keeps all 16 bits of each half, not the low 13",
+           "lanes = [(r >> shift) & ((1 << width) - 1) for shift, width in PTX_RBITS[conversion]]",
+           "lanes = [(r >> shift) & 0xFFFF for shift, width in PTX_RBITS[conversion]]",
+           SR_BITS),
 ]
 
 

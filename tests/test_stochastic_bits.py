@@ -359,3 +359,37 @@ def test_cli_quantize_takes_srbits(tmp_path, capsys):
     assert main(["quantize", str(tmp_path / "in.npy"), str(tmp_path / "x.npy"), "-f", "e5m2",
                  "--srbits", "3"]) != 0
     assert "stochastic mode" in capsys.readouterr().err and not (tmp_path / "x.npy").exists()
+
+
+@pytest.mark.parametrize("conversion, fmt, width", [("f16x2", "fp16", 13), ("bf16x2", "bf16", 16)])
+def test_ptx_rbits_lanes_as_the_isa_text_gives_them(conversion, fmt, width):
+    """cvt.rs.f16x2 / .bf16x2: a takes the low ``width`` bits of rbits' upper half, b those of
+    its lower half (f16x2's top 3 bits of each half unused); float32 to fp16 / bf16 drops
+    exactly ``width`` bits of a normal value, so a value 1 + D/2^width of an ulp rounds up when
+    D + its random bits carry out of ``width`` bits (StochasticA, the carry PTX describes)."""
+    from fpsim.stochastic import ptx_random_bits
+
+    rng = np.random.default_rng(11)
+    rbits = rng.integers(0, 2**32, 4000, dtype=np.uint64).astype(np.uint32)
+    d = rng.integers(0, 2**width, (4000, 2))
+    x = (1 + d * 2.0 ** -(width + (10 if fmt == "fp16" else 7))).astype(np.float32)
+    got = fpsim.quantize(x, fmt, rounding="stochastic", srbits=width,
+                         random_bits=ptx_random_bits(rbits, conversion))
+    r64 = rbits.astype(np.int64)
+    mine = np.stack([(r64 >> 16) & (2**width - 1), r64 & (2**width - 1)], axis=-1)
+    ulp = 2.0 ** -(10 if fmt == "fp16" else 7)
+    assert np.array_equal(got, np.where(d + mine >= 2**width, 1 + ulp, 1.0))
+    assert ptx_random_bits(np.uint32(0xFFFF0000), conversion).tolist() == [2**width - 1, 0]
+
+
+def test_ptx_rbits_says_what_the_isa_leaves_unsaid():
+    from fpsim.stochastic import ptx_random_bits
+
+    with pytest.raises(ValueError, match="does not say which bits"):
+        ptx_random_bits(np.uint32(1), "e4m3x4")
+    with pytest.raises(ValueError, match="unknown conversion"):
+        ptx_random_bits(np.uint32(1), "f8x2")
+    with pytest.raises(ValueError, match="0..2\\^32 - 1"):
+        ptx_random_bits(np.int64(2**32), "bf16x2")
+    with pytest.raises(TypeError, match="must be integers"):
+        ptx_random_bits(np.float32(1), "bf16x2")
