@@ -14,7 +14,7 @@ can fuse each into one kernel with ``torch.compile``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from ..backend import ops_for
 import numpy as np
@@ -23,9 +23,6 @@ from ..convert import quantize
 from ..formats import Format
 from ..rounding import STOCHASTIC
 from .lanes import Lanes, lane_max
-
-if TYPE_CHECKING:
-    from .given_bits import TileBits
 
 #: Per-output statistics carried through a loop: (swamped, underflow, peak), or () when unused.
 Stats = tuple
@@ -197,10 +194,11 @@ Operands = Callable[[int, int], tuple[Any, Any]]  # (k0, k1) -> (a, b) terms k0.
 
 def sequential(operands: Operands, K: int, steps: Steps, st: Stats, shape: tuple,
                chunk: int | None = None, promote: Callable | None = None,
-               init: Any = None, bits: TileBits | None = None) -> tuple[Any, Stats]:
+               init: Any = None, bits: Any = None) -> tuple[Any, Stats]:
     """Left to right, one rounding per addition, starting from ``init`` (C) when given; with
     ``chunk``, the running sum restarts every ``chunk`` terms after ``promote(outer,
-    block_sum, st)`` folds it into an outer sum.  ``bits``: the caller's random bits."""
+    block_sum, st)`` folds it into an outer sum.  ``bits``: the caller's random bits (a
+    :class:`fpsim.arith.given_bits.TileBits`), or None to draw them."""
     lanes = steps.lanes
     acc = lanes.full(shape, steps.identity) if init is None else init
     outer = None
@@ -215,7 +213,7 @@ def sequential(operands: Operands, K: int, steps: Steps, st: Stats, shape: tuple
 
 
 def pairwise(operands: Operands, K: int, steps: Steps, st: Stats, shape: tuple,
-             init: Any = None, bits: TileBits | None = None) -> tuple[Any, Stats]:
+             init: Any = None, bits: Any = None) -> tuple[Any, Stats]:
     """A balanced tree: neighbours are added level by level (an odd last term moves up as is),
     so every product passes through at most ceil(log2 K) roundings; ``init`` (C), when given,
     is added to the tree's sum with one more rounding.  ``bits``: the caller's random bits,
