@@ -254,6 +254,25 @@ def test_numpy_and_torch_agree_on_batches(mode):
     assert d.shape == () and same_bits(d, want[0, 0])
 
 
+@pytest.mark.parametrize("order", ["sequential", "pairwise"])
+def test_tiles_in_threads_read_their_own_bits(order):
+    """45,000 outputs: NumPy walks two tiles (given bits draw nothing, so the tiles run in
+    threads), torch one after the other; each output reads its own random values."""
+    from fpsim.arith import driver
+
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((300, 5)).astype(np.float32)
+    b = rng.standard_normal((5, 150)).astype(np.float32)
+    assert 300 * 150 > driver.TILE
+    bits = rng.integers(0, 8, (300, 150, n_roundings(5, order, None, None)))
+    kw = dict(accum="e5m2", rounding="stochastic_b", srbits=3, order=order)
+    x = run("numpy", a, b, bits, **kw)
+    assert same_bits(run("torch", a, b, bits, **kw), np.asarray(x, np.float64))
+    rows = [0, 299]
+    want = reference(a[rows], b, bits[rows], **kw)
+    assert same_bits(x[rows], want)
+
+
 def test_numba_is_not_used_with_random_bits(monkeypatch):
     """The compiled engine has no stochastic modes: backend="auto" runs NumPy (jit.run is never
     called, though it is for a nearest mode), backend="numba" says so."""
