@@ -61,14 +61,15 @@ def check_random_bits(random_bits: Any, x: Any, rounding: str, srbits: int | Non
         raise ValueError("random_bits needs srbits=: how many random bits each value holds")
     if seed is not None:
         raise ValueError("pass random_bits or seed, not both: the random bits are given")
-    if is_torch(x):
+    if is_torch(random_bits) and (not is_torch(x) or _unsigned(random_bits)):
+        random_bits = random_bits.cpu().numpy()     # torch has no min/max for uint16..uint64
+    if is_torch(random_bits):                       # a tensor's bits stay on its device
         import torch
 
-        r = random_bits if is_torch(random_bits) else torch.as_tensor(np.asarray(random_bits))
+        r = random_bits.to(x.device)
         bad = r.is_floating_point() or r.is_complex() or r.dtype == torch.bool
-        r = r.to(x.device)
     else:
-        r = np.asarray(random_bits.cpu() if is_torch(random_bits) else random_bits)
+        r = np.asarray(random_bits)
         bad = r.dtype.kind not in "iu"
     if bad:
         raise TypeError(f"random_bits must be integers, got dtype {r.dtype}")
@@ -82,7 +83,16 @@ def check_random_bits(random_bits: Any, x: Any, rounding: str, srbits: int | Non
         if lo < 0 or hi >= 1 << srbits:
             raise ValueError(f"random_bits hold {lo}..{hi}: with srbits={srbits} each lies in "
                              f"[0, {(1 << srbits) - 1}]")
+    if is_torch(x) and not is_torch(r):
+        import torch
+
+        r = torch.as_tensor(r.astype(np.int64) if r.dtype.kind == "u" else r, device=x.device)
     return r
+
+
+def _unsigned(t: Any) -> bool:
+    """A torch tensor of unsigned integers wider than a byte."""
+    return str(t.dtype) in ("torch.uint16", "torch.uint32", "torch.uint64")
 
 
 #: PTX ``cvt.rs``: which bits of the 32-bit ``rbits`` each value of a packed conversion uses,

@@ -273,6 +273,21 @@ def test_tiles_in_threads_read_their_own_bits(order):
     assert same_bits(x[rows], want)
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int32])
+def test_every_integer_dtype_as_array_or_tensor(dtype):
+    """Unsigned random bits (torch has no min/max for uint16..uint64 tensors) and signed ones,
+    as NumPy arrays or tensors, for NumPy and torch operands: one result."""
+    a = np.float32([[1.0, 2**-3, 2**-3, 2**-4]])           # e5m2: 1, 1.25, 1.5, 1.5
+    b = np.ones((4, 1), np.float32)
+    r = np.array([0, 2, 3, 0], dtype).reshape(1, 1, 4)
+    kw = dict(accum="e5m2", rounding="stochastic", srbits=2)
+    for bits in (r, torch.from_numpy(r)):
+        assert fpsim.matmul(a, b, random_bits=bits, **kw).tolist() == [[1.5]]
+        t = fpsim.matmul(torch.from_numpy(a), torch.from_numpy(b), random_bits=bits,
+                         backend="torch", **kw)
+        assert t.tolist() == [[1.5]]
+
+
 def test_numba_is_not_used_with_random_bits(monkeypatch):
     """The compiled engine has no stochastic modes: backend="auto" runs NumPy (jit.run is never
     called, though it is for a nearest mode), backend="numba" says so."""
