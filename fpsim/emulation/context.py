@@ -81,6 +81,24 @@ class Emulation:
         for text in self.shadowed():
             warnings.warn(f"fpsim.emulate: {text}", stacklevel=2)
 
+    def attach(self, module: Any) -> "Attached":
+        """Run every forward call of ``module`` inside this context, without a ``with`` block:
+        entered when the call starts (module paths counted from ``module``, whichever module
+        called it), left when it returns.  The backward GEMMs of the sites it ran need no
+        context.  Returns a handle whose ``remove()`` detaches it.
+
+        >>> import torch
+        >>> layer = torch.nn.Linear(2, 1, bias=False)
+        >>> with torch.no_grad():
+        ...     _ = layer.weight.copy_(torch.tensor([[1.0, 1.0]]))
+        >>> hooks = emulate(Recipe("e2m1")).attach(layer)
+        >>> layer(torch.tensor([[1.2, 2.6]])).tolist()    # 1 + 3: operands rounded to E2M1
+        [[4.0]]
+        >>> hooks.remove(); layer(torch.tensor([[1.2, 2.6]])).tolist()
+        [[3.799999952316284]]
+        """
+        return Attached(self, module)
+
     def shadowed(self) -> list[str]:
         """Rules that matched no site although a site they match ran: an earlier rule took
         it (README's old example: ``kind='linear'`` before ``path='lm_head'``)."""
@@ -119,6 +137,35 @@ class Emulation:
         lines = ["  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths))]
         lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
         return "\n".join(lines)
+
+
+class Attached:
+    """What :meth:`Emulation.attach` installed on a module: two forward hooks."""
+
+    def __init__(self, em: Emulation, module: Any) -> None:
+        self.em, self.depth = em, 0               # depth: calls of the module under way
+        self.hooks = [module.register_forward_pre_hook(self.enter),
+                      module.register_forward_hook(self.leave, always_call=True)]
+
+    def enter(self, module: Any, args: Any) -> None:
+        if self.depth == 0:
+            self.em.__enter__()
+            # the context's module hooks start after this call began: the module is the root
+            self.em._state.enter_module(module, args)
+        self.depth += 1
+
+    def leave(self, module: Any, args: Any, output: Any) -> None:
+        if self.depth == 0:                       # the call failed before entering
+            return
+        self.depth -= 1
+        if self.depth == 0:
+            self.em.__exit__(None, None, None)
+
+    def remove(self) -> None:
+        """Remove the hooks (a second call does nothing)."""
+        for h in self.hooks:
+            h.remove()
+        self.hooks = []
 
 
 def _cell(v: Any) -> str:
