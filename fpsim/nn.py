@@ -2,10 +2,11 @@
 
 ``fake_quantize`` is the autograd-aware :func:`fpsim.quantize` (any device fpsim supports), its
 gradient straight through or rounded; ``round_through`` is the same with any rounding function
-on either side.  ``quantize_linear_layers`` runs a model's matrix-multiply layers under a format
-with one call, gradients per tensor class (:class:`GradFormats`) included, and gives the model
-back unchanged on ``restore()``.  ``LossScaler`` is loss scaling with torch.amp.GradScaler's
-rules, static or dynamic.  torch is imported only when these are used.
+on either side.  ``quantize_linear_layers`` puts a model's matrix-multiply layers under a format
+with one call: a thin wrapper over :func:`fpsim.emulate` (one recipe, its backward GEMMs from
+:class:`GradFormats`), the model given back untouched on ``restore()``.  ``LossScaler`` is
+loss scaling with torch.amp.GradScaler's rules, static or dynamic.  torch is imported only when
+these are used.
 """
 
 from __future__ import annotations
@@ -135,11 +136,12 @@ class GradFormats:
         names = [None if f is None else get_format(f).name for f in (self.activation, self.weight)]
         if names[0] != names[1]:
             raise ValueError(
-                f"GradFormats(activation={self.activation!r}, weight={self.weight!r}): fpsim.emulate "
-                "rounds the output gradient once, as an operand of both backward GEMMs, so one "
-                "format serves both (grad='e5m2' or GradFormats(fmt, fmt)); for other casts per "
-                "GEMM operand use fpsim.emulate with Recipe(backward=Backward(grad=, inputs=, "
-                "weights=)) from fpsim.emulation.casts (docs/training.md)")
+                f"GradFormats(activation={self.activation!r}, weight={self.weight!r}): "
+                "fpsim.emulate rounds the output gradient once, as an operand of both backward "
+                "GEMMs, so one format serves both (grad='e5m2' or GradFormats(fmt, fmt)); the "
+                "other operands of the backward GEMMs take casts of their own through "
+                "fpsim.emulate and Recipe(backward=Backward(grad=, inputs=, weights=)) "
+                "(fpsim.emulation.casts, docs/training.md)")
 
     def backward(self) -> Backward | None:
         """The backward GEMMs' settings: ``dy`` cast to the format (None: nothing rounded)."""

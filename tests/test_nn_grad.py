@@ -78,6 +78,23 @@ def test_gradient_cast_takes_srbits():
     assert torch.equal(one_bit, down) and not torch.equal(full, down)
 
 
+@pytest.mark.parametrize("fmt, scaling", [
+    ("e4m3", "none"), ("e4m3", "tensor"), ("e4m3", "channel"), ("mxfp8_e4m3", "block"),
+    ("nvfp4", "block2d"), ("e4m3", "tile"), ("e4m3", "tile2d"), ("e4m3", "tensorwise"),
+    ("e4m3", "rowwise"), ("e4m3", "delayed")])
+def test_every_cast_rounds_stochastically_with_srbits(fmt, scaling):
+    """Each scaling passes rounding and srbits through, its random bits from torch's seed."""
+    from fpsim.emulation.quantizers import cast
+
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(2))
+    c = Cast(fmt, scaling, rounding="stochastic", srbits=3)
+    runs = []
+    for seed in (0, 0, 1):
+        torch.manual_seed(seed)
+        runs.append(cast(x, c, -1, scale=1.0 if scaling == "delayed" else None)[0])
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+
+
 def test_round_through_identity_forward_rounds_only_the_gradient():
     x = torch.tensor([1e-9, 3.0, 70000.0], requires_grad=True)
     y = round_through(x, None, fpsim.nn.rounder("fp16"))

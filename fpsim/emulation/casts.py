@@ -39,10 +39,11 @@ class Cast:
     """How one GEMM operand is quantized (see :data:`CAST_SCALINGS`).
 
     ``fmt``: an eXmY format (an MX / NVFP4 name for ``block`` / ``block2d``); ``rounding``:
-    ``rne`` or ``stochastic`` (random bits from torch's global generator: ``torch.manual_seed``
-    makes a run repeatable), or any other mode of :func:`fpsim.quantize`; ``srbits``: the
-    number of random bits of a stochastic rounding (None: all, docs/stochastic.md); ``saturate``: clamp at the format's largest value (the scaled
-    casts of TE and torchao always saturate); ``pow2``: scales rounded down to a power of two
+    ``rne``, ``stochastic`` (random bits from torch's global generator: ``torch.manual_seed``
+    makes a run repeatable) or any other mode of :func:`fpsim.quantize`; ``srbits``: the
+    number of random bits of a stochastic rounding (None: all, docs/stochastic.md);
+    ``saturate``: clamp at the format's largest value (the scaled casts of TE and torchao
+    always saturate); ``pow2``: scales rounded down to a power of two
     (torchao's ``round_scales_to_power_of_2``); ``history`` and ``margin``: delayed scaling's
     amax history length and margin in binades (TE ``DelayedScaling``); ``scale_rounding``: the
     MX scale rule (None: OCP floor).

@@ -18,6 +18,9 @@ overflowed / saturated / flushed operand elements, SNR of the result against FP6
 on the same operands, swamped additions of an emulated accumulator) in ``em.sites``;
 ``em.table()`` lists them with the rule that chose each recipe.
 
+``em.attach(model)`` enters the context around every forward call of ``model`` instead of a
+``with`` block (:func:`fpsim.nn.quantize_linear_layers` is built on it).
+
 Product sites are differentiable: where a gradient is wanted, :mod:`fpsim.emulation.backward`
 computes each one's input- and weight-gradient GEMMs under the recipe's ``backward``
 settings (see :mod:`fpsim.emulation.presets` for the published training recipes).  Emulated
