@@ -367,6 +367,17 @@ MUTANTS = [
            "return BlockExplanation(spec, scales, elements, -v.size % size, size, q.tensor_scale)",
            "return BlockExplanation(spec, scales, elements, v.size % size, size, q.tensor_scale)",
            ["tests/test_cli_names_blocks.py"]),
+    # fpsim.nn over fpsim.emulate (issue 27, one mechanism)
+    Mutant("nn-weights-as-inputs", "activations alone round the weights too (weights=None)",
+           "wfmt = _EXACT if weights is None and activations is not None else weights",
+           "wfmt = weights", ["tests/test_nn.py"]),
+    Mutant("nn-grad-ignored", "GradFormats gives no Backward: gradients never rounded",
+           "if self.activation is None:", "if True:", ["tests/test_nn_grad.py"]),
+    Mutant("attach-root", "an attached context counts module paths from the first child",
+           "self.em._state.enter_module(module, args)", "pass", ["tests/test_nn.py"]),
+    Mutant("cast-srbits", "a plain Cast drops its srbits (every random bit drawn)",
+           "saturate=c.saturate, scale_rounding=c.scale_rounding, srbits=c.srbits)",
+           "saturate=c.saturate, scale_rounding=c.scale_rounding)", ["tests/test_nn_grad.py"]),
 ]
 
 
