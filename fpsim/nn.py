@@ -174,7 +174,7 @@ class QuantizedLayers:
     """What :func:`quantize_linear_layers` put under a format: the layers (``modules``), the
     :class:`fpsim.emulation.Emulation` that computes them (``emulation``: ``missed``,
     ``report()``), entered around every forward call of the model.  ``restore()`` (or leaving
-    a ``with`` block) removes its two hooks: the model's parameters were never touched."""
+    a ``with`` block) removes its forward hooks: the model's parameters were never touched."""
 
     def __init__(self, modules: dict[str, Any], emulation: Any, attached: Any) -> None:
         self.modules = modules
@@ -215,15 +215,17 @@ def quantize_linear_layers(model: Any, weights: str | Format | None = None,
     ``rounding`` / ``saturate`` / ``srbits``; FP32 sums computed in FP64 and rounded once;
     ``backward`` from ``grad``, a format or :class:`GradFormats`) and one
     :class:`fpsim.emulation.Rules` entry per chosen layer (every other op left to torch) make
-    an emulation entered around each forward call of ``model``.  A product is the layer's
-    wherever it runs: in the layer's forward, or anywhere that uses the layer's weight
-    (``nn.MultiheadAttention``'s ``out_proj``).  Weights are rounded inside each GEMM, so the
-    Parameter itself stays full precision (what the optimizer updates); the backward GEMMs
-    (``dx = dy @ W^T``, ``dW = x^T @ dy``) reuse the rounded operands (straight through) and
-    round ``dy`` to the gradient format; the bias gradient is ``dy`` summed in FP64, rounded
-    once.  ``include(name, module)`` selects layers (default: all).  Returns a handle whose
-    ``restore()`` takes the model back out; it is also a context manager.  An fpsim.emulate
-    context may not be active around the model's call (they do not nest).
+    an emulation entered around each forward call of ``model``, or of a module inside it
+    called alone (forward hooks: ``model.forward(x)`` bypasses them, ``model(x)`` does not).
+    A product is the layer's wherever it runs: in the layer's forward, or anywhere that uses
+    the layer's weight (``nn.MultiheadAttention``'s ``out_proj``).  Weights are rounded inside
+    each GEMM, so the Parameter itself stays full precision (what the optimizer updates); the
+    backward GEMMs (``dx = dy @ W^T``, ``dW = x^T @ dy``) reuse the rounded operands (straight
+    through) and round ``dy`` to the gradient format; the bias gradient is ``dy`` summed in
+    FP64, rounded once (docs/fake-quantization.md: what changed from the earlier per-tensor
+    mechanism).  ``include(name, module)`` selects layers (default: all).  Returns a handle
+    whose ``restore()`` takes the model back out; it is also a context manager.  No other
+    fpsim.emulate context may be active around the model's call (they do not nest).
 
     >>> import torch
     >>> layer = torch.nn.Linear(2, 1, bias=False)

@@ -101,6 +101,27 @@ def test_wrapped_model_equals_exact_reference():
     assert not torch.equal(out, m(x))
 
 
+def test_inference_and_a_layer_called_alone_are_emulated_too():
+    m, x = model(), torch.randn(5, 8)
+    with quantize_linear_layers(m, weights="e4m3", activations="bf16"):
+        with torch.no_grad():
+            assert torch.equal(m(x), reference(m, x, "e4m3", "bf16"))
+        h = torch.randn(5, 4)
+        assert torch.equal(m[4](h), exact_gemm(q(h, "bf16"), q(m[4].weight, "e4m3").t(),
+                                               m[4].bias))
+
+
+def test_a_failing_forward_leaves_no_context_behind():
+    m = model()
+    with quantize_linear_layers(m, weights="e4m3"):
+        with pytest.raises(RuntimeError):
+            m(torch.randn(5, 7))                       # wrong width: the first layer raises
+        with fpsim.emulate(fpsim.Recipe()):            # none left active
+            pass
+        assert torch.equal(m[0](torch.ones(1, 8)),
+                           exact_gemm(torch.ones(1, 8), q(m[0].weight, "e4m3").t(), m[0].bias))
+
+
 def test_activations_alone_leave_weights_exact():
     """A recipe's weights=None means "as the inputs": activations alone must not round W."""
     m, x = model(), torch.randn(5, 8)

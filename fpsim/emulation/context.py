@@ -85,10 +85,10 @@ class Emulation:
             warnings.warn(f"fpsim.emulate: {text}", stacklevel=2)
 
     def attach(self, module: Any) -> "Attached":
-        """Run every forward call of ``module`` inside this context, without a ``with`` block:
-        entered when the call starts (module paths counted from ``module``, whichever module
-        called it), left when it returns.  The backward GEMMs of the sites it ran need no
-        context.  Returns a handle whose ``remove()`` detaches it.
+        """Run every forward call of ``module``, or of any module inside it, within this
+        context, without a ``with`` block: entered when the outermost such call starts, left
+        when it returns; module paths always count from ``module``.  The backward GEMMs of the
+        sites it ran need no context.  Returns a handle whose ``remove()`` detaches it.
 
         >>> import torch
         >>> layer = torch.nn.Linear(2, 1, bias=False)
@@ -143,18 +143,23 @@ class Emulation:
 
 
 class Attached:
-    """What :meth:`Emulation.attach` installed on a module: two forward hooks."""
+    """What :meth:`Emulation.attach` installed: two forward hooks on a module and on each
+    module inside it."""
 
-    def __init__(self, em: Emulation, module: Any) -> None:
-        self.em, self.depth = em, 0               # depth: calls of the module under way
-        self.hooks = [module.register_forward_pre_hook(self.enter),
-                      module.register_forward_hook(self.leave, always_call=True)]
+    def __init__(self, em: Emulation, root: Any) -> None:
+        self.em, self.root, self.depth = em, root, 0    # depth: hooked calls under way
+        self.hooks = [h for m in root.modules()
+                      for h in (m.register_forward_pre_hook(self.enter),
+                                m.register_forward_hook(self.leave, always_call=True))]
 
     def enter(self, module: Any, args: Any) -> None:
         if self.depth == 0:
             self.em.__enter__()
-            # the context's module hooks start after this call began: the module is the root
-            self.em._state.enter_module(module, args)
+            # the context's module hooks start after this call began: push the root (its
+            # paths) and, when the call is one of a module inside it, that module's path
+            self.em._state.enter_module(self.root, args)
+            if module is not self.root:
+                self.em._state.enter_module(module, args)
         self.depth += 1
 
     def leave(self, module: Any, args: Any, output: Any) -> None:
