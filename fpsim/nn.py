@@ -248,7 +248,7 @@ def quantize_linear_layers(model: Any, weights: str | Format | None = None,
     wfmt = _EXACT if weights is None and activations is not None else weights
     recipe = Recipe(activations, wfmt, name="quantize_linear_layers", rounding=rounding,
                     saturate=saturate, srbits=srbits, backward=GradFormats.of(grad).backward())
-    chosen = {name: m for name, m in model.named_modules()
+    chosen = {name: m for name, m in model.named_modules(remove_duplicate=False)  # every alias
               if is_matmul_layer(m) and (include is None or include(name, m))}
     if not chosen:
         raise ValueError(f"no nn.Linear or Conv1D layers with a 2-D weight found in "

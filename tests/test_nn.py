@@ -240,6 +240,16 @@ def test_a_layer_that_only_holds_its_weight_is_still_quantized():
     assert torch.equal(out, exact_gemm(q(x, "e4m3"), q(p.c_attn.weight, "bf16")))
 
 
+def test_a_layer_used_twice_is_emulated_under_either_name():
+    lin = torch.nn.Linear(4, 4)
+    m, x = torch.nn.Sequential(lin, torch.nn.ReLU(), lin), torch.randn(3, 4)
+    with quantize_linear_layers(m, weights="e2m1") as h:
+        assert h.names == ["0", "2"]
+        out = m(x)
+    w = q(lin.weight, "e2m1").t()
+    assert torch.equal(out, exact_gemm(exact_gemm(x, w, lin.bias).relu(), w, lin.bias))
+
+
 def test_the_handle_does_not_nest_with_another_context():
     m = model()
     with quantize_linear_layers(m, weights="e4m3"), fpsim.emulate(fpsim.Recipe()):
