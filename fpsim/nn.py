@@ -110,16 +110,16 @@ class GradFormats:
     """The gradient format of :func:`quantize_linear_layers`: what
     :meth:`backward` turns into an :class:`fpsim.emulation.casts.Backward`.
 
-    ``activation`` and ``weight`` name the format of the output gradient ``dy`` as an operand
-    of the layer's two backward GEMMs (``dx = dy @ W^T`` and ``dW = x^T @ dy``), rounded with
-    ``rounding`` / ``saturate`` (clamp overflow to the largest value instead of inf, what loss
-    scaling detects) / ``srbits`` (random bits of a stochastic ``rounding``, e.g.
-    ``GradFormats("e5m2", "e5m2", "stochastic", srbits=8)``).  ``fpsim.emulate`` rounds ``dy``
-    once for both GEMMs (as the hardware casts one FP8 gradient), so the two must name the
-    same format, or both be None (gradients in the working precision); the GEMM results
-    ``dx`` and ``dW`` are FP32 sums, not rounded again.  Per-operand casts of the backward
-    GEMMs (``x`` and ``W`` re-quantized, scaled casts): a :class:`fpsim.emulation.Recipe`
-    with ``backward=Backward(...)`` under :func:`fpsim.emulate` (docs/training.md).
+    ``activation`` and ``weight`` name the format of the output gradient ``dy`` as an operand of the
+    layer's two backward GEMMs (``dx = dy @ W^T``, ``dW = x^T @ dy``, ``W`` as ``[in, out]``),
+    rounded with ``rounding`` / ``saturate`` (clamp overflow to the largest value instead of inf,
+    what loss scaling detects) / ``srbits`` (random bits of a stochastic ``rounding``, e.g.
+    ``GradFormats("e5m2", "e5m2", "stochastic", srbits=8)``).  ``fpsim.emulate`` rounds ``dy`` once
+    for both GEMMs (as the hardware casts one FP8 gradient), so the two must name the same format,
+    or both be None (gradients in the working precision); the GEMM results ``dx`` and ``dW`` are
+    FP32 sums, not rounded again.  Per-operand casts of the backward GEMMs (``x`` and ``W``
+    re-quantized, scaled casts): a :class:`fpsim.emulation.Recipe` with ``backward=Backward(...)``
+    under :func:`fpsim.emulate` (docs/training.md).
 
     >>> GradFormats("e5m2", "e5m2", saturate=True).backward().grad.describe()
     'e5m2 sat'
@@ -214,18 +214,18 @@ def quantize_linear_layers(model: Any, weights: str | Format | None = None,
     One :class:`fpsim.emulation.Recipe` (operands ``activations`` x ``weights`` rounded with
     ``rounding`` / ``saturate`` / ``srbits``; FP32 sums computed in FP64 and rounded once;
     ``backward`` from ``grad``, a format or :class:`GradFormats`) and one
-    :class:`fpsim.emulation.Rules` entry per chosen layer (every other op left to torch) make
-    an emulation entered around each forward call of ``model``, or of a module inside it
-    called alone (forward hooks: ``model.forward(x)`` bypasses them, ``model(x)`` does not).
-    A product is the layer's wherever it runs: in the layer's forward, or anywhere that uses
-    the layer's weight (``nn.MultiheadAttention``'s ``out_proj``).  Weights are rounded inside
-    each GEMM, so the Parameter itself stays full precision (what the optimizer updates); the
-    backward GEMMs (``dx = dy @ W^T``, ``dW = x^T @ dy``) reuse the rounded operands (straight
-    through) and round ``dy`` to the gradient format; the bias gradient is ``dy`` summed in
-    FP64, rounded once (docs/fake-quantization.md: what changed from the earlier per-tensor
-    mechanism).  ``include(name, module)`` selects layers (default: all).  Returns a handle
-    whose ``restore()`` takes the model back out; it is also a context manager.  No other
-    fpsim.emulate context may be active around the model's call (they do not nest).
+    :class:`fpsim.emulation.Rules` entry per chosen layer (every other op left to torch) make an
+    emulation entered around each forward call of ``model``, or of a module inside it called alone
+    (forward hooks: ``model.forward(x)`` bypasses them, ``model(x)`` does not).  A product is the
+    layer's wherever it runs: in the layer's forward, or anywhere that uses the layer's weight
+    (``nn.MultiheadAttention``'s ``out_proj``).  Weights are rounded inside each GEMM, so the
+    Parameter itself stays full precision (what the optimizer updates); the backward GEMMs
+    (``dx = dy @ W^T``, ``dW = x^T @ dy``, ``W`` as ``[in, out]``) reuse the rounded operands
+    (straight through) and round ``dy`` to the gradient format; the bias gradient is ``dy``
+    summed in FP64, rounded once (docs/fake-quantization.md: what changed from the earlier
+    per-tensor mechanism).  ``include(name, module)`` selects layers (default: all).  Returns a handle whose
+    ``restore()`` takes the model back out; it is also a context manager.  No other fpsim.emulate
+    context may be active around the model's call (they do not nest).
 
     >>> import torch
     >>> layer = torch.nn.Linear(2, 1, bias=False)
