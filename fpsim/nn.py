@@ -223,9 +223,9 @@ def quantize_linear_layers(model: Any, weights: str | Format | None = None,
     (``dx = dy @ W^T``, ``dW = x^T @ dy``, ``W`` as ``[in, out]``) reuse the rounded operands
     (straight through) and round ``dy`` to the gradient format; the bias gradient is ``dy``
     summed in FP64, rounded once (docs/fake-quantization.md: what changed from the earlier
-    per-tensor mechanism).  ``include(name, module)`` selects layers (default: all).  Returns a handle whose
-    ``restore()`` takes the model back out; it is also a context manager.  No other fpsim.emulate
-    context may be active around the model's call (they do not nest).
+    per-tensor mechanism).  ``include(name, module)`` selects layers (default: all).  Returns
+    a handle whose ``restore()`` takes the model back out; it is also a context manager.  No
+    other fpsim.emulate context may be active around the model's call (they do not nest).
 
     >>> import torch
     >>> layer = torch.nn.Linear(2, 1, bias=False)
