@@ -72,3 +72,24 @@ def nearest_float32_field(x, out, drop, away, nan_code, code):  # noqa: ANN001, 
             out[i] = q | (sign << np.uint32(31 - drop))
         else:
             out[i] = np.uint32((q << drop) | (sign << np.uint32(31))).view(np.float32)
+
+
+@njit(cache=True, fastmath=False, nogil=True)
+def scaled_table_quantize(x, scale, table, shift, below, values, out):  # noqa: ANN001, ANN201
+    """One pass of :func:`fpsim.scaled_quantize`'s element step for one float64 ``scale``:
+    ``t = float64(x[i]) / scale`` rounded by ``table`` (``convert._table_plan``'s float64 index
+    and gather, as :func:`table_lookup`), decoded by ``values`` (every code's float64 value),
+    times ``scale``, written in ``out``'s dtype (one rounding, as a cast)."""
+    for i in range(x.size):
+        v = np.float64(np.float64(x[i]) / scale).view(np.uint64)
+        out[i] = values[table[(((v & below) + below) | v) >> shift]] * scale
+
+
+@njit(cache=True, fastmath=False, nogil=True)
+def block_dequantize(codes, table, factor, block, out):  # noqa: ANN001, ANN201
+    """``out[r, j] = table[codes[r, j]] * factor[r, j // block]``: :func:`fpsim.mx.dequantize`
+    of blocks along the last axis (``table``: every element code's value, ``factor``: each
+    block's multiplier, both in ``out``'s dtype) in one pass, the same multiply."""
+    for r in range(codes.shape[0]):
+        for j in range(codes.shape[1]):
+            out[r, j] = table[codes[r, j]] * factor[r, j // block]

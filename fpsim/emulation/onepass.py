@@ -1,0 +1,104 @@
+"""Operand quantization in one compiled pass over a CPU tensor, where numba is there.
+
+Per-tensor scaling:
+
+:func:`fpsim.emulation.sites.quantize_operand` with per-tensor scaling copies the operand to
+float64, reduces it, divides, encodes, decodes, multiplies and casts back: several passes and
+full-size temporaries per call, most of an activation's cost under an operand-only recipe.
+:func:`tensor_scaled` gives the same values in two passes: torch's ``aminmax`` for the scale,
+then one numba kernel (:func:`fpsim._cast_kernels.scaled_table_quantize`) that divides, rounds
+with :mod:`fpsim.convert`'s own lookup table, decodes and multiplies each element.  The same
+operations in the same order, so the same bits (tests compare every code class).  It returns
+None, and the caller takes the general path, wherever it does not apply: no numba, another
+device or dtype, stochastic rounding, integer formats, empty operands, a NaN or infinity in
+the operand (its NaN scale), a tensor that needs gradients, a format without a lookup table.
+
+Block formats (MX, NVFP4): :func:`block_values` is :func:`fpsim.mx.dequantize` of blocks along
+the last axis (activations) in one pass (:func:`fpsim._cast_kernels.block_dequantize`), where
+torch gathers the element values through an int64 copy of the codes and multiplies in a second
+pass; the same element table, block multipliers and multiply, so the same bits.  None (the
+caller dequantizes as before) for another axis, device or dtype, or without numba.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .. import convert, parallel
+from ..backend import ops_for
+from ..blockrules import element_values, scale_values
+from ..formats import Format
+from ..rounding import STOCHASTIC
+from ..scaling import _scale
+
+_DTYPES = (torch.float32, torch.float64)
+
+
+@functools.lru_cache(maxsize=32)
+def _table(f: Format, rounding: str) -> tuple[Any, np.ndarray, np.uint64, np.uint64,
+                                             np.ndarray] | None:
+    """(kernels, code table, shift, mask) of ``encode(float64, f, rounding, saturate=True)``'s
+    table plan and ``f``'s decode table; None when that plan is not a lookup table."""
+    jit = convert._jit()
+    if jit is None:
+        return None
+    plan = convert._numpy_plan(f, rounding, True, True, "code", True)
+    index = getattr(plan, "index", None)
+    if index is None:
+        return None
+    table, shift, below = index
+    return jit, table, np.uint64(shift), np.uint64(below), convert._decode_table(f)
+
+
+def tensor_scaled(x: Tensor, f: Format, rounding: str, axis: int) -> tuple[Tensor, float] | None:
+    """``x`` quantized to ``f`` with one amax scale (:func:`fpsim.scaled_quantize`'s rules,
+    saturating) and the scale, as ``quantize_operand`` computes them, or None where the
+    compiled pass does not apply (see the module doc).  ``axis`` (the reduction axis) only
+    sets the result's strides, as the general path's."""
+    if (x.device.type != "cpu" or x.dtype not in _DTYPES or f.is_int or rounding in STOCHASTIC
+            or x.numel() == 0 or (x.requires_grad and torch.is_grad_enabled())):
+        return None
+    plan = _table(f, rounding)
+    if plan is None:
+        return None
+    lo, hi = torch.aminmax(x)
+    span = max(-float(lo), float(hi))
+    if not math.isfinite(span):                   # NaN or inf: a NaN scale, the general path
+        return None
+    scale = 1.0 if span == 0 else float(_scale(torch.tensor([[span]], dtype=torch.float64),
+                                               f.max, "fp32", 0))
+    jit, table, shift, below, values = plan
+    moved = x.detach().movedim(axis, -1).contiguous()
+    out = torch.empty(moved.shape, dtype=x.dtype)
+    src, dst = moved.numpy().reshape(-1), out.numpy().reshape(-1)
+    parallel.run(lambda a, b: jit.scaled_table_quantize(src[a:b], scale, table, shift, below,
+                                                        values, dst[a:b]), src.size)
+    return out.movedim(-1, axis), scale
+
+
+def block_values(arr: Any, dtype: torch.dtype) -> Tensor | None:
+    """``arr.dequantize(dtype)`` (``arr``: a :class:`fpsim.mx.BlockArray` of CPU tensors) in one
+    compiled pass, or None where it does not apply (see the module doc)."""
+    codes, lay = arr.codes, arr.layout
+    jit = convert._jit()
+    if (jit is None or not isinstance(codes, Tensor) or codes.device.type != "cpu"
+            or dtype not in _DTYPES or lay.axis != codes.dim() - 1 or codes.numel() == 0):
+        return None
+    wide = dtype == torch.float64
+    table = element_values(arr.fmt, wide)
+    scales = arr.scales.reshape(-1, arr.scales.shape[-1])
+    factor = scale_values(ops_for(scales), scales, arr.fmt, arr.tensor_scale, wide)
+    src = codes.reshape(-1, codes.shape[-1]).contiguous().numpy()
+    fac = factor.contiguous().numpy()
+    out = torch.empty(codes.shape, dtype=dtype)
+    dst = out.numpy().reshape(src.shape)
+    parallel.run(lambda a, b: jit.block_dequantize(src[a:b], table, fac[a:b], lay.block_size,
+                                                   dst[a:b]),
+                 src.shape[0], max(1, parallel.GRAIN // max(1, src.shape[1])))
+    return out
