@@ -205,6 +205,57 @@ def test_block_model_same_output(monkeypatch):
             y = model(x)
         with monkeypatch.context() as m, torch.no_grad():
             m.setattr(onepass, "block_values", lambda *a: None)
+            m.setattr(onepass, "mx_values", lambda *a: None)
             with fpsim.emulate(recipe):
                 y0 = model(x)
         assert torch.equal(y.view(torch.int32), y0.view(torch.int32))
+
+
+MX_FLOATS = ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4"]
+
+
+@pytest.mark.parametrize("fmt", MX_FLOATS)
+@pytest.mark.parametrize("mode", ["floor", "ceil", "even", "ceil_amax"])
+@pytest.mark.parametrize("rounding", ["rne", "rna", "rtz"])
+def test_mx_values_same_bits(fmt, mode, rounding):
+    """The compiled MX quantize-and-dequantize against mx.quantize then dequantize, on blocks
+    with NaN, ±inf, ±0, subnormals, the largest floats, all zeros, a short last block, ties
+    (every element code's value and midpoint under a power-of-two scale)."""
+    elem = fpsim.mx.get_block_format(fmt).elem
+    vals = fpsim.decode(np.arange(elem.num_codes), elem)
+    vals = np.unique(vals[np.isfinite(vals)])
+    ties = np.concatenate([vals, (vals[1:] + vals[:-1]) / 2])
+    ties = np.concatenate([ties, np.zeros(-ties.size % 31)]).reshape(-1, 31)
+    ties = np.concatenate([np.full((ties.shape[0], 1), elem.max), ties], axis=1)  # scale 2^0
+    for x in (block_input(torch.float32), torch.from_numpy(ties).float()):
+        arr = fpsim.mx.quantize(x, fmt, axis=-1, scale_rounding=mode, rounding=rounding)
+        got = onepass.mx_values(x, fmt, mode, rounding)
+        same(got, arr.dequantize(torch.float32))
+
+
+@pytest.mark.parametrize("case", ["nvfp4", "mxint8", "float64", "rup", "stochastic", "empty",
+                                  "grad"])
+def test_mx_values_fallback(monkeypatch, case):
+    """Where the compiled MX pass does not apply: None, and quantize_operand's general path
+    (mx.quantize, then dequantize) gives the values."""
+    fmt, rounding, x = "mxfp8_e4m3", "rne", block_input(torch.float32)
+    if case in ("nvfp4", "mxint8"):
+        fmt = case
+    elif case == "float64":
+        x = x.double()
+    elif case in ("rup", "stochastic"):
+        rounding = case
+    elif case == "empty":
+        x = torch.zeros(0, 64)
+    elif case == "grad":
+        x = torch.randn(4, 64, requires_grad=True)
+    assert onepass.mx_values(x, fmt, None, rounding) is None
+    if case in ("stochastic", "grad"):
+        return
+    recipe = Recipe(fmt, scaling="block", rounding=rounding, name="t")
+    q, lim = sites.quantize_operand(x, fmt, recipe, -1, with_limit=False)
+    with monkeypatch.context() as m:
+        m.setattr(onepass, "block_values", lambda *a: None)
+        q0, _ = sites.quantize_operand(x, fmt, recipe, -1)
+    same(q, q0)
+    assert lim is None

@@ -32,7 +32,8 @@ from torch import Tensor
 
 from .. import convert, parallel
 from ..backend import ops_for
-from ..blockrules import element_values, scale_values
+from ..blockrules import (element_values, get_block_format, scale_rule, scale_values,
+                          shared_exponents)
 from ..formats import Format
 from ..rounding import STOCHASTIC
 from ..scaling import _scale
@@ -41,19 +42,21 @@ _DTYPES = (torch.float32, torch.float64)
 
 
 @functools.lru_cache(maxsize=32)
-def _table(f: Format, rounding: str) -> tuple[Any, np.ndarray, np.uint64, np.uint64,
-                                             np.ndarray] | None:
-    """(kernels, code table, shift, mask) of ``encode(float64, f, rounding, saturate=True)``'s
-    table plan and ``f``'s decode table; None when that plan is not a lookup table."""
+def _table(f: Format, rounding: str, wide: bool = True) -> tuple[Any, np.ndarray, Any, Any,
+                                                                np.ndarray] | None:
+    """(kernels, code table, shift, mask, decode table) of ``encode(x, f, rounding,
+    saturate=True)``'s table plan for float64 ``x`` (``wide``) or float32 ``x``; None without
+    numba or when that plan is not a lookup table."""
     jit = convert._jit()
     if jit is None:
         return None
-    plan = convert._numpy_plan(f, rounding, True, True, "code", True)
+    plan = convert._numpy_plan(f, rounding, True, True, "code", wide)
     index = getattr(plan, "index", None)
     if index is None:
         return None
     table, shift, below = index
-    return jit, table, np.uint64(shift), np.uint64(below), convert._decode_table(f)
+    utype = np.uint64 if wide else np.uint32
+    return jit, table, utype(shift), utype(below), convert._decode_table(f)
 
 
 def tensor_scaled(x: Tensor, f: Format, rounding: str, axis: int) -> tuple[Tensor, float] | None:
@@ -71,8 +74,7 @@ def tensor_scaled(x: Tensor, f: Format, rounding: str, axis: int) -> tuple[Tenso
     span = max(-float(lo), float(hi))
     if not math.isfinite(span):                   # NaN or inf: a NaN scale, the general path
         return None
-    scale = 1.0 if span == 0 else float(_scale(torch.tensor([[span]], dtype=torch.float64),
-                                               f.max, "fp32", 0))
+    scale = 1.0 if span == 0 else float(_scale(np.array([[span]]), f.max, "fp32", 0)[0, 0])
     jit, table, shift, below, values = plan
     moved = x.detach().movedim(axis, -1).contiguous()
     out = torch.empty(moved.shape, dtype=x.dtype)
@@ -101,4 +103,42 @@ def block_values(arr: Any, dtype: torch.dtype) -> Tensor | None:
     parallel.run(lambda a, b: jit.block_dequantize(src[a:b], table, fac[a:b], lay.block_size,
                                                    dst[a:b]),
                  src.shape[0], max(1, parallel.GRAIN // max(1, src.shape[1])))
+    return out
+
+
+def mx_values(x: Tensor, fmt: Any, scale_rounding: str | None,
+              rounding: str) -> Tensor | None:
+    """``mx.quantize(x, fmt, axis=-1, scale_rounding=..., rounding=...)`` dequantized to
+    float32, in two compiled passes (block amax, then scale, round, decode and multiply back)
+    with the scale rule's own code (:func:`fpsim.blockrules.shared_exponents`) between them; or
+    None where it does not apply: float64 or non-CPU ``x``, NVFP4, integer elements, directed
+    roundings (which keep underflows), stochastic rounding, empty ``x``, no numba."""
+    spec = get_block_format(fmt)
+    mode = scale_rule(spec, scale_rounding)
+    if (x.device.type != "cpu" or x.dtype != torch.float32 or not spec.is_mx
+            or spec.elem.is_int or spec.elem_exp or rounding not in ("rne", "rna", "rtz")
+            or x.numel() == 0 or x.dim() == 0 or (x.requires_grad and torch.is_grad_enabled())):
+        return None
+    plan = _table(spec.elem, rounding, False)
+    if plan is None:
+        return None
+    jit, table, shift, below, _ = plan
+    src = x.detach().reshape(-1, x.shape[-1]).contiguous().numpy()
+    nb = -(-x.shape[-1] // spec.block_size)
+    amax_bits = np.empty((src.shape[0], nb), np.int32)
+    jobs = functools.partial(parallel.run, n=src.shape[0],
+                             grain=max(1, parallel.GRAIN // src.shape[1]))
+    jobs(lambda a, b: jit.block_amax_bits(src[a:b], spec.block_size, amax_bits[a:b]))
+    amax = amax_bits.view(np.float32).astype(np.float64)
+    ops = ops_for(amax)
+    s, nan = shared_exponents(ops, amax, spec, mode)
+    factor = ((1023 - s) << 52).view(np.float64).astype(np.float32)      # 2^-s, exact
+    codes = np.where(nan, 255, s + 127).astype(np.uint8)
+    scale = scale_values(ops, codes, spec, None, False)
+    values = element_values(spec, False)
+    out = torch.empty(x.shape, dtype=torch.float32)
+    dst = out.numpy().reshape(src.shape)
+    jobs(lambda a, b: jit.block_scaled_quantize(src[a:b], spec.block_size, factor[a:b],
+                                                nan[a:b], scale[a:b], table, shift, below,
+                                                values, dst[a:b]))
     return out
