@@ -113,18 +113,19 @@ def block_amax_bits(x, block, out):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, fastmath=False, nogil=True)
-def block_scaled_quantize(x, block, factor, nan, scale, table, shift, below, values,
+def block_scaled_quantize(x, block, factor, div, nan, scale, table, shift, below, values,
                           out):  # noqa: ANN001, ANN201
-    """MX elements in one pass: float32 ``x[r, j]`` times its block's ``factor`` (one float32
-    multiply; 0 in a ``nan`` block), rounded by ``table`` (``convert._table_plan``'s float32
-    index and gather, as :func:`table_lookup`), decoded by ``values`` and times the block's
-    ``scale`` value: ``mx.quantize`` then ``mx.dequantize`` of blocks along the last axis."""
+    """Block-format elements in one pass: float32 ``x[r, j]`` times its block's ``factor`` (MX)
+    or divided by it (``div``: NVFP4), one float32 operation (0 in a ``nan`` block), rounded by
+    ``table`` (``convert._table_plan``'s float32 index and gather, as :func:`table_lookup`),
+    decoded by ``values`` and times the block's ``scale`` value: ``mx.quantize`` then
+    ``mx.dequantize`` of blocks along the last axis."""
     n = x.shape[1]
     for r in range(x.shape[0]):
         for b in range(factor.shape[1]):
             f, s, skip = factor[r, b], scale[r, b], nan[r, b]
             for j in range(b * block, min(n, (b + 1) * block)):
-                v = np.float32(x[r, j] * f).view(np.uint32)
+                v = np.float32(x[r, j] / f if div else x[r, j] * f).view(np.uint32)
                 if skip:
                     v = _ZERO
                 out[r, j] = values[table[(((v & below) + below) | v) >> shift]] * s

@@ -32,8 +32,8 @@ from torch import Tensor
 
 from .. import convert, parallel
 from ..backend import ops_for
-from ..blockrules import (element_values, get_block_format, scale_rule, scale_values,
-                          shared_exponents)
+from ..blockrules import (element_values, get_block_format, nvfp4_block_scales,
+                          nvfp4_tensor_scale_of, scale_rule, scale_values, shared_exponents)
 from ..formats import Format
 from ..rounding import STOCHASTIC
 from ..scaling import _scale
@@ -109,14 +109,15 @@ def block_values(arr: Any, dtype: torch.dtype) -> Tensor | None:
 def mx_values(x: Tensor, fmt: Any, scale_rounding: str | None,
               rounding: str) -> Tensor | None:
     """``mx.quantize(x, fmt, axis=-1, scale_rounding=..., rounding=...)`` dequantized to
-    float32, in two compiled passes (block amax, then scale, round, decode and multiply back)
-    with the scale rule's own code (:func:`fpsim.blockrules.shared_exponents`) between them; or
-    None where it does not apply: float64 or non-CPU ``x``, NVFP4, integer elements, directed
+    float32 (MX or NVFP4) in two compiled passes: each block's amax, then each element scaled,
+    rounded, decoded and multiplied back, with the scale rules' own code between them
+    (:func:`fpsim.blockrules.shared_exponents`, :func:`fpsim.blockrules.nvfp4_block_scales`);
+    or None where it does not apply: float64 or non-CPU ``x``, integer elements, directed
     roundings (which keep underflows), stochastic rounding, empty ``x``, no numba."""
     spec = get_block_format(fmt)
     mode = scale_rule(spec, scale_rounding)
-    if (x.device.type != "cpu" or x.dtype != torch.float32 or not spec.is_mx
-            or spec.elem.is_int or spec.elem_exp or rounding not in ("rne", "rna", "rtz")
+    if (x.device.type != "cpu" or x.dtype != torch.float32 or spec.elem.is_int
+            or spec.elem_exp or rounding not in ("rne", "rna", "rtz")
             or x.numel() == 0 or x.dim() == 0 or (x.requires_grad and torch.is_grad_enabled())):
         return None
     plan = _table(spec.elem, rounding, False)
@@ -129,16 +130,21 @@ def mx_values(x: Tensor, fmt: Any, scale_rounding: str | None,
     jobs = functools.partial(parallel.run, n=src.shape[0],
                              grain=max(1, parallel.GRAIN // src.shape[1]))
     jobs(lambda a, b: jit.block_amax_bits(src[a:b], spec.block_size, amax_bits[a:b]))
-    amax = amax_bits.view(np.float32).astype(np.float64)
-    ops = ops_for(amax)
-    s, nan = shared_exponents(ops, amax, spec, mode)
-    factor = ((1023 - s) << 52).view(np.float64).astype(np.float32)      # 2^-s, exact
-    codes = np.where(nan, 255, s + 127).astype(np.uint8)
-    scale = scale_values(ops, codes, spec, None, False)
+    ops, ts = ops_for(amax_bits), None
+    if spec.is_mx:
+        amax = amax_bits.view(np.float32).astype(np.float64)
+        s, nan = shared_exponents(ops, amax, spec, mode)
+        factor = ((1023 - s) << 52).view(np.float64).astype(np.float32)     # 2^-s, exact
+        codes = np.where(nan, 255, s + 127).astype(np.uint8)
+    else:
+        ts = nvfp4_tensor_scale_of(amax_bits.reshape(-1))
+        codes, factor, nan = nvfp4_block_scales(amax_bits.reshape(-1), spec, ts)
+        codes, factor, nan = (a.reshape(amax_bits.shape) for a in (codes, factor, nan))
+    scale = scale_values(ops, codes, spec, ts, False)
     values = element_values(spec, False)
     out = torch.empty(x.shape, dtype=torch.float32)
     dst = out.numpy().reshape(src.shape)
     jobs(lambda a, b: jit.block_scaled_quantize(src[a:b], spec.block_size, factor[a:b],
-                                                nan[a:b], scale[a:b], table, shift, below,
-                                                values, dst[a:b]))
+                                                not spec.is_mx, nan[a:b], scale[a:b], table,
+                                                shift, below, values, dst[a:b]))
     return out
