@@ -367,6 +367,17 @@ MUTANTS = [
            "return BlockExplanation(spec, scales, elements, -v.size % size, size, q.tensor_scale)",
            "return BlockExplanation(spec, scales, elements, v.size % size, size, q.tensor_scale)",
            ["tests/test_cli_names_blocks.py"]),
+    # one-pass operand quantizers under fpsim.emulate (issue 32)
+    Mutant("onepass-sticky", "the per-tensor kernel indexes the table without its sticky bit",
+           "out[i] = values[table[(((v & below) + below) | v) >> shift]] * scale",
+           "out[i] = values[table[v >> shift]] * scale", ["tests/test_emulate_onepass.py"]),
+    Mutant("onepass-block-amax", "the block amax kernel compares signed bits (no |x|)",
+           "m = max(m, np.float32(x[r, j]).view(np.int32) & np.int32(0x7FFFFFFF))",
+           "m = max(m, np.float32(x[r, j]).view(np.int32))", ["tests/test_emulate_onepass.py"]),
+    Mutant("onepass-block-divide", "block elements divided by MX's factor, times NVFP4's",
+           "v = np.float32(x[r, j] / f if div else x[r, j] * f).view(np.uint32)",
+           "v = np.float32(x[r, j] * f if div else x[r, j] / f).view(np.uint32)",
+           ["tests/test_emulate_onepass.py"]),
 ]
 
 
