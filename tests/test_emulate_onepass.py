@@ -260,3 +260,33 @@ def test_mx_values_fallback(monkeypatch, case):
         q0, _ = sites.quantize_operand(x, fmt, recipe, -1)
     same(q, q0)
     assert lim is None
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "nvfp4"])
+def test_block_operand_any_axis(monkeypatch, fmt):
+    """Right operands (blocks along axis -2, as attention's K^T and V) take the compiled pass
+    on the moved tensor: the general path's values and strides."""
+    recipe = Recipe(fmt, scaling="block", name="t")
+    x = block_input(torch.float32).transpose(-1, -2)
+    for axis in (-2, -1, 0):
+        q, _ = sites.quantize_operand(x, fmt, recipe, axis, with_limit=False)
+        with monkeypatch.context() as m:
+            m.setattr(onepass, "mx_values", lambda *a: None)
+            m.setattr(onepass, "block_values", lambda *a: None)
+            q0, _ = sites.quantize_operand(x, fmt, recipe, axis)
+        same(q, q0)
+
+
+def test_compiled_paths_are_taken(monkeypatch):
+    """Under an operand-only recipe the activations never reach the general quantizers."""
+    def refuse(*a, **k):
+        raise AssertionError("general path taken")
+    x = torch.randn(8, 64)
+    with monkeypatch.context() as m:
+        m.setattr(sites.mx, "quantize", refuse)
+        for fmt in ("mxfp8_e4m3", "nvfp4"):
+            sites.quantize_operand(x, fmt, Recipe(fmt, scaling="block", name="t"), -1,
+                                   with_limit=False)
+    with monkeypatch.context() as m:
+        m.setattr(sites, "scaled_quantize", refuse)
+        sites.quantize_operand(x, "e4m3", Recipe("e4m3", scaling="tensor", name="t"), -1)

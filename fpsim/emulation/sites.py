@@ -62,10 +62,11 @@ def quantize_operand(
     if fmt is None:
         return x, math.inf
     if recipe.scaling == "block":
-        if not with_limit and axis in (-1, x.dim() - 1) and recipe.srbits is None:
-            q = onepass.mx_values(x, fmt, recipe.scale_rounding, recipe.rounding)
-            if q is not None:                     # None: not applicable
-                return q, None
+        if not with_limit and recipe.srbits is None and x.dim():
+            q = onepass.mx_values(x.movedim(axis, -1), fmt, recipe.scale_rounding,
+                                  recipe.rounding)
+            if q is not None:                     # None: not applicable; strides as below
+                return q.movedim(-1, axis).contiguous(), None
         arr = mx.quantize(x, fmt, axis=axis, rounding=recipe.rounding, srbits=recipe.srbits,
                           scale_rounding=recipe.scale_rounding, seed=seed)
         q = onepass.block_values(arr, x.dtype)     # None: not applicable
