@@ -2,23 +2,25 @@
 
 ``fake_quantize`` is the autograd-aware :func:`fpsim.quantize` (any device fpsim supports), its
 gradient straight through or rounded; ``round_through`` is the same with any rounding function
-on either side.  ``quantize_linear_layers`` runs a model's matrix-multiply layers under a format
-with one call, gradients per tensor class (:class:`GradFormats`) included, and gives the model
-back unchanged on ``restore()``.  ``LossScaler`` is loss scaling with torch.amp.GradScaler's
-rules, static or dynamic.  torch is imported only when these are used.
+on either side.  ``quantize_linear_layers`` puts a model's matrix-multiply layers under a format
+with one call: a thin wrapper over :func:`fpsim.emulate` (one recipe, its backward GEMMs from
+:class:`GradFormats`), the model given back untouched on ``restore()``.  ``LossScaler`` is
+loss scaling with torch.amp.GradScaler's rules, static or dynamic.  torch is imported only when
+these are used.
 """
 
 from __future__ import annotations
 
 import functools
+import glob
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from .convert import quantize
+from .emulation.casts import Backward, Cast
 from .formats import Format, get_format
 from .rounding import check_mode
 from .stochastic import check_srbits
@@ -105,13 +107,22 @@ def _straight_through() -> Any:
 
 @dataclass(frozen=True)
 class GradFormats:
-    """Formats of the backward pass, per tensor class.
+    """The gradient format of :func:`quantize_linear_layers`: what
+    :meth:`backward` turns into an :class:`fpsim.emulation.casts.Backward`.
 
-    ``activation``: gradients flowing between layers (the gradient arriving at a layer's output
-    and the one it sends back to its input); ``weight``: gradients of the weights.  ``None``
-    leaves that class in the working precision.  ``saturate`` clamps overflow to the largest
-    value instead of giving inf (what loss scaling detects).  ``srbits``: random bits of a
-    stochastic ``rounding`` (e.g. ``GradFormats("e5m2", "e5m2", "stochastic", srbits=8)``).
+    ``activation`` and ``weight`` name the format of the output gradient ``dy`` as an operand of the
+    layer's two backward GEMMs (``dx = dy @ W^T``, ``dW = x^T @ dy``, ``W`` as ``[in, out]``),
+    rounded with ``rounding`` / ``saturate`` (clamp overflow to the largest value instead of inf,
+    what loss scaling detects) / ``srbits`` (random bits of a stochastic ``rounding``, e.g.
+    ``GradFormats("e5m2", "e5m2", "stochastic", srbits=8)``).  ``fpsim.emulate`` rounds ``dy`` once
+    for both GEMMs (as the hardware casts one FP8 gradient), so the two must name the same format,
+    or both be None (gradients in the working precision); the GEMM results ``dx`` and ``dW`` are
+    FP32 sums, not rounded again.  Per-operand casts of the backward GEMMs (``x`` and ``W``
+    re-quantized, scaled casts): a :class:`fpsim.emulation.Recipe` with ``backward=Backward(...)``
+    under :func:`fpsim.emulate` (docs/training.md).
+
+    >>> GradFormats("e5m2", "e5m2", saturate=True).backward().grad.describe()
+    'e5m2 sat'
     """
 
     activation: str | Format | None = None
@@ -122,12 +133,22 @@ class GradFormats:
 
     def __post_init__(self) -> None:
         check_srbits(self.srbits, check_mode(self.rounding))
+        names = [None if f is None else get_format(f).name for f in (self.activation, self.weight)]
+        if names[0] != names[1]:
+            raise ValueError(
+                f"GradFormats(activation={self.activation!r}, weight={self.weight!r}): "
+                "fpsim.emulate rounds the output gradient once, as an operand of both backward "
+                "GEMMs, so one format serves both (grad='e5m2' or GradFormats(fmt, fmt)); the "
+                "other operands of the backward GEMMs take casts of their own through "
+                "fpsim.emulate and Recipe(backward=Backward(grad=, inputs=, weights=)) "
+                "(fpsim.emulation.casts, docs/training.md)")
 
-    def rounders(self) -> tuple[Rounder | None, Rounder | None]:
-        """(activation-gradient rounder, weight-gradient rounder); None where not rounded."""
-        kw = {"rounding": self.rounding, "saturate": self.saturate, "srbits": self.srbits}
-        return tuple(None if f is None else rounder(f, **kw)        # type: ignore[return-value]
-                     for f in (self.activation, self.weight))
+    def backward(self) -> Backward | None:
+        """The backward GEMMs' settings: ``dy`` cast to the format (None: nothing rounded)."""
+        if self.activation is None:
+            return None
+        return Backward(grad=Cast(self.activation, rounding=self.rounding,
+                                  saturate=self.saturate, srbits=self.srbits))
 
     @classmethod
     def of(cls, grad: "str | Format | GradFormats | None") -> "GradFormats":
@@ -150,34 +171,25 @@ def is_matmul_layer(module: Any) -> bool:
 
 
 class QuantizedLayers:
-    """What :func:`quantize_linear_layers` changed; ``restore()`` (or leaving a ``with`` block)
-    gives the model back exactly as it was: same classes, same Parameter objects."""
+    """What :func:`quantize_linear_layers` put under a format: the layers (``modules``), the
+    :class:`fpsim.emulation.Emulation` that computes them (``emulation``: ``missed``,
+    ``report()``), entered around every forward call of the model.  ``restore()`` (or leaving
+    a ``with`` block) removes its forward hooks: the model's parameters were never touched."""
 
-    def __init__(self, modules: dict[str, Any], hooks: list[Any], weights: bool) -> None:
+    def __init__(self, modules: dict[str, Any], emulation: Any, attached: Any) -> None:
         self.modules = modules
-        self._hooks = hooks
-        self._weights = weights     # whether this call added the weight parametrizations
-        self._order = {name: list(m._parameters) for name, m in modules.items()}
+        self.emulation = emulation
+        self._attached = attached
 
     @property
     def names(self) -> list[str]:
-        """Qualified names of the wrapped layers."""
+        """Qualified names of the layers under the format."""
         return list(self.modules)
 
     def restore(self) -> None:
-        """Remove the weight quantizers and activation hooks this call added (a second call
-        does nothing; parametrizations registered by anyone else stay)."""
-        from torch.nn.utils import parametrize
-
-        for hook in self._hooks:
-            hook.remove()
-        for name, module in self.modules.items():
-            if self._weights and parametrize.is_parametrized(module, "weight"):
-                parametrize.remove_parametrizations(module, "weight", leave_parametrized=False)
-                params = module._parameters      # put "weight" back in its original place
-                moved = [(k, params.pop(k)) for k in self._order[name] if k in params]
-                params.update(moved)
-        self._hooks, self.modules = [], {}
+        """Take the model out of the emulation (a second call does nothing)."""
+        self._attached.remove()
+        self.modules = {}
 
     def __enter__(self) -> "QuantizedLayers":
         return self
@@ -186,98 +198,65 @@ class QuantizedLayers:
         self.restore()
 
 
+#: A format every float tensor holds exactly: the weights of a layer whose activations alone
+#: are rounded (a Recipe's weights=None means "as the inputs").
+_EXACT = "fp64"
+
+
 def quantize_linear_layers(model: Any, weights: str | Format | None = None,
                            activations: str | Format | None = None, *, rounding: str = "rne",
                            saturate: bool = False, grad: str | Format | GradFormats | None = None,
                            include: Callable[[str, Any], bool] | None = None,
                            srbits: int | None = None) -> QuantizedLayers:
-    """Fake-quantize the weights, input activations and gradients of every ``nn.Linear`` and
-    ``Conv1D``.
+    """Run the products of every ``nn.Linear`` and ``Conv1D`` of ``model`` under
+    :func:`fpsim.emulate`, with weights, activations and gradients in the given formats.
 
-    Weights are rounded on every access through a ``torch.nn.utils.parametrize`` parametrization
-    (training still updates the original full-precision Parameter); activations are rounded by a
-    forward pre-hook on the layer's first input, so layers that only hold parameters for someone
-    else's matmul get their weights quantized but not their inputs.  ``grad`` (a format, or a
-    :class:`GradFormats` per tensor class) rounds the backward pass: the gradient arriving at the
-    layer's output (before the layer's backward matmuls use it), the input gradient the layer
-    sends back, and the weight gradient; bias gradients stay in the working precision.
-    ``include(name, module)`` selects layers (default: all).  ``srbits``: random bits of a
-    stochastic ``rounding`` of weights and activations (gradients: ``GradFormats.srbits``,
-    e.g. ``grad=GradFormats("e5m2", "e5m2", "stochastic", srbits=8)``).  Returns a handle whose
-    ``restore()`` undoes everything; it is also a context manager.
+    One :class:`fpsim.emulation.Recipe` (operands ``activations`` x ``weights`` rounded with
+    ``rounding`` / ``saturate`` / ``srbits``; FP32 sums computed in FP64 and rounded once;
+    ``backward`` from ``grad``, a format or :class:`GradFormats`) and one
+    :class:`fpsim.emulation.Rules` entry per chosen layer (every other op left to torch) make an
+    emulation entered around each forward call of ``model``, or of a module inside it called alone
+    (forward hooks: ``model.forward(x)`` bypasses them, ``model(x)`` does not).  A product is the
+    layer's wherever it runs: in the layer's forward, or anywhere that uses the layer's weight
+    (``nn.MultiheadAttention``'s ``out_proj``).  Weights are rounded inside each GEMM, so the
+    Parameter itself stays full precision (what the optimizer updates); the backward GEMMs
+    (``dx = dy @ W^T``, ``dW = x^T @ dy``, ``W`` as ``[in, out]``) reuse the rounded operands
+    (straight through) and round ``dy`` to the gradient format; the bias gradient is ``dy``
+    summed in FP64, rounded once (docs/fake-quantization.md: what changed from the earlier
+    per-tensor mechanism).  ``include(name, module)`` selects layers (default: all).  Returns
+    a handle whose ``restore()`` takes the model back out; it is also a context manager.  No
+    other fpsim.emulate context may be active around the model's call (they do not nest).
 
     >>> import torch
     >>> layer = torch.nn.Linear(2, 1, bias=False)
     >>> with torch.no_grad():
     ...     _ = layer.weight.copy_(torch.tensor([[0.1, 500.0]]))
+    >>> x = torch.tensor([[1.0, 1.0]])
     >>> with quantize_linear_layers(layer, weights="e4m3", saturate=True):
-    ...     layer.weight.tolist()                # rounded on every access
-    [[0.1015625, 448.0]]
-    >>> layer.weight.tolist()                    # restored
-    [[0.10000000149011612, 500.0]]
+    ...     layer(x).tolist()                    # 0.1015625 + 448: E4M3 weights, FP32 sum
+    [[448.1015625]]
+    >>> layer(x).tolist(), layer.weight.tolist() # restored; the weights never changed
+    ([[500.1000061035156]], [[0.10000000149011612, 500.0]])
     """
-    import torch
-    from torch.nn.utils import parametrize
+    from .emulation import Recipe, Rule, Rules, emulate
 
-    gfmts = GradFormats.of(grad)
     if weights is None and activations is None and grad is None:
         raise ValueError("nothing to quantize: pass weights=FMT, activations=FMT and/or grad=FMT")
-    fwd = {"rounding": rounding, "saturate": saturate, "srbits": srbits}
-    wfwd = rounder(weights, **fwd) if weights is not None else None
-    afwd = rounder(activations, **fwd) if activations is not None else None
-    agrad, wgrad = gfmts.rounders()
-    chosen = {name: m for name, m in model.named_modules()
+    for f in (weights, activations):
+        if f is not None:
+            get_format(f)
+    wfmt = _EXACT if weights is None and activations is not None else weights
+    recipe = Recipe(activations, wfmt, name="quantize_linear_layers", rounding=rounding,
+                    saturate=saturate, srbits=srbits, backward=GradFormats.of(grad).backward())
+    chosen = {name: m for name, m in model.named_modules(remove_duplicate=False)  # every alias
               if is_matmul_layer(m) and (include is None or include(name, m))}
     if not chosen:
         raise ValueError(f"no nn.Linear or Conv1D layers with a 2-D weight found in "
                          f"{type(model).__name__} (or none passed include=)")
-    round_weights = wfwd is not None or wgrad is not None
-    clash = [n for n, m in chosen.items() if parametrize.is_parametrized(m, "weight")]
-    if clash and round_weights:
-        raise ValueError(f"layers {clash} already have a weight parametrization; restore or "
-                         "remove it first")
-    hooks = []
-    if afwd is not None or agrad is not None:
-        idle = [n for n, m in chosen.items() if type(m).forward is torch.nn.Module.forward]
-        if idle:
-            warnings.warn(f"{len(idle)} layers have no forward() of their own ({idle[0]}, ...): "
-                          "their inputs are not quantized (nor their activation gradients), only "
-                          "their weights", stacklevel=2)
-
-        def round_input(module: Any, args: tuple) -> tuple:
-            return (round_through(args[0], afwd, agrad), *args[1:]) if args else args
-
-        def round_output_grad(module: Any, args: tuple, out: Any) -> Any:
-            return round_through(out, None, agrad)
-
-        for m in chosen.values():
-            hooks.append(m.register_forward_pre_hook(round_input))
-            if agrad is not None:
-                hooks.append(m.register_forward_hook(round_output_grad))
-    if round_weights:
-        for m in chosen.values():
-            parametrize.register_parametrization(m, "weight", _round_weight()(wfwd, wgrad, weights))
-    return QuantizedLayers(chosen, hooks, round_weights)
-
-
-@functools.lru_cache(maxsize=None)
-def _round_weight() -> Any:
-    """The parametrization module class (weight -> fake-quantized weight), defined lazily."""
-    import torch
-
-    class RoundWeight(torch.nn.Module):
-        def __init__(self, fwd: Rounder | None, bwd: Rounder | None, name: Any) -> None:
-            super().__init__()
-            self.fwd, self.bwd, self.name = fwd, bwd, name
-
-        def forward(self, w: Any) -> Any:
-            return round_through(w, self.fwd, self.bwd)
-
-        def extra_repr(self) -> str:
-            name = getattr(self.name, "name", self.name)
-            return f"{name}, gradient rounded: {self.bwd is not None}"
-
-    return RoundWeight
+    rules = Rules([Rule(recipe, path=glob.escape(name), kind=kind)
+                   for name in chosen for kind in ("linear", "matmul")], default=None)
+    em = emulate(rules)
+    return QuantizedLayers(chosen, em, em.attach(model))
 
 
 class LossScaler:

@@ -160,12 +160,16 @@ def scaled_quantize(x: Any, fmt: str | Format, *, granularity: Any = "tensor",
             shift = 0.0 if zp is None else ops.astype(zp[r], t.dtype)
             q = clip(_round_int(t, rounding, seed, **sr) + shift, *clamp)
             part_codes = encode(q, fmt)
-            part_vals = (q - shift) * ops.astype(scale[r], t.dtype)   # NaN scale: NaN values
+            grid = q - shift
         else:
             part_codes = encode(t, fmt, rounding=rounding, saturate=True, seed=seed,
                                 on_nan="zero", **sr)
-            part_vals = ops.astype(decode(part_codes, fmt), t.dtype) * ops.astype(scale[r],
-                                                                                 t.dtype)
+            grid = ops.astype(decode(part_codes, fmt), t.dtype)
+        # NaN scale: NaN values.  A grid point past the dtype's largest value (a row holding
+        # +-FLT_MAX whose scale rounded up) dequantizes to inf, as IEEE arithmetic and torch
+        # give; the codes and scales stay exact.
+        with np.errstate(over="ignore"):
+            part_vals = grid * ops.astype(scale[r], t.dtype)
         if len(parts) == 1:
             vals, codes = part_vals, part_codes
             break

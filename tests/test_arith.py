@@ -462,8 +462,8 @@ def test_stochastic_rounding_is_seeded_and_brackets_the_sum():
     (dict(order="tensor_core", tensor_core="h100"), "unknown tensor_core"),
     (dict(order="tensor_core", tensor_core="hopper_fp8", chunk=48), "multiple of"),
     (dict(order="tensor_core", tensor_core="hopper_fp8", accum="fp16"), "from the TensorCore"),
-    (dict(engine="gpu"), "unknown engine"),
-    (dict(engine="compiled", rounding="stochastic"), "cannot draw random bits"),
+    (dict(backend="gpu"), "unknown backend"),
+    (dict(backend="compiled", rounding="stochastic"), "cannot draw random bits"),
 ])
 def test_bad_options_name_the_fix(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -507,7 +507,7 @@ def test_torch_tensors_give_the_numpy_bits(config):
     ref_bf = fpsim.matmul(torch.from_numpy(a).to(torch.bfloat16).float().numpy(), b, **config)
     assert isinstance(got, torch.Tensor) and same_bits(got.numpy(), ref_bf)
     got32, stats32 = fpsim.matmul(torch.from_numpy(a), torch.from_numpy(b), return_stats=True,
-                                  engine="torch", **config)
+                                  backend="torch", **config)
     assert same_bits(got32.numpy(), ref)
     for name in ("overflow", "max_partial", "swamped", "underflow"):
         assert np.array_equal(getattr(stats32, name).numpy(), getattr(ref_stats, name)), name
@@ -542,7 +542,7 @@ def test_compiled_engine_gives_the_same_bits():
     b = np.stack([adversarial("fp16", 30, rng) for _ in range(4)], axis=1).astype(np.float32)
     config = dict(accum="fp16", rounding="rtz")
     for rows in (5, 2):
-        got = fpsim.matmul(a[:rows], b, engine="compiled", **config)
+        got = fpsim.matmul(a[:rows], b, backend="compiled", **config)
         assert isinstance(got, np.ndarray)
         assert same_bits(got, fpsim.matmul(a[:rows], b, **config))
 

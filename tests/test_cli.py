@@ -273,7 +273,8 @@ def test_a_closed_pipe_ends_quietly():
     proc.stdout.readline()
     proc.stdout.close()
     assert proc.wait(timeout=60) == 0
-    assert proc.stderr.read() == b""
+    with proc.stderr:
+        assert proc.stderr.read() == b""
 
 
 @pytest.mark.parametrize("argv", [["experiment", "--help"], ["experiment", "-h"], ["experiment"]])

@@ -1,5 +1,6 @@
-"""The backward pass through fpsim.nn: gradients rounded per tensor class, bit for bit, and loss
-scaling that skips and rescales exactly as torch.amp.GradScaler."""
+"""The backward pass through fpsim.nn (fpsim.emulate's backward GEMMs): the output gradient
+rounded as a GEMM operand, bit for bit against an exact reference, and loss scaling that skips
+and rescales exactly as torch.amp.GradScaler."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fpsim  # noqa: E402
+from fpsim.emulation.casts import Cast  # noqa: E402
 from fpsim.nn import GradFormats, LossScaler, quantize_linear_layers, round_through  # noqa: E402
+from test_nn import exact_gemm  # noqa: E402
 
 
 def q(t, fmt, **kw):
@@ -21,36 +24,75 @@ def bits(t):
     return t.detach().contiguous().view(torch.int32)
 
 
-@pytest.mark.parametrize("fmts", [("bf16", "fp16", "e5m2"), ("e4m3", "e5m2", "bf16"),
-                                  ("fp16", "fp16", "fp16")])
-def test_linear_backward_equals_hand_written_reference(fmts):
-    fwd, agrad, wgrad = fmts
+@pytest.mark.parametrize("fwd, grad", [("bf16", "fp16"), ("e4m3", "e5m2"), ("fp16", "fp16")])
+def test_linear_backward_equals_exact_reference(fwd, grad):
+    """dx = fp32(q(dy) @ q(W)), dW = fp32(q(dy)^T @ q(x)) (exact sums rounded once, the
+    forward's rounded operands reused straight through), dbias = fp32(sum of dy)."""
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(6, 12, generator=gen).requires_grad_()
     lin = torch.nn.Linear(12, 5)
     with torch.no_grad():
         lin.weight.copy_(torch.randn(5, 12, generator=gen))
     up = torch.randn(6, 5, generator=gen) * 1e-3
-    with quantize_linear_layers(lin, weights=fwd, activations=fwd,
-                                grad=GradFormats(activation=agrad, weight=wgrad)):
+    with quantize_linear_layers(lin, weights=fwd, activations=fwd, grad=GradFormats(grad, grad)):
         lin(x).backward(up)
-    w = lin.weight
-    xq, wq = q(x, fwd), q(w, fwd)
-    gq = q(up, agrad)                                  # the gradient arriving at the output
-    assert torch.equal(bits(x.grad), bits(q(gq.mm(wq), agrad)))
-    assert torch.equal(bits(w.grad), bits(q(gq.t().mm(xq), wgrad)))
-    assert torch.equal(bits(lin.bias.grad), bits(gq.sum(0)))
-    unrounded = up.mm(wq)                              # the test must be able to fail
-    assert not torch.equal(x.grad, unrounded) and not torch.equal(x.grad, q(unrounded, agrad))
+    xq, wq, gq = q(x, fwd), q(lin.weight, fwd), q(up, grad)
+    assert torch.equal(bits(x.grad), bits(exact_gemm(gq, wq)))
+    assert torch.equal(bits(lin.weight.grad), bits(exact_gemm(gq.t(), xq)))
+    assert torch.equal(bits(lin.bias.grad), bits(exact_gemm(torch.ones(1, 6), up)[0]))
+    unrounded = exact_gemm(up, wq)                     # the test must be able to fail
+    assert not torch.equal(x.grad, unrounded)
 
 
-def test_gradients_of_one_class_only():
+def test_gradient_format_alone_rounds_only_dy():
     lin, x = torch.nn.Linear(4, 3), torch.randn(2, 4, requires_grad=True)
     up = torch.randn(2, 3)
-    with quantize_linear_layers(lin, grad=GradFormats(weight="e4m3")):
+    with quantize_linear_layers(lin, grad="e4m3"):
         lin(x).backward(up)
-    assert torch.equal(x.grad, up.mm(lin.weight.detach()))
-    assert torch.equal(lin.weight.grad, q(up.t().mm(x.detach()), "e4m3"))
+    gq = q(up, "e4m3")
+    assert torch.equal(bits(x.grad), bits(exact_gemm(gq, lin.weight)))
+    assert torch.equal(bits(lin.weight.grad), bits(exact_gemm(gq.t(), x)))
+
+
+def test_rounding_options_reach_the_recipe():
+    lin = torch.nn.Linear(4, 3)
+    g = GradFormats("e5m2", "e5m2", "stochastic", saturate=True, srbits=8)
+    with quantize_linear_layers(lin, "e4m3", "e4m3", rounding="stochastic", srbits=4,
+                                saturate=True, grad=g) as h:
+        recipe = h.emulation.rules.rules[0].recipe
+    assert (recipe.rounding, recipe.srbits, recipe.saturate) == ("stochastic", 4, True)
+    assert recipe.backward.grad == Cast("e5m2", rounding="stochastic", saturate=True, srbits=8)
+
+
+def test_gradient_cast_takes_srbits():
+    """One random bit: StochasticA rounds up only where floor(2 f) + r >= 2, f the dropped
+    fraction of an ulp, so values less than half an ulp above a grid point always round down,
+    which every random bit of a full-width draw would not."""
+    from fpsim.emulation.quantizers import cast
+
+    torch.manual_seed(0)
+    x = 1 + (torch.randint(0, 4, (2000,)) + torch.rand(2000) * 0.4) / 4    # e5m2's ulp: 1/4
+    down = q(x, "e5m2", rounding="rtz")
+    one_bit, _, _ = cast(x, Cast("e5m2", rounding="stochastic", srbits=1), -1)
+    full, _, _ = cast(x, Cast("e5m2", rounding="stochastic"), -1)
+    assert torch.equal(one_bit, down) and not torch.equal(full, down)
+
+
+@pytest.mark.parametrize("fmt, scaling", [
+    ("e4m3", "none"), ("e4m3", "tensor"), ("e4m3", "channel"), ("mxfp8_e4m3", "block"),
+    ("nvfp4", "block2d"), ("e4m3", "tile"), ("e4m3", "tile2d"), ("e4m3", "tensorwise"),
+    ("e4m3", "rowwise"), ("e4m3", "delayed")])
+def test_every_cast_rounds_stochastically_with_srbits(fmt, scaling):
+    """Each scaling passes rounding and srbits through, its random bits from torch's seed."""
+    from fpsim.emulation.quantizers import cast
+
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(2))
+    c = Cast(fmt, scaling, rounding="stochastic", srbits=3)
+    runs = []
+    for seed in (0, 0, 1):
+        torch.manual_seed(seed)
+        runs.append(cast(x, c, -1, scale=1.0 if scaling == "delayed" else None)[0])
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
 
 
 def test_round_through_identity_forward_rounds_only_the_gradient():

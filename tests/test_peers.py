@@ -85,7 +85,7 @@ def test_decode_of_encode_is_quantize():
     for name in ["fp16", "bf16", "tf32", "e4m3", "e5m2", "fp8_e4m3fnuz", "e2m3", "e2m1", "e8m0",
                  "int8", "int4", "e3m4"]:
         q = fpsim.quantize(x, name)
-        d = fpsim.decode(fpsim.encode(x, name, nan="zero"), name, dtype=np.float32)
+        d = fpsim.decode(fpsim.encode(x, name, on_nan="zero"), name, dtype=np.float32)
         fin = ~np.isnan(x)
         assert np.array_equal(_uint(q[fin]), _uint(d[fin])), name
 

@@ -19,6 +19,7 @@ from .. import mx
 from ..formats import Format, get_format
 from ..inputs import check_flag
 from ..rounding import check_mode
+from ..stochastic import check_srbits
 
 #: Scalings of a :class:`Cast`.  fpsim's own (scale = amax / format max, values = code * scale,
 #: as :func:`fpsim.scaled_quantize`): ``none``, ``tensor``, ``channel`` (one scale per index
@@ -38,9 +39,11 @@ class Cast:
     """How one GEMM operand is quantized (see :data:`CAST_SCALINGS`).
 
     ``fmt``: an eXmY format (an MX / NVFP4 name for ``block`` / ``block2d``); ``rounding``:
-    ``rne`` or ``stochastic`` (random bits from torch's global generator: ``torch.manual_seed``
-    makes a run repeatable); ``saturate``: clamp at the format's largest value (the scaled
-    casts of TE and torchao always saturate); ``pow2``: scales rounded down to a power of two
+    ``rne``, ``stochastic`` (random bits from torch's global generator: ``torch.manual_seed``
+    makes a run repeatable) or any other mode of :func:`fpsim.quantize`; ``srbits``: the
+    number of random bits of a stochastic rounding (None: all, docs/stochastic.md);
+    ``saturate``: clamp at the format's largest value (the scaled casts of TE and torchao
+    always saturate); ``pow2``: scales rounded down to a power of two
     (torchao's ``round_scales_to_power_of_2``); ``history`` and ``margin``: delayed scaling's
     amax history length and margin in binades (TE ``DelayedScaling``); ``scale_rounding``: the
     MX scale rule (None: OCP floor).
@@ -57,9 +60,11 @@ class Cast:
     history: int = 1024
     margin: int = 0
     scale_rounding: str | None = None
+    srbits: int | None = None
 
     def __post_init__(self) -> None:
-        check_mode(self.rounding)
+        object.__setattr__(self, "rounding", check_mode(self.rounding))
+        check_srbits(self.srbits, self.rounding)
         for flag in ("saturate", "pow2"):
             check_flag(getattr(self, flag), flag)
         if self.scaling not in CAST_SCALINGS:
@@ -90,7 +95,8 @@ class Cast:
         if self.scaling == "delayed":
             words.append(f"h={self.history}" + (f" m={self.margin}" if self.margin else ""))
         for flag, word in ((self.saturate, "sat"), (self.pow2, "pow2"),
-                           (self.rounding != "rne", self.rounding)):
+                           (self.rounding != "rne", self.rounding),
+                           (self.srbits is not None, f"srbits={self.srbits}")):
             if flag:
                 words.append(word)
         return " ".join(words)

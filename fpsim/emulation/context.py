@@ -18,6 +18,9 @@ overflowed / saturated / flushed operand elements, SNR of the result against FP6
 on the same operands, swamped additions of an emulated accumulator) in ``em.sites``;
 ``em.table()`` lists them with the rule that chose each recipe.
 
+``em.attach(model)`` enters the context around every forward call of ``model`` instead of a
+``with`` block (:func:`fpsim.nn.quantize_linear_layers` is built on it).
+
 Product sites are differentiable: where a gradient is wanted, :mod:`fpsim.emulation.backward`
 computes each one's input- and weight-gradient GEMMs under the recipe's ``backward``
 settings (see :mod:`fpsim.emulation.presets` for the published training recipes).  Emulated
@@ -81,6 +84,24 @@ class Emulation:
         for text in self.shadowed():
             warnings.warn(f"fpsim.emulate: {text}", stacklevel=2)
 
+    def attach(self, module: Any) -> "Attached":
+        """Run every forward call of ``module``, or of any module inside it, within this
+        context, without a ``with`` block: entered when the outermost such call starts, left
+        when it returns; module paths always count from ``module``.  The backward GEMMs of the
+        sites it ran need no context.  Returns a handle whose ``remove()`` detaches it.
+
+        >>> import torch
+        >>> layer = torch.nn.Linear(2, 1, bias=False)
+        >>> with torch.no_grad():
+        ...     _ = layer.weight.copy_(torch.tensor([[1.0, 1.0]]))
+        >>> hooks = emulate(Recipe("e2m1")).attach(layer)
+        >>> layer(torch.tensor([[1.2, 2.6]])).tolist()    # 1 + 3: operands rounded to E2M1
+        [[4.0]]
+        >>> hooks.remove(); layer(torch.tensor([[1.2, 2.6]])).tolist()
+        [[3.799999952316284]]
+        """
+        return Attached(self, module)
+
     def shadowed(self) -> list[str]:
         """Rules that matched no site although a site they match ran: an earlier rule took
         it (README's old example: ``kind='linear'`` before ``path='lm_head'``)."""
@@ -119,6 +140,40 @@ class Emulation:
         lines = ["  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths))]
         lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
         return "\n".join(lines)
+
+
+class Attached:
+    """What :meth:`Emulation.attach` installed: two forward hooks on a module and on each
+    module inside it."""
+
+    def __init__(self, em: Emulation, root: Any) -> None:
+        self.em, self.root, self.depth = em, root, 0    # depth: hooked calls under way
+        self.hooks = [h for m in root.modules()
+                      for h in (m.register_forward_pre_hook(self.enter),
+                                m.register_forward_hook(self.leave, always_call=True))]
+
+    def enter(self, module: Any, args: Any) -> None:
+        if self.depth == 0:
+            self.em.__enter__()
+            # the context's module hooks start after this call began: push the root (its
+            # paths) and, when the call is one of a module inside it, that module's path
+            self.em._state.enter_module(self.root, args)
+            if module is not self.root:
+                self.em._state.enter_module(module, args)
+        self.depth += 1
+
+    def leave(self, module: Any, args: Any, output: Any) -> None:
+        if self.depth == 0:                       # the call failed before entering
+            return
+        self.depth -= 1
+        if self.depth == 0:
+            self.em.__exit__(None, None, None)
+
+    def remove(self) -> None:
+        """Remove the hooks (a second call does nothing)."""
+        for h in self.hooks:
+            h.remove()
+        self.hooks = []
 
 
 def _cell(v: Any) -> str:

@@ -26,6 +26,7 @@ from torch import Tensor
 from .. import mx
 from ..convert import quantize
 from ..formats import get_format
+from ..rounding import STOCHASTIC
 from .casts import Cast
 from .recipe import Recipe
 from .sites import quantize_operand, rounding_limit, tile_quantize
@@ -68,20 +69,22 @@ def cast(x: Tensor, c: Cast, axis: int, *, history: AmaxHistory | None = None,
     ``delayed`` needs ``history`` (the site's :class:`AmaxHistory`) or an explicit ``scale``
     (a backward GEMM reusing its forward's); other scalings ignore ``scale``.
     """
-    seed = generator(x.device) if c.rounding == "stochastic" else None
+    seed = generator(x.device) if c.rounding in STOCHASTIC else None
     if c.scaling in ("tensorwise", "rowwise", "delayed"):
         return _multiplied(x, c, axis, history, scale, seed)
     f = None if c.scaling in ("block", "block2d") else get_format(c.fmt)
     if c.scaling == "block2d":
         return _block2d(x, c, seed), math.inf, None
     if c.scaling == "tile":
-        q = tile_quantize(x.movedim(axis, -1), f, -1, c.rounding, seed).movedim(-1, axis)
+        q = tile_quantize(x.movedim(axis, -1), f, -1, c.rounding, c.srbits,
+                          seed).movedim(-1, axis)
         return q, math.inf, None
     if c.scaling == "tile2d":
-        q = tile_quantize(x.movedim(axis, -2), f, -2, c.rounding, seed).movedim(-2, axis)
+        q = tile_quantize(x.movedim(axis, -2), f, -2, c.rounding, c.srbits,
+                          seed).movedim(-2, axis)
         return q, math.inf, None
     recipe = Recipe(name="cast", inputs=c.fmt, scaling=c.scaling, rounding=c.rounding,
-                    saturate=c.saturate, scale_rounding=c.scale_rounding)
+                    saturate=c.saturate, scale_rounding=c.scale_rounding, srbits=c.srbits)
     q, limit = quantize_operand(x, c.fmt, recipe, axis, seed)
     return q, limit, None
 
@@ -112,7 +115,7 @@ def _multiplied(x: Tensor, c: Cast, axis: int, history: AmaxHistory | None,
         s = (f.max / torch.clamp(amax.double(), min=_EPS)).to(torch.float32)
         if c.pow2:
             s = torch.exp2(torch.floor(torch.log2(s)))
-    codes = quantize(x32 * s, f, rounding=c.rounding, saturate=True, seed=seed)
+    codes = quantize(x32 * s, f, rounding=c.rounding, saturate=True, srbits=c.srbits, seed=seed)
     return (codes / s).to(x.dtype), rounding_limit(f) / s.double(), s
 
 
@@ -124,7 +127,8 @@ def _block2d(x: Tensor, c: Cast, seed: Any) -> Tensor:
     p = torch.nn.functional.pad(x, (0, pk, 0, pr))
     R, K = (r + pr) // n, (k + pk) // n
     tiles = p.reshape(*lead, R, n, K, n).movedim(-3, -2).reshape(*lead, R, K, n * n)
-    arr = mx.quantize(tiles, c.fmt, axis=-1, block_size=n * n, rounding=c.rounding, seed=seed)
+    arr = mx.quantize(tiles, c.fmt, axis=-1, block_size=n * n, rounding=c.rounding,
+                      srbits=c.srbits, seed=seed)
     q = arr.dequantize(x.dtype).reshape(*lead, R, K, n, n).movedim(-2, -3)
     return q.reshape(p.shape)[..., :r, :k]
 
