@@ -290,3 +290,16 @@ def test_compiled_paths_are_taken(monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(sites, "scaled_quantize", refuse)
         sites.quantize_operand(x, "e4m3", Recipe("e4m3", scaling="tensor", name="t"), -1)
+
+
+def test_no_numba_takes_the_general_path(monkeypatch):
+    """Without numba's kernels (``convert._jit()`` None) both compiled passes decline."""
+    onepass._table.cache_clear()
+    try:
+        monkeypatch.setattr(fpsim.convert, "_jit", lambda: None)
+        x = torch.randn(8, 64)
+        assert onepass.tensor_scaled(x, get_format("e4m3"), "rne", -1) is None
+        assert onepass.mx_values(x, "mxfp8_e4m3", None, "rne") is None
+        assert onepass.block_values(fpsim.mx.quantize(x, "mxfp8_e4m3"), torch.float32) is None
+    finally:
+        onepass._table.cache_clear()
