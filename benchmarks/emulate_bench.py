@@ -22,7 +22,8 @@ engine (:mod:`fpsim.arith.jit`) on every core; its physical bound: each product 
 float64 multiply-add and one rounding to the accumulator (a few dependent scalar operations
 per product, no SIMD across K), against a few FLOPs per cycle-lane of FP32 BLAS, so a
 2-core machine cannot get below about 10x the native forward.  ``benchmarks/gpu_check.py``
-runs the same rows on CUDA.
+runs the same rows on CUDA.  The JSON also records ``fp64_gemm_over_fp32``: torch's float64
+GEMM time over its float32 one on the model's MLP shape, the bound of the deterministic rows.
 
     PYTHONPATH=. python benchmarks/emulate_bench.py [--repeat 5] [--model-repeat 3] [--json PATH]
 """

@@ -1,25 +1,24 @@
-"""Operand quantization in one compiled pass over a CPU tensor, where numba is there.
+"""Operand quantization in compiled passes over a CPU tensor, where numba is there.
 
-Per-tensor scaling:
+:func:`fpsim.emulation.sites.quantize_operand` copies an operand to float64, reduces it,
+divides, encodes, decodes, multiplies and casts back: several passes and full-size temporaries
+per call, most of an activation's cost under an operand-only recipe.  Here the same operations
+run in the same order, so give the same bits (tests compare every code class), in fewer passes:
 
-:func:`fpsim.emulation.sites.quantize_operand` with per-tensor scaling copies the operand to
-float64, reduces it, divides, encodes, decodes, multiplies and casts back: several passes and
-full-size temporaries per call, most of an activation's cost under an operand-only recipe.
-:func:`tensor_scaled` gives the same values in two passes: torch's ``aminmax`` for the scale,
-then one numba kernel (:func:`fpsim._cast_kernels.scaled_table_quantize`) that divides, rounds
-with :mod:`fpsim.convert`'s own lookup table, decodes and multiplies each element.  The same
-operations in the same order, so the same bits (tests compare every code class).  It returns
-None, and the caller takes the general path, wherever it does not apply: no numba, another
-device or dtype, stochastic rounding, integer formats, empty operands, a NaN or infinity in
-the operand (its NaN scale), a tensor that needs gradients, a format without a lookup table.
+* :func:`tensor_scaled` (per-tensor scaling): torch's ``aminmax`` for the scale, then one
+  kernel (:func:`fpsim._cast_kernels.scaled_table_quantize`) that divides, rounds with
+  :mod:`fpsim.convert`'s own lookup table, decodes and multiplies each element;
+* :func:`mx_values` (MX and NVFP4 blocks along the last axis, float32): one kernel for each
+  block's amax, the scale rules' own code on the per-block arrays, one kernel that scales,
+  rounds, decodes and multiplies back (:func:`fpsim._cast_kernels.block_scaled_quantize`);
+* :func:`block_values`: :func:`fpsim.mx.dequantize` of blocks along the last axis in one pass
+  (:func:`fpsim._cast_kernels.block_dequantize`), for the codes ``capture=True`` needs.
 
-Block formats (MX, NVFP4): :func:`block_values` is :func:`fpsim.mx.dequantize` of blocks along
-the last axis (activations) in one pass (:func:`fpsim._cast_kernels.block_dequantize`), where
-torch gathers the element values through an int64 copy of the codes and multiplies in a second
-pass; the same element table, block multipliers and multiply, so the same bits.  None (the
-caller dequantizes as before) for another axis, device or dtype, or without numba.
+Each returns None, and the caller takes the general path, wherever it does not apply (listed
+in its docstring): no numba, another device or dtype, stochastic rounding, integer formats,
+empty operands, NaN or inf in a per-tensor operand (its NaN scale), tensors that need
+gradients, formats without a lookup table.
 """
-
 from __future__ import annotations
 
 import functools
