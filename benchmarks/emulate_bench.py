@@ -22,7 +22,8 @@ engine (:mod:`fpsim.arith.jit`) on every core; its physical bound: each product 
 float64 multiply-add and one rounding to the accumulator (a few dependent scalar operations
 per product, no SIMD across K), against a few FLOPs per cycle-lane of FP32 BLAS, so a
 2-core machine cannot get below about 10x the native forward.  ``benchmarks/gpu_check.py``
-runs the same rows on CUDA.
+runs the same rows on CUDA.  The JSON also records ``fp64_gemm_over_fp32``: torch's float64
+GEMM time over its float32 one on the model's MLP shape, the bound of the deterministic rows.
 
     PYTHONPATH=. python benchmarks/emulate_bench.py [--repeat 5] [--model-repeat 3] [--json PATH]
 """
@@ -160,6 +161,18 @@ def model_rows(repeat: int, device: str = "cpu", config: dict = LLAMA,
             for name, t in best.items()]
 
 
+def fp64_gemm_ratio(repeat: int, tokens: int = 256, config: dict = LLAMA) -> float:
+    """How much slower torch's float64 GEMM is than its float32 one on the model's MLP
+    up-projection (tokens x width @ width x MLP), best of ``repeat`` each, interleaved: the
+    bound of the deterministic FP32-sum rows, which sum in FP64."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(tokens, config["hidden_size"], generator=g)
+    w = torch.randn(config["hidden_size"], config["intermediate_size"], generator=g)
+    xd, wd = x.double(), w.double()
+    best = best_times({"fp32": lambda: x @ w, "fp64": lambda: xd @ wd}, repeat)
+    return best["fp64"] / best["fp32"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
@@ -177,6 +190,7 @@ def main() -> None:
     info = machine()
     rows = [] if args.skip_cases else [run_case(*c, repeat=args.repeat) for c in CASES]
     model = model_rows(args.model_repeat)
+    gemm64 = fp64_gemm_ratio(max(args.repeat, 10))
     info["load_average_after"] = machine()["load_average_1_5_15"]
     print(f"machine: {info['cpu']}, {info['cores']} cores, load {info['load_average_1_5_15']}, "
           f"torch threads {torch.get_num_threads()}")
@@ -193,13 +207,15 @@ def main() -> None:
     for r in model:
         print(f"{r['recipe']:>55} {r['forward_s'] * 1e3:>10.1f} ms {r['ratio']:>7.2f}x "
               f"{r['mac_per_s'] / 1e6:>9.0f} M MAC/s")
+    print(f"float64 GEMM / float32 GEMM (256 x 512 @ 512 x 1408): {gemm64:.2f}x")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
         "machine": info, "torch_threads": torch.get_num_threads(),
         "fpsim_threads": os.environ.get("FPSIM_THREADS", "every core"), "repeat": args.repeat,
         "cases": rows, "model": {"config": LLAMA, "tokens": 256, "repeat": args.model_repeat,
                                  "macs": forward_macs(LLAMA, 256), "rows": model,
-                                 "bound": BOUND}}, indent=1) + "\n")
+                                 "bound": BOUND,
+                                 "fp64_gemm_over_fp32": round(gemm64, 2)}}, indent=1) + "\n")
     print(f"wrote {args.json}")
 
 

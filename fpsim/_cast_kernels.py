@@ -72,3 +72,60 @@ def nearest_float32_field(x, out, drop, away, nan_code, code):  # noqa: ANN001, 
             out[i] = q | (sign << np.uint32(31 - drop))
         else:
             out[i] = np.uint32((q << drop) | (sign << np.uint32(31))).view(np.float32)
+
+
+@njit(cache=True, fastmath=False, nogil=True)
+def scaled_table_quantize(x, scale, table, shift, below, values, out):  # noqa: ANN001, ANN201
+    """One pass of :func:`fpsim.scaled_quantize`'s element step for one float64 ``scale``:
+    ``t = float64(x[i]) / scale`` rounded by ``table`` (``convert._table_plan``'s float64 index
+    and gather, as :func:`table_lookup`), decoded by ``values`` (every code's float64 value),
+    times ``scale``, written in ``out``'s dtype (one rounding, as a cast)."""
+    for i in range(x.size):
+        v = np.float64(np.float64(x[i]) / scale).view(np.uint64)
+        out[i] = values[table[(((v & below) + below) | v) >> shift]] * scale
+
+
+@njit(cache=True, fastmath=False, nogil=True)
+def block_dequantize(codes, table, factor, block, out):  # noqa: ANN001, ANN201
+    """``out[r, j] = table[codes[r, j]] * factor[r, j // block]``: :func:`fpsim.mx.dequantize`
+    of blocks along the last axis (``table``: every element code's value, ``factor``: each
+    block's multiplier, both in ``out``'s dtype) in one pass, the same multiply."""
+    n = codes.shape[1]
+    for r in range(codes.shape[0]):
+        for b in range(factor.shape[1]):
+            f = factor[r, b]
+            for j in range(b * block, min(n, (b + 1) * block)):
+                out[r, j] = table[codes[r, j]] * f
+
+
+@njit(cache=True, fastmath=False, nogil=True)
+def block_amax_bits(x, block, out):  # noqa: ANN001, ANN201
+    """``out[r, b]``: the largest magnitude bits (``bits & 0x7FFFFFFF``, 0 for an empty
+    block) of float32 ``x[r]``'s block ``b`` of ``block`` elements (NaN above inf, as
+    :func:`fpsim.blockrules.row_amax_bits` orders them)."""
+    n = x.shape[1]
+    for r in range(x.shape[0]):
+        for b in range(out.shape[1]):
+            m = np.int32(0)
+            for j in range(b * block, min(n, (b + 1) * block)):
+                m = max(m, np.float32(x[r, j]).view(np.int32) & np.int32(0x7FFFFFFF))
+            out[r, b] = m
+
+
+@njit(cache=True, fastmath=False, nogil=True)
+def block_scaled_quantize(x, block, factor, div, nan, scale, table, shift, below, values,
+                          out):  # noqa: ANN001, ANN201
+    """Block-format elements in one pass: float32 ``x[r, j]`` times its block's ``factor`` (MX)
+    or divided by it (``div``: NVFP4), one float32 operation (0 in a ``nan`` block), rounded by
+    ``table`` (``convert._table_plan``'s float32 index and gather, as :func:`table_lookup`),
+    decoded by ``values`` and times the block's ``scale`` value: ``mx.quantize`` then
+    ``mx.dequantize`` of blocks along the last axis."""
+    n = x.shape[1]
+    for r in range(x.shape[0]):
+        for b in range(factor.shape[1]):
+            f, s, skip = factor[r, b], scale[r, b], nan[r, b]
+            for j in range(b * block, min(n, (b + 1) * block)):
+                v = np.float32(x[r, j] / f if div else x[r, j] * f).view(np.uint32)
+                if skip:
+                    v = _ZERO
+                out[r, j] = values[table[(((v & below) + below) | v) >> shift]] * s

@@ -226,6 +226,11 @@ def nvfp4_tensor_scale(rows: Any, chunk: int = 1 << 16) -> float:
         step = max(1, chunk // rows.shape[1])
         parts = [row_amax_bits(rows[lo:lo + step]) for lo in range(0, rows.shape[0], step)]
         amax_bits = np.concatenate(parts or [np.zeros(0, np.int32)])
+    return nvfp4_tensor_scale_of(amax_bits)
+
+
+def nvfp4_tensor_scale_of(amax_bits: Any) -> float:
+    """:func:`nvfp4_tensor_scale` from the blocks' float32 amax bits (:func:`row_amax_bits`)."""
     finite = ops_for(amax_bits).where(amax_bits < 0x7F800000, amax_bits, 0)
     amax = finite.max() if finite.shape[0] else 0
     amax32 = np.array(int(amax), np.int32).view(np.float32)
@@ -238,8 +243,17 @@ def nvfp4_scale_rows(rows: Any, spec: BlockFormat, ts: float) -> tuple[Any, Any,
     Every step in float32 rounded to nearest, as torchao; the block scale is rounded to E4M3
     by the core's ``round_bits`` (to nearest even, saturating), as the Triton twin does.
     """
-    ops = ops_for(rows)
-    amax_bits = row_amax_bits(rows)
+    scodes, total, nan = nvfp4_block_scales(row_amax_bits(rows), spec, ts)
+    scaled = divide(rows, total[:, None])
+    if bool(nan.any()):
+        scaled = ops_for(rows).where(nan[:, None], 0.0, scaled)
+    return scodes, scaled, nan
+
+
+def nvfp4_block_scales(amax_bits: Any, spec: BlockFormat, ts: float) -> tuple[Any, Any, Any]:
+    """NVFP4 from each block's float32 amax bits (:func:`row_amax_bits`): (E4M3 scale codes,
+    the float32 divisor ts * scale of the block's elements, NaN-block mask)."""
+    ops = ops_for(amax_bits)
     amax = ops.view(amax_bits, ops.float32)
     nan = amax_bits >= 0x7F800000
     amax = ops.where(nan, 0.0, amax)
@@ -248,11 +262,9 @@ def nvfp4_scale_rows(rows: Any, spec: BlockFormat, ts: float) -> tuple[Any, Any,
     scodes = round_bits(ops, sbits & 0x7FFFFFFF, sbits < 0, F32, spec.scale, "rne",
                         saturate=True)
     total = multiply(ops.view(decode_bits(ops, scodes, F32, spec.scale), ops.float32), ts)
-    scaled = divide(rows, total[:, None])
     if bool(nan.any()):
-        scaled = ops.where(nan[:, None], 0.0, scaled)
         scodes = ops.where(nan, spec.scale.nan_code, scodes)
-    return to_uint8(scodes), scaled, nan
+    return to_uint8(scodes), total, nan
 
 
 def scale_values(ops: Any, scales: Any, spec: BlockFormat, tensor_scale: float | None,

@@ -415,6 +415,17 @@ MUTANTS = [
            "lanes = [(r >> shift) & ((1 << width) - 1) for shift, width in PTX_RBITS[conversion]]",
            "lanes = [(r >> shift) & 0xFFFF for shift, width in PTX_RBITS[conversion]]",
            SR_BITS),
+    # one-pass operand quantizers under fpsim.emulate (issue 32)
+    Mutant("onepass-sticky", "the per-tensor kernel indexes the table without its sticky bit",
+           "out[i] = values[table[(((v & below) + below) | v) >> shift]] * scale",
+           "out[i] = values[table[v >> shift]] * scale", ["tests/test_emulate_onepass.py"]),
+    Mutant("onepass-block-amax", "the block amax kernel compares signed bits (no |x|)",
+           "m = max(m, np.float32(x[r, j]).view(np.int32) & np.int32(0x7FFFFFFF))",
+           "m = max(m, np.float32(x[r, j]).view(np.int32))", ["tests/test_emulate_onepass.py"]),
+    Mutant("onepass-block-divide", "block elements divided by MX's factor, times NVFP4's",
+           "v = np.float32(x[r, j] / f if div else x[r, j] * f).view(np.uint32)",
+           "v = np.float32(x[r, j] * f if div else x[r, j] / f).view(np.uint32)",
+           ["tests/test_emulate_onepass.py"]),
 ]
 
 

@@ -33,6 +33,8 @@ def test_docs_speed_tables_quote_the_benchmarks():
     quoted = dict(re.findall(r"^\| ([^|]+?) \| ([\d.]+)× ", doc, re.M))
     assert {k: model[k] for k in quoted} == {k: float(v) for k, v in quoted.items()}
     assert len(quoted) == len(model) - 1
+    gemm64 = load("emulate_bench.json")["model"]["fp64_gemm_over_fp32"]
+    assert f"it is {gemm64:.2f}× slower" in " ".join(doc.split())
     small = {r["call"]: r for r in load("small_calls.json")["rows"]}
     names = {"quantize, Python float": "quantize Python float",
              "quantize, np.float32": "quantize np.float32",

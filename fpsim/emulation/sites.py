@@ -31,6 +31,7 @@ from ..arith import matmul as emulated_matmul
 from ..convert import quantize
 from ..formats import Format, get_format
 from ..scaling import scaled_quantize
+from . import onepass
 from .recipe import TILE, FormatLike, Recipe
 
 NATIVE_ACCUMULATORS = {"fp32": torch.float32, "fp64": torch.float64}  # rounded to; summed in FP64
@@ -47,20 +48,31 @@ def rounding_limit(fmt: Format) -> float:
 
 
 def quantize_operand(
-    x: Tensor, fmt: FormatLike | None, recipe: Recipe, axis: int, seed: Any = None
+    x: Tensor, fmt: FormatLike | None, recipe: Recipe, axis: int, seed: Any = None,
+    with_limit: bool = True,
 ) -> tuple[Tensor, Any]:
     """``x`` rounded to ``fmt`` under the recipe's scaling, reducing along ``axis``
     (``seed``: stochastic rounding's, as :func:`fpsim.quantize` takes it).
 
     Returns the dequantized values (``x``'s dtype) and, per element (a float or a tensor that
     broadcasts against ``x``), the magnitude from which it is clamped or overflows instead of
-    rounded: its :func:`rounding_limit` times its scale.
+    rounded: its :func:`rounding_limit` times its scale (``with_limit=False``: block scaling
+    leaves out that full-size tensor and returns None; callers that count no events).
     """
     if fmt is None:
         return x, math.inf
     if recipe.scaling == "block":
+        if not with_limit and recipe.srbits is None and x.dim():
+            q = onepass.mx_values(x.movedim(axis, -1), fmt, recipe.scale_rounding,
+                                  recipe.rounding)
+            if q is not None:                     # None: not applicable; strides as below
+                return q.movedim(-1, axis).contiguous(), None
         arr = mx.quantize(x, fmt, axis=axis, rounding=recipe.rounding, srbits=recipe.srbits,
                           scale_rounding=recipe.scale_rounding, seed=seed)
+        q = onepass.block_values(arr, x.dtype)     # None: not applicable
+        q = arr.dequantize(x.dtype) if q is None else q
+        if not with_limit:
+            return q, None
         # the limit is the same over a block: the largest code of each block (as blocks of one
         # element) dequantized, then repeated along the axis: one full-size tensor, not several
         elem, lay = arr.fmt.elem, arr.layout
@@ -70,7 +82,7 @@ def quantize_operand(
         per_block = top.dequantize(torch.float64) * (rounding_limit(elem) / elem.max)
         limit = per_block.repeat_interleave(arr.block_size, dim=lay.axis).narrow(
             lay.axis, 0, lay.length)
-        return arr.dequantize(x.dtype), limit
+        return q, limit
     f = get_format(fmt)
     if recipe.scaling == "none":
         q = quantize(x, f, rounding=recipe.rounding, saturate=recipe.saturate,
@@ -80,6 +92,11 @@ def quantize_operand(
         return q, rounding_limit(f)
     if recipe.scaling == "tile":
         return tile_quantize(x, f, axis, recipe.rounding, recipe.srbits, seed), math.inf
+    if recipe.scaling == "tensor" and recipe.srbits is None:
+        fast = onepass.tensor_scaled(x, f, recipe.rounding, axis)   # None: not applicable
+        if fast is not None:
+            q, scale = fast
+            return q, torch.tensor(scale, dtype=torch.float64) * rounding_limit(f)
     # one scale per tensor or per row along the reduction axis; float64 keeps x / scale finite
     # for formats wider than float32, whose fp32 scales stop at 2^-126.  One contiguous copy:
     # scaled_quantize then reads its rows as a view (a strided one it would copy again)
@@ -172,7 +189,7 @@ def finite_below(t: Tensor, limit: float) -> bool:
 def _quantize_counted(
     x: Tensor, fmt: FormatLike | None, recipe: Recipe, axis: int, count: bool
 ) -> tuple[Tensor, dict[str, int] | None]:
-    q, limit = quantize_operand(x, fmt, recipe, axis)
+    q, limit = quantize_operand(x, fmt, recipe, axis, with_limit=count)
     events = operand_events(x, q, limit) if count else None
     return unflush(x, q, recipe), events
 
@@ -349,7 +366,8 @@ def _layernorm_parts(
     recipe: Recipe, x: Tensor, events: dict | None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Centred quantized input ``d``, per-row mean and sum of squares ``d . d`` under ``recipe``."""
-    qx, limit = quantize_operand(x, recipe.inputs, recipe, axis=-1)
+    qx, limit = quantize_operand(x, recipe.inputs, recipe, axis=-1,
+                                 with_limit=events is not None)
     if events is not None:
         events["a"] = operand_events(x, qx, limit)
     mean = round_output(_row_dot(recipe, qx, torch.ones_like(qx)), recipe) / x.shape[-1]
@@ -390,7 +408,8 @@ def layernorm(
 def sum_squares(recipe: Recipe, x: Tensor, events: dict | None = None) -> Tensor:
     """Per-row ``x . x`` (RMSNorm's statistic times the row length) under ``recipe``: ``x``
     quantized like a left operand, the dot product accumulated and written as the recipe says."""
-    qx, limit = quantize_operand(x, recipe.inputs, recipe, axis=-1)
+    qx, limit = quantize_operand(x, recipe.inputs, recipe, axis=-1,
+                                 with_limit=events is not None)
     if events is not None:
         events["a"] = operand_events(x, qx, limit)
     return round_output(_row_dot(recipe, qx, qx, events), recipe)
