@@ -48,11 +48,12 @@ def _conv_args(dims, cin, cout, k, stride, pad, dil, groups, transposed, outpad)
 
 @pytest.mark.parametrize("case", CONVS, ids=str)
 @pytest.mark.parametrize("recipe", [FP16_SUMS, Recipe("e4m3", scaling="channel"),
-                                    Recipe("mxfp8_e4m3", scaling="block"), FP64], ids=str)
+                                    Recipe("mxfp8_e4m3", scaling="block"),
+                                    Recipe("nvfp4", scaling="block"), FP64], ids=str)
 def test_conv_is_fpsim_matmul_on_explicit_im2col(case, recipe, monkeypatch):
     """The conv site equals fpsim.emulation.sites.matmul on the whole im2col of the same
     operands (the sums of fpsim.matmul), plus the bias, in the output format; pieces of a few
-    patches change nothing."""
+    patches change nothing (NVFP4's tensor scale is the whole patch matrix's)."""
     from fpsim.emulation.sites import _operands, _product, round_output
 
     x, w, b, geo = _conv_args(*case)

@@ -8,7 +8,8 @@ product is :func:`fpsim.emulation.sites.matmul`'s: operands rounded to the recip
 their scales along K (per channel: one scale per output channel for the weights and per patch
 for the activations; MX blocks of 32 along K), summed in its accumulator and order, the bias
 added, the result written in its output format.  Per-tensor activation scales are taken on
-the activation tensor.
+the activation tensor, and so is NVFP4's per-tensor scale (one for the whole patch matrix,
+not one per piece).
 
 Memory is bounded: the patches are built piece by piece (at most :data:`PIECE` elements
 each, views of the padded input until then), never as one whole im2col of a large activation.
@@ -27,6 +28,8 @@ from typing import Any, Sequence
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..blockrules import nvfp4_tensor_scale
+from ..mx import get_block_format
 from .recipe import Recipe
 from .sites import _product, operand_events, quantize_operand, round_output, unflush
 
@@ -125,6 +128,7 @@ def conv(recipe: Recipe, x: Tensor, w: Tensor, bias: Tensor | None, stride: Sequ
         xp, whole = unflush(xp, xq, recipe), True
     else:
         whole = False
+    ts = _tensor_scale(recipe, xp)
     v = patches(xp, kernel, stride, dilation)
     n, out = v.shape[0], list(v.shape[2:2 + len(kernel)])
     per_unit = math.prod(out[1:]) * xp.shape[1] * math.prod(kernel)   # one n, one first out row
@@ -133,7 +137,7 @@ def conv(recipe: Recipe, x: Tensor, w: Tensor, bias: Tensor | None, stride: Sequ
     for lo_n, hi_n, lo_o, hi_o in _pieces(n, out[0], step):
         rows = _rows(v[lo_n:hi_n, :, lo_o:hi_o], groups)
         if not whole:
-            q, limit = quantize_operand(rows, recipe.inputs, recipe, axis=-1)
+            q, limit = quantize_operand(rows, recipe.inputs, recipe, axis=-1, tensor_scale=ts)
             if count:
                 _add(events, "a", operand_events(rows, q, limit))
             rows = unflush(rows, q, recipe)
@@ -147,6 +151,13 @@ def conv(recipe: Recipe, x: Tensor, w: Tensor, bias: Tensor | None, stride: Sequ
     if bias is not None:
         y = y + bias.reshape(-1, *[1] * len(kernel))
     return round_output(y, recipe).contiguous()
+
+
+def _tensor_scale(recipe: Recipe, xp: Tensor) -> float | None:
+    """NVFP4's per-tensor scale taken on the (padded) activation tensor, else None."""
+    if recipe.scaling != "block" or recipe.inputs is None or get_block_format(recipe.inputs).is_mx:
+        return None
+    return nvfp4_tensor_scale(xp.detach().reshape(1, -1).float())
 
 
 def quantize_weights(recipe: Recipe, wd: Tensor, groups: int, events: dict | None) -> Tensor:

@@ -106,10 +106,10 @@ def block_values(arr: Any, dtype: torch.dtype) -> Tensor | None:
 
 
 def mx_values(x: Tensor, fmt: Any, scale_rounding: str | None,
-              rounding: str) -> Tensor | None:
-    """``mx.quantize(x, fmt, axis=-1, scale_rounding=..., rounding=...)`` dequantized to
-    float32 (MX or NVFP4) in two compiled passes: each block's amax, then each element scaled,
-    rounded, decoded and multiplied back, with the scale rules' own code between them
+              rounding: str, tensor_scale: float | None = None) -> Tensor | None:
+    """``mx.quantize(x, fmt, axis=-1, scale_rounding=..., rounding=..., tensor_scale=...)``
+    dequantized to float32 (MX or NVFP4) in two compiled passes: each block's amax, then each
+    element scaled, rounded, decoded and multiplied back, with the scale rules' own code between them
     (:func:`fpsim.blockrules.shared_exponents`, :func:`fpsim.blockrules.nvfp4_block_scales`);
     or None where it does not apply: float64 or non-CPU ``x``, integer elements, directed
     roundings (which keep underflows), stochastic rounding, empty ``x``, no numba."""
@@ -136,7 +136,8 @@ def mx_values(x: Tensor, fmt: Any, scale_rounding: str | None,
         factor = ((1023 - s) << 52).view(np.float64).astype(np.float32)     # 2^-s, exact
         codes = np.where(nan, 255, s + 127).astype(np.uint8)
     else:
-        ts = nvfp4_tensor_scale_of(amax_bits.reshape(-1))
+        ts = (nvfp4_tensor_scale_of(amax_bits.reshape(-1)) if tensor_scale is None
+              else tensor_scale)
         codes, factor, nan = nvfp4_block_scales(amax_bits.reshape(-1), spec, ts)
         codes, factor, nan = (a.reshape(amax_bits.shape) for a in (codes, factor, nan))
     scale = scale_values(ops, codes, spec, ts, False)

@@ -49,10 +49,11 @@ def rounding_limit(fmt: Format) -> float:
 
 def quantize_operand(
     x: Tensor, fmt: FormatLike | None, recipe: Recipe, axis: int, seed: Any = None,
-    with_limit: bool = True,
+    with_limit: bool = True, tensor_scale: float | None = None,
 ) -> tuple[Tensor, Any]:
     """``x`` rounded to ``fmt`` under the recipe's scaling, reducing along ``axis``
-    (``seed``: stochastic rounding's, as :func:`fpsim.quantize` takes it).
+    (``seed``: stochastic rounding's, as :func:`fpsim.quantize` takes it; ``tensor_scale``:
+    NVFP4's, when ``x`` is a piece of the tensor it was taken on).
 
     Returns the dequantized values (``x``'s dtype) and, per element (a float or a tensor that
     broadcasts against ``x``), the magnitude from which it is clamped or overflows instead of
@@ -64,11 +65,12 @@ def quantize_operand(
     if recipe.scaling == "block":
         if not with_limit and recipe.srbits is None and x.dim():
             q = onepass.mx_values(x.movedim(axis, -1), fmt, recipe.scale_rounding,
-                                  recipe.rounding)
+                                  recipe.rounding, tensor_scale)
             if q is not None:                     # None: not applicable; strides as below
                 return q.movedim(-1, axis).contiguous(), None
         arr = mx.quantize(x, fmt, axis=axis, rounding=recipe.rounding, srbits=recipe.srbits,
-                          scale_rounding=recipe.scale_rounding, seed=seed)
+                          scale_rounding=recipe.scale_rounding, seed=seed,
+                          tensor_scale=tensor_scale)
         q = onepass.block_values(arr, x.dtype)     # None: not applicable
         q = arr.dequantize(x.dtype) if q is None else q
         if not with_limit:
