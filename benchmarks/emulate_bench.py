@@ -22,7 +22,13 @@ engine (:mod:`fpsim.arith.jit`) on every core; its physical bound: each product 
 float64 multiply-add and one rounding to the accumulator (a few dependent scalar operations
 per product, no SIMD across K), against a few FLOPs per cycle-lane of FP32 BLAS, so a
 2-core machine cannot get below about 10x the native forward.  ``benchmarks/gpu_check.py``
-runs the same rows on CUDA.  The JSON also records ``fp64_gemm_over_fp32``: torch's float64
+runs the same rows on CUDA.
+
+The conv tables: a ResNet-style conv net (:func:`conv_net`, BatchNorm in eval mode) timed as
+the model table, and each 3 x 3 convolution shape of ``CONV_SITES`` against an ``nn.Linear`` on
+the same GEMM (M = images x positions, K = 9 x C_in, N = C_out): ``conv_over_linear`` is what
+the implicit GEMM (patches built and quantized piece by piece) costs over a linear site of the
+same multiply-adds, natively and under each recipe.  The JSON also records ``fp64_gemm_over_fp32``: torch's float64
 GEMM time over its float32 one on the model's MLP shape, the bound of the deterministic rows.
 
     PYTHONPATH=. python benchmarks/emulate_bench.py [--repeat 5] [--model-repeat 3] [--json PATH]
@@ -127,38 +133,111 @@ def forward_macs(config: dict, tokens: int) -> int:
 
 def model_rows(repeat: int, device: str = "cpu", config: dict = LLAMA,
                tokens: int = 256) -> list[dict]:
-    """Best forward time of the model natively and under each of ``MODEL_RECIPES``, rounds
-    interleaved; ratios to the native forward of the same run."""
+    """Best forward time of the Llama-shaped model natively and under each of
+    ``MODEL_RECIPES``, rounds interleaved; ratios to the native forward of the same run."""
     model, ids = llama(config, tokens, device)
+    return forward_rows(model, ids, forward_macs(config, tokens), repeat, device)
+
+
+def forward_rows(model: torch.nn.Module, inputs: torch.Tensor, macs: int, repeat: int,
+                 device: str = "cpu") -> list[dict]:
+    """Best time of ``model(inputs)`` natively and under each of ``MODEL_RECIPES`` (each timed
+    forward in a context whose weights are already quantized), rounds interleaved."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def once() -> float:
+        model(inputs)
+        sync()
+        t = time.perf_counter()
+        model(inputs)
+        sync()
+        return time.perf_counter() - t
 
     def timed(name: str) -> float:
         spec = MODEL_RECIPES[name]
         with torch.no_grad():
             if spec is None:
-                model(ids)
-                sync()
-                t = time.perf_counter()
-                model(ids)
-                sync()
-                return time.perf_counter() - t
+                return once()
             with fpsim.emulate(Recipe(name=name, **spec)):
-                model(ids)                      # quantizes the weights into the context's cache
-                sync()
-                t = time.perf_counter()
-                model(ids)
-                sync()
-                return time.perf_counter() - t
+                return once()                   # the first call fills the weight cache
 
     best = {name: float("inf") for name in MODEL_RECIPES}
     for _ in range(repeat):
         for name in MODEL_RECIPES:
             best[name] = min(best[name], timed(name))
     native = best["native FP32 (no emulation)"]
-    macs = forward_macs(config, tokens)
     return [{"recipe": name, "spec": MODEL_RECIPES[name], "forward_s": round(t, 5),
              "ratio": round(t / native, 2), "mac_per_s": round(macs / t)}
             for name, t in best.items()]
+
+
+class Block(torch.nn.Module):
+    """A ResNet basic block: two 3x3 convolutions with BatchNorm, the input added back."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(c, c, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c),
+            torch.nn.ReLU(), torch.nn.Conv2d(c, c, 3, padding=1, bias=False),
+            torch.nn.BatchNorm2d(c))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + self.body(x))
+
+
+def conv_net(width: int = 32) -> torch.nn.Module:
+    """A small ResNet-style net for 32 x 32 images: a stem, a block, a stride-2 convolution to
+    twice the width, a block, pooling and a linear classifier (random weights, eval mode)."""
+    torch.manual_seed(0)
+    w = width
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, w, 3, padding=1, bias=False), torch.nn.BatchNorm2d(w),
+        torch.nn.ReLU(), Block(w),
+        torch.nn.Conv2d(w, 2 * w, 3, stride=2, padding=1, bias=False),
+        torch.nn.BatchNorm2d(2 * w), torch.nn.ReLU(), Block(2 * w),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(2 * w, 10)).eval()
+
+
+def conv_macs(width: int, batch: int, side: int = 32) -> int:
+    """Multiply-adds of :func:`conv_net`'s forward on ``batch`` images of ``side`` pixels."""
+    w, full, half = width, side * side, (side // 2) ** 2
+    return batch * (full * 27 * w + 2 * full * 9 * w * w + half * 9 * w * 2 * w
+                    + 2 * half * 9 * 4 * w * w + 2 * w * 10)
+
+
+def conv_model_rows(repeat: int, width: int = 32, batch: int = 16,
+                    device: str = "cpu") -> list[dict]:
+    """:func:`forward_rows` of :func:`conv_net` on ``batch`` random 32 x 32 images."""
+    x = torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    return forward_rows(conv_net(width).to(device), x.to(device), conv_macs(width, batch),
+                        repeat, device)
+
+
+#: Convolution sites against linear sites of the same GEMM: (batch, C_in, side, C_out); a
+#: 3 x 3 convolution with padding 1 is M = batch * side^2 rows, K = 9 * C_in, N = C_out.
+CONV_SITES = [(16, 32, 32, 32), (16, 64, 16, 64)]
+
+
+def site_rows(repeat: int, sites: list = CONV_SITES) -> list[dict]:
+    """Per convolution shape and recipe: the best time of the ``nn.Conv2d`` site and of an
+    ``nn.Linear`` site on the same GEMM (one context each, weights already quantized,
+    interleaved), natively and under each recipe."""
+    rows = []
+    for n, cin, side, cout in sites:
+        g = torch.Generator().manual_seed(0)
+        conv = torch.nn.Conv2d(cin, cout, 3, padding=1, bias=False)
+        lin = torch.nn.Linear(9 * cin, cout, bias=False)
+        x = torch.randn(n, cin, side, side, generator=g)
+        a = torch.randn(n * side * side, 9 * cin, generator=g)
+        for name, spec in MODEL_RECIPES.items():
+            ctx = (lambda: torch.no_grad()) if spec is None else (
+                lambda: fpsim.emulate(Recipe(name=name, **spec)))
+            with torch.no_grad(), ctx():
+                best = best_times({"conv": lambda: conv(x), "linear": lambda: lin(a)}, repeat)
+            rows.append({"M": n * side * side, "K": 9 * cin, "N": cout, "recipe": name,
+                         "conv_s": round(best["conv"], 5), "linear_s": round(best["linear"], 5),
+                         "conv_over_linear": round(best["conv"] / best["linear"], 2)})
+    return rows
 
 
 def fp64_gemm_ratio(repeat: int, tokens: int = 256, config: dict = LLAMA) -> float:
@@ -190,6 +269,8 @@ def main() -> None:
     info = machine()
     rows = [] if args.skip_cases else [run_case(*c, repeat=args.repeat) for c in CASES]
     model = model_rows(args.model_repeat)
+    convs = conv_model_rows(args.model_repeat)
+    sites = site_rows(args.model_repeat)
     gemm64 = fp64_gemm_ratio(max(args.repeat, 10))
     info["load_average_after"] = machine()["load_average_1_5_15"]
     print(f"machine: {info['cpu']}, {info['cores']} cores, load {info['load_average_1_5_15']}, "
@@ -207,6 +288,16 @@ def main() -> None:
     for r in model:
         print(f"{r['recipe']:>55} {r['forward_s'] * 1e3:>10.1f} ms {r['ratio']:>7.2f}x "
               f"{r['mac_per_s'] / 1e6:>9.0f} M MAC/s")
+    print(f"\nResNet-style conv net (width 32, 16 images of 32 x 32), "
+          f"{conv_macs(32, 16) / 1e9:.2f} G multiply-adds, best of {args.model_repeat}:")
+    for r in convs:
+        print(f"{r['recipe']:>55} {r['forward_s'] * 1e3:>10.1f} ms {r['ratio']:>7.2f}x "
+              f"{r['mac_per_s'] / 1e6:>9.0f} M MAC/s")
+    print("\nConv2d 3x3 site vs Linear site on the same GEMM:")
+    for r in sites:
+        print(f"{r['M']:>6}x{r['K']:>4}x{r['N']:>3} {r['recipe']:>55} conv "
+              f"{r['conv_s'] * 1e3:>8.1f} ms linear {r['linear_s'] * 1e3:>8.1f} ms "
+              f"{r['conv_over_linear']:>5.2f}x")
     print(f"float64 GEMM / float32 GEMM (256 x 512 @ 512 x 1408): {gemm64:.2f}x")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
@@ -215,7 +306,10 @@ def main() -> None:
         "cases": rows, "model": {"config": LLAMA, "tokens": 256, "repeat": args.model_repeat,
                                  "macs": forward_macs(LLAMA, 256), "rows": model,
                                  "bound": BOUND,
-                                 "fp64_gemm_over_fp32": round(gemm64, 2)}}, indent=1) + "\n")
+                                 "fp64_gemm_over_fp32": round(gemm64, 2)},
+        "conv_model": {"width": 32, "batch": 16, "side": 32, "repeat": args.model_repeat,
+                       "macs": conv_macs(32, 16), "rows": convs},
+        "conv_sites": {"repeat": args.model_repeat, "rows": sites}}, indent=1) + "\n")
     print(f"wrote {args.json}")
 
 

@@ -7,6 +7,8 @@ passes, or a nearest cast and a midpoint test), branch-free so that LLVM vectori
 :func:`table_lookup` is ``convert._table_plan``'s index and gather (four passes and a take);
 :func:`nearest_float32_field` rounds to nearest into formats that are float32 with fewer
 fraction bits (bf16, tf32), where round_bits' integer algorithm reduces to its bias-add step.
+:func:`gather_rows` is not a cast: it builds a convolution's patch rows (im2col) for
+:mod:`fpsim.emulation.conv` in one pass, where torch needs one strided copy per kernel offset.
 """
 
 from __future__ import annotations
@@ -129,3 +131,14 @@ def block_scaled_quantize(x, block, factor, div, nan, scale, table, shift, below
                 if skip:
                     v = _ZERO
                 out[r, j] = values[table[(((v & below) + below) | v) >> shift]] * s
+
+
+@njit(cache=True, fastmath=False, nogil=True)
+def gather_rows(src, base, off, out):  # noqa: ANN001, ANN201
+    """``out[r, k] = src[base[r] + off[k]]``: flat ``src`` read at a row offset plus a column
+    offset (a convolution's patch rows: ``base`` each output position's corner, ``off`` each
+    reduction index's channel and kernel offset)."""
+    for r in range(base.size):
+        b = base[r]
+        for k in range(off.size):
+            out[r, k] = src[b + off[k]]

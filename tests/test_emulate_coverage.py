@@ -53,7 +53,8 @@ def _conv_args(dims, cin, cout, k, stride, pad, dil, groups, transposed, outpad)
 def test_conv_is_fpsim_matmul_on_explicit_im2col(case, recipe, monkeypatch):
     """The conv site equals fpsim.emulation.sites.matmul on the whole im2col of the same
     operands (the sums of fpsim.matmul), plus the bias, in the output format; pieces of a few
-    patches change nothing (NVFP4's tensor scale is the whole patch matrix's)."""
+    patches change nothing (NVFP4's tensor scale is the whole patch matrix's), nor does
+    building them with torch's strided copies instead of the compiled gather."""
     from fpsim.emulation.sites import _operands, _product, round_output
 
     x, w, b, geo = _conv_args(*case)
@@ -66,8 +67,11 @@ def test_conv_is_fpsim_matmul_on_explicit_im2col(case, recipe, monkeypatch):
     want = want.transpose(0, 1).reshape(n, *out, -1).movedim(-1, 1) + b.reshape(-1, *[1] * len(out))
     want = round_output(want, recipe)
     image = math.prod(out) * x.shape[1] * math.prod(wd.shape[2:])
-    for piece in (50, image):                           # pieces of a few patches, of one image
+    # pieces of a few patches, of one image; patches gathered by numba's kernel, then by torch
+    for piece, jit in ((50, True), (image, True), (50, False)):
         monkeypatch.setattr(convmod, "PIECE", piece)
+        if not jit:
+            monkeypatch.setattr(fpsim.convert, "_jit", lambda: None)
         with torch.no_grad(), fpsim.emulate(recipe, strict=True) as em:
             got = torch.ops.aten.convolution(x, w, b, *geo)
         assert got.shape == ref_native.shape

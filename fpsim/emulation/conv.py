@@ -12,7 +12,9 @@ the activation tensor, and so is NVFP4's per-tensor scale (one for the whole pat
 not one per piece).
 
 Memory is bounded: the patches are built piece by piece (at most :data:`PIECE` elements
-each, views of the padded input until then), never as one whole im2col of a large activation.
+each, views of the padded input until then), never as one whole im2col of a large activation;
+each piece in one compiled gather where numba is there (:func:`_gathered`), else by torch's
+strided copies (:func:`_rows`).
 
 A transposed convolution is the direct convolution of the input spread out by the stride
 (``stride - 1`` zeros between elements), padded by ``dilation * (kernel - 1) - padding``, with
@@ -22,12 +24,15 @@ add nothing).
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any, Sequence
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import convert, parallel
 from ..blockrules import nvfp4_tensor_scale
 from ..mx import get_block_format
 from .recipe import Recipe
@@ -97,13 +102,53 @@ def im2col(xp: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: S
 
 
 def _rows(v: Tensor, groups: int) -> Tensor:
-    """Patches ``[n, C, *out, *kernel]`` as ``[groups, n * L, K]``."""
+    """Patches ``[n, C, *out, *kernel]`` as ``[groups, n * L, K]``: one strided copy per kernel
+    offset into a ``[n, *out, C, kernel volume]`` buffer (several times faster than one copy of
+    the permuted six-dimensional view, whose innermost axis is the kernel's)."""
     d = (v.dim() - 2) // 2
     n, c = v.shape[:2]
-    out = v.shape[2:2 + d]
-    p = v.permute(0, *range(2, 2 + d), 1, *range(2 + d, 2 + 2 * d))
-    p = p.reshape(n * math.prod(out), groups, (c // groups) * math.prod(v.shape[2 + d:]))
-    return p.transpose(0, 1)
+    out, kernel = v.shape[2:2 + d], v.shape[2 + d:]
+    dest = v.new_empty(n, *out, c, math.prod(kernel))
+    for j, k in enumerate(itertools.product(*map(range, kernel))):
+        dest[..., j] = v[(..., *k)].movedim(1, -1)
+    return dest.reshape(n * math.prod(out), groups, (c // groups) * math.prod(kernel)).transpose(0, 1)
+
+
+def _gathered(xp: Tensor, kernel: Sequence[int], stride: Sequence[int],
+              dilation: Sequence[int], groups: int, ns: tuple[int, int],
+              first: tuple[int, int], out: Sequence[int]) -> Tensor | None:
+    """:func:`_rows` of images ``ns`` and first output rows ``first`` of the padded input, as
+    one compiled gather (:func:`fpsim._cast_kernels.gather_rows`, over the cores), or None
+    where it does not apply (no numba, not a contiguous CPU float32/float64 tensor)."""
+    jit = convert._jit()
+    if (jit is None or xp.device.type != "cpu" or xp.dtype not in (torch.float32, torch.float64)
+            or not xp.is_contiguous() or (xp.requires_grad and torch.is_grad_enabled())):
+        return None
+    sn, sc, sp = xp.stride(0), xp.stride(1), xp.stride()[2:]
+
+    def grid(ranges: list[range], steps: list[int]) -> Tensor:
+        """Sum of each range times its step, every combination, the last range fastest."""
+        total = torch.zeros((), dtype=torch.int64)
+        for i, (r, st) in enumerate(zip(ranges, steps)):
+            shape = [1] * len(ranges)
+            shape[i] = len(r)
+            total = total + (torch.tensor(r, dtype=torch.int64) * st).reshape(shape)
+        return total.reshape(-1)
+
+    base = grid([range(*ns), range(*first), *(range(o) for o in out[1:])],
+                [sn, *(st * s for st, s in zip(stride, sp))])
+    cg = xp.shape[1] // groups
+    off = grid([range(cg), *(range(k) for k in kernel)],
+               [sc, *(dl * s for dl, s in zip(dilation, sp))])
+    src = xp.detach().reshape(-1).numpy()
+    rows = torch.empty(groups, base.numel(), off.numel(), dtype=xp.dtype)
+    dst, b, o = rows.numpy(), base.numpy(), off.numpy()
+    grain = max(1, parallel.GRAIN // max(1, off.numel()))
+    for g in range(groups):
+        o_g = o + g * cg * sc
+        parallel.run(lambda lo, hi: jit.gather_rows(src, b[lo:hi], o_g, dst[g, lo:hi]),
+                     b.size, grain)
+    return rows
 
 
 def conv(recipe: Recipe, x: Tensor, w: Tensor, bias: Tensor | None, stride: Sequence[int],
@@ -135,9 +180,12 @@ def conv(recipe: Recipe, x: Tensor, w: Tensor, bias: Tensor | None, stride: Sequ
     step = max(1, PIECE // max(1, per_unit))
     y = x.new_empty(n, *out, wd.shape[0])
     for lo_n, hi_n, lo_o, hi_o in _pieces(n, out[0], step):
-        rows = _rows(v[lo_n:hi_n, :, lo_o:hi_o], groups)
+        rows = _gathered(xp, kernel, stride, dilation, groups, (lo_n, hi_n), (lo_o, hi_o), out)
+        if rows is None:
+            rows = _rows(v[lo_n:hi_n, :, lo_o:hi_o], groups)
         if not whole:
-            q, limit = quantize_operand(rows, recipe.inputs, recipe, axis=-1, tensor_scale=ts)
+            q, limit = quantize_operand(rows, recipe.inputs, recipe, axis=-1,
+                                        with_limit=count, tensor_scale=ts)
             if count:
                 _add(events, "a", operand_events(rows, q, limit))
             rows = unflush(rows, q, recipe)
