@@ -209,7 +209,7 @@ def sequential(a3, b3, ia, ib, c, has_init, out, chunk, identity, finite, fast, 
         bi = task // nrb
         i0 = (task - bi * nrb) * ROWS
         rows = min(ROWS, M - i0)
-        A, Bm, O = a3[ia[bi]], b3[ib[bi]], out[bi]
+        A, Bm, Ob = a3[ia[bi]], b3[ib[bi]], out[bi]
         acc = np.empty((ROWS, COLS))
         tot = np.empty((ROWS, COLS))
         for j0 in range(0, N, COLS):
@@ -230,7 +230,7 @@ def sequential(a3, b3, ia, ib, c, has_init, out, chunk, identity, finite, fast, 
             res = tot if chunk else acc
             for r in range(rows):
                 for j in range(n):
-                    O[i0 + r, j0 + j] = res[r, j]
+                    Ob[i0 + r, j0 + j] = res[r, j]
 
 
 @njit(**JIT_OPTIONS)
@@ -251,7 +251,7 @@ def pairwise(a3, b3, ia, ib, c, has_init, out, identity, finite, fast1, fast, rd
         bi = task // nrb
         i0 = (task - bi * nrb) * ROWS
         rows = min(ROWS, M - i0)
-        A, Bm, O = a3[ia[bi]], b3[ib[bi]], out[bi]
+        A, Bm, Ob = a3[ia[bi]], b3[ib[bi]], out[bi]
         stack = np.empty((ROWS, depth, PAIR_COLS))
         p0 = np.empty(PAIR_COLS)
         p1 = np.empty(PAIR_COLS)
@@ -297,4 +297,4 @@ def pairwise(a3, b3, ia, ib, c, has_init, out, identity, finite, fast1, fast, rd
                     s = st[0, j]
                     if has_init:
                         s = _add(c[bi, i0 + r, j0 + j], s, False, rdown, magic, f)
-                    O[i0 + r, j0 + j] = s
+                    Ob[i0 + r, j0 + j] = s
