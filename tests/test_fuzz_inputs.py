@@ -193,7 +193,7 @@ def sample(dt: np.dtype) -> np.ndarray:
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
-@pytest.mark.parametrize("dt, layout", matrix())
+@pytest.mark.parametrize("dt, layout", list(matrix()))
 def test_every_entry_point_equals_float64(dt, layout):
     x = laid_out(sample(dt), layout)
     f64 = np.ascontiguousarray(x.astype(np.float64))
