@@ -308,6 +308,8 @@ MUTANTS = [
            "o_g = o + g * cg * sc", "o_g = o", COVERAGE),
     Mutant("conv-gather-dilation", "the compiled patch gather ignores dilation",
            "[sc, *(dl * s for dl, s in zip(dilation, sp))])", "[sc, *sp])", COVERAGE),
+    Mutant("conv-host-unquantized", "host sums of a convolution run on the unquantized weights",
+           "wq = qw.transpose(1, 2).reshape(wd.shape)", "wq = wd", COVERAGE),
     Mutant("aten-missed-silent", "an op named as not emulated runs without being counted",
            "self.ic.missed(entry, func._schema.name, *args)", "pass", COVERAGE),
     Mutant("norm-running-var", "batch norm updates its running variance with the biased one",

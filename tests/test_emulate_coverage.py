@@ -81,6 +81,20 @@ def test_conv_is_fpsim_matmul_on_explicit_im2col(case, recipe, monkeypatch):
         assert torch.allclose(got.double(), ref_native, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("case", CONVS, ids=str)
+def test_conv_host_sums_are_torch_conv_on_the_quantized_operands(case):
+    """Host FP32 sums of an activation quantized whole: torch's convolution on the quantized
+    operands, within FP32 rounding of the deterministic sums, and not the unquantized conv."""
+    x, w, b, geo = _conv_args(*case)
+    got = {}
+    for sums in ("fp64", "host"):
+        with torch.no_grad(), fpsim.emulate(Recipe("e4m3", scaling="tensor", native_sums=sums),
+                                            strict=True):
+            got[sums] = torch.ops.aten.convolution(x, w, b, *geo)
+    assert torch.allclose(got["host"], got["fp64"], rtol=1e-5, atol=1e-5)
+    assert not torch.equal(got["host"], torch.ops.aten.convolution(x, w, b, *geo))
+
+
 # torch warns that padding='same' with an even kernel copies the input: what the test wants
 @pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths")
 def test_conv_tensor_scaling_and_padding_modes():

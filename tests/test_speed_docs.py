@@ -25,16 +25,28 @@ def test_emulate_page_sentence_quotes_the_benchmark():
     rows.pop("native FP32 (no emulation)")
     assert (f"costs {min(rows.values()):.2f}–{max(rows.values()):.2f}× the native one with "
             f"FP8/MX/NVFP4 operands and FP32 sums, {exact:.2f}× with exact FP16 sums") in text
+    conv = [r["conv_over_linear"] for r in bench["conv_sites"]["rows"]
+            if not r["recipe"].startswith("native")]
+    assert f"a convolution site costs {min(conv):.2f}–{max(conv):.2f}× a linear site" in text
 
 
 def test_docs_speed_tables_quote_the_benchmarks():
     doc = (ROOT / "docs" / "speed.md").read_text()
     model = {r["recipe"]: r["ratio"] for r in load("emulate_bench.json")["model"]["rows"]}
-    quoted = dict(re.findall(r"^\| ([^|]+?) \| ([\d.]+)× ", doc, re.M))
+    quoted = dict(re.findall(r"^\| ([^|]+?) \| ([\d.]+)×(?: \([^)]*\))? \|$", doc, re.M))
     assert {k: model[k] for k in quoted} == {k: float(v) for k, v in quoted.items()}
     assert len(quoted) == len(model) - 1
     gemm64 = load("emulate_bench.json")["model"]["fp64_gemm_over_fp32"]
     assert f"it is {gemm64:.2f}× slower" in " ".join(doc.split())
+    bench = load("emulate_bench.json")
+    net = {r["recipe"]: r["ratio"] for r in bench["conv_model"]["rows"]}
+    sites = {}
+    for r in bench["conv_sites"]["rows"]:
+        sites.setdefault(r["recipe"], []).append(r["conv_over_linear"])
+    conv = re.findall(r"^\| ([^|]+?) \| ([\d.]+)× \| ([\d.]+)× \| ([\d.]+)× \|$", doc, re.M)
+    assert len(conv) == len(net)
+    for name, ratio, *per_site in conv:
+        assert float(ratio) == net[name] and [float(v) for v in per_site] == sites[name]
     small = {r["call"]: r for r in load("small_calls.json")["rows"]}
     names = {"quantize, Python float": "quantize Python float",
              "quantize, np.float32": "quantize np.float32",

@@ -20,6 +20,11 @@ A transposed convolution is the direct convolution of the input spread out by th
 (``stride - 1`` zeros between elements), padded by ``dilation * (kernel - 1) - padding``, with
 the kernel flipped and its channel axes swapped: the same sums of products (the inserted zeros
 add nothing).
+
+An activation with one scale or none (per-tensor or unscaled formats) is quantized once,
+before its patches are built (each patch reads the same rounded values).  Under host FP32 sums
+(``native_sums="host"``) such a convolution is then torch's own on the quantized operands: the
+host's sums in its own order, as a linear site's host GEMM.
 """
 
 from __future__ import annotations
@@ -166,19 +171,40 @@ def conv(recipe: Recipe, x: Tensor, w: Tensor, bias: Tensor | None, stride: Sequ
         qw = quantize_weights(recipe, wd, groups, events)
     elif count:
         events["b"] = {"elements": wd.numel(), "overflow": 0, "saturated": 0, "flushed": 0}
-    if recipe.scaling == "tensor" and recipe.inputs is not None:
-        xq, limit = quantize_operand(xp, recipe.inputs, recipe, axis=-1)   # one scale: x's own
+    # one scale (or none) for the whole activation: quantized once, before the patches
+    whole = recipe.inputs is not None and recipe.scaling in ("tensor", "none")
+    if whole:
+        xq, limit = quantize_operand(xp, recipe.inputs, recipe, axis=-1)
         if count:
             events["a"] = operand_events(xp, xq, limit)
-        xp, whole = unflush(xp, xq, recipe), True
+        xp = unflush(xp, xq, recipe)
+    if (whole or recipe.inputs is None) and recipe.native_sums == "host" and not recipe.emulated:
+        # the host's FP32 sums in its own order, as a linear site's host GEMM: torch's convolution
+        wq = qw.transpose(1, 2).reshape(wd.shape)
+        d = len(kernel)
+        y = torch.ops.aten.convolution(xp, wq, None, stride, [0] * d, dilation, False, [0] * d,
+                                       groups)
     else:
-        whole = False
+        y = _implicit_gemm(recipe, xp, qw, kernel, stride, dilation, groups, whole, events)
+    if bias is not None:
+        y = y + bias.reshape(-1, *[1] * len(kernel))
+    return round_output(y, recipe).contiguous()
+
+
+def _implicit_gemm(recipe: Recipe, xp: Tensor, qw: Tensor, kernel: Sequence[int],
+                   stride: Sequence[int], dilation: Sequence[int], groups: int, whole: bool,
+                   events: dict | None) -> Tensor:
+    """The direct convolution of padded ``xp`` by the quantized weight matrix ``qw`` as
+    products of patch rows, piece by piece (activations quantized per piece unless ``whole``);
+    ``[N, C_out, *out]``, no bias."""
+    count = events is not None
     ts = _tensor_scale(recipe, xp)
     v = patches(xp, kernel, stride, dilation)
     n, out = v.shape[0], list(v.shape[2:2 + len(kernel)])
+    cout = qw.shape[0] * qw.shape[2]
     per_unit = math.prod(out[1:]) * xp.shape[1] * math.prod(kernel)   # one n, one first out row
     step = max(1, PIECE // max(1, per_unit))
-    y = x.new_empty(n, *out, wd.shape[0])
+    y = xp.new_empty(n, *out, cout)
     for lo_n, hi_n, lo_o, hi_o in _pieces(n, out[0], step):
         rows = _gathered(xp, kernel, stride, dilation, groups, (lo_n, hi_n), (lo_o, hi_o), out)
         if rows is None:
@@ -194,11 +220,8 @@ def conv(recipe: Recipe, x: Tensor, w: Tensor, bias: Tensor | None, stride: Sequ
         if count and "accum" in piece_events:
             _add(events, "accum", piece_events["accum"])
         y[lo_n:hi_n, lo_o:hi_o] = part.transpose(0, 1).reshape(
-            hi_n - lo_n, hi_o - lo_o, *out[1:], wd.shape[0])
-    y = y.movedim(-1, 1)
-    if bias is not None:
-        y = y + bias.reshape(-1, *[1] * len(kernel))
-    return round_output(y, recipe).contiguous()
+            hi_n - lo_n, hi_o - lo_o, *out[1:], cout)
+    return y.movedim(-1, 1)
 
 
 def _tensor_scale(recipe: Recipe, xp: Tensor) -> float | None:
