@@ -54,6 +54,12 @@ def test_docs_speed_tables_quote_the_benchmarks():
              "encode, Python float": "encode Python float",
              "quantize, 16 float32": "quantize 16 float32",
              "encode, 16 float32": "encode 16 float32"}
+    text = " ".join(doc.split())
+    ratios = [r["ratio"] for k, r in small.items() if "NumPy steps" not in k]
+    steps = [r["fpsim_us"] for k, r in small.items() if "NumPy steps" in k]
+    assert f"({min(steps):.2f}–{max(steps):.2f} µs for 16 float32)" in text
+    assert f"the ratio is {min(ratios):.2f}–{max(ratios):.2f}×" in text
+    assert max(r["fpsim_us"] for k, r in small.items() if "NumPy steps" not in k) < 3
     rows = re.findall(r"^\| ([^|]+?) \| ([\d.]+) µs \| ([\d.]+)× \|$", doc, re.M)
     assert len(rows) == len(names)
     for call, us, ratio in rows:
