@@ -125,56 +125,74 @@ class Site:
         return Recipe(name=f"{r.name} backward", accum=bw.accum or r.accum, order=bw.order,
                       chunk=bw.chunk, tensor_core=bw.tensor_core)
 
+    def specs(self) -> tuple[Any, Any, Any]:
+        """The casts of the backward GEMMs' operands: (``dy``, ``x`` in wgrad, ``W`` in dgrad)."""
+        bw, r = self.backward_recipe, self.recipe
+        return (bw.grad, r.inputs if bw.inputs is None else bw.inputs,
+                r.weight_format if bw.weights is None else bw.weights)
+
     def backward(self, a: Tensor, b: Tensor, dy: Tensor, saved: dict,
                  wanted: tuple) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         """(da, db, dbias) for the gradient ``dy`` of the output; None where not ``wanted``."""
-        bw, r, acc = self.backward_recipe, self.recipe, self.accumulator()
-        gspec = bw.grad
-        xspec = r.inputs if bw.inputs is None else bw.inputs
-        wspec = r.weight_format if bw.weights is None else bw.weights
         da = db = dbias = None
-        qdy, sdy, dy_events = None, None, None
+        qdy = sdy = dy_events = None
         if wanted[0]:
-            ev = {} if self.capture else None
-            qdy, sdy = self.operand(dy, gspec, "dy", -1, ev, "a")
-            dy_events = None if ev is None else ev["a"]
-            bT = b.transpose(-1, -2)
-            if bw.weights is None and axis_free(wspec, r):
-                qbT = saved["qb"].transpose(-1, -2)
-            else:
-                qbT, _ = self.operand(bT, wspec, "w", -2, None, "b", saved["sb"])
-            da = sites._product(acc, qdy, qbT, None, ev)
-            da = _reduce(da, a.shape)
-            if ev is not None:
-                self.record("dgrad", dy, ev, da, dy.double() @ bT.double())
+            da, qdy, sdy, dy_events = self.dgrad(a, b, dy, saved)
         if wanted[1]:
-            ev = {} if self.capture else None
-            flat = b.dim() == 2
-            aT = (a.reshape(-1, a.shape[-1]) if flat else a).transpose(-1, -2)
-            d2 = dy.reshape(-1, dy.shape[-1]) if flat else dy
-            if bw.hadamard:
-                ta = hadamard.transform(aT, -1, bw.hadamard, bw.hadamard_seed)
-                td = hadamard.transform(d2, -2, bw.hadamard, bw.hadamard_seed)
-                qaT, _ = self.operand(ta, xspec, "x", -1, None, "a", saved["sa"])
-                qd2, _ = self.operand(td, gspec, "dy", -2, ev, "b", sdy)
-            else:
-                if bw.inputs is None and axis_free(xspec, r):
-                    qa = saved["qa"]
-                    qaT = (qa.reshape(-1, qa.shape[-1]) if flat else qa).transpose(-1, -2)
-                else:
-                    qaT, _ = self.operand(aT, xspec, "x", -1, None, "a", saved["sa"])
-                if qdy is not None and axis_free(gspec, r):
-                    qd2 = qdy.reshape(-1, qdy.shape[-1]) if flat else qdy
-                    if ev is not None:                # counted once, in the dgrad GEMM
-                        ev["b"] = dy_events
-                else:
-                    qd2, _ = self.operand(d2, gspec, "dy", -2, ev, "b", sdy)
-            db = _reduce(sites._product(acc, qaT, qd2, None, ev), b.shape)
-            if ev is not None:
-                self.record("wgrad", dy, ev, db, aT.double() @ d2.double())
+            db = self.wgrad(a, b, dy, saved, qdy, sdy, dy_events)
         if wanted[2]:
             dbias = bias_gradient(dy)
         return da, db, dbias
+
+    def dgrad(self, a: Tensor, b: Tensor, dy: Tensor,
+              saved: dict) -> tuple[Tensor, Tensor, Tensor | None, dict | None]:
+        """``da = Q(dy) @ Q(b^T)``, and ``dy`` as quantized for it (values, scale, events)."""
+        r, acc = self.recipe, self.accumulator()
+        gspec, _, wspec = self.specs()
+        ev = {} if self.capture else None
+        qdy, sdy = self.operand(dy, gspec, "dy", -1, ev, "a")
+        dy_events = None if ev is None else ev["a"]
+        bT = b.transpose(-1, -2)
+        if self.backward_recipe.weights is None and axis_free(wspec, r):
+            qbT = saved["qb"].transpose(-1, -2)
+        else:
+            qbT, _ = self.operand(bT, wspec, "w", -2, None, "b", saved["sb"])
+        da = _reduce(sites._product(acc, qdy, qbT, None, ev), a.shape)
+        if ev is not None:
+            self.record("dgrad", dy, ev, da, dy.double() @ bT.double())
+        return da, qdy, sdy, dy_events
+
+    def wgrad(self, a: Tensor, b: Tensor, dy: Tensor, saved: dict, qdy: Tensor | None,
+              sdy: Tensor | None, dy_events: dict | None) -> Tensor:
+        """``db = Q(a^T) @ Q(dy)`` reducing over the tokens (``qdy``: ``dy`` as the dgrad GEMM
+        quantized it, reused where its cast does not depend on the axis)."""
+        bw, r, acc = self.backward_recipe, self.recipe, self.accumulator()
+        gspec, xspec, _ = self.specs()
+        ev = {} if self.capture else None
+        flat = b.dim() == 2
+        aT = (a.reshape(-1, a.shape[-1]) if flat else a).transpose(-1, -2)
+        d2 = dy.reshape(-1, dy.shape[-1]) if flat else dy
+        if bw.hadamard:
+            ta = hadamard.transform(aT, -1, bw.hadamard, bw.hadamard_seed)
+            td = hadamard.transform(d2, -2, bw.hadamard, bw.hadamard_seed)
+            qaT, _ = self.operand(ta, xspec, "x", -1, None, "a", saved["sa"])
+            qd2, _ = self.operand(td, gspec, "dy", -2, ev, "b", sdy)
+        else:
+            if bw.inputs is None and axis_free(xspec, r):
+                qa = saved["qa"]
+                qaT = (qa.reshape(-1, qa.shape[-1]) if flat else qa).transpose(-1, -2)
+            else:
+                qaT, _ = self.operand(aT, xspec, "x", -1, None, "a", saved["sa"])
+            if qdy is not None and axis_free(gspec, r):
+                qd2 = qdy.reshape(-1, qdy.shape[-1]) if flat else qdy
+                if ev is not None:                # counted once, in the dgrad GEMM
+                    ev["b"] = dy_events
+            else:
+                qd2, _ = self.operand(d2, gspec, "dy", -2, ev, "b", sdy)
+        db = _reduce(sites._product(acc, qaT, qd2, None, ev), b.shape)
+        if ev is not None:
+            self.record("wgrad", dy, ev, db, aT.double() @ d2.double())
+        return db
 
     def record(self, gemm: str, dy: Tensor, events: dict, y: Tensor, ref: Tensor) -> None:
         """A capture row for a backward GEMM: the gradient operand's events, the result's SNR."""
