@@ -48,6 +48,7 @@ JIT = ["tests/test_jit_matmul.py"]
 SR_BITS = ["tests/test_stochastic_bits.py"]
 SR_MATMUL = ["tests/test_matmul_random_bits.py"]
 COVERAGE = ["tests/test_emulate_coverage.py"]
+CONV_BACKWARD = ["tests/test_emulate_conv_backward.py"]
 TRAINING = ["tests/test_training_presets.py"]
 SWEEP_PLAN = ["tests/test_sweep.py::test_plan_shards_whole_batches_and_seeds_draw_windows"]
 SWEEP_JOIN = ["tests/test_sweep.py::test_combined_numbers_are_one_pass_over_all_windows"]
@@ -310,6 +311,16 @@ MUTANTS = [
            "[sc, *(dl * s for dl, s in zip(dilation, sp))])", "[sc, *sp])", COVERAGE),
     Mutant("conv-host-unquantized", "host sums of a convolution run on the unquantized weights",
            "wq = qw.transpose(1, 2).reshape(wd.shape)", "wq = wd", COVERAGE),
+    Mutant("conv-dgrad-unquantized-dy", "a convolution's input gradient uses dy unquantized",
+           "qdyp = direct(qdy, wd, stride, [0] * d, dilation, True, extra, groups)[0]",
+           "qdyp = direct(dy, wd, stride, [0] * d, dilation, True, extra, groups)[0]",
+           CONV_BACKWARD),
+    Mutant("conv-dgrad-unquantized-w", "a convolution's input gradient uses the weight unquantized",
+           "qwd = qwm.transpose(1, 2).reshape(wd.shape)      # the forward's values, as hardware",
+           "qwd = wd", CONV_BACKWARD),
+    Mutant("conv-wgrad-unquantized-x", "a convolution's weight gradient uses x unquantized",
+           "saved = {\"qa\": None if xq is None else rows_of(xq), \"sa\": None}",
+           "saved = {\"qa\": None if xq is None else rows_of(xp), \"sa\": None}", CONV_BACKWARD),
     Mutant("aten-missed-silent", "an op named as not emulated runs without being counted",
            "self.ic.missed(entry, func._schema.name, *args)", "pass", COVERAGE),
     Mutant("norm-running-var", "batch norm updates its running variance with the biased one",

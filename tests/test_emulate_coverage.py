@@ -220,19 +220,20 @@ def test_rules_that_never_match_warn_and_the_report_names_the_rule():
 
 
 def test_backward_through_an_emulated_site_says_what_to_do():
-    """Linear layers have an emulated backward (fpsim.emulation.backward); a convolution and a
-    norm statistic do not, and their backward says what to do instead of differentiating
-    torch's op on operands the recipe never used."""
+    """Linear layers and convolutions have an emulated backward (fpsim.emulation.backward,
+    conv.trainable); a norm statistic and an aten-level convolution do not, and their backward
+    says what to do instead of differentiating torch's op on operands the recipe never used."""
     lin = nn.Linear(4, 3)
     x = torch.randn(2, 4, generator=G)
     with fpsim.emulate(Recipe("e4m3")):
         lin(x).sum().backward()
     assert lin.weight.grad is not None
     lin.weight.grad = None
-    conv = nn.Conv1d(2, 2, 3)
+    w = torch.randn(2, 2, 3, generator=G, requires_grad=True)
     with fpsim.emulate(Recipe("e4m3")):
-        y = conv(torch.randn(1, 2, 5, generator=G)).sum()
-    with pytest.raises(RuntimeError, match=r"without an emulated backward.*Rule\(None, kind='conv'\)"):
+        y = torch.ops.aten.convolution(torch.randn(1, 2, 5, generator=G), w, None, [1], [0],
+                                       [1], False, [0], 1).sum()
+    with pytest.raises(RuntimeError, match=r"without an emulated backward.*F\.conv\*"):
         y.backward()
     ln = nn.LayerNorm(4)
     with fpsim.emulate(Recipe("e4m3")):

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +40,8 @@ from torch import Tensor
 from .. import convert, parallel
 from ..blockrules import nvfp4_tensor_scale
 from ..mx import get_block_format
+from .backward import axis_free
+from .casts import Cast
 from .recipe import Recipe
 from .sites import _product, operand_events, quantize_operand, round_output, unflush
 
@@ -100,10 +102,12 @@ def weight_matrix(w: Tensor, groups: int) -> Tensor:
 
 def im2col(xp: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
            groups: int) -> Tensor:
-    """The whole left operand ``[groups, N * L, K]`` of a padded input (tests and small
-    inputs; :func:`conv` builds it piece by piece)."""
+    """The whole left operand ``[groups, N * L, K]`` of a padded input (a weight gradient's,
+    and tests'; :func:`conv` builds it piece by piece)."""
     v = patches(xp, kernel, stride, dilation)
-    return _rows(v, groups)
+    out = list(v.shape[2:2 + len(kernel)])
+    rows = _gathered(xp, kernel, stride, dilation, groups, (0, xp.shape[0]), (0, out[0]), out)
+    return _rows(v, groups) if rows is None else rows
 
 
 def _rows(v: Tensor, groups: int) -> Tensor:
@@ -165,59 +169,74 @@ def conv(recipe: Recipe, x: Tensor, w: Tensor, bias: Tensor | None, stride: Sequ
     ``qw``: the weight matrix already quantized (a cache the caller keeps), else quantized here.
     """
     xp, wd, stride = direct(x, w, stride, padding, dilation, transposed, output_padding, groups)
+    return _direct_conv(recipe, xp, wd, bias, stride, dilation, groups, events, qw)[0]
+
+
+def _direct_conv(recipe: Recipe, xp: Tensor, wd: Tensor, bias: Tensor | None,
+                 stride: Sequence[int], dilation: Sequence[int], groups: int,
+                 events: dict | None,
+                 qw: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor]:
+    """The direct convolution of padded ``xp`` by ``wd`` under ``recipe``, the activation as
+    quantized whole (None where it is quantized patch by patch) and the weight matrix as
+    quantized."""
     kernel = wd.shape[2:]
     count = events is not None
     if qw is None:
         qw = quantize_weights(recipe, wd, groups, events)
     elif count:
         events["b"] = {"elements": wd.numel(), "overflow": 0, "saturated": 0, "flushed": 0}
+    quant = None
     # one scale (or none) for the whole activation: quantized once, before the patches
-    whole = recipe.inputs is not None and recipe.scaling in ("tensor", "none")
-    if whole:
+    if recipe.inputs is None or recipe.scaling in ("tensor", "none"):
         xq, limit = quantize_operand(xp, recipe.inputs, recipe, axis=-1)
         if count:
             events["a"] = operand_events(xp, xq, limit)
         xp = unflush(xp, xq, recipe)
-    if (whole or recipe.inputs is None) and recipe.native_sums == "host" and not recipe.emulated:
+    else:
+        ts = _tensor_scale(recipe, xp)
+
+        def quant(rows: Tensor) -> Tensor:
+            q, limit = quantize_operand(rows, recipe.inputs, recipe, axis=-1,
+                                        with_limit=count, tensor_scale=ts)
+            if count:
+                _add(events, "a", operand_events(rows, q, limit))
+            return unflush(rows, q, recipe)
+    if quant is None and recipe.native_sums == "host" and not recipe.emulated:
         # the host's FP32 sums in its own order, as a linear site's host GEMM: torch's convolution
         wq = qw.transpose(1, 2).reshape(wd.shape)
         d = len(kernel)
         y = torch.ops.aten.convolution(xp, wq, None, stride, [0] * d, dilation, False, [0] * d,
                                        groups)
     else:
-        y = _implicit_gemm(recipe, xp, qw, kernel, stride, dilation, groups, whole, events)
+        y = _implicit_gemm(recipe, xp, qw, kernel, stride, dilation, groups, quant, events)
     if bias is not None:
         y = y + bias.reshape(-1, *[1] * len(kernel))
-    return round_output(y, recipe).contiguous()
+    return round_output(y, recipe).contiguous(), (xp if quant is None else None), qw
 
 
-def _implicit_gemm(recipe: Recipe, xp: Tensor, qw: Tensor, kernel: Sequence[int],
-                   stride: Sequence[int], dilation: Sequence[int], groups: int, whole: bool,
-                   events: dict | None) -> Tensor:
+def _implicit_gemm(acc: Recipe, xp: Tensor, qw: Tensor, kernel: Sequence[int],
+                   stride: Sequence[int], dilation: Sequence[int], groups: int,
+                   quant: Callable[[Tensor], Tensor] | None, events: dict | None,
+                   piece: int | None = None) -> Tensor:
     """The direct convolution of padded ``xp`` by the quantized weight matrix ``qw`` as
-    products of patch rows, piece by piece (activations quantized per piece unless ``whole``);
+    products of patch rows summed as ``acc`` says, piece by piece (at most ``piece``, by
+    default :data:`PIECE`, patch elements; each quantized by ``quant`` unless None);
     ``[N, C_out, *out]``, no bias."""
-    count = events is not None
-    ts = _tensor_scale(recipe, xp)
     v = patches(xp, kernel, stride, dilation)
     n, out = v.shape[0], list(v.shape[2:2 + len(kernel)])
     cout = qw.shape[0] * qw.shape[2]
     per_unit = math.prod(out[1:]) * xp.shape[1] * math.prod(kernel)   # one n, one first out row
-    step = max(1, PIECE // max(1, per_unit))
+    step = max(1, (PIECE if piece is None else piece) // max(1, per_unit))
     y = xp.new_empty(n, *out, cout)
     for lo_n, hi_n, lo_o, hi_o in _pieces(n, out[0], step):
         rows = _gathered(xp, kernel, stride, dilation, groups, (lo_n, hi_n), (lo_o, hi_o), out)
         if rows is None:
             rows = _rows(v[lo_n:hi_n, :, lo_o:hi_o], groups)
-        if not whole:
-            q, limit = quantize_operand(rows, recipe.inputs, recipe, axis=-1,
-                                        with_limit=count, tensor_scale=ts)
-            if count:
-                _add(events, "a", operand_events(rows, q, limit))
-            rows = unflush(rows, q, recipe)
-        piece_events: dict | None = {} if count else None
-        part = _product(recipe, rows, qw, None, piece_events)
-        if count and "accum" in piece_events:
+        if quant is not None:
+            rows = quant(rows)
+        piece_events: dict | None = {} if events is not None else None
+        part = _product(acc, rows, qw, None, piece_events)
+        if piece_events and "accum" in piece_events:
             _add(events, "accum", piece_events["accum"])
         y[lo_n:hi_n, lo_o:hi_o] = part.transpose(0, 1).reshape(
             hi_n - lo_n, hi_o - lo_o, *out[1:], cout)
@@ -233,7 +252,12 @@ def _tensor_scale(recipe: Recipe, xp: Tensor) -> float | None:
 
 def quantize_weights(recipe: Recipe, wd: Tensor, groups: int, events: dict | None) -> Tensor:
     """The right operand ``[groups, K, C_out/groups]`` rounded to the recipe's weight format,
-    scaled along K."""
+    scaled along K (every convolution's first step: it refuses training casts here)."""
+    if any(isinstance(f, Cast) for f in (recipe.inputs, recipe.weights)):
+        raise ValueError(f"recipe {recipe.name!r}: a convolution site takes formats (with the "
+                         "recipe's scaling), not training casts (Cast: TE / torchao scalings, "
+                         "2-D blocks, delays), which apply to linear and matmul sites; give "
+                         "convolutions their own Rule(..., kind='conv')")
     wm = weight_matrix(wd, groups)
     q, limit = quantize_operand(wm, recipe.weight_format, recipe, axis=-2)
     if events is not None:
@@ -258,3 +282,117 @@ def _add(events: dict, role: str, ev: dict[str, Any]) -> None:
         return
     for k, v in ev.items():
         have[k] = max(have[k], v) if k == "max_partial" else have[k] + v
+
+
+# --------------------------------------------------------------------------------------------
+# Training: the three GEMMs of a convolution
+# --------------------------------------------------------------------------------------------
+def trainable(site: Any, x: Tensor, w: Tensor, bias: Tensor | None, stride: Sequence[int],
+              padding: Sequence[int], dilation: Sequence[int], transposed: bool,
+              output_padding: Sequence[int], groups: int, events: dict | None) -> Tensor:
+    """A convolution of :class:`fpsim.emulation.backward.Site` ``site`` with its backward
+    GEMMs emulated as the hardware runs them (a gradient is wanted):
+
+    - forward: :func:`conv`;
+    - input gradient: the transposed convolution of ``dy`` by the weight, an implicit GEMM
+      reducing over ``C_out/groups x kernel volume``: ``dy`` cast by ``backward.grad``, the
+      weight by ``backward.weights`` or else the forward's setting, along that reduction;
+    - weight gradient: patch rows transposed times ``dy``, reducing over every image and
+      output position (the whole patch matrix is built): patches cast by ``backward.inputs``
+      or the forward's setting, ``dy`` by ``backward.grad``, both along that reduction (the
+      Hadamard transform first when ``backward.hadamard`` is set);
+    - the bias gradient: ``dy`` summed in FP64, rounded once.
+
+    Padding, the stride spreading of a transposed convolution and the kernel flip are torch's
+    own differentiable copies around the direct convolution (:func:`direct`).
+    """
+    xp, wd, st = direct(x, w, stride, padding, dilation, transposed, output_padding, groups)
+    return _ConvGemms.apply(xp, wd, bias, site, (tuple(st), tuple(dilation), groups), events)
+
+
+class _ConvGemms(torch.autograd.Function):
+    """The direct convolution's forward GEMM, with its two backward GEMMs as the gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, xp: Tensor, wd: Tensor, bias: Tensor | None, site: Any,
+                geometry: tuple, events: dict | None) -> Tensor:
+        stride, dilation, groups = geometry
+        y, xq, qw = _direct_conv(site.recipe, xp, wd, bias, stride, dilation, groups, events)
+        ctx.site, ctx.geometry, ctx.xq, ctx.qw = site, geometry, xq, qw
+        ctx.save_for_backward(xp, wd)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, dy: Tensor) -> tuple:
+        xp, wd = ctx.saved_tensors
+        site, (stride, dilation, groups) = ctx.site, ctx.geometry
+        dy = dy.contiguous()
+        dxp = dwd = dbias = None
+        with torch._C.DisableTorchFunction(), torch.no_grad():
+            qdy, sdy, dy_events = None, None, None
+            if ctx.needs_input_grad[0]:
+                dxp, qdy, sdy, dy_events = _dgrad(site, xp, wd, ctx.qw, dy, stride, dilation,
+                                                  groups)
+            if ctx.needs_input_grad[1]:
+                dwd = _wgrad(site, xp, ctx.xq, wd, dy, stride, dilation, groups, qdy, sdy,
+                             dy_events)
+            if ctx.needs_input_grad[2]:
+                dbias = dy.double().sum([0, *range(2, dy.dim())]).to(dy.dtype)
+        return dxp, dwd, dbias, None, None, None
+
+
+def _dgrad(site: Any, xp: Tensor, wd: Tensor, qwm: Tensor, dy: Tensor, stride: Sequence[int],
+           dilation: Sequence[int],
+           groups: int) -> tuple[Tensor, Tensor | None, Any, dict | None]:
+    """The input gradient (see :func:`trainable`; ``qwm``: the forward's quantized weight
+    matrix, reused where its cast does not depend on the axis), and ``dy`` as quantized whole
+    for it (None where it is quantized patch by patch), its scale and events."""
+    r, acc = site.recipe, site.accumulator()
+    gspec, _, wspec = site.specs()
+    d = len(wd.shape) - 2
+    span = [dl * (k - 1) + 1 for dl, k in zip(dilation, wd.shape[2:])]
+    extra = [n - ((o - 1) * s + sp) for n, o, s, sp in
+             zip(xp.shape[2:], dy.shape[2:], stride, span)]    # rows the forward never read
+    dyp, wt, _ = direct(dy, wd, stride, [0] * d, dilation, True, extra, groups)
+    if site.backward_recipe.weights is None and axis_free(wspec, r):
+        qwd = qwm.transpose(1, 2).reshape(wd.shape)      # the forward's values, as hardware
+        qw = weight_matrix(direct_weight(qwd, True, groups), groups)
+    else:
+        qw, _ = site.operand(weight_matrix(wt, groups), wspec, "w", -2, None, "b")
+    ev = {} if site.capture else None
+    if axis_free(gspec, r):                      # one scale or none: dy quantized once, reused
+        qdy, sdy = site.operand(dy, gspec, "dy", -1, ev, "a")
+        qdyp = direct(qdy, wd, stride, [0] * d, dilation, True, extra, groups)[0]
+        dxp = _implicit_gemm(acc, qdyp, qw, wt.shape[2:], [1] * d, dilation, groups, None, ev)
+    else:                                        # along each patch row: in one piece
+        qdy = sdy = None
+
+        def quant(rows: Tensor) -> Tensor:
+            return site.operand(rows, gspec, "dy", -1, ev, "a")[0]
+        dxp = _implicit_gemm(acc, dyp, qw, wt.shape[2:], [1] * d, dilation, groups, quant, ev,
+                             piece=dyp.numel() * math.prod(wt.shape[2:]))
+    dy_events = None if ev is None else ev.get("a")
+    if ev is not None:
+        ref = torch.ops.aten.convolution(dyp.double(), wt.double(), None, [1] * d, [0] * d,
+                                         dilation, False, [0] * d, groups)
+        site.record("dgrad", dy, ev, dxp, ref)
+    return dxp, qdy, sdy, dy_events
+
+
+def _wgrad(site: Any, xp: Tensor, xq: Tensor | None, wd: Tensor, dy: Tensor,
+           stride: Sequence[int], dilation: Sequence[int], groups: int, qdy: Tensor | None,
+           sdy: Any, dy_events: dict | None) -> Tensor:
+    """The weight gradient (see :func:`trainable`): :meth:`Site.wgrad` on the whole patch
+    matrix ``[groups, M, K]`` and ``dy`` as ``[groups, M, C_out/groups]``."""
+    kernel = wd.shape[2:]
+
+    def rows_of(t: Tensor) -> Tensor:
+        return im2col(t, kernel, stride, dilation, groups)
+
+    def per_group(t: Tensor) -> Tensor:                  # [N, C_out, *out] -> [g, M, C_out/g]
+        return t.movedim(1, -1).reshape(-1, groups, t.shape[1] // groups).transpose(0, 1)
+
+    saved = {"qa": None if xq is None else rows_of(xq), "sa": None}
+    dm = site.wgrad(rows_of(xp), weight_matrix(wd, groups), per_group(dy), saved,
+                    None if qdy is None else per_group(qdy), sdy, dy_events)
+    return dm.transpose(1, 2).reshape(wd.shape)

@@ -1,7 +1,7 @@
-"""Emulated outputs without a backward pass: norm statistics, convolutions, aten-level products.
+"""Emulated outputs without a backward pass: norm statistics, aten-level products.
 
-Product sites seen at the Python level have emulated gradient GEMMs
-(:mod:`fpsim.emulation.backward`).  Any other emulated result that autograd would track is
+Product sites and convolutions seen at the Python level have emulated gradient GEMMs
+(:mod:`fpsim.emulation.backward`, :func:`fpsim.emulation.conv.trainable`).  Any other emulated result that autograd would track is
 returned through :class:`NoBackward`, whose backward raises a clear error (which site, what to do) instead of
 differentiating torch's own op on operands the recipe never used, or failing on the
 emulation's in-place arithmetic.
@@ -15,10 +15,11 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 MESSAGE = ("fpsim.emulate: backward() reached {site!r}, where an op without an emulated "
-           "backward pass ran: a norm statistic, a convolution, or a product torch decomposed "
-           "before fpsim saw it (tensordot, multi_dot, nn.MultiheadAttention; F.linear, matmul "
-           "and attention have one). Leave those to torch in training (Rule(None, kind='norm'), "
-           "Rule(None, kind='conv')), or run the forward pass under torch.no_grad()")
+           "backward pass ran: a norm statistic, or a product or convolution torch decomposed "
+           "before fpsim saw it (tensordot, multi_dot, nn.MultiheadAttention, aten.convolution "
+           "called directly; F.linear, F.conv*, matmul and attention have one). Leave those to "
+           "torch in training (Rule(None, kind='norm'), Rule(None, kind='matmul')), or run the "
+           "forward pass under torch.no_grad()")
 
 
 def wants_grad(args: tuple, kwargs: dict) -> list[torch.Tensor]:

@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_t
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from . import backward, norms, sites
+from . import conv as convolution
 from .aten import AtenMode
 from .grad import guard, wants_grad
 from .ops import AtenOp, python_handlers
@@ -260,6 +261,57 @@ class Interceptor(TorchFunctionMode):
         y = y if alpha == 1 else y * alpha
         return y if beta == 0 else y + beta * input
 
+    def conv(self, native: Native, input: Tensor, weight: Tensor, bias: Tensor | None = None,
+             stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Any:
+        """``F.conv{1,2,3}d`` when a gradient is wanted (emulated backward GEMMs); otherwise
+        the aten level emulates ``aten.convolution``."""
+        return self._conv(native, input, weight, bias, stride, padding, dilation, False, 0,
+                          groups)
+
+    def conv_transpose(self, native: Native, input: Tensor, weight: Tensor,
+                       bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
+                       output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Any:
+        """``F.conv_transpose{1,2,3}d``, as :meth:`conv`."""
+        return self._conv(native, input, weight, bias, stride, padding, dilation, True,
+                          output_padding, groups)
+
+    def _conv(self, native: Native, x: Tensor, w: Tensor, bias: Tensor | None, stride: Any,
+              padding: Any, dilation: Any, transposed: bool, output_padding: Any,
+              groups: int) -> Any:
+        tracked = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, w, bias))
+        if not (tracked and _floating(x, w)) or x.is_complex():
+            return NotImplemented                # the aten level emulates it, forward only
+        path = self.owner(w)
+        if self.left_to_torch("conv", path):
+            return native()
+        name, recipe = self.site("conv", "conv", path)
+        if recipe is None:
+            return native()
+        d = w.dim() - 2
+        unbatched = x.dim() == d + 1
+        x = x[None] if unbatched else x
+        stride, dilation, output_padding = (_per_dim(v, d) for v in
+                                            (stride, dilation, output_padding))
+        if isinstance(padding, str) and any(s != 1 for s in stride):
+            return native()                      # torch's own error: 'same' needs stride 1
+        if isinstance(padding, str):            # 'valid' or 'same': pad x here
+            total = [0 if padding == "valid" else dl * (k - 1)
+                     for dl, k in zip(dilation, w.shape[2:])]
+            x = F.pad(x, [p for t in reversed(total) for p in (t // 2, t - t // 2)])
+            padding = 0
+        padding = _per_dim(padding, d)
+        events: dict | None = {} if self.em.capture else None
+        y = convolution.trainable(backward.Site(self, name, recipe), x, w, bias, stride,
+                                  padding, dilation, transposed, output_padding, groups, events)
+        if events is not None:
+            with torch.no_grad():
+                ref = torch.ops.aten.convolution(
+                    x.double(), w.double(), None if bias is None else bias.double(), stride,
+                    padding, dilation, transposed, output_padding, groups)
+            self.record(name, "conv", recipe, (x, w), events, y, ref)
+        return y[0] if unbatched else y
+
     def left_to_torch(self, kind: str, path: str | None = None) -> bool:
         """True when the rules leave ops of ``kind`` in the current module to torch and
         nothing is captured: the handler lets torch compute the whole op."""
@@ -495,6 +547,11 @@ class Interceptor(TorchFunctionMode):
         st.nonfinite += int((fin_r & ~fin_y).sum())
         st.signal += float((rd[both] ** 2).sum())
         st.noise += float(((yd[both] - rd[both]) ** 2).sum())
+
+
+def _per_dim(v: Any, d: int) -> list[int]:
+    """An int or a sequence of ``d`` ints (a convolution argument) as a list of ``d``."""
+    return [int(v)] * d if isinstance(v, int) else [int(i) for i in v]
 
 
 def _parameter(t: Tensor) -> bool:
