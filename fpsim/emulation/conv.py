@@ -25,6 +25,9 @@ An activation with one scale or none (per-tensor or unscaled formats) is quantiz
 before its patches are built (each patch reads the same rounded values).  Under host FP32 sums
 (``native_sums="host"``) such a convolution is then torch's own on the quantized operands: the
 host's sums in its own order, as a linear site's host GEMM.
+
+When a gradient is wanted, :func:`trainable` adds the backward GEMMs: the input gradient as
+the transposed convolution's implicit GEMM, the weight gradient over the whole patch matrix.
 """
 
 from __future__ import annotations
