@@ -103,6 +103,12 @@ def weight_matrix(w: Tensor, groups: int) -> Tensor:
     return w.reshape(groups, w.shape[0] // groups, -1).transpose(1, 2)
 
 
+def weight_of(m: Tensor, shape: Sequence[int]) -> Tensor:
+    """The weight ``shape`` ``[C_out, C_in/groups, *kernel]`` of a right operand ``m``
+    (:func:`weight_matrix` undone)."""
+    return m.transpose(1, 2).reshape(shape)
+
+
 def im2col(xp: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
            groups: int) -> Tensor:
     """The whole left operand ``[groups, N * L, K]`` of a padded input (a weight gradient's,
@@ -206,7 +212,7 @@ def _direct_conv(recipe: Recipe, xp: Tensor, wd: Tensor, bias: Tensor | None,
             return unflush(rows, q, recipe)
     if quant is None and recipe.native_sums == "host" and not recipe.emulated:
         # the host's FP32 sums in its own order, as a linear site's host GEMM: torch's convolution
-        wq = qw.transpose(1, 2).reshape(wd.shape)
+        wq = weight_of(qw, wd.shape)
         d = len(kernel)
         y = torch.ops.aten.convolution(xp, wq, None, stride, [0] * d, dilation, False, [0] * d,
                                        groups)
@@ -356,28 +362,33 @@ def _dgrad(site: Any, xp: Tensor, wd: Tensor, qwm: Tensor, dy: Tensor, stride: S
     span = [dl * (k - 1) + 1 for dl, k in zip(dilation, wd.shape[2:])]
     extra = [n - ((o - 1) * s + sp) for n, o, s, sp in
              zip(xp.shape[2:], dy.shape[2:], stride, span)]    # rows the forward never read
-    dyp, wt, _ = direct(dy, wd, stride, [0] * d, dilation, True, extra, groups)
+
+    def spread(t: Tensor) -> Tensor:                     # dy as the transposed conv's input
+        return direct(t, wd, stride, [0] * d, dilation, True, extra, groups)[0]
+
+    wt = direct_weight(wd, True, groups)
     if site.backward_recipe.weights is None and axis_free(wspec, r):
-        qwd = qwm.transpose(1, 2).reshape(wd.shape)      # the forward's values, as hardware
+        qwd = weight_of(qwm, wd.shape)                   # the forward's values, as hardware
         qw = weight_matrix(direct_weight(qwd, True, groups), groups)
     else:
         qw, _ = site.operand(weight_matrix(wt, groups), wspec, "w", -2, None, "b")
     ev = {} if site.capture else None
     if axis_free(gspec, r):                      # one scale or none: dy quantized once, reused
         qdy, sdy = site.operand(dy, gspec, "dy", -1, ev, "a")
-        qdyp = direct(qdy, wd, stride, [0] * d, dilation, True, extra, groups)[0]
-        dxp = _implicit_gemm(acc, qdyp, qw, wt.shape[2:], [1] * d, dilation, groups, None, ev)
+        dxp = _implicit_gemm(acc, spread(qdy), qw, wd.shape[2:], [1] * d, dilation, groups,
+                             None, ev)
     else:                                        # along each patch row: in one piece
         qdy = sdy = None
+        dyp = spread(dy)
 
         def quant(rows: Tensor) -> Tensor:
             return site.operand(rows, gspec, "dy", -1, ev, "a")[0]
-        dxp = _implicit_gemm(acc, dyp, qw, wt.shape[2:], [1] * d, dilation, groups, quant, ev,
-                             piece=dyp.numel() * math.prod(wt.shape[2:]))
+        dxp = _implicit_gemm(acc, dyp, qw, wd.shape[2:], [1] * d, dilation, groups, quant, ev,
+                             piece=dyp.numel() * math.prod(wd.shape[2:]))
     dy_events = None if ev is None else ev.get("a")
     if ev is not None:
-        ref = torch.ops.aten.convolution(dyp.double(), wt.double(), None, [1] * d, [0] * d,
-                                         dilation, False, [0] * d, groups)
+        ref = torch.ops.aten.convolution(spread(dy).double(), wt.double(), None, [1] * d,
+                                         [0] * d, dilation, False, [0] * d, groups)
         site.record("dgrad", dy, ev, dxp, ref)
     return dxp, qdy, sdy, dy_events
 
@@ -398,4 +409,4 @@ def _wgrad(site: Any, xp: Tensor, xq: Tensor | None, wd: Tensor, dy: Tensor,
     saved = {"qa": None if xq is None else rows_of(xq), "sa": None}
     dm = site.wgrad(rows_of(xp), weight_matrix(wd, groups), per_group(dy), saved,
                     None if qdy is None else per_group(qdy), sdy, dy_events)
-    return dm.transpose(1, 2).reshape(wd.shape)
+    return weight_of(dm, wd.shape)

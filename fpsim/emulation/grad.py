@@ -1,10 +1,10 @@
 """Emulated outputs without a backward pass: norm statistics, aten-level products.
 
 Product sites and convolutions seen at the Python level have emulated gradient GEMMs
-(:mod:`fpsim.emulation.backward`, :func:`fpsim.emulation.conv.trainable`).  Any other emulated result that autograd would track is
-returned through :class:`NoBackward`, whose backward raises a clear error (which site, what to do) instead of
-differentiating torch's own op on operands the recipe never used, or failing on the
-emulation's in-place arithmetic.
+(:mod:`fpsim.emulation.backward`, :func:`fpsim.emulation.conv.trainable`).  Any other emulated
+result that autograd would track is returned through :class:`NoBackward`, whose backward raises
+a clear error (which site, what to do) instead of differentiating torch's own op on operands
+the recipe never used, or failing on the emulation's in-place arithmetic.
 """
 
 from __future__ import annotations

@@ -109,8 +109,8 @@ def mx_values(x: Tensor, fmt: Any, scale_rounding: str | None,
               rounding: str, tensor_scale: float | None = None) -> Tensor | None:
     """``mx.quantize(x, fmt, axis=-1, scale_rounding=..., rounding=..., tensor_scale=...)``
     dequantized to float32 (MX or NVFP4) in two compiled passes: each block's amax, then each
-    element scaled, rounded, decoded and multiplied back, with the scale rules' own code between them
-    (:func:`fpsim.blockrules.shared_exponents`, :func:`fpsim.blockrules.nvfp4_block_scales`);
+    element scaled, rounded, decoded and multiplied back, with the scale rules' own code between
+    them (:func:`fpsim.blockrules.shared_exponents`, :func:`fpsim.blockrules.nvfp4_block_scales`);
     or None where it does not apply: float64 or non-CPU ``x``, integer elements, directed
     roundings (which keep underflows), stochastic rounding, empty ``x``, no numba."""
     spec = get_block_format(fmt)
