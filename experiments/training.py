@@ -359,6 +359,10 @@ def conclusions(data: dict) -> list[str]:
                      f"{v['skipped']} were skipped")
         if v["cause"] != "-":
             line += f". Cause: {v['cause']}"
+        elif v["state"] in ("worse than FP32", "better than FP32"):
+            line += (f". No mechanism shown (a preset, not classified by flushed or overflowed "
+                     f"gradients) and one of {len(data['runs']) - 1} uncorrected intervals: "
+                     "exploratory")
         out.append(line + ".")
     return out
 

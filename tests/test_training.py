@@ -62,6 +62,19 @@ def test_verdicts_follow_the_interval_only():
         assert (v["state"], v["cause"]) == (state, cause), run["recipe"]["name"]
 
 
+def test_a_verdict_without_a_mechanism_is_called_exploratory():
+    """A preset's gap whose interval excludes 0 but that no flushed or overflowed gradients
+    explain is printed as exploratory; a cause-backed verdict is not."""
+    runs = [_run("fp32", [3.0, 3.1, 3.2, 3.0]), _run("nvfp4", [3.1, 3.2, 3.3, 3.1]),
+            _run("fp16 static loss scale", [3.2, 3.35, 3.4, 3.2], skipped=3)]
+    data = {"initial_heldout_loss": 5.0, "plan": {"seeds": 4}, "runs": runs}
+    lines = T.conclusions(data)
+    nvfp4 = next(x for x in lines if x.startswith("nvfp4:"))
+    assert "worse than FP32" in nvfp4 and "No mechanism shown" in nvfp4 and "exploratory" in nvfp4
+    scaled = next(x for x in lines if x.startswith("fp16 static loss scale:"))
+    assert "Cause: overflow" in scaled and "exploratory" not in scaled
+
+
 def test_headline_says_range_only_when_the_runs_show_it():
     ok = [3.0, 3.1, 3.2]
     runs = [_run("fp32", ok), _run("fp16, GPT-2 batch", [4.5, 4.6, 4.7], flushed=5),
