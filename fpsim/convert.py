@@ -17,6 +17,7 @@ import functools
 import numbers
 import struct
 import sys
+from bisect import bisect_right
 from typing import Any, Callable
 
 import numpy as np
@@ -32,6 +33,7 @@ from .stochastic import check_random_bits, check_srbits
 from .inputs import check_flag, check_input, check_seed, exact_cast
 
 CHUNK = 1 << 16  # elements per slice: temporaries stay in cache, memory stays near the output's
+SMALL = 64       # arrays up to this size read a lookup table by binary search (_table_steps)
 _NP = NumpyOps()
 BF16 = FORMATS["bf16"]
 _NATIVE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -47,8 +49,11 @@ def _fast_plan(fmt: Any, rounding: Any, saturate: Any, subnormals: Any, backend:
     arguments as given: a repeated call costs one tuple and one dict lookup, no resolving and
     no context managers.  None (stochastic rounding, other dtypes, torch backends, options the
     general path must check or reject) sends the call the general way."""
-    return _memo(_FAST, (fmt, rounding, saturate, subnormals, backend, on_nan, dtype, want),
-                 _build_fast)
+    key = (fmt, rounding, saturate, subnormals, backend, on_nan, dtype, want)
+    try:
+        return _FAST[key]                              # the repeated call: no further call
+    except (KeyError, TypeError):
+        return _memo(_FAST, key, _build_fast)
 
 
 def _memo(cache: dict, key: tuple, build: Callable[..., Any]) -> Any:
@@ -89,15 +94,15 @@ _PACK, _UNPACK = struct.Struct("<d").pack, struct.Struct("<Q").unpack   # a doub
 _SCALAR_TYPES = frozenset({float, np.float64, np.float32})
 
 
-def _scalar_plan(kind: type, fmt: Any, rounding: Any, saturate: Any, subnormals: Any,
-                 backend: Any, on_nan: Any, want: str) -> Callable[[Any], Any] | None:
+def _scalar_plan(key: tuple) -> Callable[[Any], Any] | None:
     """The scalar path of a call on a Python float or NumPy float32/float64 scalar: where the
-    array plan is a lookup table, its index computed on the scalar's bits as Python integers
-    and one table read (about a microsecond instead of an array call's tens); the same table,
-    so the same bits.  None (no table, NaN checks, options the general path must resolve)
-    sends the call the general way."""
-    return _memo(_SCALAR, (kind, fmt, rounding, saturate, subnormals, backend, on_nan, want),
-                 _build_scalar)
+    array plan is a lookup table, the table's steps (:func:`_table_steps`) searched for the
+    scalar's bits as a Python integer (under a microsecond instead of an array call's
+    several); the same table, so the same bits.  None (no table, NaN checks, options the
+    general path must resolve) sends the call the general way.  ``key``: ``(type, fmt,
+    rounding, saturate, subnormals, backend, on_nan, want)`` as given; quantize and encode
+    read ``_SCALAR[key]`` themselves first (a scalar call's time is mostly calls)."""
+    return _memo(_SCALAR, key, _build_scalar)
 
 
 def _build_scalar(kind: type, fmt: Any, rounding: Any, saturate: Any, subnormals: Any,
@@ -108,25 +113,36 @@ def _build_scalar(kind: type, fmt: Any, rounding: Any, saturate: Any, subnormals
     entry = None
     if fast is not None and not fast[2]:               # no NaN to look for (encode's raise)
         f, mode, _ = _options(fmt, rounding, backend)
-        index = getattr(_numpy_plan(f, mode, check_saturate(saturate),
+        steps = getattr(_numpy_plan(f, mode, check_saturate(saturate),
                                     check_flag(subnormals, "subnormals"), want,
-                                    dtype == _NATIVE_FLOATS[1]), "index", None)
-        if index is not None:
-            table, shift, below = index
+                                    dtype == _NATIVE_FLOATS[1]), "steps", None)
+        if steps is not None:
+            starts, values = steps()
+            bounds = starts.tolist()
             # encode gives a 0-d array, quantize a Python float or the NumPy scalar's type;
             # the bits: float32's through NumPy's view (which keeps a NaN's payload), a Python
             # float's or np.float64's (a float subclass) through struct
-            out = np.asarray if want == "code" else float if kind is float else None
+            read = values.tolist() if kind is float and want == "value" else values
+            wrap = np.asarray if want == "code" else None
             if kind is np.float32:
                 def entry(x: Any) -> Any:
-                    u = int(x.view(np.uint32))
-                    v = table[(((u & below) + below) | u) >> shift]
-                    return v if out is None else out(v)
+                    v = read[bisect_right(bounds, int(x.view(np.uint32)))]
+                    return v if wrap is None else wrap(v)
+            elif kind is float:
+                pos, neg, npos = _value_bounds(starts)
+
+                def entry(x: Any) -> Any:            # nonzero numbers by value, no bits
+                    if x > 0.0:
+                        v = read[bisect_right(pos, x)]
+                    elif x < 0.0:
+                        v = read[npos + bisect_right(neg, -x)]
+                    else:                              # zeros (their sign) and NaN: bits
+                        v = read[bisect_right(bounds, _UNPACK(_PACK(x))[0])]
+                    return v if wrap is None else wrap(v)
             else:
                 def entry(x: Any) -> Any:
-                    u = _UNPACK(_PACK(x))[0]
-                    v = table[(((u & below) + below) | u) >> shift]
-                    return v if out is None else out(v)
+                    v = read[bisect_right(bounds, _UNPACK(_PACK(x))[0])]
+                    return v if wrap is None else wrap(v)
     return entry
 
 
@@ -319,11 +335,18 @@ def _table_plan(table: np.ndarray, low: int, src: Source) -> Callable:
     ``(u & below) + below`` (``below`` = the ``low - 1`` bits under the top low bit) carries
     into the top low bit exactly when a bit below it is set: OR-ing that into ``u`` and
     shifting by ``low - 1`` leaves high * 2 + sticky of all ``low`` bits.  In-place steps with
-    0-d operands, NumPy's cheapest form for tiny arrays as for chunks."""
+    0-d operands, NumPy's cheapest form for chunks; arrays of at most :data:`SMALL` elements
+    read the same table as steps (:func:`_table_steps`): one binary search and one gather."""
     utype = np.uint64 if src is F64 else np.uint32
     shift = np.array(low - 1, utype)
     below = np.array((1 << (low - 1)) - 1, utype)
     args = (shift[()], below[()])                      # the compiled kernel's (scalars)
+    built: list = []                                   # (starts, values), built on first use
+
+    def steps() -> tuple[np.ndarray, np.ndarray]:
+        if not built:
+            built.append(_table_steps(table, low, utype))
+        return built[0]
 
     def index(u: np.ndarray, idx: np.ndarray | None) -> np.ndarray:
         idx = np.bitwise_and(u, below, out=idx)         # None: a new array
@@ -334,7 +357,11 @@ def _table_plan(table: np.ndarray, low: int, src: Source) -> Callable:
 
     def lookup(flat: np.ndarray, out: np.ndarray) -> None:
         u = flat.view(utype)
-        # small arrays too once the kernels are loaded: one compiled call instead of five
+        if u.size <= SMALL:                            # two NumPy calls, kernels or not
+            starts, values = steps()
+            values.take(starts.searchsorted(u, "right"), out=out, mode="wrap")
+            return
+        # mid-size arrays too once the kernels are loaded: one compiled call instead of five
         # NumPy calls, each of which costs more than the whole job on a few elements
         jit = _jit() if u.size >= JIT_SIZE else sys.modules.get(_KERNELS)
         if jit is not None:
@@ -347,8 +374,34 @@ def _table_plan(table: np.ndarray, low: int, src: Source) -> Callable:
         for lo in range(0, u.size, CHUNK):
             part = u[lo:lo + CHUNK]
             table.take(index(part, idx[:part.size]), out=out[lo:lo + part.size], mode="wrap")
-    lookup.index = (table, low - 1, (1 << (low - 1)) - 1)      # _scalar_plan's, as ints
+    lookup.steps = steps                                        # _scalar_plan's too
     return lookup
+
+
+def _value_bounds(starts: np.ndarray) -> tuple[list[float], list[float], int]:
+    """Float64 steps (:func:`_table_steps`) by value: ``(pos, neg, npos)`` where a number
+    ``x > 0`` is on step ``bisect_right(pos, x)`` and ``x < 0`` on ``npos + bisect_right(neg,
+    -x)`` (the bits order positive numbers by value, negative ones by magnitude after every
+    positive bit pattern).  Starts among the NaN patterns are left out: no number reaches them,
+    and NaN takes the bits path."""
+    sign = np.uint64(1 << 63)
+    inf = np.float64(np.inf).view(np.uint64)
+    pos = starts[starts <= inf]
+    neg = starts[(starts >= sign) & (starts - sign <= inf)] - sign
+    return (pos.view(np.float64).tolist(), neg.view(np.float64).tolist(),
+            int(np.count_nonzero(starts < sign)))
+
+
+def _table_steps(table: np.ndarray, low: int, utype: type) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_table_plan`'s table as a step function of the input's bits ``u``: the value is
+    ``values[starts.searchsorted(u, "right")]``.  Index ``2h`` holds the one input
+    ``h << low`` and ``2h + 1`` the inputs strictly between it and ``(h + 1) << low``, so the
+    indices run in the inputs' order and each step starts where the table's entry changes
+    (entries compared as bits: NaN equals itself)."""
+    bits = table.view(f"u{table.itemsize}")
+    change = np.flatnonzero(bits[1:] != bits[:-1]) + 1
+    starts = ((change >> 1).astype(utype) << utype(low)) | (change & 1).astype(utype)
+    return starts, np.concatenate([table[:1], table[change]])
 
 
 def _delegate(fmt: Format, rounding: str, saturate: bool, subnormals: bool,
@@ -646,8 +699,11 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
             fast[0](x.ravel(), out.reshape(-1))
             return out
     elif type(x) in _SCALAR_TYPES:
-        one = _scalar_plan(type(x), fmt, rounding, saturate, subnormals, backend, "raise",
-                           "value")
+        key = (type(x), fmt, rounding, saturate, subnormals, backend, "raise", "value")
+        try:
+            one = _SCALAR[key]                         # a repeated call: no further call
+        except (KeyError, TypeError):
+            one = _scalar_plan(key)
         if one:
             return one(x)
     fmt, rounding, backend = _options(fmt, rounding, backend)
@@ -712,7 +768,11 @@ def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool |
             fast[0](x.ravel(), out.reshape(-1))
             return out
     elif type(x) in _SCALAR_TYPES and not deprecated:
-        one = _scalar_plan(type(x), fmt, rounding, saturate, subnormals, backend, on_nan, "code")
+        key = (type(x), fmt, rounding, saturate, subnormals, backend, on_nan, "code")
+        try:
+            one = _SCALAR[key]                         # a repeated call: no further call
+        except (KeyError, TypeError):
+            one = _scalar_plan(key)
         if one:
             return one(x)
     on_nan = on_nan_keyword(on_nan, deprecated, "encode")

@@ -297,6 +297,17 @@ MUTANTS = [
            "jit.table_lookup(u, table, *args, out)",
            "jit.table_lookup(u, table, args[0] + 1, args[1], out)",
            ["tests/test_small_calls.py"]),
+    Mutant("table-steps-between", "small arrays read the step of an exact input for the inputs "
+           "just above it", "starts = ((change >> 1).astype(utype) << utype(low)) | (change & 1)"
+           ".astype(utype)", "starts = ((change >> 1).astype(utype) << utype(low))",
+           ["tests/test_small_calls.py"]),
+    Mutant("table-steps-side", "small arrays read the step before each step's first input",
+           'values.take(starts.searchsorted(u, "right"), out=out, mode="wrap")',
+           'values.take(starts.searchsorted(u, "left"), out=out, mode="wrap")',
+           ["tests/test_small_calls.py"]),
+    Mutant("scalar-value-side", "a negative Python float on a step's first magnitude reads "
+           "the step before", "v = read[npos + bisect_right(neg, -x)]",
+           "v = read[npos + bisect_right(neg, -x) - (-x in neg)]", ["tests/test_small_calls.py"]),
     # fpsim.emulate coverage (issue 26)
     Mutant("conv-unflipped", "a transposed convolution keeps its kernel unflipped",
            "wd = wd.flip(list(range(3, 3 + len(k))))", "wd = wd", COVERAGE),

@@ -81,3 +81,82 @@ def test_small_arrays_through_the_kernels_give_the_numpy_steps_bits(fmt, monkeyp
                 slow = fpsim.quantize(x, fmt, rounding=mode), fpsim.encode(
                     x, fmt, rounding=mode, on_nan="zero")
             assert same(fast[0], slow[0]) and same(fast[1], slow[1])
+
+
+TABLE_FORMATS = ("fp8_e4m3fn", "fp8_e5m2", "fp8_e4m3fnuz", "fp8_e5m2fnuz", "fp8_e4m3b11fnuz",
+                 "fp8_e4m3", "fp8_e3m4", "e8m0", "fp6_e2m3", "fp6_e3m2", "fp4_e2m1", "int8",
+                 "int4", "uint8", "e3m7", "p3109_k8p3")
+
+
+def table_plans():
+    """Every lookup-table plan of these formats: (name, plan, unsigned type of its inputs)."""
+    for name in TABLE_FORMATS:
+        f = fpsim.get_format(name)
+        for mode, sat, sub, want, wide in [(m, s, b, w, d) for m in MODES for s in (False, True)
+                                           for b in (True, False) for w in ("value", "code")
+                                           for d in (False, True)]:
+            try:
+                plan = convert._numpy_plan(f, mode, sat, sub, want, wide)
+            except ValueError:
+                continue
+            if getattr(plan, "steps", None) is not None:
+                yield name, plan, np.uint64 if wide else np.uint32
+
+
+def test_table_steps_are_the_table_at_every_step_and_between(monkeypatch):
+    """The steps of a lookup table (arrays of at most SMALL elements, scalars) give the table's
+    own entry (NumPy steps over a long array, the kernels hidden) for every input: at each
+    step's start, one below and one above, the ends of the range and random bits; as bits."""
+    monkeypatch.delitem(sys.modules, convert._KERNELS, raising=False)
+    rng = np.random.default_rng(1)
+    seen = 0
+    for name, plan, utype in table_plans():
+        starts, values = plan.steps()
+        top = np.iinfo(utype).max
+        u = np.concatenate([starts, starts - 1, starts + 1, np.array([0, 1, top - 1, top], utype),
+                            rng.integers(0, top, 4096, dtype=utype, endpoint=True)])
+        assert u.size > convert.SMALL
+        want = np.empty(u.size, values.dtype)
+        plan(u.view(np.float64 if utype is np.uint64 else np.float32), want)
+        got = values[starts.searchsorted(u, "right")]
+        assert same(got, want), (name, plan)
+        seen += 1
+    assert seen > 500, seen
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2", "e2m1", "e3m4", "int8", "e8m0"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_small_arrays_give_the_long_arrays_bits(fmt, dtype, monkeypatch):
+    """Arrays of at most SMALL elements (binary search) against the same values in one long
+    array (NumPy steps, the compiled kernels hidden), every mode, saturating or not."""
+    monkeypatch.delitem(sys.modules, convert._KERNELS, raising=False)
+    with np.errstate(over="ignore"):
+        x = probes().astype(dtype)
+    assert x.size > convert.SMALL
+    for mode in MODES:
+        for sat in (False, True):
+            kw = dict(rounding=mode, saturate=sat)
+            whole = fpsim.quantize(x, fmt, **kw), fpsim.encode(x, fmt, on_nan="zero", **kw)
+            for lo in range(0, x.size, convert.SMALL):
+                part = x[lo:lo + convert.SMALL]
+                assert same(fpsim.quantize(part, fmt, **kw), whole[0][lo:lo + part.size])
+                assert same(fpsim.encode(part, fmt, on_nan="zero", **kw),
+                            whole[1][lo:lo + part.size])
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2", "e2m1", "fp8_e4m3fnuz", "int8"])
+def test_python_floats_by_value_at_every_step(fmt):
+    """A Python float is placed on its step by value (zeros and NaN by bits): every float64
+    step start of the format's tables, one bit below and above, both signs, against the array
+    path on the same values."""
+    for mode in MODES:
+        for sat in (False, True):
+            plan = convert._numpy_plan(fpsim.get_format(fmt), mode, sat, True, "value", True)
+            starts, _ = plan.steps()
+            u = np.concatenate([starts, starts - 1, starts + 1])
+            x = np.concatenate([u, u ^ np.uint64(1 << 63)]).view(np.float64)
+            x = x[~np.isnan(x)]
+            want = fpsim.quantize(x, fmt, rounding=mode, saturate=sat)
+            got = np.array([fpsim.quantize(float(v), fmt, rounding=mode, saturate=sat)
+                            for v in x])
+            assert same(got, want), (fmt, mode, sat)
