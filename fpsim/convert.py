@@ -39,12 +39,13 @@ BF16 = FORMATS["bf16"]
 _NATIVE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 #: NumPy float32/float64 calls resolved once: the arguments as given -> (plan, code dtype,
 #: whether NaN inputs must be looked for), or None where the general path runs
-_FAST: dict[tuple, tuple[Callable, np.dtype, bool] | None] = {}
+_FAST: dict[tuple, tuple[Callable, np.dtype, bool, Callable | None] | None] = {}
 _FAST_ENTRIES = 4096
 
 
 def _fast_plan(fmt: Any, rounding: Any, saturate: Any, subnormals: Any, backend: Any,
-               on_nan: Any, dtype: np.dtype, want: str) -> tuple[Callable, np.dtype, bool] | None:
+               on_nan: Any, dtype: np.dtype, want: str
+               ) -> tuple[Callable, np.dtype, bool, Callable | None] | None:
     """The plan of a NumPy float32/float64 call with deterministic rounding, looked up by the
     arguments as given: a repeated call costs one tuple and one dict lookup, no resolving and
     no context managers.  None (stochastic rounding, other dtypes, torch backends, options the
@@ -83,7 +84,7 @@ def _build_fast(fmt: Any, rounding: Any, saturate: Any, subnormals: Any, backend
                                check_flag(subnormals, "subnormals"), want,
                                dtype == _NATIVE_FLOATS[1])
             entry = (parallel.elementwise(plan), code_dtype(f),
-                     on_nan == "raise" and not f.has_nan)
+                     on_nan == "raise" and not f.has_nan, getattr(plan, "small", None))
     return entry
 
 
@@ -374,7 +375,13 @@ def _table_plan(table: np.ndarray, low: int, src: Source) -> Callable:
         for lo in range(0, u.size, CHUNK):
             part = u[lo:lo + CHUNK]
             table.take(index(part, idx[:part.size]), out=out[lo:lo + part.size], mode="wrap")
-    lookup.steps = steps                                        # _scalar_plan's too
+    def small(x: np.ndarray) -> np.ndarray:
+        """A new array of the table's values for an array of at most :data:`SMALL` elements,
+        any shape and strides (quantize's and encode's shortest path)."""
+        starts, values = steps()
+        return values[starts.searchsorted(x.view(utype), "right")]
+
+    lookup.steps, lookup.small = steps, small                   # _scalar_plan's, the calls'
     return lookup
 
 
@@ -695,6 +702,8 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
     if type(x) is np.ndarray and srbits is None and random_bits is None:
         fast = _fast_plan(fmt, rounding, saturate, subnormals, backend, "raise", x.dtype, "value")
         if fast:
+            if fast[3] is not None and x.ndim and x.size <= SMALL:
+                return fast[3](x)
             out = np.empty(x.shape, x.dtype)
             fast[0](x.ravel(), out.reshape(-1))
             return out
@@ -764,6 +773,8 @@ def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool |
     if type(x) is np.ndarray and not deprecated and srbits is None and random_bits is None:
         fast = _fast_plan(fmt, rounding, saturate, subnormals, backend, on_nan, x.dtype, "code")
         if fast and (not fast[2] or not np.isnan(x).any()):
+            if fast[3] is not None and x.ndim and x.size <= SMALL:
+                return fast[3](x)
             out = np.empty(x.shape, fast[1])
             fast[0](x.ravel(), out.reshape(-1))
             return out

@@ -305,6 +305,10 @@ MUTANTS = [
            'values.take(starts.searchsorted(u, "right"), out=out, mode="wrap")',
            'values.take(starts.searchsorted(u, "left"), out=out, mode="wrap")',
            ["tests/test_small_calls.py"]),
+    Mutant("table-small-side", "quantize's and encode's shortest path reads the step before "
+           "each step's first input", 'return values[starts.searchsorted(x.view(utype), "right")]',
+           'return values[starts.searchsorted(x.view(utype), "left")]',
+           ["tests/test_small_calls.py"]),
     Mutant("scalar-value-side", "a negative Python float on a step's first magnitude reads "
            "the step before", "v = read[npos + bisect_right(neg, -x)]",
            "v = read[npos + bisect_right(neg, -x) - (-x in neg)]", ["tests/test_small_calls.py"]),

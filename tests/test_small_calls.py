@@ -160,3 +160,18 @@ def test_python_floats_by_value_at_every_step(fmt):
             got = np.array([fpsim.quantize(float(v), fmt, rounding=mode, saturate=sat)
                             for v in x])
             assert same(got, want), (fmt, mode, sat)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_small_arrays_keep_shape_strides_and_dtype(dtype):
+    """The shortest path (at most SMALL elements): 2-D, strided and 0-d inputs give what the
+    long array gives at the same positions, as new arrays of the input's shape and dtype."""
+    with np.errstate(over="ignore"):
+        x = probes().astype(dtype)[:128].reshape(8, 16)
+    whole = fpsim.quantize(x, "e4m3"), fpsim.encode(x, "e4m3", on_nan="zero")
+    for pick in (np.s_[:2], np.s_[:, ::4], np.s_[1:7:3, 2:12:2], np.s_[3, 5, ...]):
+        part = x[pick]
+        q, c = fpsim.quantize(part, "e4m3"), fpsim.encode(part, "e4m3", on_nan="zero")
+        assert type(q) is np.ndarray and q.shape == part.shape and same(q, whole[0][pick])
+        assert type(c) is np.ndarray and c.shape == part.shape and same(c, whole[1][pick])
+        assert not np.shares_memory(q, x)
