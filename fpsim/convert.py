@@ -382,6 +382,7 @@ def _table_plan(table: np.ndarray, low: int, src: Source) -> Callable:
         return values[starts.searchsorted(x.view(utype), "right")]
 
     lookup.steps, lookup.small = steps, small                   # _scalar_plan's, the calls'
+    lookup.index = (table, low - 1, (1 << (low - 1)) - 1)      # the compiled passes' (onepass)
     return lookup
 
 
