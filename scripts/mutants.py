@@ -323,7 +323,16 @@ MUTANTS = [
     Mutant("conv-gather-groups", "every group of a grouped convolution gathers group 0's channels",
            "o_g = o + g * cg * sc", "o_g = o", COVERAGE),
     Mutant("conv-gather-dilation", "the compiled patch gather ignores dilation",
-           "[sc, *(dl * s for dl, s in zip(dilation, sp))])", "[sc, *sp])", COVERAGE),
+           "[*(dl * s for dl, s in zip(dilation, sp)), sc])", "[*sp, sc])", COVERAGE),
+    Mutant("conv-channel-blocks-straddle", "a convolution quantizes its input along the "
+           "channels even where the blocks straddle kernel offsets",
+           "and cin_g % get_block_format(recipe.inputs).block_size == 0)",
+           "and cin_g % 1 == 0)", COVERAGE),
+    Mutant("conv-channel-blocks-axis", "a convolution's input blocks run along its last spatial "
+           "axis, not its channels",
+           "xq, limit = quantize_operand(per_pixel, recipe.inputs, recipe, axis=2, with_limit=count)",
+           "xq, limit = quantize_operand(per_pixel, recipe.inputs, recipe, axis=-1, "
+           "with_limit=count)", COVERAGE),
     Mutant("conv-host-unquantized", "host sums of a convolution run on the unquantized weights",
            "wq = weight_of(qw, wd.shape)", "wq = wd", COVERAGE),
     Mutant("conv-dgrad-unquantized-dy", "a convolution's input gradient uses dy unquantized",

@@ -36,6 +36,15 @@ CONVS = [
     (2, 2, 4, 3, 1, 0, 2, 1, True, 0),           # transposed, dilation
 ]
 
+#: channels per group that MX (32) and NVFP4 (16) blocks divide: the activation is quantized
+#: along each pixel's channels once, not patch by patch
+WIDE = [
+    (2, 64, 8, 3, 2, 1, 2, 2, False, 0),         # 32 channels per group, stride, dilation
+    (1, 32, 6, 3, 1, 1, 1, 1, False, 0),
+    (2, 16, 4, 3, 1, 1, 1, 1, False, 0),          # NVFP4's 16 only
+    (1, 32, 4, 3, 2, 1, 1, 1, True, 1),           # transposed
+]
+
 
 def _conv_args(dims, cin, cout, k, stride, pad, dil, groups, transposed, outpad):
     x = torch.randn(2, cin, *[7] * dims, generator=G)
@@ -46,7 +55,7 @@ def _conv_args(dims, cin, cout, k, stride, pad, dil, groups, transposed, outpad)
     return x, w, b, geo
 
 
-@pytest.mark.parametrize("case", CONVS, ids=str)
+@pytest.mark.parametrize("case", CONVS + WIDE, ids=str)
 @pytest.mark.parametrize("recipe", [FP16_SUMS, Recipe("e4m3", scaling="channel"),
                                     Recipe("mxfp8_e4m3", scaling="block"),
                                     Recipe("nvfp4", scaling="block"), FP64], ids=str)
@@ -79,6 +88,59 @@ def test_conv_is_fpsim_matmul_on_explicit_im2col(case, recipe, monkeypatch):
         assert not em.missed
     if recipe is FP64:                                      # FP64 sums: torch's own, rounded
         assert torch.allclose(got.double(), ref_native, rtol=1e-6, atol=1e-6)
+
+
+def test_reduction_runs_kernel_offsets_then_channels():
+    """K of a convolution's implicit GEMM is (kernel offset, channel), channels fastest, as an
+    NHWC implicit GEMM runs it: a conv site equals fpsim's matmul on patch rows built here
+    in that order, under recipes where the order shows (sequential FP16 sums; MX blocks of 32
+    across kernel offsets: 12 channels x 3 x 3), and differs from the channel-major order."""
+    from fpsim.emulation.sites import _operands, _product, round_output
+
+    x = torch.randn(2, 12, 6, 6, generator=G) * 3
+    w = torch.randn(5, 12, 3, 3, generator=G)
+    xp = F.pad(x, [1, 1, 1, 1])
+    rows = torch.stack([torch.stack([xp[n, :, i + a, j + b] for a in range(3) for b in range(3)])
+                        .reshape(-1) for n in range(2) for i in range(6) for j in range(6)])
+    cols = w.permute(2, 3, 1, 0).reshape(-1, 5)                 # [(a, b, c), C_out]
+    for recipe in (FP16_SUMS, Recipe("mxfp8_e4m3", scaling="block")):
+        qa, qb = _operands(recipe, rows[None], cols[None], None)
+        want = round_output(_product(recipe, qa, qb, None, None)[0], recipe)
+        want = want.reshape(2, 6, 6, 5).movedim(-1, 1)
+        with torch.no_grad(), fpsim.emulate(recipe, strict=True):
+            got = F.conv2d(x, w, padding=1)
+        assert torch.equal(got, want)
+        channel_major = rows.reshape(-1, 9, 12).transpose(1, 2).reshape(-1, 108)
+        qa, qb = _operands(recipe, channel_major[None], w.reshape(5, -1).T[None], None)
+        other = round_output(_product(recipe, qa, qb, None, None)[0], recipe)
+        assert not torch.equal(other.reshape(2, 6, 6, 5).movedim(-1, 1), want)
+
+
+@pytest.mark.parametrize("case", WIDE, ids=str)
+@pytest.mark.parametrize("recipe", [Recipe("mxfp8_e4m3", scaling="block"),
+                                    Recipe("nvfp4", scaling="block"),
+                                    Recipe("mxfp4", scaling="block", accum="fp16")], ids=str)
+def test_channel_blocks_quantize_the_input_once(case, recipe, monkeypatch):
+    """Blocks within each pixel's channels: the activation is quantized once along them (the
+    patch rows are never quantized) and gives the patch-wise quantization's output, bit for
+    bit; the activation's counted elements are the padded input's."""
+    x, w, b, geo = _conv_args(*case)
+    cin_g = (w.shape[0] if geo[3] else x.shape[1]) // geo[5]
+    if not convmod._channel_blocks(recipe, cin_g):
+        pytest.skip("blocks straddle kernel offsets here")
+    with torch.no_grad(), fpsim.emulate(recipe, strict=True, capture=True) as em:
+        fast = torch.ops.aten.convolution(x, w, b, *geo)
+    xp, wd, _ = convmod.direct(x, w, *geo[:5], geo[5])
+    assert em.sites[":conv"].elements == xp.numel() + wd.numel()
+    monkeypatch.setattr(convmod, "_channel_blocks", lambda *a: False)
+    calls = []
+    real = convmod.quantize_operand
+    monkeypatch.setattr(convmod, "quantize_operand",
+                        lambda t, *a, **k: calls.append(t.shape) or real(t, *a, **k))
+    with torch.no_grad(), fpsim.emulate(recipe, strict=True):
+        slow = torch.ops.aten.convolution(x, w, b, *geo)
+    assert torch.equal(fast, slow)
+    assert len(calls) >= 1 and all(len(c) == 3 for c in calls)   # patch rows [g, M, K]
 
 
 @pytest.mark.parametrize("case", CONVS, ids=str)

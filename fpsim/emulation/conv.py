@@ -1,7 +1,8 @@
 """A convolution computed under a recipe as the implicit GEMM that hardware runs.
 
 Each output element of ``conv{1,2,3}d`` is one dot product over ``C_in / groups x kernel
-volume`` (the reduction axis K, ordered as the weight's ``[C_in/groups, *kernel]``): the
+volume`` (the reduction axis K, ordered (kernel offset, channel) with the channels fastest, as
+an implicit GEMM over channels-last (NHWC) data runs it in cuDNN and CUTLASS): the
 activation patches are the rows of a left operand ``[groups, N * L, K]`` (``L`` output
 positions), the weights the columns of a right operand ``[groups, K, C_out / groups]``, and the
 product is :func:`fpsim.emulation.sites.matmul`'s: operands rounded to the recipe's formats with
@@ -22,7 +23,10 @@ the kernel flipped and its channel axes swapped: the same sums of products (the 
 add nothing).
 
 An activation with one scale or none (per-tensor or unscaled formats) is quantized once,
-before its patches are built (each patch reads the same rounded values).  Under host FP32 sums
+before its patches are built (each patch reads the same rounded values); so is one in MX or
+NVFP4 blocks whose size divides ``C_in/groups`` (every block of a patch row is then one block
+of one input pixel's channels, or of the padding's zeros: quantized along the channels once,
+the same values; other channel counts are quantized patch row by patch row).  Under host FP32 sums
 (``native_sums="host"``) such a convolution is then torch's own on the quantized operands: the
 host's sums in its own order, as a linear site's host GEMM.
 
@@ -99,14 +103,15 @@ def patches(xp: Tensor, kernel: Sequence[int], stride: Sequence[int],
 
 
 def weight_matrix(w: Tensor, groups: int) -> Tensor:
-    """``[C_out, C_in/groups, *kernel]`` as the right operand ``[groups, K, C_out/groups]``."""
-    return w.reshape(groups, w.shape[0] // groups, -1).transpose(1, 2)
+    """``[C_out, C_in/groups, *kernel]`` as the right operand ``[groups, K, C_out/groups]``,
+    K ordered (kernel offset, channel), channels fastest."""
+    return w.movedim(1, -1).reshape(groups, w.shape[0] // groups, -1).transpose(1, 2)
 
 
 def weight_of(m: Tensor, shape: Sequence[int]) -> Tensor:
     """The weight ``shape`` ``[C_out, C_in/groups, *kernel]`` of a right operand ``m``
     (:func:`weight_matrix` undone)."""
-    return m.transpose(1, 2).reshape(shape)
+    return m.transpose(1, 2).reshape(shape[0], *shape[2:], shape[1]).movedim(-1, 1)
 
 
 def im2col(xp: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
@@ -121,15 +126,15 @@ def im2col(xp: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: S
 
 def _rows(v: Tensor, groups: int) -> Tensor:
     """Patches ``[n, C, *out, *kernel]`` as ``[groups, n * L, K]``: one strided copy per kernel
-    offset into a ``[n, *out, C, kernel volume]`` buffer (several times faster than one copy of
-    the permuted six-dimensional view, whose innermost axis is the kernel's)."""
+    offset into a ``[n, *out, groups, kernel volume, C/groups]`` buffer (several times faster
+    than one copy of the permuted six-dimensional view)."""
     d = (v.dim() - 2) // 2
     n, c = v.shape[:2]
     out, kernel = v.shape[2:2 + d], v.shape[2 + d:]
-    dest = v.new_empty(n, *out, c, math.prod(kernel))
+    dest = v.new_empty(n, *out, groups, math.prod(kernel), c // groups)
     for j, k in enumerate(itertools.product(*map(range, kernel))):
-        dest[..., j] = v[(..., *k)].movedim(1, -1)
-    return dest.reshape(n * math.prod(out), groups, (c // groups) * math.prod(kernel)).transpose(0, 1)
+        dest[..., j, :] = v[(..., *k)].movedim(1, -1).reshape(n, *out, groups, c // groups)
+    return dest.reshape(n * math.prod(out), groups, -1).transpose(0, 1)
 
 
 def _gathered(xp: Tensor, kernel: Sequence[int], stride: Sequence[int],
@@ -156,8 +161,8 @@ def _gathered(xp: Tensor, kernel: Sequence[int], stride: Sequence[int],
     base = grid([range(*ns), range(*first), *(range(o) for o in out[1:])],
                 [sn, *(st * s for st, s in zip(stride, sp))])
     cg = xp.shape[1] // groups
-    off = grid([range(cg), *(range(k) for k in kernel)],
-               [sc, *(dl * s for dl, s in zip(dilation, sp))])
+    off = grid([*(range(k) for k in kernel), range(cg)],
+               [*(dl * s for dl, s in zip(dilation, sp)), sc])
     src = xp.detach().reshape(-1).numpy()
     rows = torch.empty(groups, base.numel(), off.numel(), dtype=xp.dtype)
     dst, b, o = rows.numpy(), base.numpy(), off.numpy()
@@ -195,12 +200,19 @@ def _direct_conv(recipe: Recipe, xp: Tensor, wd: Tensor, bias: Tensor | None,
     elif count:
         events["b"] = {"elements": wd.numel(), "overflow": 0, "saturated": 0, "flushed": 0}
     quant = None
-    # one scale (or none) for the whole activation: quantized once, before the patches
+    # one scale (or none) for the whole activation, or blocks within each pixel's channels:
+    # quantized once, before the patches
     if recipe.inputs is None or recipe.scaling in ("tensor", "none"):
         xq, limit = quantize_operand(xp, recipe.inputs, recipe, axis=-1)
         if count:
             events["a"] = operand_events(xp, xq, limit)
         xp = unflush(xp, xq, recipe)
+    elif _channel_blocks(recipe, xp.shape[1] // groups):
+        per_pixel = xp.reshape(xp.shape[0], groups, -1, *xp.shape[2:])
+        xq, limit = quantize_operand(per_pixel, recipe.inputs, recipe, axis=2, with_limit=count)
+        if count:
+            events["a"] = operand_events(per_pixel, xq, limit)
+        xp = unflush(per_pixel, xq, recipe).reshape(xp.shape)
     else:
         ts = _tensor_scale(recipe, xp)
 
@@ -250,6 +262,15 @@ def _implicit_gemm(acc: Recipe, xp: Tensor, qw: Tensor, kernel: Sequence[int],
         y[lo_n:hi_n, lo_o:hi_o] = part.transpose(0, 1).reshape(
             hi_n - lo_n, hi_o - lo_o, *out[1:], cout)
     return y.movedim(-1, 1)
+
+
+def _channel_blocks(recipe: Recipe, cin_g: int) -> bool:
+    """Whether the activation's scale blocks (MX, NVFP4) fall within each pixel's channels:
+    K runs channels fastest, so when the block size divides ``C_in/groups`` every block of a
+    patch row is one block of one input pixel's channels (or of the zero padding), and the
+    input quantized along its channels once gives every patch's values."""
+    return (recipe.scaling == "block" and recipe.inputs is not None
+            and cin_g % get_block_format(recipe.inputs).block_size == 0)
 
 
 def _tensor_scale(recipe: Recipe, xp: Tensor) -> float | None:
