@@ -1,10 +1,11 @@
 """Small calls: a Python float, a NumPy scalar or a 16-element array through fpsim.quantize and
 fpsim.encode, against ml_dtypes' cast of the same input (quantize: there and back).
 
-Scalars take the scalar path (fpsim/convert.py ``_scalar_plan``: the format's lookup table read
-at an index computed on the scalar's bits); 16-element arrays the cached plan of their arguments
-and, once numba's kernels are loaded (any large cast or compiled matmul loads them), one
-compiled table lookup, else five NumPy calls (the "NumPy steps" rows).  Interleaved best of N in
+Scalars take the scalar path (fpsim/convert.py ``_scalar_plan``: the format's lookup table as
+steps, searched for the scalar's bits, or a Python float's value); arrays of at most 64 elements
+the cached plan of their arguments and one binary search of the same steps, whether numba's
+kernels are loaded or not (the "kernels not loaded" rows: a fresh process, before any large
+cast or compiled matmul loads them).  Interleaved best of N in
 one process, many short rounds (on a loaded machine a short round is likelier to run
 uninterrupted); ratio = fpsim's time / ml_dtypes' time (the goal: at most 3, and at most
 3 us); the machine and its load are recorded.
@@ -67,7 +68,7 @@ def main() -> None:
     for name, (ours, peer) in cases().items():
         variants = {"": None}
         if "16" in name:
-            variants["; NumPy steps (kernels not loaded)"] = convert._KERNELS
+            variants["; kernels not loaded"] = convert._KERNELS
         for label, hide in variants.items():
             saved = sys.modules.pop(hide) if hide else None
             try:
