@@ -138,7 +138,8 @@ def _build_scalar(kind: type, fmt: Any, rounding: Any, saturate: Any, subnormals
                     elif x < 0.0:
                         v = read[npos + bisect_right(neg, -x)]
                     else:                              # zeros (their sign) and NaN: bits
-                        v = read[bisect_right(bounds, _UNPACK(_PACK(x))[0])]
+                        u = _UNPACK(_PACK(x))[0]
+                        v = read[bisect_right(bounds, u)]
                     return v if wrap is None else wrap(v)
             else:
                 def entry(x: Any) -> Any:

@@ -62,15 +62,20 @@ def _conv_args(dims, cin, cout, k, stride, pad, dil, groups, transposed, outpad)
 def test_conv_is_fpsim_matmul_on_explicit_im2col(case, recipe, monkeypatch):
     """The conv site equals fpsim.emulation.sites.matmul on the whole im2col of the same
     operands (the sums of fpsim.matmul), plus the bias, in the output format; pieces of a few
-    patches change nothing (NVFP4's tensor scale is the whole patch matrix's), nor does
-    building them with torch's strided copies instead of the compiled gather."""
-    from fpsim.emulation.sites import _operands, _product, round_output
+    patches change nothing (NVFP4's tensor scale is the activation tensor's, which a strided,
+    dilated convolution need not read whole), nor does building them with torch's strided
+    copies instead of the compiled gather."""
+    from fpsim.emulation.sites import _operands, _product, quantize_operand, round_output, unflush
 
     x, w, b, geo = _conv_args(*case)
     ref_native = torch.ops.aten.convolution(x.double(), w.double(), b.double(), *geo)
     xp, wd, stride = convmod.direct(x, w, *geo[:5], geo[5])
     cols = convmod.im2col(xp, wd.shape[2:], stride, geo[2], geo[5])
     qa, qb = _operands(recipe, cols, convmod.weight_matrix(wd, geo[5]), None)
+    if recipe.inputs == "nvfp4":
+        ts = fpsim.blockrules.nvfp4_tensor_scale(xp.reshape(1, -1))
+        qa = unflush(cols, quantize_operand(cols, "nvfp4", recipe, -1, tensor_scale=ts)[0],
+                     recipe)
     want = _product(recipe, qa, qb, None, None)
     n, out = x.shape[0], ref_native.shape[2:]
     want = want.transpose(0, 1).reshape(n, *out, -1).movedim(-1, 1) + b.reshape(-1, *[1] * len(out))
@@ -88,6 +93,32 @@ def test_conv_is_fpsim_matmul_on_explicit_im2col(case, recipe, monkeypatch):
         assert not em.missed
     if recipe is FP64:                                      # FP64 sums: torch's own, rounded
         assert torch.allclose(got.double(), ref_native, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("cin", [8, 32])                 # patch rows quantized; input once
+def test_nvfp4_tensor_scale_is_the_activations_even_where_unread(cin):
+    """A stride-2, dilation-2 convolution never reads odd rows: a largest value planted there
+    still sets NVFP4's tensor scale (the activation tensor's, as it is quantized before the
+    convolution), which the patch matrix alone would not."""
+    from fpsim.emulation.sites import _operands, _product, quantize_operand, round_output, unflush
+
+    recipe = Recipe("nvfp4", scaling="block")
+    x = torch.randn(1, cin, 9, 9, generator=G)
+    x[0, 0, 3, 4] = 1000.0                                   # row 3: never read
+    w = torch.randn(4, cin, 3, 3, generator=G)
+    with torch.no_grad(), fpsim.emulate(recipe, strict=True):
+        got = F.conv2d(x, w, stride=2, dilation=2)
+    cols = convmod.im2col(x, [3, 3], [2, 2], [2, 2], 1)
+    assert float(cols.abs().max()) < 1000
+    _, qb = _operands(recipe, cols, convmod.weight_matrix(w, 1), None)
+    want = {}
+    for name, ts in (("tensor", fpsim.blockrules.nvfp4_tensor_scale(x.reshape(1, -1))),
+                     ("patches", None)):
+        qa = unflush(cols, quantize_operand(cols, "nvfp4", recipe, -1, tensor_scale=ts)[0],
+                     recipe)
+        want[name] = round_output(_product(recipe, qa, qb, None, None), recipe)[0]
+    got = got.movedim(1, -1).reshape(-1, 4)
+    assert torch.equal(got, want["tensor"]) and not torch.equal(got, want["patches"])
 
 
 def test_reduction_runs_kernel_offsets_then_channels():
