@@ -4,8 +4,10 @@ Each case is one ``nn.Linear`` (bias on) whose input needs a gradient, run forwa
 timed part is ``y.backward(G)`` only: natively (torch's two FP32 GEMMs and the bias sum), and
 under the operand-only preset ``torchao-float8-tensorwise`` (the gradient cast to E5M2 with a
 per-tensor scale, the forward's E4M3 operands reused, both GEMMs summed in FP64 and rounded
-once to FP32: native sums, no emulated accumulator).  Best-of-N in one process;
-the machine and its load average are recorded.  Target: ratio <= 3.
+once to FP32: native sums, no emulated accumulator), and the same preset with the host's FP32
+GEMM (``native_sums="host"``: fast, not reproducible).  Best-of-N in one process, the three
+interleaved; the machine and its load average are recorded.  Targets: ratio <= 3 (the
+training issue), <= 2 with host sums (the emulate-speed issue's operand-only target).
 
     PYTHONPATH=. python benchmarks/training_backward.py [--repeat 5] [--json PATH]
 """
@@ -13,6 +15,7 @@ the machine and its load average are recorded.  Target: ratio <= 3.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -20,6 +23,7 @@ from pathlib import Path
 import torch
 
 import fpsim
+from fpsim import Rule, Rules
 from fpsim.emulation import presets
 
 from timing import machine
@@ -34,6 +38,9 @@ def run_case(m: int, k: int, n: int, repeat: int) -> dict:
     x = torch.randn(m, k, generator=g).requires_grad_()
     G = torch.randn(m, n, generator=g)
     em = fpsim.emulate(presets.rules(PRESET))
+    host = fpsim.emulate(Rules([Rule(dataclasses.replace(presets.get_preset(PRESET).recipe,
+                                                         native_sums="host"), kind="linear")],
+                               default=None))
 
     def native() -> torch.Tensor:
         return layer(x)
@@ -42,19 +49,24 @@ def run_case(m: int, k: int, n: int, repeat: int) -> dict:
         with em:
             return layer(x)
 
-    def best(forward) -> float:
-        """Best of ``repeat`` timings of the backward alone (a fresh forward before each)."""
-        times = []
-        for _ in range(repeat):
-            y = forward()
-            start = time.perf_counter()
-            y.backward(G)
-            times.append(time.perf_counter() - start)
-        return min(times)
+    def host_sums() -> torch.Tensor:
+        with host:
+            return layer(x)
 
-    native_s, emulated_s = best(native), best(emulated)
-    return {"M": m, "K": k, "N": n, "native_s": native_s, "emulated_s": emulated_s,
-            "ratio": emulated_s / native_s}
+    def backward_s(forward) -> float:
+        """One timing of the backward alone (after a fresh forward)."""
+        y = forward()
+        start = time.perf_counter()
+        y.backward(G)
+        return time.perf_counter() - start
+
+    best = {"native": float("inf"), "emulated": float("inf"), "host": float("inf")}
+    for _ in range(repeat):                              # interleaved rounds
+        for name, forward in (("native", native), ("emulated", emulated), ("host", host_sums)):
+            best[name] = min(best[name], backward_s(forward))
+    return {"M": m, "K": k, "N": n, "native_s": best["native"], "emulated_s": best["emulated"],
+            "ratio": best["emulated"] / best["native"], "host_s": best["host"],
+            "ratio_host": best["host"] / best["native"]}
 
 
 def main() -> None:
@@ -68,10 +80,12 @@ def main() -> None:
     info["load_average_after"] = machine()["load_average_1_5_15"]
     print(f"machine: {info['cpu']}, {info['cores']} cores, load {info['load_average_1_5_15']}, "
           f"torch threads {torch.get_num_threads()}")
-    print(f"{'M x K x N':>18} {'native ms':>10} {'emulated ms':>12} {'ratio':>6}")
+    print(f"{'M x K x N':>18} {'native ms':>10} {'emulated ms':>12} {'ratio':>6} "
+          f"{'host sums ms':>13} {'ratio':>6}")
     for r in rows:
         print(f"{r['M']:>5}x{r['K']:>5}x{r['N']:>5} {r['native_s'] * 1e3:>10.2f} "
-              f"{r['emulated_s'] * 1e3:>12.2f} {r['ratio']:>6.2f}")
+              f"{r['emulated_s'] * 1e3:>12.2f} {r['ratio']:>6.2f} {r['host_s'] * 1e3:>13.2f} "
+              f"{r['ratio_host']:>6.2f}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"machine": info, "torch_threads": torch.get_num_threads(),
                                      "preset": PRESET, "repeat": args.repeat, "cases": rows},
