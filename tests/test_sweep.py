@@ -166,7 +166,7 @@ def test_pool_gives_the_same_bytes_and_resume_computes_nothing(serial: Path,
 def test_existing_results_need_resume_and_the_same_config(serial: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="pass --resume"):
         sweep.run(sweep.from_dict(SMALL), serial, progress=False)
-    with pytest.raises(ValueError, match="another sweep config"):
+    with pytest.raises(ValueError, match="another configuration"):
         sweep.run(sweep.from_dict({**SMALL, "batch": 1}), serial, resume=True, progress=False)
 
 

@@ -1,9 +1,12 @@
 """Who runs a sweep's tasks: this process, a local process pool, or Ray.
 
-Every executor computes each needed reference (one per model, seed and shard: :func:`work.
-reference`) once, hands it to the tasks that compare with it (on Ray through the object store)
-and reports each task to ``done(task, result)`` or ``failed(task, error)`` in this process as
-soon as it ends, and how many run to ``running(n)``.  A task that raises is tried
+What a task computes is its *work*, a picklable object with ``reference(task, device)`` and
+``compute(task, ref, device)``: :class:`work.SweepWork` for ``fpsim sweep``,
+:class:`experiments.sweep.runs.ContextWork` for the built-in experiments' end-to-end runs.
+Every executor computes each needed reference (one per ``task.ref_key``) once, or takes it
+ready from ``refs``, hands it to the tasks that compare with it (on Ray through the object
+store) and reports each task to ``done(task, result)`` or ``failed(task, error)`` in this
+process as soon as it ends, and how many run to ``running(n)``.  A task that raises is tried
 ``retries`` more times (on Ray by Ray itself: ``max_retries`` with ``retry_exceptions``, which
 also reruns a task whose worker died) before it counts as failed.
 """
@@ -16,17 +19,28 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from . import work
-from .config import REPO, Sweep
-from .work import Task
+from .config import REPO
 
 EXECUTORS = ("inprocess", "pool", "ray")
 #: The line that says how to get Ray (the version the tests and the benchmark ran).
 RAY_INSTALL = "pip install 'fpsim[sweep]' (or pip install ray==2.60.0)"
 
+Task = Any                   # hashable, with ``name`` and ``ref_key``
 Done = Callable[[Task, dict], None]
 Failed = Callable[[Task, str], None]
 Running = Callable[[int], None]
+
+
+def reference(work: Any, task: Task, device: str) -> Any:
+    """``task``'s reference, computed by ``work`` (a module-level function: what a pool or Ray
+    worker runs)."""
+    return work.reference(task, device)
+
+
+def compute(work: Any, task: Task, ref: Any, device: str) -> dict:
+    """``task``'s result against ``ref``, computed by ``work`` (Ray titles its worker
+    ``ray::compute`` while it runs)."""
+    return work.compute(task, ref, device)
 
 
 def describe(exc: BaseException) -> str:
@@ -55,12 +69,14 @@ def _attempt(fn: Callable[[], Any], retries: int) -> Any:
     raise AssertionError("unreachable")
 
 
-def run_inprocess(sweep: Sweep, tasks: list[Task], device: str, retries: int, done: Done,
-                  failed: Failed, running: Running) -> None:
+def run_inprocess(work: Any, tasks: list[Task], device: str, retries: int, done: Done,
+                  failed: Failed, running: Running, refs: dict | None = None) -> None:
     """Every task here, one after another (torch and fpsim use this process's threads)."""
-    for group in _groups(tasks).values():
+    refs = refs or {}
+    for key, group in _groups(tasks).items():
         try:
-            ref = _attempt(lambda: work.reference(sweep, group[0], device), retries)
+            ref = refs[key] if key in refs else _attempt(
+                lambda: work.reference(group[0], device), retries)
         except Exception as exc:
             for t in group:
                 failed(t, f"reference logits: {describe(exc)}")
@@ -68,7 +84,7 @@ def run_inprocess(sweep: Sweep, tasks: list[Task], device: str, retries: int, do
         for t in group:
             running(1)
             try:
-                result = _attempt(lambda: work.compute(sweep, t, ref, device), retries)
+                result = _attempt(lambda: work.compute(t, ref, device), retries)
             except Exception as exc:
                 running(0)
                 failed(t, describe(exc))
@@ -84,8 +100,9 @@ def _pool_init(threads: int) -> None:
     os.environ["FPSIM_THREADS"] = str(threads)
 
 
-def run_pool(sweep: Sweep, tasks: list[Task], device: str, retries: int, done: Done,
-             failed: Failed, running: Running, workers: int | None = None) -> None:
+def run_pool(work: Any, tasks: list[Task], device: str, retries: int, done: Done,
+             failed: Failed, running: Running, refs: dict | None = None,
+             workers: int | None = None) -> None:
     """The tasks on ``workers`` local processes (spawned; the cores shared out between them).
 
     A worker that dies takes the pool with it: the tasks still pending are reported failed
@@ -102,8 +119,7 @@ def run_pool(sweep: Sweep, tasks: list[Task], device: str, retries: int, done: D
         jobs: dict[Future, tuple[str, Any, int]] = {}
 
         def submit(kind: str, item: Any, tries: int, ref: Any = None) -> None:
-            args = (work.reference, sweep, item[0]) if kind == "ref" else \
-                (work.compute, sweep, item, ref)
+            args = (reference, work, item[0]) if kind == "ref" else (compute, work, item, ref)
             try:
                 fut = pool.submit(*args, device)
             except BrokenProcessPool as exc:             # a worker died: fail, do not raise
@@ -111,8 +127,12 @@ def run_pool(sweep: Sweep, tasks: list[Task], device: str, retries: int, done: D
                 fut.set_exception(exc)
             jobs[fut] = (kind, item if kind == "ref" else (item, ref), tries)
 
-        for group in groups.values():
-            submit("ref", group, 0)
+        for key, group in groups.items():
+            if refs and key in refs:
+                for t in group:
+                    submit("task", t, 0, refs[key])
+            else:
+                submit("ref", group, 0)
         while jobs:
             running(min(workers, len(jobs)))
             finished, _ = wait(list(jobs), return_when=FIRST_COMPLETED)
@@ -165,24 +185,25 @@ def start_ray(address: str | None, workers: int | None) -> bool:
     return True
 
 
-def run_ray(sweep: Sweep, tasks: list[Task], device: str, retries: int, done: Done,
-            failed: Failed, running: Running) -> None:
+def run_ray(work: Any, tasks: list[Task], device: str, retries: int, done: Done,
+            failed: Failed, running: Running, refs: dict | None = None) -> None:
     """The tasks as Ray tasks (one CPU each, or one GPU each with ``device="cuda"``) on the
     cluster Ray is connected to; each reference is put in the object store once and read
     there by every task that needs it."""
     ray = import_ray()
     options = {"max_retries": retries, "retry_exceptions": True, "num_cpus": 1,
                "num_gpus": 1 if device == "cuda" else 0}
-    reference = ray.remote(work.reference).options(**options)
-    compute = ray.remote(work.compute).options(**options)
+    remote_reference = ray.remote(reference).options(**options)
+    remote_compute = ray.remote(compute).options(**options)
     resources = ray.cluster_resources()
     slots = int(resources.get("GPU" if device == "cuda" else "CPU", 1)) or 1
-    shared = ray.put(sweep)
+    shared = ray.put(work)
     pending: dict[Any, Task] = {}
-    for group in _groups(tasks).values():
-        ref = reference.remote(shared, group[0], device)
+    for key, group in _groups(tasks).items():
+        ref = ray.put(refs[key]) if refs and key in refs else \
+            remote_reference.remote(shared, group[0], device)
         for t in group:
-            pending[compute.remote(shared, t, ref, device)] = t
+            pending[remote_compute.remote(shared, t, ref, device)] = t
         del ref                    # the tasks hold it; the object store frees it after them
     while pending:
         running(min(slots, len(pending)))

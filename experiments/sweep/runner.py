@@ -33,12 +33,15 @@ from .work import Task
 
 @dataclass
 class Outcome:
-    """What a run did: the tasks it computed, skipped (on disk) and that failed (name, error)."""
+    """What a run did: the tasks it computed, skipped (on disk) and that failed (name, error);
+    the results by task, and the seconds of each task it computed."""
 
-    out: Path
+    out: Path | None
     computed: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     failed: list[dict[str, str]] = field(default_factory=list)
+    results: dict[Any, dict] = field(default_factory=dict, repr=False)
+    seconds: dict[str, float] = field(default_factory=dict, repr=False)
 
 
 def plan(sweep: Sweep) -> list[Task]:
@@ -75,11 +78,11 @@ def _text_digest(path: str) -> str:
     return digest(Path(path).read_text(encoding="utf-8"))
 
 
-def task_file(out: Path, task: Task, task_spec: dict) -> Path:
-    """Where ``task``'s result lives: a readable name plus the hash of its spec."""
-    slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in
-                   f"{display(task.model)}-{task.recipe}-s{task.seed}-{task.shard}")
-    return out / "tasks" / f"{slug[:80]}-{digest(task_spec)}.json"
+def task_file(folder: Path, task: Any, task_spec: dict) -> Path:
+    """Where ``task``'s result lives in ``folder``: a readable name (``task.slug``) plus the
+    hash of its spec."""
+    slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in task.slug)
+    return folder / f"{slug[:80]}-{digest(task_spec)}.json"
 
 
 def write_atomically(path: Path, data: dict) -> None:
@@ -156,19 +159,19 @@ def _load() -> float | None:
         return None
 
 
-def saved(out: Path, tasks: list[Task], specs: dict[Task, dict], files: dict[Task, Path],
+def saved(folder: Path, tasks: list[Task], specs: dict[Task, dict], files: dict[Task, Path],
           resume: bool) -> dict[Task, dict]:
-    """The results already in ``out/tasks``: refused without ``resume``, and when a file is not
+    """The results already in ``folder``: refused without ``resume``, and when a file is not
     one of ``tasks`` with its spec."""
-    on_disk = {p.name for p in (out / "tasks").glob("*.json")}
+    on_disk = {p.name for p in folder.glob("*.json")}
     foreign = on_disk - {p.name for p in files.values()}
     if on_disk and not resume:
-        raise ValueError(f"{out}/tasks already holds {len(on_disk)} task result(s); pass "
+        raise ValueError(f"{folder} already holds {len(on_disk)} task result(s); pass "
                          "--resume to keep them and run the rest, or choose another --out")
     if foreign:
-        raise ValueError(f"{out}/tasks holds {len(foreign)} result(s) of another sweep config "
-                         f"(e.g. {sorted(foreign)[0]}); --resume continues the same config "
-                         "only: choose another --out")
+        raise ValueError(f"{folder} holds {len(foreign)} result(s) of another configuration "
+                         f"(e.g. {sorted(foreign)[0]}); --resume continues the same one only: "
+                         "choose another --out")
     results = {}
     for t in tasks:
         if files[t].name in on_disk:
@@ -193,33 +196,75 @@ def run(sweep: Sweep, out: str | Path, executor: str = "inprocess", *, workers: 
     >>> run(s, tmp_path, progress=False).computed    # doctest: +SKIP
     ['tiny | bf16 | seed 0 | shard 0', 'tiny | bf16 | seed 0 | shard 1']
     """
+    check_executor(executor)
+    out = Path(out)
+    started = time.perf_counter()
+    tasks = plan(sweep)
+    specs = {t: spec(sweep, t, device) for t in tasks}
+    outcome = execute(work.SweepWork(sweep), tasks, specs, out / "tasks", executor,
+                      workers=workers, address=address, device=device, resume=resume,
+                      retries=retries, progress=progress)
+    outcome.out = out
+    data = combine(sweep, tasks, outcome.results, outcome.failed)
+    write_atomically(out / "results.json", data)
+    write_atomically(out / "run.json", {
+        "executor": executor, "workers": workers, "address": address, "device": device,
+        "computed": len(outcome.computed), "skipped": len(outcome.skipped),
+        "failed": len(outcome.failed), "wall_seconds": round(time.perf_counter() - started, 2),
+        "task_seconds": outcome.seconds, "cpus": os.cpu_count(), "load_after": _load(),
+        "node": platform.node(), **versions()})
+    render.write(out, data)
+    return outcome
+
+
+def check_executor(executor: str) -> None:
+    """Refuse an unknown executor, and Ray when it is not installed (saying how to get it)."""
     if executor not in executors.EXECUTORS:
         raise ValueError(f"executor {executor!r} is not one of {', '.join(executors.EXECUTORS)}")
     if executor == "ray":
         executors.import_ray()
-    out = Path(out)
-    (out / "tasks").mkdir(parents=True, exist_ok=True)
-    tasks = plan(sweep)
-    specs = {t: spec(sweep, t, device) for t in tasks}
-    files = {t: task_file(out, t, specs[t]) for t in tasks}
-    results = saved(out, tasks, specs, files, resume)
-    outcome = Outcome(out, skipped=[t.name for t in results])
-    todo = [t for t in tasks if t not in results]
-    bar = _bar(len(tasks), len(results), progress)
-    started, seconds, state, here = time.perf_counter(), {}, {"running": 0}, versions()
 
-    def done(t: Task, result: dict) -> None:
+
+def execute(job: Any, tasks: list, specs: dict, folder: Path | None, executor: str = "inprocess",
+            *, workers: int | None = None, address: str | None = None, device: str = "cpu",
+            resume: bool = False, retries: int = 2, progress: bool = True,
+            refs: dict | None = None, desc: str = "sweep") -> Outcome:
+    """Compute ``tasks`` with ``job`` (see :mod:`.executors`) on ``executor``; the shared core
+    of ``fpsim sweep`` and the experiments' end-to-end runs.
+
+    Each result is written atomically to ``folder`` (None: kept in memory only) as
+    ``<task.slug>-<hash of its spec>.json`` the moment it arrives; with ``resume`` the files
+    already there whose spec matches are read instead of computed (without it, a folder that
+    holds results is refused).  ``refs``: references already computed, by ``ref_key``.  A
+    result computed under other library versions than this process's counts as failed.  The
+    outcome holds the results (``results``, by task) and each computed task's seconds.
+    """
+    check_executor(executor)
+    files: dict = {}
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        files = {t: task_file(folder, t, specs[t]) for t in tasks}
+        results = saved(folder, tasks, specs, files, resume)
+    else:
+        results = {}
+    outcome = Outcome(folder, skipped=[t.name for t in results], results=results)
+    todo = [t for t in tasks if t not in results]
+    bar = _bar(len(tasks), len(results), progress, desc)
+    state, here = {"running": 0}, versions()
+
+    def done(t: Any, result: dict) -> None:
         if result["versions"] != here:
             return failed(t, f"its worker ran {result['versions']}, this process {here}: the "
                              "numbers would not be comparable; install the same versions there")
-        seconds[t.name] = result["seconds"]
-        write_atomically(files[t], {"task": t.name, "spec": specs[t], "result": result})
+        outcome.seconds[t.name] = result["seconds"]
+        if files:
+            write_atomically(files[t], {"task": t.name, "spec": specs[t], "result": result})
         results[t] = result
         outcome.computed.append(t.name)
         bar.update()
         _postfix(bar, state["running"], len(outcome.failed))
 
-    def failed(t: Task, error: str) -> None:
+    def failed(t: Any, error: str) -> None:
         outcome.failed.append({"task": t.name, "error": error})
         bar.update()
         _postfix(bar, state["running"], len(outcome.failed))
@@ -231,30 +276,21 @@ def run(sweep: Sweep, out: str | Path, executor: str = "inprocess", *, workers: 
     own_ray = executor == "ray" and bool(todo) and executors.start_ray(address, workers)
     try:
         if todo and executor == "pool":
-            executors.run_pool(sweep, todo, device, retries, done, failed, running, workers)
+            executors.run_pool(job, todo, device, retries, done, failed, running, refs, workers)
         elif todo:
             run_tasks = executors.run_ray if executor == "ray" else executors.run_inprocess
-            run_tasks(sweep, todo, device, retries, done, failed, running)
+            run_tasks(job, todo, device, retries, done, failed, running, refs)
     finally:
         bar.close()
         if own_ray:
             executors.import_ray().shutdown()
-    data = combine(sweep, tasks, results, outcome.failed)
-    write_atomically(out / "results.json", data)
-    write_atomically(out / "run.json", {
-        "executor": executor, "workers": workers, "address": address, "device": device,
-        "computed": len(outcome.computed), "skipped": len(outcome.skipped),
-        "failed": len(outcome.failed), "wall_seconds": round(time.perf_counter() - started, 2),
-        "task_seconds": seconds, "cpus": os.cpu_count(), "load_after": _load(),
-        "node": platform.node(), **versions()})
-    render.write(out, data)
     return outcome
 
 
-def _bar(total: int, initial: int, enabled: bool) -> Any:
+def _bar(total: int, initial: int, enabled: bool, desc: str) -> Any:
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, unit="task", desc="sweep", disable=not enabled,
+    return tqdm(total=total, initial=initial, unit="task", desc=desc, disable=not enabled,
                 dynamic_ncols=True)
 
 

@@ -53,6 +53,11 @@ class Task:
     def name(self) -> str:
         return f"{display(self.model)} | {self.recipe} | seed {self.seed} | shard {self.shard}"
 
+    @property
+    def slug(self) -> str:
+        """The readable part of its task file's name."""
+        return f"{display(self.model)}-{self.recipe}-s{self.seed}-{self.shard}"
+
 
 def config(model: str) -> dict[str, Any]:
     """The model directory's config.json."""
@@ -146,3 +151,16 @@ def compute(sweep: Sweep, task: Task, ref: np.ndarray, device: str = "cpu") -> d
     sites = [dataclasses.asdict(s) for s in em.sites.values()] if sweep.capture else None
     return {"windows": e2e["windows"], "sites": sites, "versions": versions(),
             "seconds": round(time.perf_counter() - start, 3)}
+
+
+@dataclass(frozen=True)
+class SweepWork:
+    """What an executor runs for ``sweep``'s tasks (:func:`reference`, :func:`compute`)."""
+
+    sweep: Sweep
+
+    def reference(self, task: Task, device: str) -> np.ndarray:
+        return reference(self.sweep, task, device)
+
+    def compute(self, task: Task, ref: np.ndarray, device: str) -> dict[str, Any]:
+        return compute(self.sweep, task, ref, device)
