@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 import fpsim
-from fpsim import Recipe, Rule, Rules
+from fpsim import Rules
 from fpsim.emulation.recipe import FP32 as REFERENCE
 
 from . import bootstrap, context
@@ -32,22 +32,10 @@ from .endtoend import compare_logits
 from .gpt2.data import heldout_bytes, heldout_text, windows
 from .gpt2.tokenizer import load_bpe
 from .report import finish, num, page, pct, table, versions
+from .sweep.config import named_recipes as recipes
 
 NAME = "any-model"
 FP32 = Rules.of(REFERENCE)
-
-
-def recipes() -> dict[str, Rules]:
-    """Name -> per-site rules: FP8 (E4M3) on the linear layers as Transformer Engine places it,
-    FP8 and MXFP8 everywhere, BF16 operands everywhere."""
-    e4m3 = Recipe("e4m3", scaling="tensor", name="E4M3 per-tensor")
-    return {
-        "E4M3 per-tensor, linear layers": Rules([Rule(e4m3, kind="linear")]),
-        "E4M3 per-tensor, every site": Rules.of(e4m3),
-        "MXFP8 E4M3, every site": Rules.of(Recipe("mxfp8_e4m3", scaling="block",
-                                                  name="MXFP8 E4M3")),
-        "BF16 operands, every site": Rules.of(Recipe("bf16", name="BF16")),
-    }
 
 
 def load(model_dir: str | Path) -> tuple[Any, Tensor]:

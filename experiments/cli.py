@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -24,6 +25,7 @@ from . import (accumulation, activations, anymodel, context, deepseek, fp8, fp16
 from fpsim.cliparse import OneLineParser
 
 from .report import load_json, write_json
+from .sweep import executors, runs as e2e_runs
 
 EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (
     activations, range_vs_precision, fp16_vs_bf16, fp8, practice, accumulation, histograms,
@@ -31,6 +33,8 @@ EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (
 # train their own models; not in all
 STANDALONE: dict[str, ModuleType] = {training.NAME: training, seeds.NAME: seeds,
                                      anymodel.NAME: anymodel, range_cases.NAME: range_cases}
+#: run their models in this process (no --executor)
+IN_PROCESS = (training.NAME, anymodel.NAME)
 DEFAULT_OUT = Path("results")
 def limits(out: Path) -> str:
     """What the tiny model cannot tell about GPT-2 124M, with its largest residual value read
@@ -114,12 +118,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="only regenerate figures and REPORT.md from an existing results.json",
     )
+    p.add_argument("--executor", choices=executors.EXECUTORS, default="inprocess",
+                   help="where the end-to-end runs are computed: this process (default), a "
+                        "local process pool, or Ray (as fpsim sweep; the same numbers); each "
+                        "is kept in OUT/NAME/tasks until the results are written")
+    p.add_argument("--workers", type=_positive, help="pool processes, or CPUs of the local Ray "
+                   "cluster started for the run (default: all cores)")
+    p.add_argument("--address", help="with --executor ray: the cluster to join (ray://host:port "
+                   "or auto) instead of starting a local one")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the end-to-end runs an interrupted run left in OUT/NAME/tasks and "
+                        "compute only the others")
     range_cases.add_arguments(p)
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no CUDA device; use --device cpu")
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.address and args.executor != "ray":
+        p.error("--address joins a Ray cluster: add --executor ray")
+    if args.name in IN_PROCESS and (args.executor != "inprocess" or args.resume):
+        p.error(f"{args.name} runs in this process only: drop --executor and --resume")
     kind = anymodel.model_type(args.model)
     if args.name != anymodel.NAME and kind not in (None, "gpt2"):
         p.error(f"--model {args.model}: a {kind} model; {args.name} studies GPT-2's sites, "
@@ -185,8 +204,17 @@ def index(out: Path, names: list[str]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """Run (or re-render) the named experiment(s); returns the exit status."""
+    """Run (or re-render) the named experiment(s); returns the exit status (1 when end-to-end
+    runs failed: each is named on one line, the finished ones kept for ``--resume``)."""
     args = parse_args(argv)
+    try:
+        return _run(args)
+    except e2e_runs.RunsFailed as exc:
+        print(f"fpsim experiment: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.name in STANDALONE:
         return STANDALONE[args.name].main(args)
     names = list(EXPERIMENTS) if args.name == "all" else [args.name]
@@ -202,15 +230,21 @@ def main(argv: list[str]) -> int:
     if args.tokens:
         sizes = dataclasses.replace(sizes, tokens=args.tokens)
     ctx = context.build(args.model, sizes, args.quick, device=args.device)
-    for name in names:
-        start = time.perf_counter()
-        data = EXPERIMENTS[name].run(ctx)
-        data["meta"] = {**ctx.meta(), "seconds": round(time.perf_counter() - start, 1)}
-        out = args.out / name
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(out / "results.json", data)
-        _render(EXPERIMENTS[name], out)
-        print(f"{name}: {out / 'REPORT.md'} ({data['meta']['seconds']} s)")
+    started = e2e_runs.start(e2e_runs.execution(args, ""))
+    try:
+        for name in names:
+            ctx.execution = e2e_runs.execution(args, name)
+            start = time.perf_counter()
+            data = EXPERIMENTS[name].run(ctx)
+            data["meta"] = {**ctx.meta(), "seconds": round(time.perf_counter() - start, 1)}
+            out = args.out / name
+            out.mkdir(parents=True, exist_ok=True)
+            write_json(out / "results.json", data)
+            _render(EXPERIMENTS[name], out)
+            ctx.execution.finish()
+            print(f"{name}: {out / 'REPORT.md'} ({data['meta']['seconds']} s)")
+    finally:
+        e2e_runs.stop(started)
     if args.name == "all":
         (args.out / "REPORT.md").write_text(index(args.out, names))
     return 0

@@ -44,6 +44,7 @@ from .gpt2.model import GPT2, site_names, site_order
 from .gpt2.tokenizer import load_bpe
 from .recipes import FP32, FP64, Recipe
 from .report import versions
+from .sweep import runs as e2e_runs
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = REPO / "experiments" / "gpt2" / "tiny"
@@ -143,15 +144,27 @@ class Context:
     seed: int = 0
     batch_size: int = 8
     synthetic: str | None = None
-    ref_logits: list[Tensor] = field(init=False)
+    #: the call of :func:`build` that made it, taking ``device`` (None: made otherwise; its
+    #: end-to-end runs run in this process only)
+    source: Callable[..., Context] | None = None
+    #: where its end-to-end runs are computed (:meth:`end_to_end_runs`)
+    execution: e2e_runs.Execution = field(default_factory=e2e_runs.Execution)
 
     @property
     def device(self) -> torch.device:
         """Where the model, the windows and the captured sites live."""
         return self.wins.device
 
-    def __post_init__(self) -> None:
-        self.ref_logits = endtoend.logits(self.model, self.wins, batch_size=self.batch_size)
+    @functools.cached_property
+    def ref_logits(self) -> list[Tensor]:
+        """The FP32 reference logits of every batch of windows (computed when first needed:
+        a worker that is handed them never computes them)."""
+        return endtoend.logits(self.model, self.wins, batch_size=self.batch_size)
+
+    @functools.cached_property
+    def model64(self) -> GPT2:
+        """The model in float64 (the FP64 baseline's)."""
+        return copy.deepcopy(self.model).double()
 
     @property
     def tokens(self) -> int:
@@ -204,17 +217,17 @@ class Context:
         bar.close()
         return out
 
-    def end_to_end(self, recipe: Recipe | dict[str, Recipe]) -> dict[str, Any]:
-        """End-to-end metrics of ``recipe`` against the FP32 reference, with bootstrap CIs.
+    def end_to_end_ops(self, ops: endtoend.RecipeOps, ref: list[Tensor] | None = None,
+                       model: GPT2 | None = None) -> dict[str, Any]:
+        """End-to-end metrics of ``ops`` against the FP32 reference (``ref``, default
+        :attr:`ref_logits`) with bootstrap CIs, on ``model`` (default: the model).
 
         Loss, perplexity, KL, KL over finite positions, top-1 agreement (each with ``ci``), the
         sites with inf/NaN outputs and, per site, operand elements overflowed/saturated/flushed.
         """
-        return self.end_to_end_ops(endtoend.RecipeOps(recipe))
-
-    def end_to_end_ops(self, ops: endtoend.RecipeOps) -> dict[str, Any]:
-        """:meth:`end_to_end` with a ready ops object (e.g. one that keeps state between calls)."""
-        metrics = endtoend.compare(self.model, self.wins, self.ref_logits, ops, self.batch_size)
+        ref = self.ref_logits if ref is None else [r.to(self.device) for r in ref]
+        metrics = endtoend.compare(self.model if model is None else model, self.wins, ref, ops,
+                                   self.batch_size)
         events = {
             n: e
             for n, e in sorted(ops.events.items(), key=lambda kv: site_order(kv[0]))
@@ -227,29 +240,38 @@ class Context:
             "events": events,
         }
 
+    def end_to_end_runs(self, runs: Sequence[e2e_runs.Run], label: str,
+                        desc: str | None = None) -> list[dict[str, Any]]:
+        """Every run's result in order (``e2e``: :meth:`end_to_end_ops`; ``overflows``;
+        ``seconds``), computed on :attr:`execution` (this process, a pool or Ray: the same
+        numbers), task files under ``label`` (:mod:`experiments.sweep.runs`)."""
+        return e2e_runs.execute(self, runs, label, desc)
+
     def run(self, recipes: Sequence[Recipe], e2e: Callable[[Recipe], bool] | bool = True,
             desc: str | None = None) -> list[dict[str, Any]]:
         """For each recipe: the recipe, its per-site statistics (:meth:`replay`, one capture pass
         for all), their summary and, where ``e2e`` (a flag or a test of the recipe), its
-        end-to-end metrics."""
+        end-to-end metrics (:meth:`end_to_end_runs`)."""
         stats = self.replay(recipes, desc=None if desc is None else f"{desc} replay")
+        wanted = [e2e(r) if callable(e2e) else e2e for r in recipes]
+        done = iter(self.end_to_end_runs(
+            [e2e_runs.recipe_run(r.name, r) for r, w in zip(recipes, wanted) if w], "recipes",
+            desc))
         out = []
-        for recipe, sites in zip(recipes, tqdm(stats, desc=desc, unit="recipe",
-                                               disable=desc is None)):
+        for recipe, sites, w in zip(recipes, stats, wanted):
             run = {"recipe": recipe.to_json(), "summary": replay.summary(sites), "sites": sites}
-            wanted = e2e(recipe) if callable(e2e) else e2e
-            out.append({**run, "e2e": self.end_to_end(recipe)} if wanted else run)
+            out.append({**run, "e2e": next(done)["e2e"]} if w else run)
         return out
 
     @functools.cached_property
     def baseline(self) -> dict[str, dict[str, float]]:
         """End to end: the FP32 recipe, and the model run entirely in FP64 (against the
         reference)."""
-        m64 = copy.deepcopy(self.model).double()
-        fp64 = endtoend.compare(
-            m64, self.wins, self.ref_logits, endtoend.RecipeOps(FP64), self.batch_size
-        )
-        return {"fp32": self.end_to_end(FP32), "fp64": fp64}
+        fp32, fp64 = self.end_to_end_runs(
+            [e2e_runs.recipe_run("fp32", FP32),
+             e2e_runs.Run("fp64", functools.partial(endtoend.RecipeOps, FP64), fp64=True)],
+            "baseline")
+        return {"fp32": fp32["e2e"], "fp64": fp64["e2e"]}
 
     def meta(self) -> dict[str, Any]:
         """What the numbers were measured on."""
@@ -289,4 +311,5 @@ def build(
     )  # a GPT-2 vocabulary makes float64 logits large
     note = synthetic_note(checkpoint)
     name = display_name(model) + (" [SYNTHETIC]" if note else "")
-    return Context(net, name, wins, sizes, quick, seed, batch, note)
+    return Context(net, name, wins, sizes, quick, seed, batch, note,
+                   functools.partial(build, str(checkpoint), sizes, quick, seed))

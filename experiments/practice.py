@@ -16,12 +16,12 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor
-from tqdm import tqdm
 
 import fpsim
 from fpsim import get_format
@@ -31,6 +31,7 @@ from .bootstrap import fmt_ci
 from .context import Context
 from .endtoend import RecipeOps
 from .recipes import FP32, Recipe
+from .sweep import runs as e2e_runs
 from .report import figure, num, page, pct, save, table
 
 NAME = "practice"
@@ -77,23 +78,25 @@ class DelayedScalingOps(RecipeOps):
         return self._watch(name, recipes.linear(FP32, qx, qW, b), ev)
 
 
-def end_to_end_recipes(ctx: Context) -> dict[str, Any]:
-    """Name -> a per-site recipe mapping, or an ops object, for the end-to-end runs."""
+def end_to_end_runs(ctx: Context) -> list[e2e_runs.Run]:
+    """The deployed recipes' end-to-end runs: per-site recipe mappings, and delayed scaling's
+    own ops."""
     linear, attention = sites_of(ctx, LINEAR), sites_of(ctx, ATTENTION)
     te = Recipe(FP8, scaling="tensor", name="TE E4M3 current")
     ds = Recipe(FP8, scaling="tile", name="DeepSeek-V3 E4M3 tiles")
     att = Recipe(FP8, scaling="tensor", name="attention E4M3")
-    return {
-        "TE-style E4M3 linear, current scaling": {n: te for n in linear},
-        f"TE-style E4M3 linear, delayed scaling (history {HISTORY})":
-            lambda: DelayedScalingOps(linear),
-        "DeepSeek-V3 E4M3 linear, 1x128 / 128x128 tiles": {n: ds for n in linear},
-        "MXFP8 E4M3 every site, floor scale": Recipe("mxfp8_e4m3", scaling="block",
-                                                     name="mxfp8 floor"),
-        "MXFP8 E4M3 every site, ceil scale": Recipe("mxfp8_e4m3", scaling="block",
-                                                     scale_rounding="ceil", name="mxfp8 ceil"),
-        "attention Q.K^T and P.V E4M3, per-tensor": {n: att for n in attention},
-    }
+    run = e2e_runs.recipe_run
+    return [
+        run("TE-style E4M3 linear, current scaling", {n: te for n in linear}),
+        e2e_runs.Run(f"TE-style E4M3 linear, delayed scaling (history {HISTORY})",
+                     functools.partial(DelayedScalingOps, linear)),
+        run("DeepSeek-V3 E4M3 linear, 1x128 / 128x128 tiles", {n: ds for n in linear}),
+        run("MXFP8 E4M3 every site, floor scale", Recipe("mxfp8_e4m3", scaling="block",
+                                                         name="mxfp8 floor")),
+        run("MXFP8 E4M3 every site, ceil scale", Recipe("mxfp8_e4m3", scaling="block",
+                                                        scale_rounding="ceil", name="mxfp8 ceil")),
+        run("attention Q.K^T and P.V E4M3, per-tensor", {n: att for n in attention}),
+    ]
 
 
 def accumulator_recipes() -> list[Recipe]:
@@ -108,10 +111,9 @@ def accumulator_recipes() -> list[Recipe]:
 
 def run(ctx: Context) -> dict[str, Any]:
     """End-to-end metrics of each deployed recipe; per-site accumulator statistics."""
-    runs = []
-    for name, spec in tqdm(end_to_end_recipes(ctx).items(), desc=NAME, unit="recipe"):
-        e2e = ctx.end_to_end_ops(spec()) if callable(spec) else ctx.end_to_end(spec)
-        runs.append({"name": name, "e2e": e2e})
+    todo = end_to_end_runs(ctx)
+    runs = [{"name": r.name, "e2e": result["e2e"]}
+            for r, result in zip(todo, ctx.end_to_end_runs(todo, "runs", desc=NAME))]
     linear = set(sites_of(ctx, LINEAR))
     rs = accumulator_recipes()
     acc = [{"recipe": r.to_json(), "summary": replay.summary(stats), "sites": stats}

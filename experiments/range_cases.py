@@ -1,8 +1,9 @@
 """Experiment ``range-cases``: the runs that let range-vs-precision compare like with like, end
 to end on the same windows as its other runs.
 
-Four groups, each written to ``OUT/range-vs-precision/cases/GROUP.json`` one run at a time (a
-run already there is kept, so an interrupted run resumes and ``--only`` adds runs):
+Four groups, each written to ``OUT/range-vs-precision/cases/GROUP.json`` (a case already
+there is kept and not run again, so ``--only`` adds runs; the runs in flight are task files of
+the experiments' executor, so an interrupted run continues with ``--resume``):
 
 - ``attention``: the unscaled 3-exponent-bit splits (and P3109 k8p5, e3m4 with bias 4, e3m4
   without flush) with attention's ``probs @ v`` over every key (eager) and over the unmasked
@@ -24,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,13 +34,13 @@ import torch
 
 from fpsim import Format
 
-from . import context, endtoend
+from . import context
 from .gpt2.model import site_kind
 from .range_vs_precision import (BUDGETS, NAME as RVP, fn_format, p3109_formats, scale_clamped,
                                  split_format, splits)
-from .endtoend import compact
 from .recipes import Recipe
 from .report import load_json, write_json
+from .sweep import runs as e2e_runs
 
 NAME = "range-cases"
 GROUPS = ("attention", "like", "finite", "deployed")
@@ -123,21 +123,25 @@ def cases() -> Iterator[Case]:
             yield Case("deployed", f"{f.name} A/tensor", b, f, act="tensor", weights="none")
 
 
-def run_case(ctx: context.Context, case: Case) -> dict[str, Any]:
-    """End-to-end metrics of ``case`` and where its operands overflowed."""
+def case_run(ctx: context.Context, case: Case) -> e2e_runs.Run:
+    """``case``'s end-to-end run."""
     recipe = case.recipe()
     per_site = (
         {n: recipe for n in ctx.site_names if site_kind(n) != "layernorm"} if case.ln_fp32
         else recipe
     )
-    ops = endtoend.RecipeOps(per_site, weights=case.weight_recipe(), attention=case.attention)
-    start = time.perf_counter()
-    e2e = ctx.end_to_end_ops(ops)
+    return e2e_runs.recipe_run(case.name, per_site, weights=case.weight_recipe(),
+                               attention=case.attention)
+
+
+def case_result(case: Case, result: dict[str, Any]) -> dict[str, Any]:
+    """``case`` as stored: what it is, its end-to-end metrics and where its operands
+    overflowed (``result``: its run's, :meth:`experiments.context.Context.end_to_end_runs`)."""
     return {"name": case.name, "budget": case.budget, "format": case.fmt.name,
             "ebits": case.fmt.ebits, "mbits": case.fmt.mbits, "max": case.fmt.max,
             "min_subnormal": case.fmt.min_subnormal, "describe": case.describe(),
-            "recipe": recipe.to_json(), "e2e": e2e, "overflows": compact(ops.overflows),
-            "seconds": round(time.perf_counter() - start, 1)}
+            "recipe": case.recipe().to_json(), "e2e": result["e2e"],
+            "overflows": result["overflows"], "seconds": round(result["seconds"], 1)}
 
 
 def path(out: Path, group: str) -> Path:
@@ -176,16 +180,23 @@ def main(args: argparse.Namespace) -> int:
             if unknown:
                 raise SystemExit(f"fpsim experiment range-cases: no case {unknown[0]!r}")
             chosen = [by_name[n] for n in args.cases]
-        for case in chosen:
+        stored = load(args.out)
+        todo = [c for c in chosen if c.name not in stored]
+        ctx.execution = e2e_runs.execution(args, f"{RVP}/cases")
+        started = e2e_runs.start(ctx.execution)
+        try:
+            results = ctx.end_to_end_runs([case_run(ctx, c) for c in todo], "runs",
+                                          desc="range cases")
+        finally:
+            e2e_runs.stop(started)
+        for case, result in zip(todo, results):
             p = path(args.out, case.group)
             data = load_json(p) if p.exists() else {"group": case.group, "runs": []}
-            if any(r["name"] == case.name for r in data["runs"]):
-                continue
-            data["runs"].append(run_case(ctx, case))
+            data["runs"].append(case_result(case, result))
             data["meta"] = {**ctx.meta(), "command": "fpsim experiment range-cases"}
-            p.parent.mkdir(parents=True, exist_ok=True)
             write_json(p, data)
             print(f"{case.group}: {case.name} ({data['runs'][-1]['seconds']} s)", flush=True)
+        ctx.execution.finish()
     out = args.out / RVP
     if (out / "results.json").exists():
         (out / "REPORT.md").write_text(range_vs_precision.render(range_vs_precision.load(out),

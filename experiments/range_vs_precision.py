@@ -19,7 +19,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
 
 from fpsim import Format, get_format
 
@@ -27,10 +26,11 @@ from .context import Context
 from .endtoend import compact
 from .gpt2.model import site_kind
 from .recipes import Recipe, rounding_limit
-from . import bootstrap
+from . import bootstrap, replay
 from .bootstrap import fmt_ci
 from .likewise import Ratios
 from .range_findings import cases_table, extra, operand_shares, ratios_for, scope
+from .sweep import runs as e2e_runs
 from .report import figure, in_forward_order, load_json, num, page, pct, save, table
 
 NAME = "range-vs-precision"
@@ -138,16 +138,13 @@ def p3109_bias_ablation() -> Format:
     return Format("e4m3b8", 4, 3, bias=8)
 
 
-def _p3109_run(ctx: Context, fmt: Format) -> dict:
+def _p3109_run(fmt: Format) -> dict:
     return {"budget": 8, "format": fmt.name, "ebits": fmt.ebits, "max": fmt.max, "scaling": "none",
-            "min_subnormal": fmt.min_subnormal, "e2e": ctx.end_to_end(Recipe(fmt, name=fmt.name))}
+            "min_subnormal": fmt.min_subnormal}
 
 
-def _ablation_run(ctx: Context, budget: int, name: str, recipe: Recipe, ln_fp32: bool) -> dict:
+def _ablation_run(budget: int, name: str, recipe: Recipe, ln_fp32: bool) -> dict:
     fmt = recipe.inputs
-    per_site = (
-        {n: recipe for n in ctx.site_names if site_kind(n) != "layernorm"} if ln_fp32 else recipe
-    )
     return {
         "budget": budget,
         "ablation": name,
@@ -156,8 +153,12 @@ def _ablation_run(ctx: Context, budget: int, name: str, recipe: Recipe, ln_fp32:
         "min_subnormal": fmt.min_subnormal,
         "recipe": recipe.to_json(),
         "ln_fp32": ln_fp32,
-        "e2e": ctx.end_to_end(per_site),
     }
+
+
+def _but_layernorm(ctx: Context, recipe: Recipe) -> dict[str, Recipe]:
+    """``recipe`` at every site but the LayerNorms (those stay FP32)."""
+    return {n: recipe for n in ctx.site_names if site_kind(n) != "layernorm"}
 
 
 def _head(budget: int, fmt: Format, scaling: str) -> dict[str, Any]:
@@ -176,34 +177,37 @@ def run(ctx: Context) -> dict[str, Any]:
     # (tests/test_practice.py computes both and compares), so it is not recomputed
     clamped = {job for job in scaled if job[2] == "tensor" and scale_clamped({"max": job[1].max})}
     todo = [job for job in scaled if job not in clamped]
+    recipes = [Recipe(f, scaling=s, name=f"{f.name}/{s}") for _, f, s in todo]
     # one capture pass replays every split under both scalings
-    done = dict(zip(todo, ctx.run([Recipe(f, scaling=s, name=f"{f.name}/{s}") for _, f, s in todo],
-                                  desc=NAME), strict=True))
+    stats = ctx.replay(recipes, desc=f"{NAME} replay")
+    ln = [(b, f, Recipe(f, name=f"{f.name}/none, LayerNorm FP32"))
+          for b, (formats, _) in plan.items() for f in formats]
+    abl = [(b, *a) for b in BUDGETS for a in ablations(b)]
+    p3109 = [f for x in P3109_SPLITS for f in p3109_formats(x)] + [p3109_bias_ablation()]
+    # every end-to-end run at once: the executor may run them side by side
+    e2e = iter(r["e2e"] for r in ctx.end_to_end_runs(
+        [e2e_runs.recipe_run(r.name, r) for r in recipes]
+        + [e2e_runs.recipe_run(r.name, _but_layernorm(ctx, r)) for _, _, r in ln]
+        + [e2e_runs.recipe_run(f"ablation {b} {name}", _but_layernorm(ctx, r) if fp32 else r)
+           for b, name, r, fp32 in abl]
+        + [e2e_runs.recipe_run(f"p3109 {f.name}", Recipe(f, name=f.name)) for f in p3109],
+        "runs", desc=NAME))
+    done = {job: {"recipe": r.to_json(), "summary": replay.summary(sites), "sites": sites,
+                  "e2e": next(e2e)} for job, r, sites in zip(todo, recipes, stats, strict=True)}
     runs = []
     for b, f, s in scaled:
         result = done[(b, f, "none" if (b, f, s) in clamped else s)]
         runs.append({**_head(b, f, s), **result,
                      "recipe": Recipe(f, scaling=s, name=f"{f.name}/{s}").to_json()})
-    ln_runs = []
-    for budget, fmt in tqdm([(b, f) for b, (formats, _) in plan.items() for f in formats],
-                            desc=f"{NAME} LayerNorm FP32", unit="recipe"):
-        recipe = Recipe(fmt, name=f"{fmt.name}/none, LayerNorm FP32")
-        per_site = {n: recipe for n in ctx.site_names if site_kind(n) != "layernorm"}
-        ln_runs.append(
-            {
-                **_head(budget, fmt, LN_FP32),
-                "recipe": recipe.to_json(),
-                "fp32_sites": sorted(set(ctx.site_names) - set(per_site)),
-                "e2e": ctx.end_to_end(per_site),
-            }
-        )
-    abl = [(b, *a) for b in BUDGETS for a in ablations(b)]
-    ablation_runs = [_ablation_run(ctx, *a) for a in tqdm(abl, desc=f"{NAME} ablations")]
-    p3109 = [f for x in P3109_SPLITS for f in p3109_formats(x)]
+    ln_runs = [{**_head(b, f, LN_FP32), "recipe": r.to_json(),
+                "fp32_sites": sorted(set(ctx.site_names) - set(_but_layernorm(ctx, r))),
+                "e2e": next(e2e)} for b, f, r in ln]
+    ablation_runs = [{**_ablation_run(*a), "e2e": next(e2e)} for a in abl]
+    p3109_runs = [{**_p3109_run(f), "e2e": next(e2e)} for f in p3109]
     return {
         "ablation_runs": ablation_runs,
-        "p3109_runs": [_p3109_run(ctx, f) for f in tqdm(p3109, desc=f"{NAME} P3109")],
-        "p3109_bias_ablation": _p3109_run(ctx, p3109_bias_ablation()),
+        "p3109_runs": p3109_runs[:-1],
+        "p3109_bias_ablation": p3109_runs[-1],
         "budgets": {
             str(b): {"formats": [f.name for f in fs], "skipped": sk} for b, (fs, sk) in plan.items()
         },

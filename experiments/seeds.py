@@ -31,6 +31,7 @@ from .gpt2.model import site_kind
 from .range_vs_precision import split_format
 from .recipes import Recipe
 from .report import figure, finish, num, save, table, versions
+from .sweep import runs as e2e_runs
 
 NAME = "model-seeds"
 SEEDS = (0, 1, 2)           # 0: the embedded model; the others are trained on demand
@@ -98,18 +99,20 @@ def checkpoint(seed: int, quick: bool, cache: Path = CACHE) -> Path:
     return out
 
 
-def run_seed(seed: int, sizes: context.Sizes, quick: bool, device: str = "cpu") -> dict[str, Any]:
-    """End-to-end metrics of every recipe on the model of ``seed``, run on ``device``."""
+def run_seed(seed: int, sizes: context.Sizes, quick: bool, device: str = "cpu",
+             execution: e2e_runs.Execution = e2e_runs.Execution()) -> dict[str, Any]:
+    """End-to-end metrics of every recipe on the model of ``seed``, run on ``device`` and
+    ``execution`` (task files in its folder's ``seed<N>``)."""
     ctx = context.build(checkpoint(seed, quick), sizes, quick, device=device)
+    ctx.execution = execution
+    todo = [e2e_runs.recipe_run(name, {n: recipe for n in ctx.site_names
+                                       if site_kind(n) != "layernorm"} if ln_fp32 else recipe)
+            for name, (recipe, ln_fp32) in recipes().items()]
     runs = {}
-    for name, (recipe, ln_fp32) in recipes().items():
-        per_site = (
-            {n: recipe for n in ctx.site_names if site_kind(n) != "layernorm"} if ln_fp32
-            else recipe
-        )
-        e2e = ctx.end_to_end(per_site)
+    for run, result in zip(todo, ctx.end_to_end_runs(todo, f"seed{seed}", desc=f"seed {seed}")):
+        e2e = result["e2e"]
         e2e.pop("events")
-        runs[name] = e2e
+        runs[run.name] = e2e
     model = ctx.model_name if seed == 0 else f"$FPSIM_CACHE/{Path(ctx.model_name).name}"
     return {"seed": seed, "model": model, "tokens": ctx.tokens, "runs": runs}
 
@@ -212,10 +215,18 @@ def main(args: argparse.Namespace) -> int:
         if args.tokens:
             sizes = dataclasses.replace(sizes, tokens=args.tokens)
         start = time.perf_counter()
-        data = {"seeds": [run_seed(s, sizes, args.quick, args.device) for s in SEEDS]}
+        execution = e2e_runs.execution(args, NAME)
+        started = e2e_runs.start(execution)
+        try:
+            data = {"seeds": [run_seed(s, sizes, args.quick, args.device, execution)
+                              for s in SEEDS]}
+        finally:
+            e2e_runs.stop(started)
         data["meta"] = {"quick": args.quick, "steps": QUICK_STEPS if args.quick else STEPS,
                         "device": args.device,
                         "tokens": data["seeds"][0]["tokens"], "model": "tiny, seeds 0-2",
                         **versions(), "seconds": round(time.perf_counter() - start, 1)}
     finish(NAME, args.out / NAME, data, render)
+    if data is not None:
+        execution.finish()
     return 0

@@ -55,6 +55,9 @@ SWEEP_JOIN = ["tests/test_sweep.py::test_combined_numbers_are_one_pass_over_all_
 SWEEP_RESUME = ["tests/test_sweep.py::test_pool_gives_the_same_bytes_and_resume_computes_nothing"]
 SWEEP_RETRY = ["tests/test_sweep.py::test_attempts_count_retries"]
 SWEEP_ORDER = ["tests/test_sweep.py::test_failures_are_listed_in_plan_order"]
+SWEEP_RUNS = ["tests/test_sweep.py::test_experiment_runs_are_their_direct_computation",
+              "tests/test_sweep.py::test_experiment_run_specs_name_everything_their_numbers_depend_on",
+              "tests/test_sweep.py::test_experiment_runs_resume_and_compute_only_the_missing"]
 
 
 @dataclass(frozen=True)
@@ -394,6 +397,18 @@ MUTANTS = [
     Mutant("sweep-failed-order", "failed tasks listed in the order they ended",
            'order = {t.name: i for i, t in enumerate(tasks)}',
            'order = {t.name: 0 for t in tasks}', SWEEP_ORDER),
+    # the built-in experiments' end-to-end runs on the sweep runner (experiments/sweep/runs.py)
+    Mutant("runs-spec-keywords", "a run's spec leaves out its ops' keyword arguments (weights, "
+           "attention): another run's task file would be reused on --resume",
+           '"keywords": {k: describe(v) for k, v in sorted(obj.keywords.items())}}',
+           '"keywords": {}}', SWEEP_RUNS),
+    Mutant("runs-fp64-model", "the FP64 baseline runs the FP32 model",
+           "e2e = ctx.end_to_end_ops(ops, ref, ctx.model64 if task.fp64 else None)",
+           "e2e = ctx.end_to_end_ops(ops, ref, None)", SWEEP_RUNS),
+    Mutant("runs-reference-handed", "the driver's reference logits are not handed to the runs "
+           "(each executor computes them again)",
+           "refs={REFERENCE: ctx.ref_logits}, desc=desc or label)",
+           "refs=None, desc=desc or label)", SWEEP_RUNS),
     # first hour (issue 29): bridges, the CLI's names and blocks, small things users trip on
     Mutant("bridge-fp4-nibbles", "float4_e2m1fn_x2 packs the first element in the high nibble",
            "return codes[..., 0::2] | (codes[..., 1::2] << 4)",

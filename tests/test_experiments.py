@@ -178,3 +178,46 @@ def test_same_numbers_in_separate_processes_with_different_thread_counts(tmp_pat
     one, two = _quick_json(tmp_path / "a", 1), _quick_json(tmp_path / "b", 2)
     assert one == two  # every number, bit for bit, not only the printed digits
     assert one["runs"][0]["e2e"]["kl"] > 0
+
+
+def test_range_vs_precision_runs_are_their_recipes_in_order(out: Path) -> None:
+    """Every end-to-end run goes to the runner in one list; each group's first and last run
+    computed directly here gives its numbers (a list read out of order would not)."""
+    from experiments import context, range_vs_precision as rvp
+    from experiments.endtoend import RecipeOps
+    from experiments.gpt2.model import site_kind
+    from experiments.recipes import Recipe
+
+    d = data(out, rvp.NAME)
+    ctx = context.build(sizes=context.QUICK, quick=True)
+    but_ln = [n for n in ctx.site_names if site_kind(n) != "layernorm"]
+
+    def direct(recipe: Recipe, ln_fp32: bool = False) -> str:
+        ops = RecipeOps({n: recipe for n in but_ln} if ln_fp32 else recipe)
+        return json.dumps(ctx.end_to_end_ops(ops)["windows"])   # NaN too, bit for bit
+
+    def got(run: dict) -> str:
+        return json.dumps(run["e2e"]["windows"])
+
+    fmt = {f.name: f for b in rvp.BUDGETS for f in rvp.splits(b)[0]}
+    for run in (d["runs"][0], d["runs"][-1]):
+        assert got(run) == direct(Recipe(fmt[run["format"]], scaling=run["scaling"]))
+    for run in (d["ln_fp32_runs"][0], d["ln_fp32_runs"][-1]):
+        assert got(run) == direct(Recipe(fmt[run["format"]]), True)
+    abl = [(b, *a) for b in rvp.BUDGETS for a in rvp.ablations(b)]
+    for i in (0, -1):
+        b, name, recipe, ln_fp32 = abl[i]
+        assert d["ablation_runs"][i]["ablation"] == name
+        assert got(d["ablation_runs"][i]) == direct(recipe, ln_fp32)
+    assert got(d["p3109_bias_ablation"]) == direct(Recipe(rvp.p3109_bias_ablation()))
+
+
+def test_a_process_pool_writes_the_same_results(out: Path, tmp_path: Path) -> None:
+    """``--executor pool``: the end-to-end runs on 2 worker processes, the same results.json
+    as in this process (but its seconds); the task files are gone once it is written."""
+    assert fpsim_main(["experiment", "practice", "--quick", "--executor", "pool", "--workers",
+                       "2", "--out", str(tmp_path)]) == 0
+    pool, here = data(tmp_path, "practice"), data(out, "practice")
+    del pool["meta"]["seconds"], here["meta"]["seconds"]
+    assert pool == here
+    assert not (tmp_path / "practice" / "tasks").exists()

@@ -6,6 +6,9 @@ that installs Ray, when it is absent."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import functools
 import json
 import os
 import signal
@@ -20,13 +23,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fpsim  # noqa: E402
-from experiments import sweep  # noqa: E402
-from experiments.endtoend import compare_logits  # noqa: E402
+from experiments import context, practice, sweep  # noqa: E402
+from experiments.endtoend import RecipeOps, compact, compare, compare_logits  # noqa: E402
 from experiments.gpt2.checkpoint import load_gpt2  # noqa: E402
-from experiments.sweep import config, executors, runner, work  # noqa: E402
+from experiments.sweep import config, executors, runner, runs, work  # noqa: E402
 from fpsim import Recipe, Rule, Rules  # noqa: E402
 from fpsim.cli import main as fpsim_main  # noqa: E402
-from fpsim.emulation.recipe import FP32  # noqa: E402
+from fpsim.emulation.recipe import FP32, FP64  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 #: Three recipes on four windows of 16 tokens, two per task: six tasks, two references.
@@ -251,6 +254,125 @@ def test_attempts_count_retries() -> None:
     assert len(calls) == 2
 
 
+# -- the built-in experiments' end-to-end runs on the same runner ----------------------------
+@pytest.fixture(scope="module")
+def ctx() -> object:
+    """The quick tiny context on one window (the experiments' runs cost a forward pass each)."""
+    return context.build(sizes=dataclasses.replace(context.QUICK, tokens=64), quick=True)
+
+
+def experiment_runs(ctx: object) -> list:
+    """Three of practice's deployed recipes (a per-site mapping, delayed scaling's own ops,
+    tiles), an eager/causal pair with weights per channel, and the FP64 baseline."""
+    e2m5 = Recipe("e2m5", name="e2m5")           # overflows: eager and causal differ
+    w = Recipe("e4m3", scaling="channel", name="w")
+    return [*practice.end_to_end_runs(ctx)[:3],
+            runs.recipe_run("eager", e2m5, weights=w, attention="eager"),
+            runs.recipe_run("causal", e2m5, weights=w, attention="causal"),
+            runs.Run("fp64", functools.partial(RecipeOps, FP64), fp64=True)]
+
+
+def dumps(results: list[dict]) -> str:
+    return json.dumps([{k: v for k, v in r.items() if k in ("e2e", "overflows")}
+                       for r in results], sort_keys=True)
+
+
+@pytest.fixture(scope="module")
+def in_process(ctx: object) -> str:
+    """The runs in this process, no task files: what every executor must reproduce."""
+    return dumps(ctx.end_to_end_runs(experiment_runs(ctx), "runs"))
+
+
+def on(ctx: object, execution: runs.Execution) -> object:
+    """``ctx`` with its runs computed on ``execution``."""
+    return dataclasses.replace(ctx, execution=execution)
+
+
+def test_experiment_runs_are_their_direct_computation(ctx: object, in_process: str) -> None:
+    """Each result is the context's own end_to_end_ops of its ops, in order; the FP64 run
+    is the float64 model (keys of compare only), against the same reference."""
+    todo = experiment_runs(ctx)
+    direct = []
+    for r in todo[:-1]:
+        ops = r.ops()
+        direct.append({"e2e": ctx.end_to_end_ops(ops), "overflows": compact(ops.overflows)})
+    m64 = copy.deepcopy(ctx.model).double()
+    fp64 = compare(m64, ctx.wins, ctx.ref_logits, RecipeOps(FP64), ctx.batch_size)
+    got = json.loads(in_process)
+    assert json.dumps(got[:-1], sort_keys=True) == json.dumps(direct, sort_keys=True)
+    assert json.dumps(got[-1]["e2e"], sort_keys=True) == json.dumps(fp64, sort_keys=True)
+    assert got[3]["overflows"]["recorded"] != got[4]["overflows"]["recorded"] > 0
+    assert 0 < got[-1]["e2e"]["kl"] < 1e-9
+
+
+def test_experiment_run_specs_name_everything_their_numbers_depend_on(ctx: object) -> None:
+    todo = experiment_runs(ctx)
+    described = [json.dumps(runs.describe(r.ops), sort_keys=True) for r in todo]
+    assert len(set(described)) == len(todo)
+    assert '"attention": "causal"' in described[4] and '"scaling": "channel"' in described[4]
+    assert "DelayedScalingOps" in described[1]
+    with pytest.raises(TypeError, match="cannot name"):
+        runs.describe(functools.partial(RecipeOps, object()))
+
+
+def test_experiment_runs_on_a_pool_are_the_same_bytes(ctx: object, in_process: str,
+                                                     tmp_path: Path) -> None:
+    ex = runs.Execution("pool", workers=2, folder=tmp_path)
+    assert dumps(on(ctx, ex).end_to_end_runs(experiment_runs(ctx), "runs")) == in_process
+    assert len(list((tmp_path / "runs").glob("*.json"))) == len(experiment_runs(ctx))
+
+
+def test_a_worker_builds_the_same_context_and_reference(ctx: object) -> None:
+    work = runs.ContextWork(ctx.source)
+    runs._CONTEXTS.clear()                     # as in a fresh worker process
+    fresh = work.context("cpu")
+    assert fresh is not ctx and torch.equal(fresh.wins, ctx.wins)
+    assert all(torch.equal(a, b) for a, b in zip(work.reference(None, "cpu"), ctx.ref_logits,
+                                                 strict=True))
+
+
+def test_experiment_runs_resume_and_compute_only_the_missing(ctx: object, in_process: str,
+                                                            tmp_path: Path,
+                                                            monkeypatch) -> None:
+    todo = experiment_runs(ctx)
+    first = on(ctx, runs.Execution(folder=tmp_path))
+    first.end_to_end_runs(todo[:2], "runs")           # as if killed after two runs
+    with pytest.raises(ValueError, match="pass --resume"):
+        first.end_to_end_runs(todo, "runs")
+    computed = []
+    compute = runs.ContextWork.compute
+    monkeypatch.setattr(runs.ContextWork, "compute",
+                        lambda self, t, ref, device: computed.append(t.name) or
+                        compute(self, t, ref, device))
+    monkeypatch.setattr(runs.ContextWork, "reference", None)    # the driver's is handed over
+    again = on(ctx, runs.Execution(folder=tmp_path, resume=True))
+    assert dumps(again.end_to_end_runs(todo, "runs")) == in_process
+    assert computed == [r.name for r in todo[2:]]
+    other = [runs.recipe_run(todo[0].name, Recipe("e5m2", name="e5m2"))]   # same name, new ops
+    with pytest.raises(ValueError, match="another configuration"):
+        again.end_to_end_runs(other, "runs")
+
+
+def test_failing_experiment_runs_are_named_and_the_others_kept(ctx: object,
+                                                              tmp_path: Path) -> None:
+    bad = Recipe("e4m3", order="tensor_core", tensor_core="no_such_core", name="bad")
+    todo = [runs.recipe_run("bf16", Recipe("bf16", name="bf16")), runs.recipe_run("bad", bad)]
+    with pytest.raises(runs.RunsFailed, match="1 end-to-end run.* bad: ValueError: unknown "
+                       "tensor_core 'no_such_core'.*rerun with --resume"):
+        on(ctx, runs.Execution(folder=tmp_path, retries=0)).end_to_end_runs(todo, "runs")
+    assert [p.name.split("-")[0] for p in (tmp_path / "runs").glob("*.json")] == ["bf16"]
+    with pytest.raises(ValueError, match="share a name"):
+        ctx.end_to_end_runs([todo[0], todo[0]], "runs")
+
+
+def test_experiment_cli_refuses_what_it_cannot_do(capsys) -> None:
+    for argv, message in ((["training", "--executor", "pool"], "runs in this process only"),
+                          (["practice", "--address", "auto"], "add --executor ray")):
+        with pytest.raises(SystemExit) as exc:
+            fpsim_main(["experiment", *argv])
+        assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
 # -- command line ------------------------------------------------------------------------------
 def test_cli_failure_exit_status_and_one_line_errors(tmp_path: Path, capsys) -> None:
     cfg = tmp_path / "bad.toml"
@@ -345,6 +467,13 @@ def test_ray_failing_task_is_retried_then_named(cluster: object, tmp_path: Path)
                for f in outcome.failed)
     data = json.loads((tmp_path / "results.json").read_text())
     assert [f["task"] for f in data["failed"]] == names(runner.plan(s))[2:]     # plan order
+
+
+@needs_ray
+def test_experiment_runs_on_ray_are_the_same_bytes(cluster: object, ctx: object, in_process: str,
+                                                   tmp_path: Path) -> None:
+    ex = runs.Execution("ray", folder=tmp_path)
+    assert dumps(on(ctx, ex).end_to_end_runs(experiment_runs(ctx), "runs")) == in_process
 
 
 def test_cli_help_is_the_sweep_parser(capsys) -> None:

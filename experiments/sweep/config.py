@@ -2,7 +2,7 @@
 or a Python dict.
 
 A recipe entry is a preset name (``"bf16"``, ``"e4m3/tensor"``, ``"mxfp4"``, a name of
-:func:`experiments.anymodel.recipes`), a table of :class:`fpsim.Recipe` fields, a table with
+:func:`named_recipes`), a table of :class:`fpsim.Recipe` fields, a table with
 ``rules`` (each a recipe plus ``path`` / ``kind``, first match wins) and ``default``, or in
 Python a ``Recipe`` / ``Rules`` object.  Every entry becomes :class:`fpsim.Rules`.  Unknown
 keys, formats, scalings and op kinds are refused with the accepted ones named.
@@ -22,7 +22,6 @@ from fpsim import Recipe, Rule, Rules, mx
 from fpsim.emulation.recipe import FP32, FP64, KINDS, SCALINGS
 from fpsim.rounding import STOCHASTIC
 
-from .. import anymodel
 
 REPO = Path(__file__).resolve().parents[2]
 #: fpsim's own models, by name (``models = ["tiny"]``).
@@ -94,12 +93,26 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def named_recipes() -> dict[str, Rules]:
+    """Name -> per-site rules: FP8 (E4M3) on the linear layers as Transformer Engine places it,
+    FP8 and MXFP8 everywhere, BF16 operands everywhere (the ``any-model`` experiment's
+    recipes, and sweep presets by these names)."""
+    e4m3 = Recipe("e4m3", scaling="tensor", name="E4M3 per-tensor")
+    return {
+        "E4M3 per-tensor, linear layers": Rules([Rule(e4m3, kind="linear")]),
+        "E4M3 per-tensor, every site": Rules.of(e4m3),
+        "MXFP8 E4M3, every site": Rules.of(Recipe("mxfp8_e4m3", scaling="block",
+                                                  name="MXFP8 E4M3")),
+        "BF16 operands, every site": Rules.of(Recipe("bf16", name="BF16")),
+    }
+
+
 def preset(name: str) -> Recipe | Rules:
     """A recipe by name: ``fp32``, ``fp64``, a format (``bf16``, ``e4m3``, ``e3m2``: its operands,
     FP32 accumulation), ``FORMAT/SCALING`` (``e4m3/tensor``, ``e4m3/channel``, ``e4m3/tile``), a
     block format (``mxfp8_e4m3``, ``mxfp4``, ``nvfp4``: block scaling), or a name of
-    :func:`experiments.anymodel.recipes` (Rules)."""
-    named = anymodel.recipes()
+    :func:`named_recipes` (Rules)."""
+    named = named_recipes()
     if name in named:
         return named[name]
     if name.lower() in ("fp32", "fp64"):
