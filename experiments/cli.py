@@ -25,7 +25,7 @@ from . import (accumulation, activations, anymodel, context, deepseek, fp8, fp16
 from fpsim.cliparse import OneLineParser
 
 from .report import load_json, write_json
-from .sweep import executors, runs as e2e_runs
+from .sweep import executors, runner, runs as e2e_runs
 
 EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (
     activations, range_vs_precision, fp16_vs_bf16, fp8, practice, accumulation, histograms,
@@ -139,6 +139,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--address joins a Ray cluster: add --executor ray")
     if args.name in IN_PROCESS and (args.executor != "inprocess" or args.resume):
         p.error(f"{args.name} runs in this process only: drop --executor and --resume")
+    try:
+        runner.check_executor(args.executor)           # Ray installed, before the model loads
+    except ValueError as exc:
+        p.error(str(exc))
     kind = anymodel.model_type(args.model)
     if args.name != anymodel.NAME and kind not in (None, "gpt2"):
         p.error(f"--model {args.model}: a {kind} model; {args.name} studies GPT-2's sites, "

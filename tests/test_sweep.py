@@ -365,12 +365,15 @@ def test_failing_experiment_runs_are_named_and_the_others_kept(ctx: object,
         ctx.end_to_end_runs([todo[0], todo[0]], "runs")
 
 
-def test_experiment_cli_refuses_what_it_cannot_do(capsys) -> None:
+def test_experiment_cli_refuses_what_it_cannot_do(capsys, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)          # import ray raises ImportError
     for argv, message in ((["training", "--executor", "pool"], "runs in this process only"),
-                          (["practice", "--address", "auto"], "add --executor ray")):
+                          (["practice", "--address", "auto"], "add --executor ray"),
+                          (["practice", "--executor", "ray"], "pip install 'fpsim[sweep]'")):
         with pytest.raises(SystemExit) as exc:
             fpsim_main(["experiment", *argv])
-        assert exc.value.code == 2 and message in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and message in err and err.count("\n") <= 2, err
 
 
 # -- command line ------------------------------------------------------------------------------
@@ -502,8 +505,8 @@ def test_any_hugging_face_causal_lm(tmp_path: Path) -> None:
 
 
 def test_docs_state_the_benchmarked_cost() -> None:
-    """docs/sweep.md's cost per task is the sentence benchmarks/sweep_bench.py makes of its
-    JSON."""
+    """docs/sweep.md's cost per task, and the README's, are the sentences
+    benchmarks/sweep_bench.py makes of its JSON."""
     import importlib.util
 
     path = REPO / "benchmarks" / "sweep_bench.py"
@@ -514,3 +517,5 @@ def test_docs_state_the_benchmarked_cost() -> None:
     assert data["same_results_json"]
     docs = " ".join((REPO / "docs" / "sweep.md").read_text().split())
     assert bench.summary(data) in docs
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert bench.readme(data) in readme
