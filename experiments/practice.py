@@ -31,8 +31,8 @@ from .bootstrap import fmt_ci
 from .context import Context
 from .endtoend import RecipeOps
 from .recipes import FP32, Recipe
-from .sweep import runs as e2e_runs
 from .report import figure, num, page, pct, save, table
+from .sweep import runs as e2e_runs
 
 NAME = "practice"
 LINEAR = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")

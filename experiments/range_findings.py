@@ -315,8 +315,8 @@ def operand_shares(run: dict) -> tuple[float, float, str, float, str]:
     flush = sum(e["flushed"] for e in ev.values()) / total
     worst_o = max(ev, key=lambda n: ev[n]["overflow"] / ev[n]["elements"], default="-")
     worst_f = max(ev, key=lambda n: ev[n]["flushed"] / ev[n]["elements"], default="-")
-    share = lambda n, k: ev[n][k] / ev[n]["elements"] if n in ev else 0.0
-    return over, flush, worst_f, share(worst_f, "flushed"), worst_o
+    flushed = ev[worst_f]["flushed"] / ev[worst_f]["elements"] if worst_f in ev else 0.0
+    return over, flush, worst_f, flushed, worst_o
 
 
 def same_mantissa_lines(data: dict, ratios: Ratios) -> list[str]:

@@ -19,7 +19,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-
 from fpsim import Format, get_format
 
 from .context import Context
@@ -30,8 +29,8 @@ from . import bootstrap, replay
 from .bootstrap import fmt_ci
 from .likewise import Ratios
 from .range_findings import cases_table, extra, operand_shares, ratios_for, scope
-from .sweep import runs as e2e_runs
 from .report import figure, in_forward_order, load_json, num, page, pct, save, table
+from .sweep import runs as e2e_runs
 
 NAME = "range-vs-precision"
 BUDGETS = (8, 12, 16)

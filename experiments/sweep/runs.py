@@ -173,7 +173,7 @@ def execute(ctx: Any, runs: Sequence[Run], label: str, desc: str | None) -> list
         kept = f"; the {len(outcome.results)} finished are kept in {folder}: rerun with " \
                "--resume to compute only the others" if folder is not None else ""
         raise RunsFailed(f"{len(outcome.failed)} end-to-end run(s) of {label} failed: " +
-                           "; ".join(f"{f['task']}: {f['error']}" for f in outcome.failed) + kept)
+                         "; ".join(f"{f['task']}: {f['error']}" for f in outcome.failed) + kept)
     return [outcome.results[r] for r in runs]
 
 
