@@ -479,6 +479,22 @@ def test_experiment_runs_on_ray_are_the_same_bytes(cluster: object, ctx: object,
     assert dumps(on(ctx, ex).end_to_end_runs(experiment_runs(ctx), "runs")) == in_process
 
 
+@needs_ray
+def test_experiment_cli_on_ray_writes_the_in_process_results(cluster: object,
+                                                             tmp_path: Path) -> None:
+    """``fpsim experiment practice --executor ray`` on the running cluster: the results.json of
+    the run in this process (but its seconds), and no task files left."""
+    common = ["experiment", "practice", "--quick", "--tokens", "64"]
+    assert fpsim_main([*common, "--out", str(tmp_path / "here")]) == 0
+    assert fpsim_main([*common, "--executor", "ray", "--out", str(tmp_path / "ray")]) == 0
+    here, there = (json.loads((tmp_path / d / "practice" / "results.json").read_text())
+                   for d in ("here", "ray"))
+    del here["meta"]["seconds"], there["meta"]["seconds"]
+    assert json.dumps(here, sort_keys=True) == json.dumps(there, sort_keys=True)   # NaN too
+    assert not (tmp_path / "ray" / "practice" / "tasks").exists()
+    assert ray.is_initialized()                  # the cluster it joined is left running
+
+
 def test_cli_help_is_the_sweep_parser(capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         fpsim_main(["sweep", "--help"])
