@@ -55,7 +55,9 @@ def load_json(path: Path) -> dict:
 
 
 def versions() -> dict[str, str]:
-    """What produced the numbers: Python, torch and fpsim versions and the machine."""
+    """What produced the numbers: Python, torch and fpsim versions, the machine, and the CPU
+    kernels torch runs (``cpu_kernels``: its float64 log-softmax and sums, which the metrics
+    use, round differently in the last bits under AVX2 and AVX-512)."""
     import platform
     import sys
 
@@ -63,7 +65,8 @@ def versions() -> dict[str, str]:
 
     import fpsim
     return {"python": sys.version.split()[0], "torch": torch.__version__,
-            "fpsim": fpsim.__version__, "machine": platform.machine()}
+            "fpsim": fpsim.__version__, "machine": platform.machine(),
+            "cpu_kernels": torch.backends.cpu.get_cpu_capability()}
 
 
 def finish(name: str, out: Path, data: dict | None, render: Any) -> None:

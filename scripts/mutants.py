@@ -405,6 +405,9 @@ MUTANTS = [
     Mutant("runs-fp64-model", "the FP64 baseline runs the FP32 model",
            "e2e = ctx.end_to_end_ops(ops, ref, ctx.model64 if task.fp64 else None)",
            "e2e = ctx.end_to_end_ops(ops, ref, None)", SWEEP_RUNS),
+    Mutant("runner-versions", "a result computed under other versions or CPU kernels is kept",
+           'if result["versions"] != here:', "if False:",
+           ["tests/test_sweep.py::test_a_worker_on_other_cpu_kernels_fails_by_name"]),
     Mutant("runs-reference-handed", "the driver's reference logits are not handed to the runs "
            "(each executor computes them again)",
            "refs={REFERENCE: ctx.ref_logits}, desc=desc or label)",

@@ -365,6 +365,20 @@ def test_failing_experiment_runs_are_named_and_the_others_kept(ctx: object,
         ctx.end_to_end_runs([todo[0], todo[0]], "runs")
 
 
+def test_a_worker_on_other_cpu_kernels_fails_by_name(ctx: object, monkeypatch) -> None:
+    """A result computed under other torch CPU kernels (AVX-512 against AVX2: the metrics'
+    last bits differ) is not mixed in: its run fails, named, with the setting that fixes it."""
+    compute = runs.ContextWork.compute
+
+    def elsewhere(self, t, ref, device):
+        result = compute(self, t, ref, device)
+        return {**result, "versions": {**result["versions"], "cpu_kernels": "OTHER"}}
+
+    monkeypatch.setattr(runs.ContextWork, "compute", elsewhere)
+    with pytest.raises(runs.RunsFailed, match="bf16: its worker ran .*OTHER.*ATEN_CPU_CAP"):
+        ctx.end_to_end_runs([runs.recipe_run("bf16", Recipe("bf16", name="bf16"))], "runs")
+
+
 def test_experiment_cli_refuses_what_it_cannot_do(capsys, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)          # import ray raises ImportError
     for argv, message in ((["training", "--executor", "pool"], "runs in this process only"),

@@ -255,7 +255,8 @@ def execute(job: Any, tasks: list, specs: dict, folder: Path | None, executor: s
     def done(t: Any, result: dict) -> None:
         if result["versions"] != here:
             return failed(t, f"its worker ran {result['versions']}, this process {here}: the "
-                             "numbers would not be comparable; install the same versions there")
+                             "numbers would not be comparable; install the same versions there "
+                             "(cpu_kernels: set ATEN_CPU_CAPABILITY to the same on every node)")
         outcome.seconds[t.name] = result["seconds"]
         if files:
             write_atomically(files[t], {"task": t.name, "spec": specs[t], "result": result})
