@@ -212,7 +212,8 @@ def main(argv: list[str]) -> int:
     runs failed: each is named on one line, the finished ones kept for ``--resume``)."""
     args = parse_args(argv)
     try:
-        return _run(args)
+        with e2e_runs.cluster(args):
+            return _run(args)
     except e2e_runs.RunsFailed as exc:
         print(f"fpsim experiment: {exc}", file=sys.stderr)
         return 1
@@ -234,21 +235,17 @@ def _run(args: argparse.Namespace) -> int:
     if args.tokens:
         sizes = dataclasses.replace(sizes, tokens=args.tokens)
     ctx = context.build(args.model, sizes, args.quick, device=args.device)
-    started = e2e_runs.start(e2e_runs.execution(args, ""))
-    try:
-        for name in names:
-            ctx.execution = e2e_runs.execution(args, name)
-            start = time.perf_counter()
-            data = EXPERIMENTS[name].run(ctx)
-            data["meta"] = {**ctx.meta(), "seconds": round(time.perf_counter() - start, 1)}
-            out = args.out / name
-            out.mkdir(parents=True, exist_ok=True)
-            write_json(out / "results.json", data)
-            _render(EXPERIMENTS[name], out)
-            ctx.execution.finish()
-            print(f"{name}: {out / 'REPORT.md'} ({data['meta']['seconds']} s)")
-    finally:
-        e2e_runs.stop(started)
+    for name in names:
+        ctx.execution = e2e_runs.execution(args, name)
+        start = time.perf_counter()
+        data = EXPERIMENTS[name].run(ctx)
+        data["meta"] = {**ctx.meta(), "seconds": round(time.perf_counter() - start, 1)}
+        out = args.out / name
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "results.json", data)
+        _render(EXPERIMENTS[name], out)
+        ctx.execution.finish()
+        print(f"{name}: {out / 'REPORT.md'} ({data['meta']['seconds']} s)")
     if args.name == "all":
         (args.out / "REPORT.md").write_text(index(args.out, names))
     return 0

@@ -183,12 +183,8 @@ def main(args: argparse.Namespace) -> int:
         stored = load(args.out)
         todo = [c for c in chosen if c.name not in stored]
         ctx.execution = e2e_runs.execution(args, f"{RVP}/cases")
-        started = e2e_runs.start(ctx.execution)
-        try:
-            results = ctx.end_to_end_runs([case_run(ctx, c) for c in todo], "runs",
-                                          desc="range cases")
-        finally:
-            e2e_runs.stop(started)
+        results = ctx.end_to_end_runs([case_run(ctx, c) for c in todo], "runs",
+                                      desc="range cases")
         for case, result in zip(todo, results):
             p = path(args.out, case.group)
             data = load_json(p) if p.exists() else {"group": case.group, "runs": []}

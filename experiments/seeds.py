@@ -216,12 +216,8 @@ def main(args: argparse.Namespace) -> int:
             sizes = dataclasses.replace(sizes, tokens=args.tokens)
         start = time.perf_counter()
         execution = e2e_runs.execution(args, NAME)
-        started = e2e_runs.start(execution)
-        try:
-            data = {"seeds": [run_seed(s, sizes, args.quick, args.device, execution)
-                              for s in SEEDS]}
-        finally:
-            e2e_runs.stop(started)
+        data = {"seeds": [run_seed(s, sizes, args.quick, args.device, execution)
+                          for s in SEEDS]}
         data["meta"] = {"quick": args.quick, "steps": QUICK_STEPS if args.quick else STEPS,
                         "device": args.device,
                         "tokens": data["seeds"][0]["tokens"], "model": "tiny, seeds 0-2",

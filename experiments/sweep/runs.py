@@ -12,10 +12,11 @@ object store).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,14 +185,15 @@ def execution(args: Any, name: str) -> Execution:
                      args.resume)
 
 
-def start(execution: Execution) -> bool:
-    """Start (or join) the Ray cluster once for a whole command when ``execution`` uses Ray;
-    True when the caller must shut it down (:func:`stop`)."""
-    runner.check_executor(execution.executor)
-    return execution.executor == "ray" and executors.start_ray(execution.address,
-                                                               execution.workers)
-
-
-def stop(started: bool) -> None:
-    if started:
-        executors.import_ray().shutdown()
+@contextlib.contextmanager
+def cluster(args: Any) -> Iterator[None]:
+    """The Ray cluster of ``fpsim experiment``'s ``--executor ray`` (``--address``,
+    ``--workers``), started or joined once for the whole command and shut down after it (when
+    this call started or joined it); nothing for the other executors or ``--render``."""
+    started = args.executor == "ray" and not args.render and \
+        executors.start_ray(args.address, args.workers)
+    try:
+        yield
+    finally:
+        if started:
+            executors.import_ray().shutdown()
