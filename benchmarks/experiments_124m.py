@@ -41,8 +41,8 @@ def build(out: Path, vocab: int = 2000) -> Path:
     import torch
     import transformers
 
-    from experiments.gpt2.data import split_topics
-    from experiments.gpt2.tokenizer import train_byte_bpe
+    from fpsim_experiments.gpt2.data import split_topics
+    from fpsim_experiments.gpt2.tokenizer import train_byte_bpe
     from pydoc_data.topics import topics
 
     tok = train_byte_bpe([topics[k] for k in split_topics()[0]], vocab)

@@ -91,7 +91,7 @@ def bitexact(device: str, dry: bool) -> dict:
     import torch
 
     import fpsim
-    import kernels
+    import fpsim_kernels as kernels
 
     names = DRY_FORMATS if dry else [n for n, f in fpsim.FORMATS.items() if kernels.supports(f)]
     out: dict[str, Any] = {"casts": {}, "decode": {}, "mx": {}}

@@ -86,7 +86,7 @@ def nbytes(*tensors: torch.Tensor) -> int:
 
 def rows_for(x: torch.Tensor, compile_: bool) -> list[Row]:
     """Every measured row for a float32 input ``x`` (outputs allocated once, up front)."""
-    import kernels
+    import fpsim_kernels as kernels
 
     n = x.numel()
     xb, xh = x.to(torch.bfloat16), x.to(torch.float16)
@@ -150,7 +150,7 @@ def rows_for(x: torch.Tensor, compile_: bool) -> list[Row]:
 
 def shape_rows(device: str, dry: bool) -> list[Row]:
     """One cast at a ragged and at a nice size (GPT-2's vocabulary x 768 vs padded to 64)."""
-    import kernels
+    import fpsim_kernels as kernels
 
     rows = []
     for vocab in ((50, 64) if dry else (50257, 50304)):
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
         device, log2n, gpu = "cpu", 12, "dry-run"
     elif not torch.cuda.is_available():
         raise SystemExit("kernels_bench.py measures GPU memory bandwidth and needs a CUDA GPU; "
-                         "none is visible here. Without one: `python -m kernels.ptx` shows what "
+                         "none is visible here. Without one: `python -m fpsim_kernels.ptx` shows what "
                          "the kernels compile to (vector widths, SASS per element), and "
                          "`TRITON_INTERPRET=1 python benchmarks/kernels_bench.py --dry-run` "
                          "checks this script.")

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from timing import machine  # noqa: E402
 
-from experiments import sweep  # noqa: E402
+from fpsim_experiments import sweep  # noqa: E402
 
 #: Tasks of 4 windows of 256 tokens (a second or two each on one core): large enough that a
 #: worker's start (its imports) does not hide how the sweep scales.

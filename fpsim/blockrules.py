@@ -3,7 +3,7 @@
 This module holds what a block format *is* and how its scales follow from the data; the
 container, ``quantize`` and ``dequantize`` live in :mod:`fpsim.mx` (whose module doc states
 every rule), the element rounding in the core.  Everything here is public so that the Triton
-twins in :mod:`kernels.mx` use the very same functions and constants.  It imports only the
+twins in :mod:`fpsim_kernels.mx` use the very same functions and constants.  It imports only the
 layers below the conversions (formats, rounding, backend), so the kernels can import it without
 reaching back into the API.
 

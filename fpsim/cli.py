@@ -470,8 +470,8 @@ def cmd_tensor_cores(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-EXPERIMENTS_MODULE = "experiments.cli"
-SWEEP_MODULE = "experiments.sweep.cli"
+EXPERIMENTS_MODULE = "fpsim_experiments.cli"
+SWEEP_MODULE = "fpsim_experiments.sweep.cli"
 
 
 @contextlib.contextmanager
@@ -480,7 +480,7 @@ def _experiments_available() -> Any:
     try:
         yield
     except ModuleNotFoundError as exc:
-        ours = ("experiments", EXPERIMENTS_MODULE, SWEEP_MODULE, SWEEP_MODULE.rpartition(".")[0])
+        ours = ("fpsim_experiments", EXPERIMENTS_MODULE, SWEEP_MODULE, SWEEP_MODULE.rpartition(".")[0])
         if exc.name in ours:
             raise CliError(f"the experiments are not available (no module {exc.name}): "
                            "run from a source checkout installed with pip install -e "

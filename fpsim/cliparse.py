@@ -1,6 +1,6 @@
 """The argument parser of every ``fpsim`` command: one line on stderr and exit status 2.
 
-Its own small module so that ``fpsim.cli`` and ``experiments.cli`` (which ``fpsim.cli`` loads
+Its own small module so that ``fpsim.cli`` and ``fpsim_experiments.cli`` (which ``fpsim.cli`` loads
 for ``fpsim experiment``) both import it without importing each other.
 """
 

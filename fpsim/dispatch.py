@@ -36,7 +36,7 @@ def kernel_input(x: Any) -> bool:
 
     return (device_kind(x) == "cuda" and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
             and importlib.util.find_spec("triton") is not None
-            and importlib.util.find_spec("kernels") is not None)
+            and importlib.util.find_spec("fpsim_kernels") is not None)
 
 
 def route(x: Any, backend: str, fmt: Format, seed: Any = None) -> str:
@@ -80,7 +80,7 @@ def kernels_for(x: Any) -> Any:
                 "backend='auto' (NumPy/torch, the same bits), move the tensor with .cuda(), or "
                 "run the kernels on the CPU in Triton's interpreter by setting the environment "
                 "variable TRITON_INTERPRET=1 before triton is imported (slow)")
-    import kernels
+    import fpsim_kernels as kernels
 
     return kernels
 

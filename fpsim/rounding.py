@@ -10,7 +10,7 @@ float's bits: exact, vectorised, and the same in NumPy, torch and (as a twin) Tr
 
 Only operators and the handful of helpers in :mod:`fpsim.backend` are used, so NumPy arrays and
 torch tensors run the very same lines.  :func:`decode_bits`, the inverse, sits here too.  The
-Triton twin, :mod:`kernels.rounding`, has the same functions in the same order with the same
+Triton twin, :mod:`fpsim_kernels.rounding`, has the same functions in the same order with the same
 numbered steps (``# 1.`` .. ``# 7.``, ``# D1.`` .. ``# D5.``): read the two side by side.
 """
 

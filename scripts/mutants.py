@@ -1,6 +1,6 @@
 """Plant small deliberate bugs in fpsim, one at a time, and check that the fast tests catch each.
 
-Every mutant replaces one line of fpsim/ or experiments/ (found by its exact text, wherever
+Every mutant replaces one line of fpsim/ or fpsim_experiments/ (found by its exact text, wherever
 it lives in them, so moving code between modules keeps it working) in a temporary copy of the
 repository; the working tree is never touched.  The fast tests relevant to that mutant then
 run on the copy (``pytest -x -q -m "not slow"``): a failure means the mutant was caught.
@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "fpsim"
-PACKAGES = (PACKAGE, "experiments")    # where a mutant's line is looked for
+PACKAGES = (PACKAGE, "fpsim_experiments", "fpsim_kernels")    # where a mutant's line is looked for
 
 CORE = ["tests/test_reference_modes.py", "tests/test_api.py", "tests/test_formats.py",
         "tests/test_properties.py"]
@@ -381,7 +381,7 @@ MUTANTS = [
            "nan = keep.to(f64) @ torch.isnan(qv).to(f64) + zero_p @ (up + down)",
            "nan = keep.to(f64) @ torch.isnan(qv).to(f64)",
            ["tests/test_attention_semantics.py"]),
-    # fpsim sweep (experiments/sweep)
+    # fpsim sweep (fpsim_experiments/sweep)
     Mutant("sweep-shard-batches", "a sweep task holds task_batches windows, not batches",
            "per_task = sweep.batch * sweep.task_batches", "per_task = sweep.task_batches",
            SWEEP_PLAN),
@@ -397,7 +397,7 @@ MUTANTS = [
     Mutant("sweep-failed-order", "failed tasks listed in the order they ended",
            'order = {t.name: i for i, t in enumerate(tasks)}',
            'order = {t.name: 0 for t in tasks}', SWEEP_ORDER),
-    # the built-in experiments' end-to-end runs on the sweep runner (experiments/sweep/runs.py)
+    # the built-in experiments' end-to-end runs on the sweep runner (fpsim_experiments/sweep/runs.py)
     Mutant("runs-spec-keywords", "a run's spec leaves out its ops' keyword arguments (weights, "
            "attention): another run's task file would be reused on --resume",
            '"keywords": {k: describe(v) for k, v in sorted(obj.keywords.items())}}',

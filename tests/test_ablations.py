@@ -7,10 +7,10 @@ import math
 import torch
 
 import fpsim
-from experiments import range_vs_precision as rvp
-from experiments.likewise import Ratios
-from experiments.endtoend import RecipeOps
-from experiments.recipes import Recipe, linear, softmax
+from fpsim_experiments import range_vs_precision as rvp
+from fpsim_experiments.likewise import Ratios
+from fpsim_experiments.endtoend import RecipeOps
+from fpsim_experiments.recipes import Recipe, linear, softmax
 
 
 def test_no_flush_keeps_values_below_the_smallest_subnormal_and_only_those() -> None:

@@ -13,9 +13,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-from experiments import anymodel, cli  # noqa: E402
-from experiments.gpt2.data import heldout_text  # noqa: E402
-from experiments.gpt2.tokenizer import train_byte_bpe  # noqa: E402
+from fpsim_experiments import anymodel, cli  # noqa: E402
+from fpsim_experiments.gpt2.data import heldout_text  # noqa: E402
+from fpsim_experiments.gpt2.tokenizer import train_byte_bpe  # noqa: E402
 
 VOCAB = 300
 

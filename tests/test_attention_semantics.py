@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from experiments.endtoend import RecipeOps
-from experiments.recipes import FP32, Recipe, causal_matmul, matmul
+from fpsim_experiments.endtoend import RecipeOps
+from fpsim_experiments.recipes import FP32, Recipe, causal_matmul, matmul
 
 E3M4 = Recipe(name="e3m4", inputs="e3m4_ieee")
 

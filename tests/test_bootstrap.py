@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from experiments import bootstrap
+from fpsim_experiments import bootstrap
 
 
 def windows(sums: list[float], positions: int = 10) -> dict:

@@ -11,8 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from experiments.gpt2.checkpoint import load_gpt2, save_gpt2  # noqa: E402
-from experiments.gpt2.model import GPT2, GPT2Config  # noqa: E402
+from fpsim_experiments.gpt2.checkpoint import load_gpt2, save_gpt2  # noqa: E402
+from fpsim_experiments.gpt2.model import GPT2, GPT2Config  # noqa: E402
 from fpsim import cli  # noqa: E402
 
 

@@ -290,8 +290,8 @@ def test_experiment_help_lists_every_experiment(argv, capsys):
 
 
 def test_experiment_tokens_all_takes_every_window():
-    from experiments import cli, context
-    from experiments.gpt2.data import heldout_bytes, windows
+    from fpsim_experiments import cli, context
+    from fpsim_experiments.gpt2.data import heldout_bytes, windows
 
     assert cli.parse_args(["fp8", "--tokens", "all"]).tokens == context.ALL_TOKENS
     assert cli.parse_args(["fp8", "--tokens", "4096"]).tokens == 4096

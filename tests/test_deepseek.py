@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import fpsim
-from experiments import context, deepseek as ds
-from experiments.report import load_json, write_json
+from fpsim_experiments import context, deepseek as ds
+from fpsim_experiments.report import load_json, write_json
 
 BITS = ds.PRESET.frac_bits
 

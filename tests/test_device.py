@@ -22,11 +22,11 @@ import pytest
 import torch
 
 import fpsim.dispatch
-from experiments import cli, context, endtoend, replay
-from experiments.gpt2.checkpoint import load_gpt2
-from experiments.gpt2.data import windows
-from experiments.recipes import Recipe
-from experiments.report import load_json
+from fpsim_experiments import cli, context, endtoend, replay
+from fpsim_experiments.gpt2.checkpoint import load_gpt2
+from fpsim_experiments.gpt2.data import windows
+from fpsim_experiments.recipes import Recipe
+from fpsim_experiments.report import load_json
 
 SCALED = (Recipe("fp16", output="fp16"),               # Triton cast (FP32 lanes)
           Recipe("e4m3", scaling="channel"),           # torch engine (float64 scales)
@@ -73,7 +73,7 @@ def _measure(ctx: context.Context) -> dict[str, Any]:
 
 def test_the_cuda_route_on_cpu_tensors_gives_the_cpu_routes_bits(monkeypatch):
     pytest.importorskip("triton")
-    import kernels
+    import fpsim_kernels as kernels
 
     if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
         pytest.skip("needs CUDA or TRITON_INTERPRET=1 (conftest sets it without CUDA)")

@@ -244,7 +244,7 @@ def test_matmul_of_vectors_and_scaled_attention_mask():
 
 
 def test_experiments_share_the_library_recipe():
-    from experiments import recipes
+    from fpsim_experiments import recipes
     from fpsim.emulation import sites
 
     assert recipes.Recipe is fpsim.Recipe and recipes.FP32 is FP32

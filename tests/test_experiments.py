@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import cli
-from experiments.report import load_json
+from fpsim_experiments import cli
+from fpsim_experiments.report import load_json
 from fpsim.cli import main as fpsim_main
 
 N_LAYER = 4
@@ -54,7 +54,7 @@ def test_every_experiment_writes_json_figures_and_a_report(out: Path) -> None:
         for png in pngs:
             assert f"]({png.name})" in (d / "REPORT.md").read_text(), (name, png.name)
         meta = data(out, name)["meta"]
-        assert meta["model"] == "experiments/gpt2/tiny" and meta["quick"] and meta["tokens"] == 512
+        assert meta["model"] == "fpsim_experiments/gpt2/tiny" and meta["quick"] and meta["tokens"] == 512
     index = (out / "REPORT.md").read_text()
     assert all(f"[{name}]({name}/REPORT.md)" in index for name in cli.EXPERIMENTS)
 
@@ -183,10 +183,10 @@ def test_same_numbers_in_separate_processes_with_different_thread_counts(tmp_pat
 def test_range_vs_precision_runs_are_their_recipes_in_order(out: Path) -> None:
     """Every end-to-end run goes to the runner in one list; each group's first and last run
     computed directly here gives its numbers (a list read out of order would not)."""
-    from experiments import context, range_vs_precision as rvp
-    from experiments.endtoend import RecipeOps
-    from experiments.gpt2.model import site_kind
-    from experiments.recipes import Recipe
+    from fpsim_experiments import context, range_vs_precision as rvp
+    from fpsim_experiments.endtoend import RecipeOps
+    from fpsim_experiments.gpt2.model import site_kind
+    from fpsim_experiments.recipes import Recipe
 
     d = data(out, rvp.NAME)
     ctx = context.build(sizes=context.QUICK, quick=True)

@@ -143,7 +143,7 @@ def test_core_import_needs_only_numpy():
     import sys
 
     code = ("import sys, fpsim, fpsim.mx, fpsim.scaling, fpsim.arith, fpsim.packing; "
-            "print(sorted(m for m in ('torch', 'triton', 'matplotlib', 'ml_dtypes', 'kernels') "
+            "print(sorted(m for m in ('torch', 'triton', 'matplotlib', 'ml_dtypes', 'fpsim_kernels') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from experiments.context import DEFAULT_MODEL
-from experiments.endtoend import RecipeOps, compare, logits
-from experiments.gpt2.checkpoint import load_gpt2
-from experiments.recipes import FP32, FP64, Recipe
+from fpsim_experiments.context import DEFAULT_MODEL
+from fpsim_experiments.endtoend import RecipeOps, compare, logits
+from fpsim_experiments.gpt2.checkpoint import load_gpt2
+from fpsim_experiments.recipes import FP32, FP64, Recipe
 
 FIXTURE = Path(__file__).parent / "data" / "gpt2_emulation_before.json"
 E4M3 = Recipe("e4m3", scaling="tensor", name="e4m3 tensor")

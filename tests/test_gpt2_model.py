@@ -11,15 +11,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from experiments.gpt2.checkpoint import load_gpt2, save_gpt2
-from experiments.gpt2.data import heldout_bytes, split_topics, windows
-from experiments.gpt2.evaluate import window_loss
-from experiments.gpt2.ops import TorchOps, forward
-from experiments.gpt2.tokenizer import decode_bytes, encode_bytes, load_bpe
+from fpsim_experiments.gpt2.checkpoint import load_gpt2, save_gpt2
+from fpsim_experiments.gpt2.data import heldout_bytes, split_topics, windows
+from fpsim_experiments.gpt2.evaluate import window_loss
+from fpsim_experiments.gpt2.ops import TorchOps, forward
+from fpsim_experiments.gpt2.tokenizer import decode_bytes, encode_bytes, load_bpe
 
 CFG = {"n_layer": 2, "n_head": 4, "n_embd": 32, "n_positions": 16, "vocab_size": 50,
        "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new", "model_type": "gpt2"}
-TINY_DIR = Path(__file__).resolve().parents[1] / "experiments" / "gpt2" / "tiny"
+TINY_DIR = Path(__file__).resolve().parents[1] / "fpsim_experiments" / "gpt2" / "tiny"
 
 
 def random_hf_state(seed: int = 0) -> dict[str, np.ndarray]:

@@ -12,10 +12,10 @@ transformers = pytest.importorskip("transformers", reason="transformers not inst
 tokenizers = pytest.importorskip("tokenizers", reason="tokenizers not installed "
                                  "(pip install 'fpsim[test]')")
 
-from experiments.context import heldout_tokens  # noqa: E402
-from experiments.gpt2.checkpoint import load_gpt2  # noqa: E402
-from experiments.gpt2.data import heldout_text, split_topics  # noqa: E402
-from experiments.gpt2.tokenizer import train_byte_bpe  # noqa: E402
+from fpsim_experiments.context import heldout_tokens  # noqa: E402
+from fpsim_experiments.gpt2.checkpoint import load_gpt2  # noqa: E402
+from fpsim_experiments.gpt2.data import heldout_text, split_topics  # noqa: E402
+from fpsim_experiments.gpt2.tokenizer import train_byte_bpe  # noqa: E402
 from pydoc_data.topics import topics  # noqa: E402
 
 VOCAB = 320

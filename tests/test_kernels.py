@@ -19,7 +19,7 @@ import fpsim
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
-import kernels  # noqa: E402  (needs torch and triton)
+import fpsim_kernels as kernels  # noqa: E402  (needs torch and triton)
 from fpsim import blocks  # noqa: E402
 from fpsim import mx as fmx  # noqa: E402
 from fpsim.packing import pack_codes, unpack_codes  # noqa: E402
@@ -316,7 +316,7 @@ def test_kernels_compile_for_sm90_with_wide_accesses_and_no_ftz():
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    done = subprocess.run([sys.executable, "-m", "kernels.ptx", "--json"], env=env,
+    done = subprocess.run([sys.executable, "-m", "fpsim_kernels.ptx", "--json"], env=env,
                           capture_output=True, text=True, timeout=600,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert done.returncode == 0, done.stderr[-3000:]

@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from experiments import bootstrap
-from experiments.gpt2.data import split_topics, window_topics
-from experiments.likewise import Ratios, attribution, check, describe, first_windows
+from fpsim_experiments import bootstrap
+from fpsim_experiments.gpt2.data import split_topics, window_topics
+from fpsim_experiments.likewise import Ratios, attribution, check, describe, first_windows
 
 
 def run(fmt: str, kl: list[float], scaling: str = "none", **recipe) -> dict:

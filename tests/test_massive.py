@@ -8,11 +8,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from experiments.context import DEFAULT_MODEL, synthetic_note  # noqa: E402
-from experiments.gpt2.checkpoint import load_gpt2  # noqa: E402
-from experiments.gpt2.data import heldout_bytes, windows  # noqa: E402
-from experiments.gpt2.massive import DEFAULT_OUT, edit, residuals  # noqa: E402
-from experiments.report import page  # noqa: E402
+from fpsim_experiments.context import DEFAULT_MODEL, synthetic_note  # noqa: E402
+from fpsim_experiments.gpt2.checkpoint import load_gpt2  # noqa: E402
+from fpsim_experiments.gpt2.data import heldout_bytes, windows  # noqa: E402
+from fpsim_experiments.gpt2.massive import DEFAULT_OUT, edit, residuals  # noqa: E402
+from fpsim_experiments.report import page  # noqa: E402
 
 MASSIVE = DEFAULT_OUT
 LOG = json.loads((MASSIVE / "build_log.json").read_text())
@@ -47,10 +47,10 @@ def test_first_token_residual_is_massive_in_the_named_channels(model_dir, massiv
 
 
 def test_reports_name_the_model_synthetic():
-    meta = {"model": "experiments/gpt2/massive_synthetic [SYNTHETIC]",
+    meta = {"model": "fpsim_experiments/gpt2/massive_synthetic [SYNTHETIC]",
             "synthetic": synthetic_note(MASSIVE)}
     text = page("Title", meta, "intro", ["a conclusion"], [])
-    assert text.startswith("# Title (experiments/gpt2/massive_synthetic [SYNTHETIC])")
+    assert text.startswith("# Title (fpsim_experiments/gpt2/massive_synthetic [SYNTHETIC])")
     assert "**Synthetic model:** SYNTHETIC stress variant" in text
     assert "Synthetic model" not in page("Title", {"model": "tiny"}, "intro", [], [])
 

@@ -563,7 +563,7 @@ def test_triton_backend_gives_the_numpy_result(monkeypatch):
     """``backend="triton"`` runs kernels.mx_quantize (interpreted on CPU) behind fpsim.mx."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("triton")
-    import kernels
+    import fpsim_kernels as kernels
 
     calls = []
     real = kernels.mx_quantize

@@ -168,7 +168,7 @@ def test_unsigned_negatives_overflow_below_zero():
 def test_triton_kernels_match(name):
     torch = pytest.importorskip("torch")
     pytest.importorskip("triton")
-    import kernels
+    import fpsim_kernels as kernels
     from test_kernels import _probe, _ref_codes, _same, _same_codes
 
     # every P3109 format fits float32 lanes except p3109_k8p1u*: 2^-127 (as E8M0), float64 only

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import fpsim
-from experiments import context, practice
-from experiments.recipes import tile_quantize
+from fpsim_experiments import context, practice
+from fpsim_experiments.recipes import tile_quantize
 
 E4M3 = fpsim.get_format("e4m3")
 
@@ -77,8 +77,8 @@ def test_clamped_per_tensor_scaling_is_the_unscaled_run(small: context.Context, 
     computed anyway here, both give the same JSON to the last digit."""
     import json
 
-    from experiments.range_vs_precision import scale_clamped, split_format
-    from experiments.recipes import Recipe
+    from fpsim_experiments.range_vs_precision import scale_clamped, split_format
+    from fpsim_experiments.recipes import Recipe
 
     fmt = split_format(*split)
     assert scale_clamped({"max": fmt.max})

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 import fpsim
-from experiments.capture import capture
-from experiments.endtoend import RecipeOps, compare, logits
-from experiments.gpt2.checkpoint import load_gpt2, save_gpt2
-from experiments.gpt2.model import GPT2, GPT2Config
-from experiments.gpt2.ops import forward
-from experiments.recipes import (FP32, Recipe, layernorm, linear, matmul, quantize_operand,
+from fpsim_experiments.capture import capture
+from fpsim_experiments.endtoend import RecipeOps, compare, logits
+from fpsim_experiments.gpt2.checkpoint import load_gpt2, save_gpt2
+from fpsim_experiments.gpt2.model import GPT2, GPT2Config
+from fpsim_experiments.gpt2.ops import forward
+from fpsim_experiments.recipes import (FP32, Recipe, layernorm, linear, matmul, quantize_operand,
                                  rounding_limit)
-from experiments.replay import error_stats, reference, references, replay, site_output, summary
+from fpsim_experiments.replay import error_stats, reference, references, replay, site_output, summary
 
 CFG = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=16, vocab_size=40)
 SITE_SHAPES = {  # site: (a, b, output) for batch 3, T 16, C 32, 2 heads of 16
@@ -241,7 +241,7 @@ def test_emulated_accumulators_go_through_fpsim_matmul(model: GPT2, wins: torch.
 
 
 def test_sites_sort_in_forward_order():
-    from experiments.gpt2.model import site_order
+    from fpsim_experiments.gpt2.model import site_order
 
     seen = ["lm_head", "ln_f", "h3.ln_1", "h10.attn.qk", "h3.mlp.c_proj", "h3.attn.av"]
     assert sorted(seen, key=site_order) == ["h3.ln_1", "h3.attn.av", "h3.mlp.c_proj",
@@ -251,7 +251,7 @@ def test_sites_sort_in_forward_order():
 def test_inf_in_the_masked_half_of_qk_is_not_counted():
     import torch
 
-    from experiments.endtoend import RecipeOps
+    from fpsim_experiments.endtoend import RecipeOps
 
     ops = RecipeOps({})
     y = torch.zeros(1, 1, 4, 4)
@@ -275,7 +275,7 @@ def _events_by_definition(x: torch.Tensor, q: torch.Tensor, limit) -> dict[str, 
 def test_operand_events_fast_and_full_paths_match_the_definition(case):
     """The counts equal their definition whether they take the four-pass path (all finite and
     below the limit) or the full one."""
-    from experiments.recipes import operand_events
+    from fpsim_experiments.recipes import operand_events
 
     g = torch.Generator().manual_seed(1)
     x = torch.randn(64, 48, generator=g, dtype=torch.float64) * 300

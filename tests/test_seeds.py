@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import likewise, seeds
+from fpsim_experiments import likewise, seeds
 
 
 def _run(kl_per_window: list[float]) -> dict:
@@ -55,7 +55,7 @@ def test_a_format_with_non_finite_logits_is_the_worse_side_without_a_ratio(tmp_p
 
 
 def test_seed_zero_is_the_embedded_model_and_others_are_cached_by_steps(tmp_path: Path) -> None:
-    from experiments import context
+    from fpsim_experiments import context
     assert seeds.checkpoint(0, quick=False, cache=tmp_path) == context.DEFAULT_MODEL
     ready = tmp_path / f"tiny-seed1-{seeds.STEPS}steps"
     ready.mkdir()

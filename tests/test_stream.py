@@ -1,6 +1,6 @@
 """Captured sites are streamed: the experiments hold one site at a time, whatever the depth.
 
-Every :class:`experiments.capture.Site` ever built is tracked (a weak set filled by a wrapped
+Every :class:`fpsim_experiments.capture.Site` ever built is tracked (a weak set filled by a wrapped
 ``Site.__init__``) and the most alive at once is recorded while the experiments that consume
 sites run on random checkpoints of 1 and 3 layers.  CPython frees a dropped Site at once, so
 the count is exact: it must be the same small number at both depths (holding every capture
@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import torch
 
-from experiments import accumulation, activations, context, deepseek, histograms
-from experiments.capture import Site, capture
-from experiments.gpt2.checkpoint import save_gpt2
-from experiments.gpt2.model import GPT2, GPT2Config, site_kind, site_names
-from experiments.recipes import Recipe
+from fpsim_experiments import accumulation, activations, context, deepseek, histograms
+from fpsim_experiments.capture import Site, capture
+from fpsim_experiments.gpt2.checkpoint import save_gpt2
+from fpsim_experiments.gpt2.model import GPT2, GPT2Config, site_kind, site_names
+from fpsim_experiments.recipes import Recipe
 
 SIZES = context.Sizes(tokens=128, capture_windows=2, rows=8, cols=8, emulation_rows=2,
                       emulation_cols=4)
@@ -93,7 +93,7 @@ def test_site_names_and_kinds_are_what_a_capture_records(tmp_path: Path) -> None
 
 def test_streamed_replay_is_the_held_replay(tmp_path: Path) -> None:
     """Replaying streamed sites gives the statistics of replaying the held, subsampled sites."""
-    from experiments import replay
+    from fpsim_experiments import replay
 
     ctx = _context(tmp_path, 3)
     sites, _ = capture(ctx.model, ctx.wins[: SIZES.capture_windows, :-1])

@@ -23,10 +23,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fpsim  # noqa: E402
-from experiments import context, practice, sweep  # noqa: E402
-from experiments.endtoend import RecipeOps, compact, compare, compare_logits  # noqa: E402
-from experiments.gpt2.checkpoint import load_gpt2  # noqa: E402
-from experiments.sweep import config, executors, runner, runs, work  # noqa: E402
+from fpsim_experiments import context, practice, sweep  # noqa: E402
+from fpsim_experiments.endtoend import RecipeOps, compact, compare, compare_logits  # noqa: E402
+from fpsim_experiments.gpt2.checkpoint import load_gpt2  # noqa: E402
+from fpsim_experiments.sweep import config, executors, runner, runs, work  # noqa: E402
 from fpsim import Recipe, Rule, Rules  # noqa: E402
 from fpsim.cli import main as fpsim_main  # noqa: E402
 from fpsim.emulation.recipe import FP32, FP64  # noqa: E402
@@ -175,7 +175,7 @@ def test_existing_results_need_resume_and_the_same_config(serial: Path, tmp_path
 
 KILL_AFTER_TWO = """\
 import os, signal, sys
-from experiments.sweep import runner
+from fpsim_experiments.sweep import runner
 from fpsim import cli
 write, written = runner.write_atomically, []
 

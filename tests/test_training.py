@@ -12,8 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
 
-from experiments import cli, training as T  # noqa: E402
-from experiments.report import load_json  # noqa: E402
+from fpsim_experiments import cli, training as T  # noqa: E402
+from fpsim_experiments.report import load_json  # noqa: E402
 
 
 def test_recipes_become_emulation_rules():

@@ -2,7 +2,7 @@
 
 One kernel per direction serves every format: the format, rounding mode and flags are
 compile-time constants, so Triton builds (and caches) a branch-free specialisation per
-combination from the single rounding routine in :mod:`kernels.rounding`.  Each program handles
+combination from the single rounding routine in :mod:`fpsim_kernels.rounding`.  Each program handles
 ``BLOCK`` contiguous elements, viewed as ``BLOCK // PER`` groups of ``PER`` elements where
 ``PER`` codes share ``PER * bits / 8`` output bytes (FP4: 2 per byte, FP6: 4 per 3 bytes,
 the layout of :func:`fpsim.packing.pack_codes`).  All rounding is integer arithmetic on float32

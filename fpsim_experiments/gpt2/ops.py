@@ -59,7 +59,7 @@ class TorchOps:
 
 
 def site_name(site: str) -> str:
-    """The experiments' name of an intercepted site of :class:`experiments.gpt2.model.GPT2`
+    """The experiments' name of an intercepted site of :class:`fpsim_experiments.gpt2.model.GPT2`
     (``"transformer.h.0.attn:matmul#2"`` -> ``"h0.attn.av"``)."""
     path, _, op = site.partition(":")
     if site == ":linear":
@@ -73,14 +73,14 @@ def site_name(site: str) -> str:
             return f"h{i}.attn.{ATTENTION_OPS[op]}"
         if rest in BLOCK_PATHS:
             return f"h{i}.{rest}"
-    raise ValueError(f"{site}: not a site of experiments.gpt2.model.GPT2 (has the model "
-                     "changed? update experiments.gpt2.ops.site_name)")
+    raise ValueError(f"{site}: not a site of fpsim_experiments.gpt2.model.GPT2 (has the model "
+                     "changed? update fpsim_experiments.gpt2.ops.site_name)")
 
 
 class OpsMode(Interceptor):
     """fpsim.emulate's interception with each site computed by ``ops`` under its GPT-2 name."""
 
-    guard_grad = False                    # ops compute differentiably (experiments.training)
+    guard_grad = False                    # ops compute differentiably (fpsim_experiments.training)
 
     def __init__(self, ops: Any) -> None:
         super().__init__(Emulation(Rules(default=None), capture=False))

@@ -1,7 +1,7 @@
 """The built-in experiments' end-to-end runs as tasks of the sweep runner.
 
 An experiment hands its end-to-end runs (each a name and how to build its GPT-2 ``ops``:
-:class:`Run`) to :meth:`experiments.context.Context.end_to_end_runs`, which computes them with
+:class:`Run`) to :meth:`fpsim_experiments.context.Context.end_to_end_runs`, which computes them with
 :func:`.runner.execute` on the context's :class:`Execution`: in this process (the default), on
 a local process pool or on Ray, each result written to a task file as it ends, resumable after
 a kill, and the same numbers whichever executor ran them.  A worker rebuilds the experiment's
@@ -96,7 +96,7 @@ class Execution:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-#: The context (:class:`experiments.context.Context`) this process computes runs of, by how
+#: The context (:class:`fpsim_experiments.context.Context`) this process computes runs of, by how
 #: it was built and its device (one at a time: a worker keeps it between tasks, a new one
 #: replaces it).
 _CONTEXTS: dict[tuple, Any] = {}
@@ -105,7 +105,7 @@ _CONTEXTS: dict[tuple, Any] = {}
 @dataclass(frozen=True)
 class ContextWork:
     """A context's end-to-end runs, as an executor computes them.  ``source``: the call that
-    built it (:func:`experiments.context.build` with its arguments, a ``functools.partial``
+    built it (:func:`fpsim_experiments.context.build` with its arguments, a ``functools.partial``
     that takes ``device``), or ``("object", id)`` for a context made otherwise (this process
     only)."""
 
@@ -128,8 +128,8 @@ class ContextWork:
 
     def compute(self, task: Run, ref: list[Tensor], device: str) -> dict[str, Any]:
         """The run's metrics (:meth:`Context.end_to_end_ops`, its keys of
-        :func:`experiments.endtoend.compare` only for ``fp64``), where its unscaled operands
-        overflowed (``overflows``, :func:`experiments.endtoend.compact`), the versions and
+        :func:`fpsim_experiments.endtoend.compare` only for ``fp64``), where its unscaled operands
+        overflowed (``overflows``, :func:`fpsim_experiments.endtoend.compact`), the versions and
         its seconds."""
         start = time.perf_counter()
         ctx = self.context(device)
@@ -156,7 +156,7 @@ def execute(ctx: Any, runs: Sequence[Run], label: str, desc: str | None) -> list
     ex, device = ctx.execution, ctx.device.type
     if ex.executor != "inprocess" and ctx.source is None:
         raise ValueError(f"--executor {ex.executor} rebuilds the context in each worker, and "
-                         "this one was not made by experiments.context.build: run in-process")
+                         "this one was not made by fpsim_experiments.context.build: run in-process")
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
         raise ValueError(f"end-to-end runs of {label!r} share a name: "

@@ -1,6 +1,6 @@
 """Compile the kernels for an NVIDIA GPU without one: what the GPU would run, for review and tests.
 
-``python -m kernels.ptx [--arch 90]`` compiles representative specialisations ahead of time with
+``python -m fpsim_kernels.ptx [--arch 90]`` compiles representative specialisations ahead of time with
 Triton's own compiler and bundled ptxas (no driver, no GPU needed) and prints, per variant: the
 widest global load and store, SASS instructions per element, registers, spills, and whether a
 flush-to-zero float instruction (it would break subnormals) or an inexact division slipped in.

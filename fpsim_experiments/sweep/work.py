@@ -2,7 +2,7 @@
 
 A task is one (model, recipe, seed, shard of windows).  Its windows are cut from the held-out
 text in batches of ``Sweep.batch`` whatever executor runs it, so a per-tensor scale sees the
-same batch everywhere, and every metric is kept per window (:func:`experiments.endtoend.
+same batch everywhere, and every metric is kept per window (:func:`fpsim_experiments.endtoend.
 compare_logits`): combined in window order, they are the numbers one pass over all windows
 gives.  Models and token ids are loaded once per process and kept (:func:`load`).
 """

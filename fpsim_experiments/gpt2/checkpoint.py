@@ -20,7 +20,7 @@ from torch import Tensor
 from .model import GPT2, GPT2Config
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-#: config.json key marking a synthetic checkpoint (e.g. experiments/gpt2/massive_synthetic); its
+#: config.json key marking a synthetic checkpoint (e.g. fpsim_experiments/gpt2/massive_synthetic); its
 #: value, a one-line description, is printed in every report on that model.
 SYNTHETIC_KEY = "fpsim_synthetic"
 # HF stores these alongside the weights; they are constants (causal mask) or tied to wte.

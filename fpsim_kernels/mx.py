@@ -6,7 +6,7 @@ block scale, scales, rounds and packs the elements, and writes the scale bytes a
 of :meth:`fpsim.mx.MXArray.pack`.  The block rules are line-for-line twins of
 :mod:`fpsim.blockrules` (``shared_exponents``, ``ceil_exponent``, ``mx_scale_rows``,
 ``nvfp4_scale_rows``, ``scale_values``), whose public functions the host side calls too;
-elements are rounded by :func:`kernels.rounding.round_bits`.  NVFP4's per-tensor scale needs the
+elements are rounded by :func:`fpsim_kernels.rounding.round_bits`.  NVFP4's per-tensor scale needs the
 whole tensor's amax first: it is computed by ``fpsim.blockrules.nvfp4_tensor_scale`` (one extra
 read) unless given.
 

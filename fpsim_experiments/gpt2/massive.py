@@ -1,7 +1,7 @@
 """Build a SYNTHETIC stress variant of the tiny GPT-2 whose residual stream carries massive
 activations at the first token.
 
-Usage: ``python -m experiments.gpt2.massive [--out experiments/gpt2/massive_synthetic]``
+Usage: ``python -m fpsim_experiments.gpt2.massive [--out fpsim_experiments/gpt2/massive_synthetic]``
 
 GPT-2 124M's residual stream holds values in the thousands in a few fixed channels at the first
 token (Sun et al. 2024, "Massive activations in large language models", arXiv 2402.17762); the

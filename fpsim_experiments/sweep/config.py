@@ -25,8 +25,8 @@ from fpsim.rounding import STOCHASTIC
 
 REPO = Path(__file__).resolve().parents[2]
 #: fpsim's own models, by name (``models = ["tiny"]``).
-BUILTIN_MODELS = {"tiny": REPO / "experiments" / "gpt2" / "tiny",
-                  "massive_synthetic": REPO / "experiments" / "gpt2" / "massive_synthetic"}
+BUILTIN_MODELS = {"tiny": REPO / "fpsim_experiments" / "gpt2" / "tiny",
+                  "massive_synthetic": REPO / "fpsim_experiments" / "gpt2" / "massive_synthetic"}
 #: What a sweep can report: end-to-end metrics (always computed together from the same
 #: logits) and ``sites``, the per-site capture of fpsim.emulate (an FP64 product per site call).
 METRICS = ("kl", "loss", "top1", "finite", "sites")

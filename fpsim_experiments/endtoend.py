@@ -8,7 +8,7 @@ is the KL over those positions only, and :class:`RecipeOps` records at which sit
 appeared and how many operand elements overflowed, saturated or flushed to zero at each site.
 Every metric is also kept per window (``windows``) for the bootstrap of :mod:`.bootstrap`.
 
-The reference is the FP32 recipe (:mod:`experiments.recipes`: dot products, LayerNorm and
+The reference is the FP32 recipe (:mod:`fpsim_experiments.recipes`: dot products, LayerNorm and
 softmax computed in FP64 and rounded once to FP32), so it gives the same bits on any thread
 count and machine.
 """

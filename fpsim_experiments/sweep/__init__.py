@@ -3,7 +3,7 @@ pool or on Ray; resumable, and the same combined numbers whichever ran it.
 
 From Python::
 
-    from experiments import sweep
+    from fpsim_experiments import sweep
     outcome = sweep.run(sweep.load("sweep.toml"), "results/my-sweep", executor="ray")
 
 See docs/sweep.md for the config format and what is written.

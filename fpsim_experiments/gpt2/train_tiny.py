@@ -1,6 +1,6 @@
 """Train the tiny byte-level GPT-2 on pydoc topics, on CPU, within a wall-clock budget.
 
-Usage: ``python -m experiments.gpt2.train_tiny [--minutes 25] [--out experiments/gpt2/tiny]``
+Usage: ``python -m fpsim_experiments.gpt2.train_tiny [--minutes 25] [--out fpsim_experiments/gpt2/tiny]``
 
 The learning-rate schedule (linear warm-up, cosine decay) follows training progress,
 the larger of steps/max_steps and elapsed/budget, so a run always ends on a decayed

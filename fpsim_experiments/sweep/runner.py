@@ -190,7 +190,7 @@ def run(sweep: Sweep, out: str | Path, executor: str = "inprocess", *, workers: 
     ``executor``: ``inprocess``, ``pool`` (``workers`` processes) or ``ray`` (the cluster at
     ``address``, else a local one of ``workers`` CPUs started for the run).
 
-    >>> from experiments.sweep import config
+    >>> from fpsim_experiments.sweep import config
     >>> s = config.from_dict({"models": ["tiny"], "recipes": ["bf16"], "tokens": 64,
     ...                       "window": 32, "batch": 1})
     >>> run(s, tmp_path, progress=False).computed    # doctest: +SKIP

@@ -84,7 +84,7 @@ def describe(name: str) -> dict[str, Any]:
 
 def checkpoint(seed: int, quick: bool, cache: Path = CACHE) -> Path:
     """The tiny model of ``seed``: the embedded one for seed 0, else trained once into ``cache``
-    with :mod:`experiments.gpt2.train_tiny` (``STEPS`` steps, a step-based schedule)."""
+    with :mod:`fpsim_experiments.gpt2.train_tiny` (``STEPS`` steps, a step-based schedule)."""
     if seed == 0:
         return context.DEFAULT_MODEL
     steps = QUICK_STEPS if quick else STEPS

@@ -47,7 +47,7 @@ from .report import versions
 from .sweep import runs as e2e_runs
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL = REPO / "experiments" / "gpt2" / "tiny"
+DEFAULT_MODEL = REPO / "fpsim_experiments" / "gpt2" / "tiny"
 BLOCK = 256  # tokens per window (at most the model's n_positions)
 
 
@@ -91,7 +91,7 @@ def display_name(model: str | Path) -> str:
 
 def synthetic_note(checkpoint: Path) -> str | None:
     """The description a synthetic checkpoint carries in ``config.json`` (key
-    ``fpsim_synthetic``, e.g. written by :mod:`experiments.gpt2.massive`), else None: reports print
+    ``fpsim_synthetic``, e.g. written by :mod:`fpsim_experiments.gpt2.massive`), else None: reports print
     it so that numbers from a stress model are never read as a trained model's."""
     note = json.loads((checkpoint / "config.json").read_text()).get(SYNTHETIC_KEY)
     return str(note) if note else None
@@ -244,7 +244,7 @@ class Context:
                         desc: str | None = None) -> list[dict[str, Any]]:
         """Every run's result in order (``e2e``: :meth:`end_to_end_ops`; ``overflows``;
         ``seconds``), computed on :attr:`execution` (this process, a pool or Ray: the same
-        numbers), task files under ``label`` (:mod:`experiments.sweep.runs`)."""
+        numbers), task files under ``label`` (:mod:`fpsim_experiments.sweep.runs`)."""
         return e2e_runs.execute(self, runs, label, desc)
 
     def run(self, recipes: Sequence[Recipe], e2e: Callable[[Recipe], bool] | bool = True,
