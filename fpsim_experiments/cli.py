@@ -35,7 +35,12 @@ STANDALONE: dict[str, ModuleType] = {training.NAME: training, seeds.NAME: seeds,
                                      anymodel.NAME: anymodel, range_cases.NAME: range_cases}
 #: run their models in this process (no --executor)
 IN_PROCESS = (training.NAME, anymodel.NAME)
-DEFAULT_OUT = Path("results")
+#: Where a run writes when ``--out`` is not given: a folder git ignores, never the committed
+#: ``results/`` (which only ``--out results`` rewrites, on purpose); ``--quick`` runs go below it.
+DEFAULT_OUT = Path("runs")
+QUICK_OUT = DEFAULT_OUT / "quick"
+
+
 def limits(out: Path) -> str:
     """What the tiny model cannot tell about GPT-2 124M, with its largest residual value read
     from the activations experiment's JSON when it ran."""
@@ -97,7 +102,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         f"{context.SUBSET_TOKENS})",
     )
     p.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT, help="output directory (default results/)"
+        "--out", type=Path,
+        help=f"output directory (default {DEFAULT_OUT}/, with --quick {QUICK_OUT}/; the committed "
+             "results/ is rewritten only when named here: --out results)"
     )
     p.add_argument(
         "--quick", action="store_true", help="few tokens and subsampled sites: a smoke run"
@@ -207,10 +214,20 @@ def index(out: Path, names: list[str]) -> str:
     return "\n".join(lines)
 
 
+def out_folder(out: Path | None, quick: bool) -> Path:
+    """Where a run writes: ``--out`` when given, else ``runs/`` (``runs/quick/`` with --quick).
+
+    >>> out_folder(None, quick=True), out_folder(Path("results"), quick=True)
+    (PosixPath('runs/quick'), PosixPath('results'))
+    """
+    return out if out is not None else QUICK_OUT if quick else DEFAULT_OUT
+
+
 def main(argv: list[str]) -> int:
     """Run (or re-render) the named experiment(s); returns the exit status (1 when end-to-end
     runs failed: each is named on one line, the finished ones kept for ``--resume``)."""
     args = parse_args(argv)
+    args.out = out_folder(args.out, args.quick)
     try:
         with e2e_runs.cluster(args):
             return _run(args)

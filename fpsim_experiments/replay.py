@@ -11,7 +11,10 @@ that overflowed, the largest partial sum and the swamped additions per output.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -40,9 +43,23 @@ def used(t: Tensor, site: Site) -> Tensor:
     return t.reshape(-1) if site.mask is None else t[site.mask.expand_as(t)]
 
 
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one CPU thread inside the block: its float64 GEMM splits the reduction by the
+    thread count, so a reference computed on more threads would differ in the last bits."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def reference(site: Site) -> Tensor:
-    """FP64 result of the site on its captured operands: the outputs the model uses, flattened."""
-    return used(site_output(site.to(torch.float64), FP64), site)
+    """FP64 result of the site on its captured operands: the outputs the model uses, flattened;
+    computed on one thread, so that it is the same for every thread count."""
+    with one_thread():
+        return used(site_output(site.to(torch.float64), FP64), site)
 
 
 def references(sites: dict[str, Site]) -> dict[str, Tensor]:

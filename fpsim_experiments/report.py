@@ -66,7 +66,17 @@ def versions() -> dict[str, str]:
     import fpsim
     return {"python": sys.version.split()[0], "torch": torch.__version__,
             "fpsim": fpsim.__version__, "machine": platform.machine(),
-            "cpu_kernels": torch.backends.cpu.get_cpu_capability()}
+            "cpu_kernels": torch.backends.cpu.get_cpu_capability(),
+            "host_dependent": HOST_DEPENDENT}
+
+
+#: What a rerun on another host may change (recorded in every results file's meta, beside the
+#: CPU kernels that cause it; docs/results.md, "What a rerun on another host reproduces").
+HOST_DEPENDENT = ("float64 metrics (KL, loss, SNR) in their last bits, and small KLs (below "
+                  "about 1e-6) in their 2nd-3rd significant digit through the FP32 "
+                  "reference's exp/tanh, which follow torch's CPU kernels (cpu_kernels) and "
+                  "the CPU; counts (top-1, finite positions, overflowed, saturated and flushed "
+                  "elements) and verdicts do not depend on the host")
 
 
 def finish(name: str, out: Path, data: dict | None, render: Any) -> None:

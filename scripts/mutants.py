@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "fpsim"
-PACKAGES = (PACKAGE, "fpsim_experiments", "fpsim_kernels")    # where a mutant's line is looked for
+PACKAGES = (PACKAGE, "fpsim_experiments")    # where a mutant's line is looked for
 
 CORE = ["tests/test_reference_modes.py", "tests/test_api.py", "tests/test_formats.py",
         "tests/test_properties.py"]

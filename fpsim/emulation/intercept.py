@@ -123,8 +123,11 @@ class Interceptor(TorchFunctionMode):
     def owner(self, *ts: Any) -> str | None:
         """Path of the current module or one below it that owns one of ``ts`` (or the tensor a
         view of it was taken from) as a parameter: ``self_attn.out_proj`` when
-        ``nn.MultiheadAttention`` uses its ``out_proj.weight`` without calling the module."""
-        here = self.path
+        ``nn.MultiheadAttention`` uses its ``out_proj.weight`` without calling the module, or
+        ``mixer.conv1d`` when transformers' hub-kernel wrapper (a module outside the model's
+        tree, ``mixer.<Func>``) convolves with ``conv1d.weight``: such a module's path counts
+        from its nearest ancestor in the tree."""
+        here = self.path.split(".<", 1)[0]
         for t in ts:
             if isinstance(t, Tensor):
                 p = self.owners.get(id(t))

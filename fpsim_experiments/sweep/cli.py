@@ -24,7 +24,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                       "write OUT/tasks/*.json as tasks end, OUT/results.json, OUT/REPORT.md "
                       "and OUT/sweep.png.")
     p.add_argument("config", type=Path, metavar="CONFIG", help="sweep config (docs/sweep.md)")
-    p.add_argument("--out", type=Path, help="output directory (default results/sweep-<CONFIG "
+    p.add_argument("--out", type=Path, help="output directory (default runs/sweep-<CONFIG "
                    "name>)")
     p.add_argument("--executor", choices=executors.EXECUTORS, default="inprocess",
                    help="where tasks run: this process (default), a local process pool, or Ray "
@@ -57,7 +57,7 @@ def main(argv: list[str]) -> int:
     """Run the sweep; 0 when every task is done, 1 when some failed (each named on stderr)."""
     args = parse_args(argv)
     sweep = config.load(args.config)
-    out = args.out or Path("results") / f"sweep-{args.config.stem}"
+    out = args.out or Path("runs") / f"sweep-{args.config.stem}"
     try:
         outcome = runner.run(sweep, out, args.executor, workers=args.workers,
                              address=args.address, device=args.device, resume=args.resume,
