@@ -53,7 +53,8 @@ def test_docstring_examples_render_as_code_not_blockquotes(site):
 
 def test_no_restructuredtext_roles_show_as_text(site):
     for name, text in pages(site).items():
-        found = ROLE.findall(html.unescape(re.sub(r"<[^>]+>", "", text)))
+        prose = re.sub(r"<[^>]+>", "", CODE.sub("", text))    # a role named as code is fine
+        found = ROLE.findall(html.unescape(prose))
         assert not found, f"{name}: {found[:3]}"
 
 
