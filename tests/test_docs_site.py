@@ -126,3 +126,27 @@ def test_examples_are_fenced_where_doctest_ends_them():
     assert fence("```pycon\n>>> 1\n1\n```") == "```pycon\n>>> 1\n1\n```"
     assert fence("- item\n\n    >>> 1\n    1") == "- item\n\n    ```pycon\n    >>> 1\n    1\n    ```"
     assert fence("x >>> y") == "x >>> y"
+
+
+PEERS = ("ml_dtypes", "gfloat", "pychop", "QPyTorch", "mptorch", "CPFloat", "microxcaling",
+         "torchao", "Transformer Engine", "Brevitas", "MMA-Sim")
+
+
+def test_the_comparison_has_a_row_for_each_library():
+    """Each feature table of docs/comparison.md has a row per library (its first cell), each
+    row a source for every cell it fills, and each library a line on what it does better."""
+    page = (ROOT / "docs" / "comparison.md").read_text(encoding="utf-8")
+    tables = [t for t in re.split(r"\n## ", page) if t.startswith(("Formats", "Block",
+                                                                    "Arithmetic", "Where"))]
+    assert len(tables) == 4
+    for table in tables:
+        rows = {line.split("|")[1].strip(): line for line in table.splitlines()
+                if line.startswith("| ") and not line.startswith("| |")}    # not the header
+        assert set(PEERS) <= set(rows), (table.splitlines()[0], set(PEERS) - set(rows))
+        for name, row in rows.items():
+            for cell in row.strip("|").split("|")[1:]:
+                cell = cell.strip()
+                assert cell.startswith("—") or "`" in cell, (name, cell)
+    better = page.split("## What each does better than fpsim", 1)[1].split("\n## ", 1)[0]
+    for name in PEERS:
+        assert f"- **{name}**:" in better, name
