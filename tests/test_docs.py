@@ -7,12 +7,9 @@ from __future__ import annotations
 import doctest
 import importlib
 import inspect
-import os
 import pkgutil
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
