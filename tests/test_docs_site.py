@@ -79,7 +79,8 @@ def test_signatures_are_formatted_to_the_page(site):
     assert blocks
     for block in blocks:
         text = html.unescape(re.sub(r"<[^>]+>", "", block))
-        assert max(map(len, text.splitlines())) <= 100, text
+        assert max(map(len, text.splitlines())) <= 100, \
+            f"{text}\nunformatted: is ruff installed? pip install -e '.[docs]'"
 
 
 def test_links_work_opened_from_disk(site):
