@@ -1,14 +1,14 @@
-"""Numba kernels of the casts in :mod:`fpsim.convert` (imported only when numba is there).
+"""Numba kernels of the casts in ``fpsim.convert`` (imported only when numba is there).
 
 Each is a NumPy sequence of that module in one compiled pass over the elements, the same
 operations in the same order; tests compare the two bit for bit.
-:func:`round_to_odd_float32` is ``convert._round_to_odd_float32`` (NumPy needs about eight
+``round_to_odd_float32`` is ``convert._round_to_odd_float32`` (NumPy needs about eight
 passes, or a nearest cast and a midpoint test), branch-free so that LLVM vectorises it;
-:func:`table_lookup` is ``convert._table_plan``'s index and gather (four passes and a take);
-:func:`nearest_float32_field` rounds to nearest into formats that are float32 with fewer
+``table_lookup`` is ``convert._table_plan``'s index and gather (four passes and a take);
+``nearest_float32_field`` rounds to nearest into formats that are float32 with fewer
 fraction bits (bf16, tf32), where round_bits' integer algorithm reduces to its bias-add step.
-:func:`gather_rows` is not a cast: it builds a convolution's patch rows (im2col) for
-:mod:`fpsim.emulation.conv` in one pass, where torch needs one strided copy per kernel offset.
+``gather_rows`` is not a cast: it builds a convolution's patch rows (im2col) for
+``fpsim.emulation.conv`` in one pass, where torch needs one strided copy per kernel offset.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ _ZERO = np.uint32(0)
 @njit(inline="always", fastmath=False, nogil=True)
 def _odd_bits(xi):  # noqa: ANN001, ANN202
     """One float (float64 or float32) rounded to odd into float32, as its uint32 bits (see
-    :func:`round_to_odd_float32`; a float32 is returned as it is)."""
+    ``round_to_odd_float32``; a float32 is returned as it is)."""
     f = np.float32(xi)
     back = np.float64(f)
     b = np.uint32(f.view(np.int32))
@@ -56,7 +56,7 @@ def table_lookup(u, table, shift, below, out):  # noqa: ANN001, ANN201
 def nearest_float32_field(x, out, drop, away, nan_code, code):  # noqa: ANN001, ANN201
     """Float32 or float64 ``x`` rounded to nearest (ties to even, or ``away``) into a format
     with float32's sign, exponent field and bias and ``23 - drop`` fraction bits (bf16, tf32):
-    float64 first rounded to odd into float32 as :func:`round_to_odd_float32`, then
+    float64 first rounded to odd into float32 as ``round_to_odd_float32``, then
     round_bits' step 3 with a constant shift, on the magnitude bits, is all there is (a carry
     moves into the exponent, the top one into inf; subnormals share float32's grid).  NaN:
     ``nan_code`` with the sign.  ``code``: codes, else the values (as float32, then ``out``'s
@@ -78,9 +78,9 @@ def nearest_float32_field(x, out, drop, away, nan_code, code):  # noqa: ANN001, 
 
 @njit(cache=True, fastmath=False, nogil=True)
 def scaled_table_quantize(x, scale, table, shift, below, values, out):  # noqa: ANN001, ANN201
-    """One pass of :func:`fpsim.scaled_quantize`'s element step for one float64 ``scale``:
+    """One pass of ``fpsim.scaled_quantize``'s element step for one float64 ``scale``:
     ``t = float64(x[i]) / scale`` rounded by ``table`` (``convert._table_plan``'s float64 index
-    and gather, as :func:`table_lookup`), decoded by ``values`` (every code's float64 value),
+    and gather, as ``table_lookup``), decoded by ``values`` (every code's float64 value),
     times ``scale``, written in ``out``'s dtype (one rounding, as a cast)."""
     for i in range(x.size):
         v = np.float64(np.float64(x[i]) / scale).view(np.uint64)
@@ -89,7 +89,7 @@ def scaled_table_quantize(x, scale, table, shift, below, values, out):  # noqa: 
 
 @njit(cache=True, fastmath=False, nogil=True)
 def block_dequantize(codes, table, factor, block, out):  # noqa: ANN001, ANN201
-    """``out[r, j] = table[codes[r, j]] * factor[r, j // block]``: :func:`fpsim.mx.dequantize`
+    """``out[r, j] = table[codes[r, j]] * factor[r, j // block]``: ``fpsim.mx.dequantize``
     of blocks along the last axis (``table``: every element code's value, ``factor``: each
     block's multiplier, both in ``out``'s dtype) in one pass, the same multiply."""
     n = codes.shape[1]
@@ -104,7 +104,7 @@ def block_dequantize(codes, table, factor, block, out):  # noqa: ANN001, ANN201
 def block_amax_bits(x, block, out):  # noqa: ANN001, ANN201
     """``out[r, b]``: the largest magnitude bits (``bits & 0x7FFFFFFF``, 0 for an empty
     block) of float32 ``x[r]``'s block ``b`` of ``block`` elements (NaN above inf, as
-    :func:`fpsim.blockrules.row_amax_bits` orders them)."""
+    ``fpsim.blockrules.row_amax_bits`` orders them)."""
     n = x.shape[1]
     for r in range(x.shape[0]):
         for b in range(out.shape[1]):
@@ -119,7 +119,7 @@ def block_scaled_quantize(x, block, factor, div, nan, scale, table, shift, below
                           out):  # noqa: ANN001, ANN201
     """Block-format elements in one pass: float32 ``x[r, j]`` times its block's ``factor`` (MX)
     or divided by it (``div``: NVFP4), one float32 operation (0 in a ``nan`` block), rounded by
-    ``table`` (``convert._table_plan``'s float32 index and gather, as :func:`table_lookup`),
+    ``table`` (``convert._table_plan``'s float32 index and gather, as ``table_lookup``),
     decoded by ``values`` and times the block's ``scale`` value: ``mx.quantize`` then
     ``mx.dequantize`` of blocks along the last axis."""
     n = x.shape[1]

@@ -1,13 +1,13 @@
 """The rules of block-scaled formats (OCP MX v1.0 and NVFP4): formats, registry, scales.
 
 This module holds what a block format *is* and how its scales follow from the data; the
-container, ``quantize`` and ``dequantize`` live in :mod:`fpsim.mx` (whose module doc states
+container, ``quantize`` and ``dequantize`` live in ``fpsim.mx`` (whose module doc states
 every rule), the element rounding in the core.  Everything here is public so that the Triton
-twins in :mod:`fpsim_kernels.mx` use the very same functions and constants.  It imports only the
+twins in ``fpsim_kernels.mx`` use the very same functions and constants.  It imports only the
 layers below the conversions (formats, rounding, backend), so the kernels can import it without
 reaching back into the API.
 
-The functions work on rows of blocks (:func:`fpsim.blocks.to_rows`), NumPy or torch alike.
+The functions work on rows of blocks (``fpsim.blocks.to_rows``), NumPy or torch alike.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ names.register("block format",
 
 
 def get_block_format(fmt: str | BlockFormat) -> BlockFormat:
-    """Resolve a block-format name (case and white space ignored) to a :class:`BlockFormat`.
+    """Resolve a block-format name (case and white space ignored) to a ``BlockFormat``.
 
     >>> f = get_block_format("MXFP4")
     >>> f.name, f.elem.name, f.scale.name, f.block_size
@@ -187,7 +187,7 @@ def mx_scale_rows(rows: Any, spec: BlockFormat, mode: str,
     """MX: (scale codes, the elements divided by their block's scale, NaN-block mask).
 
     The scaled elements are ready for the core's saturating rounding to ``spec.elem`` (NaN
-    blocks hold zeros); :func:`mx_element_codes` finishes the codes.
+    blocks hold zeros); ``mx_element_codes`` finishes the codes.
     """
     ops = ops_for(rows)
     fdt = rows.dtype
@@ -230,7 +230,7 @@ def nvfp4_tensor_scale(rows: Any, chunk: int = 1 << 16) -> float:
 
 
 def nvfp4_tensor_scale_of(amax_bits: Any) -> float:
-    """:func:`nvfp4_tensor_scale` from the blocks' float32 amax bits (:func:`row_amax_bits`)."""
+    """``nvfp4_tensor_scale`` from the blocks' float32 amax bits (``row_amax_bits``)."""
     finite = ops_for(amax_bits).where(amax_bits < 0x7F800000, amax_bits, 0)
     amax = finite.max() if finite.shape[0] else 0
     amax32 = np.array(int(amax), np.int32).view(np.float32)
@@ -251,7 +251,7 @@ def nvfp4_scale_rows(rows: Any, spec: BlockFormat, ts: float) -> tuple[Any, Any,
 
 
 def nvfp4_block_scales(amax_bits: Any, spec: BlockFormat, ts: float) -> tuple[Any, Any, Any]:
-    """NVFP4 from each block's float32 amax bits (:func:`row_amax_bits`): (E4M3 scale codes,
+    """NVFP4 from each block's float32 amax bits (``row_amax_bits``): (E4M3 scale codes,
     the float32 divisor ts * scale of the block's elements, NaN-block mask)."""
     ops = ops_for(amax_bits)
     amax = ops.view(amax_bits, ops.float32)
@@ -293,7 +293,7 @@ def element_values(spec: BlockFormat, wide: bool) -> np.ndarray:
 
 def check_packed(scales: Any, packed: Any, spec: BlockFormat, lay: Any) -> None:
     """One scale byte per block and exactly this format's and shape's element bytes (``lay``:
-    a :class:`fpsim.blocks.Layout`); scale codes are bytes.  ValueError/TypeError naming the
+    a ``fpsim.blocks.Layout``); scale codes are bytes.  ValueError/TypeError naming the
     fix."""
     n_scales = int(np.prod(tuple(scales.shape)))
     if n_scales != lay.rows:

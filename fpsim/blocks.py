@@ -3,12 +3,12 @@
 Block formats (MX, NVFP4, per-block scaling) share one layout: move ``axis`` to the end, pad it
 with zeros to a multiple of the block size, and read the result in C order as rows of
 ``block_size`` elements.  Per-block quantities (scales) then form a vector with one entry per row,
-which :func:`rows_to_scales` turns into an array shaped like the input with ``axis`` holding the
+which ``rows_to_scales`` turns into an array shaped like the input with ``axis`` holding the
 block count.  Works on NumPy arrays and torch tensors alike.
 
-Large arrays are handled in :func:`pieces`: runs of whole blocks that follow each other in row
-order, read by :func:`gather` (a contiguous, zero-padded copy of one piece, or a view when the
-piece already is one) and written back by :func:`scatter` into a preallocated output, so that
+Large arrays are handled in ``pieces``: runs of whole blocks that follow each other in row
+order, read by ``gather`` (a contiguous, zero-padded copy of one piece, or a view when the
+piece already is one) and written back by ``scatter`` into a preallocated output, so that
 temporaries are the size of a piece, not of the array.
 """
 
@@ -121,7 +121,7 @@ def to_rows(x: Any, lay: Layout) -> Any:
 
 
 def from_rows(rows: Any, lay: Layout) -> Any:
-    """Inverse of :func:`to_rows`: strip the padding and move the axis back (contiguous)."""
+    """Inverse of ``to_rows``: strip the padding and move the axis back (contiguous)."""
     moved = rows.reshape(lay.outer + (lay.padded,))[..., :lay.length]
     return ops_for(rows).moveaxis(moved, -1, lay.axis)
 
@@ -133,7 +133,7 @@ def rows_to_scales(vec: Any, lay: Layout) -> Any:
 
 
 def scales_to_rows(scales: Any, lay: Layout) -> Any:
-    """Inverse of :func:`rows_to_scales`: a 1-D vector in row (C, axis-last) order."""
+    """Inverse of ``rows_to_scales``: a 1-D vector in row (C, axis-last) order."""
     check_scales(scales, lay)
     return ops_for(scales).moveaxis(scales, lay.axis, -1).reshape(-1)
 
@@ -152,7 +152,7 @@ def check_scales(scales: Any, lay: Layout) -> None:
 class Piece:
     """Whole blocks that follow each other in row order: outer indices ``a`` (over the axes
     before the blocked one, flattened) and ``b`` (the axes after it), blocks ``k`` along the
-    axis; they are rows ``first .. first + rows`` of :func:`to_rows`."""
+    axis; they are rows ``first .. first + rows`` of ``to_rows``."""
 
     a: slice
     k: slice
@@ -198,13 +198,13 @@ def _span(lay: Layout, p: Piece, per_block: bool) -> tuple[slice, int]:
 def grouped(a: Any, lay: Layout, per_block: bool = False) -> Any:
     """``a`` (of ``lay.shape``, or ``lay.scale_shape`` with ``per_block``) as a 3-D array (axes
     before, the blocked axis, axes after): a view of a contiguous ``a``, else one copy.  What
-    :func:`gather` reads and :func:`scatter` writes."""
+    ``gather`` reads and ``scatter`` writes."""
     return a.reshape(lay.before, lay.nblocks if per_block else lay.length, lay.after)
 
 
 def gather(x3: Any, lay: Layout, p: Piece, per_block: bool = False) -> Any:
-    """Rows ``p.first .. p.first + p.rows`` of :func:`to_rows` of ``x`` (``x3`` is
-    :func:`grouped` ``x``): a contiguous ``(p.rows, block_size)`` array, zero-padded (a view
+    """Rows ``p.first .. p.first + p.rows`` of ``to_rows`` of ``x`` (``x3`` is
+    ``grouped`` ``x``): a contiguous ``(p.rows, block_size)`` array, zero-padded (a view
     when the piece is one already); with ``per_block``, the piece's per-block values as a 1-D
     vector."""
     span, width = _span(lay, p, per_block)
@@ -220,8 +220,8 @@ def gather(x3: Any, lay: Layout, p: Piece, per_block: bool = False) -> Any:
 
 
 def scatter(out3: Any, lay: Layout, p: Piece, rows: Any, per_block: bool = False) -> None:
-    """Inverse of :func:`gather`: write the piece's ``rows`` (padding dropped) into ``out3``,
-    the :func:`grouped` view of the output."""
+    """Inverse of ``gather``: write the piece's ``rows`` (padding dropped) into ``out3``,
+    the ``grouped`` view of the output."""
     span, width = _span(lay, p, per_block)
     part = out3[p.a, span, p.b]
     src = rows.reshape(part.shape[0], part.shape[2], width)[..., :part.shape[1]]
@@ -230,7 +230,7 @@ def scatter(out3: Any, lay: Layout, p: Piece, rows: Any, per_block: bool = False
 
 def check_padding(rows: Any, lay: Layout, first: int = 0) -> None:
     """Refuse unpacked codes ``rows`` (blocks ``first ..`` in row order) whose padding is not
-    zero, as :meth:`fpsim.mx.BlockArray.pack` writes it: such bytes were packed from another
+    zero, as ``fpsim.mx.BlockArray.pack`` writes it: such bytes were packed from another
     layout, and reading them as this one would silently drop or shift values."""
     tail = lay.length - (lay.nblocks - 1) * lay.block_size    # codes kept in a row's last block
     if tail == lay.block_size:

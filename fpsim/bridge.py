@@ -1,12 +1,12 @@
 """Bridges to the dtypes data is stored in: ml_dtypes' NumPy dtypes and torch's float8/float4.
 
 fpsim works on bit codes (unsigned integers); ml_dtypes arrays and torch ``float8_*`` tensors
-hold the same bits under a float dtype.  :func:`as_dtype` encodes with fpsim (any rounding
-mode, saturation, seed) and returns the codes *viewed* as the library's dtype; :func:`codes_of`
+hold the same bits under a float dtype.  [``as_dtype``][] encodes with fpsim (any rounding
+mode, saturation, seed) and returns the codes *viewed* as the library's dtype; [``codes_of``][]
 goes back: the bits of an ml_dtypes array or torch tensor as codes, and the fpsim format they
 are in, so ``fpsim.decode(*fpsim.codes_of(a))`` decodes it.  For 8-bit formats (and every
 NumPy/ml_dtypes one) both directions are zero-copy views: no bytes move.  torch's 16/32/64-bit
-codes are int32/int64 lanes (:func:`fpsim.backend.code_dtype`), so those take one integer cast.
+codes are int32/int64 lanes (``fpsim.backend.code_dtype``), so those take one integer cast.
 
 ``torch.float4_e2m1fn_x2`` holds two FP4 codes per byte, the first in the low nibble (PyTorch's
 definition; pytorch/ao#2939): ``as_dtype(t, "fp4_e2m1")`` packs pairs along the last
@@ -119,7 +119,7 @@ def _dtype_name(dtype: Any) -> str:
 
 
 def as_dtype(x: Any, fmt: str | Format, **options: Any) -> Any:
-    """``x`` encoded to ``fmt`` by fpsim (``options`` as :func:`fpsim.encode`), returned in the
+    """``x`` encoded to ``fmt`` by fpsim (``options`` as [``fpsim.encode``][]), returned in the
     library's dtype: an ml_dtypes/NumPy array for NumPy input, a torch tensor of
     ``torch.float8_*`` (etc.) for torch input.  A view of the codes, no copy (but torch's wide
     formats, and FP4 pairs packed into ``float4_e2m1fn_x2``: see the module doc).
@@ -181,7 +181,7 @@ def _pack_pairs(codes: Any) -> Any:
 
 
 def _unpack_pairs(packed: Any) -> Any:
-    """bytes [..., n/2] -> uint8 FP4 codes [..., n] (inverse of :func:`_pack_pairs`)."""
+    """bytes [..., n/2] -> uint8 FP4 codes [..., n] (inverse of ``_pack_pairs``)."""
     import torch
 
     return torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(*packed.shape[:-1], -1)

@@ -243,7 +243,7 @@ def save_atomically(path: str, write: Any) -> None:
 
 
 def save_all_atomically(files: list[tuple[str, Any]]) -> None:
-    """:func:`save_atomically` for several files: every ``write(file)`` goes to a temporary file
+    """``save_atomically`` for several files: every ``write(file)`` goes to a temporary file
     first, and only when all of them succeeded are they renamed into place, so a failure leaves
     every target as it was."""
     import tempfile

@@ -1,14 +1,14 @@
 """Public conversions: quantize, encode, decode, values.
 
 This module only prepares inputs (types, dtypes, chunks, exact integer conversion) and hands the
-bits to the single rounding routine in :mod:`fpsim.rounding`.  Where the dropped bits allow it
+bits to the single rounding routine in ``fpsim.rounding``.  Where the dropped bits allow it
 (float32 into FP8/FP6/FP4, bf16, fp16, tf32 and integers; float64 into FP8/FP6/FP4, E8M0 and
 integers) the same routine is evaluated once on representative inputs and the result used as a
 lookup table: rounding to such a format depends only on the input's high bits and on whether
 any of its low bits is set (see ``_table_low_bits``).  With numba installed, arrays of at least
 ``JIT_SIZE`` elements run the table lookup, float64's rounding to odd into float32 and nearest
 rounding into formats sharing float32's exponent field (bf16, tf32) in one compiled pass each
-(:mod:`fpsim._cast_kernels`, tested bit for bit against the NumPy steps).
+(``fpsim._cast_kernels``, tested bit for bit against the NumPy steps).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def _memo(cache: dict, key: tuple, build: Callable[..., Any]) -> Any:
 
 def _build_fast(fmt: Any, rounding: Any, saturate: Any, subnormals: Any, backend: Any,
                 on_nan: Any, dtype: np.dtype, want: str) -> tuple | None:
-    """:func:`_fast_plan`'s entry for these arguments."""
+    """``_fast_plan``'s entry for these arguments."""
     entry = None
     if (dtype in _NATIVE_FLOATS and isinstance(fmt, (str, Format)) and isinstance(rounding, str)
             and backend in ("auto", "numpy") and on_nan in ("raise", "zero")):
@@ -97,7 +97,7 @@ _SCALAR_TYPES = frozenset({float, np.float64, np.float32})
 
 def _scalar_plan(key: tuple) -> Callable[[Any], Any] | None:
     """The scalar path of a call on a Python float or NumPy float32/float64 scalar: where the
-    array plan is a lookup table, the table's steps (:func:`_table_steps`) searched for the
+    array plan is a lookup table, the table's steps (``_table_steps``) searched for the
     scalar's bits as a Python integer (under a microsecond instead of an array call's
     several); the same table, so the same bits.  None (no table, NaN checks, options the
     general path must resolve) sends the call the general way.  ``key``: ``(type, fmt,
@@ -108,7 +108,7 @@ def _scalar_plan(key: tuple) -> Callable[[Any], Any] | None:
 
 def _build_scalar(kind: type, fmt: Any, rounding: Any, saturate: Any, subnormals: Any,
                   backend: Any, on_nan: Any, want: str) -> Callable[[Any], Any] | None:
-    """:func:`_scalar_plan`'s entry for these arguments."""
+    """``_scalar_plan``'s entry for these arguments."""
     dtype = np.dtype(np.float64 if kind is float else kind)
     fast = _fast_plan(fmt, rounding, saturate, subnormals, backend, on_nan, dtype, want)
     entry = None
@@ -291,9 +291,9 @@ def _float32_field(fmt: Format) -> bool:
 
 
 def _field_plan(plan: Callable, fmt: Format, rounding: str, want: str) -> Callable:
-    """Nearest rounding into a :func:`_float32_field` format, codes or values, from float32 or
+    """Nearest rounding into a ``_float32_field`` format, codes or values, from float32 or
     float64 (rounded to odd into float32 on the way, see ``_through_float32``), in one compiled
-    pass over arrays of at least ``JIT_SIZE`` elements (:mod:`fpsim._cast_kernels`); ``plan``
+    pass over arrays of at least ``JIT_SIZE`` elements (``fpsim._cast_kernels``); ``plan``
     (the NumPy steps) below that or without numba.  Tests compare the two bit for bit."""
     args = (np.uint32(F32.mbits - fmt.mbits), rounding == "rna", np.uint32(fmt.nan_code),
             want == "code")
@@ -309,7 +309,7 @@ def _field_plan(plan: Callable, fmt: Format, rounding: str, want: str) -> Callab
 
 def _numpy_steps(fmt: Format, rounding: str, saturate: bool, subnormals: bool, want: str,
                  wide: bool) -> Callable[[np.ndarray, np.ndarray], None]:
-    """:func:`_numpy_plan` without the compiled one-pass plan."""
+    """``_numpy_plan`` without the compiled one-pass plan."""
     src = _source_for(fmt, wide)
     if not wide and src is F64:
         return _convert_first(_numpy_plan(fmt, rounding, saturate, subnormals, want, True),
@@ -337,8 +337,8 @@ def _table_plan(table: np.ndarray, low: int, src: Source) -> Callable:
     ``(u & below) + below`` (``below`` = the ``low - 1`` bits under the top low bit) carries
     into the top low bit exactly when a bit below it is set: OR-ing that into ``u`` and
     shifting by ``low - 1`` leaves high * 2 + sticky of all ``low`` bits.  In-place steps with
-    0-d operands, NumPy's cheapest form for chunks; arrays of at most :data:`SMALL` elements
-    read the same table as steps (:func:`_table_steps`): one binary search and one gather."""
+    0-d operands, NumPy's cheapest form for chunks; arrays of at most ``SMALL`` elements
+    read the same table as steps (``_table_steps``): one binary search and one gather."""
     utype = np.uint64 if src is F64 else np.uint32
     shift = np.array(low - 1, utype)
     below = np.array((1 << (low - 1)) - 1, utype)
@@ -377,7 +377,7 @@ def _table_plan(table: np.ndarray, low: int, src: Source) -> Callable:
             part = u[lo:lo + CHUNK]
             table.take(index(part, idx[:part.size]), out=out[lo:lo + part.size], mode="wrap")
     def small(x: np.ndarray) -> np.ndarray:
-        """A new array of the table's values for an array of at most :data:`SMALL` elements,
+        """A new array of the table's values for an array of at most ``SMALL`` elements,
         any shape and strides (quantize's and encode's shortest path)."""
         starts, values = steps()
         return values[starts.searchsorted(x.view(utype), "right")]
@@ -388,7 +388,7 @@ def _table_plan(table: np.ndarray, low: int, src: Source) -> Callable:
 
 
 def _value_bounds(starts: np.ndarray) -> tuple[list[float], list[float], int]:
-    """Float64 steps (:func:`_table_steps`) by value: ``(pos, neg, npos)`` where a number
+    """Float64 steps (``_table_steps``) by value: ``(pos, neg, npos)`` where a number
     ``x > 0`` is on step ``bisect_right(pos, x)`` and ``x < 0`` on ``npos + bisect_right(neg,
     -x)`` (the bits order positive numbers by value, negative ones by magnitude after every
     positive bit pattern).  Starts among the NaN patterns are left out: no number reaches them,
@@ -402,7 +402,7 @@ def _value_bounds(starts: np.ndarray) -> tuple[list[float], list[float], int]:
 
 
 def _table_steps(table: np.ndarray, low: int, utype: type) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_table_plan`'s table as a step function of the input's bits ``u``: the value is
+    """``_table_plan``'s table as a step function of the input's bits ``u``: the value is
     ``values[starts.searchsorted(u, "right")]``.  Index ``2h`` holds the one input
     ``h << low`` and ``2h + 1`` the inputs strictly between it and ``(h + 1) << low``, so the
     indices run in the inputs' order and each step starts where the table's entry changes
@@ -472,7 +472,7 @@ def _through_float32(plan32: Callable, want: str,
     of every one of them as the input; beyond float32's range it gives inf, as the target does.
     ``direct``: ``plan32`` is a cast that writes values into the float64 output itself (no
     float32 result and second copy).  With numba, arrays of at least ``JIT_SIZE`` elements are
-    rounded to odd in one compiled pass instead (:mod:`fpsim._cast_kernels`, the same bits)."""
+    rounded to odd in one compiled pass instead (``fpsim._cast_kernels``, the same bits)."""
     def run(flat: np.ndarray, out: np.ndarray) -> None:
         m = min(flat.size, CHUNK)
         buf = np.empty(m, np.float32)
@@ -552,7 +552,7 @@ _KERNELS = f"{__package__}._cast_kernels"      # loaded: small arrays take the k
 
 @functools.cache
 def _jit() -> Any:
-    """:mod:`fpsim._cast_kernels` (numba's one-pass twins of NumPy steps here), or None without
+    """``fpsim._cast_kernels`` (numba's one-pass twins of NumPy steps here), or None without
     numba."""
     try:
         from . import _cast_kernels
@@ -688,7 +688,7 @@ def quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool
     no inf) unless ``saturate`` or the rounding direction says the largest finite value; NaN
     stays NaN.  ``saturate="finite"`` also sends infinite inputs to +-max (P3109's SatFinite;
     ``True`` is its SatPropagate, ``False`` its SatNone).  ``backend`` picks the driver for
-    torch tensors (see :func:`fpsim.dispatch.route`): ``"auto"``, ``"numpy"``, ``"torch"`` or
+    torch tensors (see ``fpsim.dispatch.route``): ``"auto"``, ``"numpy"``, ``"torch"`` or
     ``"triton"``.  Stochastic modes (docs/stochastic.md): ``srbits`` random bits per element
     (None: every dropped bit, exact probabilities), drawn from ``seed`` or given as
     ``random_bits`` (integers of ``x``'s shape in [0, 2^srbits)): the same random bits give the
@@ -762,9 +762,9 @@ def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool |
     Sub-byte codes sit in the low bits; integer formats use two's complement.  NaN inputs into a
     format without a NaN code raise ``ValueError`` unless ``on_nan="zero"`` (ml_dtypes'
     behaviour: NaN becomes a zero; the old keyword ``nan=`` still works with a warning).
-    torch tensors give torch tensors on the same device, in :func:`fpsim.backend.code_dtype`'s
+    torch tensors give torch tensors on the same device, in ``fpsim.backend.code_dtype``'s
     torch dtype: uint8 for codes of up to 8 bits, else int32/int64 lanes.  ``srbits`` and
-    ``random_bits``: as :func:`quantize`.
+    ``random_bits``: as [``quantize``][].
 
     >>> import fpsim
     >>> fpsim.encode([448.0, 500.0, -0.0], "e4m3").tolist()    # 500 overflows to NaN (0x7F)
@@ -821,7 +821,7 @@ def encode(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate: bool |
 
 
 def _torch_codes(codes: Any, fmt: Format) -> Any:
-    """Codes in :func:`fpsim.backend.code_dtype`'s torch dtype; int64 lanes hold the unsigned
+    """Codes in ``fpsim.backend.code_dtype``'s torch dtype; int64 lanes hold the unsigned
     code (64-bit codes keep their two's complement bit pattern)."""
     out = codes.to(code_dtype(fmt, torch=True))
     return out & 0xFFFFFFFF if fmt.bits == 32 else out
@@ -883,7 +883,7 @@ _TABLE_BITS = 16
 
 @functools.lru_cache(maxsize=64)
 def _decode_table(fmt: Format) -> np.ndarray:
-    """float64 value of every code of ``fmt`` (at most 2^16), computed once by :func:`decode_bits`:
+    """float64 value of every code of ``fmt`` (at most 2^16), computed once by ``decode_bits``:
     decoding is then one gather, on NumPy or torch."""
     codes = np.arange(fmt.num_codes, dtype=np.int64)
     table = decode_bits(_NP, codes, F64, fmt).view(np.float64)
@@ -893,7 +893,7 @@ def _decode_table(fmt: Format) -> np.ndarray:
 
 @functools.lru_cache(maxsize=64)
 def _torch_decode_table(fmt: Format, device: Any) -> Any:
-    """:func:`_decode_table` as a float64 tensor on ``device``."""
+    """``_decode_table`` as a float64 tensor on ``device``."""
     import torch
 
     return torch.tensor(_decode_table(fmt), dtype=torch.float64, device=device)

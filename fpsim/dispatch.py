@@ -86,15 +86,15 @@ def kernels_for(x: Any) -> Any:
 
 
 def quantize(x: Any, fmt: Format, **options: Any) -> Any:
-    """:func:`kernels.quantize`."""
+    """``kernels.quantize``."""
     return kernels_for(x).quantize(x, fmt, **options)
 
 
 def encode(x: Any, fmt: Format, **options: Any) -> Any:
-    """:func:`kernels.encode`, unpacked (codes shaped like ``x``, as ``fpsim.encode``)."""
+    """``kernels.encode``, unpacked (codes shaped like ``x``, as ``fpsim.encode``)."""
     return kernels_for(x).encode(x, fmt, pack=False, **options)
 
 
 def mx_quantize(x: Any, spec: Any, **options: Any) -> Any:
-    """:func:`kernels.mx_quantize`, unpacked: one code per element in row order."""
+    """``kernels.mx_quantize``, unpacked: one code per element in row order."""
     return kernels_for(x).mx_quantize(x, spec, pack=False, **options)

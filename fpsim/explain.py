@@ -2,9 +2,9 @@
 
 Blocks too: a block format stores one scale code per block (E8M0 for MX, E4M3 for NVFP4, which
 also has a float32 tensor scale) and one small code per element; a value is element x scale (x
-tensor scale).  :func:`explain_block` quantizes values as :func:`fpsim.mx.quantize` does (one
+tensor scale).  ``explain_block`` quantizes values as ``fpsim.mx.quantize`` does (one
 row, zero-padded to whole blocks) and describes each block's scale code and each element's code
-with :func:`explain_code`, so the bits shown are the ones ``mx.quantize`` stores.
+with ``explain_code``, so the bits shown are the ones ``mx.quantize`` stores.
 """
 
 from __future__ import annotations
@@ -94,12 +94,12 @@ def _show(v: float) -> str:
 def explain(x: Any, fmt: str | Format | BlockFormat, rounding: str = "rne",
             **options: Any) -> Any:
     """Round the scalar ``x`` (a number, or an array or tensor of one element) to ``fmt`` and
-    describe the result field by field: an :class:`Explanation`, whose ``str()`` is one line.
+    describe the result field by field: an ``Explanation``, whose ``str()`` is one line.
 
-    With a block format (``"mxfp4"``, ``"nvfp4"``...: :data:`fpsim.mx.BLOCK_FORMATS`), ``x``
+    With a block format (``"mxfp4"``, ``"nvfp4"``...: ``fpsim.mx.BLOCK_FORMATS``), ``x``
     may hold several values, quantized together in blocks: a
-    :class:`BlockExplanation` shows each block's scale bits and each
-    element's bits and value (``options`` then go to :func:`fpsim.mx.quantize`).
+    ``BlockExplanation`` shows each block's scale bits and each
+    element's bits and value (``options`` then go to [``fpsim.mx.quantize``][]).
 
     >>> import fpsim
     >>> print(fpsim.explain(0.1, "bf16"))
@@ -227,7 +227,7 @@ def explain_block(x: Any, fmt: str | BlockFormat, **options: Any) -> BlockExplan
     """Quantize the values ``x`` (a number or a 1-D sequence) to the block format ``fmt`` as
     one row, blocks of ``fmt.block_size`` in order, and describe the scale and element bits.
 
-    ``options`` go to :func:`fpsim.mx.quantize` (``rounding``, ``scale_rounding``,
+    ``options`` go to ``fpsim.mx.quantize`` (``rounding``, ``scale_rounding``,
     ``block_size``, ``tensor_scale``).
 
     >>> print(explain_block([1.0, 0.3, -2.0, 5.0], "mxfp4"))   # doctest: +NORMALIZE_WHITESPACE

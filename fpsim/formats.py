@@ -33,7 +33,7 @@ class Format:
     rounding rules: ties-to-even and round-to-odd look at the last bit of the *code* (not of the
     significand: they differ only without fraction bits, P=1), and round-to-odd overflows like
     the nearest modes; unsigned formats with a zero treat negative results as an overflow
-    below 0.  See :func:`p3109`.
+    below 0.  See [``p3109``][fpsim.formats.p3109] (the function).
     """
 
     name: str = field(compare=False)
@@ -260,7 +260,7 @@ FORMATS: dict[str, Format] = {f.name: f for f in _NAMED}
 #: The family of each named format: who defines it, and how it encodes inf/NaN.
 #: "IEEE-style": inf and NaN in the all-ones exponent, as IEEE 754 (the eXmY grammar's
 #: default); "OCP": the Open Compute Project's FP8 (E4M3FN: no inf, one NaN) and MX formats;
-#: "fnuz": NaN at the code of -0, no inf (AMD MI300, Graphcore); P3109: see :func:`p3109`.
+#: "fnuz": NaN at the code of -0, no inf (AMD MI300, Graphcore); P3109: see ``p3109``.
 FAMILIES: dict[str, str] = {
     "fp64": "IEEE 754", "fp32": "IEEE 754", "fp16": "IEEE 754",
     "tf32": "IEEE-style (NVIDIA)", "bf16": "IEEE-style (Google)",
@@ -350,7 +350,7 @@ def _from_p3109(name: str) -> Format | None:
 def _from_spec(name: str) -> Format | None:
     """A format from the grammar: ``eXmY`` and ``eXmY_ieee`` (inf/NaN in the all-ones exponent),
     ``eXmYfn`` (no inf, one NaN code), ``eXmYfnuz`` (NaN at negative zero).  The names of
-    :data:`ALIASES` come first: ``e4m3`` is OCP E4M3FN, ``e4m3_ieee`` the IEEE-style one."""
+    ``ALIASES`` come first: ``e4m3`` is OCP E4M3FN, ``e4m3_ieee`` the IEEE-style one."""
     match = _SPEC.match(name)
     if not match:
         return None
@@ -366,7 +366,7 @@ def _from_spec(name: str) -> Format | None:
 
 
 def family(fmt: str | Format) -> str:
-    """The family a format belongs to (see :data:`FAMILIES`); for formats made by the grammars,
+    """The family a format belongs to (see ``FAMILIES``); for formats made by the grammars,
     what the grammar makes: ``"IEEE-style"``, ``"fn (OCP-style)"``, ``"fnuz"`` or ``"P3109"``.
 
     >>> family("e4m3"), family("e4m3_ieee"), family("p3109_k8p3se")
@@ -383,7 +383,7 @@ def family(fmt: str | Format) -> str:
 
 
 def aliases_of(name: str) -> list[str]:
-    """The aliases of the canonical name ``name``, in :data:`ALIASES`' order.
+    """The aliases of the canonical name ``name``, in ``ALIASES``' order.
 
     >>> aliases_of("fp8_e4m3fn")
     ['e4m3', 'e4m3fn', 'float8_e4m3fn']
@@ -398,7 +398,7 @@ def known_names() -> list[str]:
 
 def get_format(fmt: str | Format) -> Format:
     """Resolve a name, alias, ``eXmY`` / ``eXmYfn`` / ``eXmYfnuz`` spec string or P3109 name
-    (``p3109_k8p3se``, ``binary8p3se``: see :func:`p3109`) to a Format.
+    (``p3109_k8p3se``, ``binary8p3se``: see [``p3109``][]) to a Format.
 
     Aliases come first: ``"e4m3"`` is OCP E4M3FN (max 448); the grammar's IEEE-style E4M3 is
     ``"e4m3_ieee"`` (max 240).

@@ -1,4 +1,4 @@
-"""The input gate: every public entry point passes its data through :func:`check_input`.
+"""The input gate: every public entry point passes its data through ``check_input``.
 
 Data arrives in more shapes than float32/float64 arrays: other byte orders, long double,
 dates, masked arrays.  Each is either converted without changing a single value or refused with
@@ -20,7 +20,7 @@ an error that names the problem and the fix; nothing is rounded on the way in.
 
 torch tensors and Python ints and floats pass unchanged (torch has one byte order and no long
 double; complex tensors are refused).  The keyword checks every entry point shares live here
-too: :func:`check_flag` (yes/no arguments) and :func:`check_seed`.
+too: ``check_flag`` (yes/no arguments) and ``check_seed``.
 """
 
 from __future__ import annotations

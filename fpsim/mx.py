@@ -4,7 +4,7 @@ A block of ``block_size`` consecutive elements along ``axis`` shares one scale. 
 (``mxfp8_e4m3``, ``mxfp8_e5m2``, ``mxfp6_e2m3``, ``mxfp6_e3m2``, ``mxfp4``, ``mxint8``) use an
 E8M0 power-of-two scale X = 2^s per 32 elements; ``nvfp4`` uses an FP8 E4M3 scale per 16 E2M1
 elements and one float32 scale for the whole tensor.  Elements are rounded by the core
-(:func:`fpsim.encode`, saturating), so every rounding mode of the core is available.
+([``fpsim.encode``][], saturating), so every rounding mode of the core is available.
 
 MX scale (``scale_rounding``; the block's amax is read exactly from its float bits):
 
@@ -43,19 +43,19 @@ also covers the all-zero tensor (no 0/0: block scales clamp to 2^-6, elements ar
 with NaN or inf gets the E4M3 NaN code 0x7F and element codes 0.  Pass ``tensor_scale=1.0`` for
 single-level scaling (torchao's ``per_tensor_scale=None`` gives the same codes).
 
-The formats, their registry and the scale rules are in :mod:`fpsim.blockrules` (re-exported
-here); this module holds the container (:class:`BlockArray`, alias ``MXArray``), ``quantize``,
-``dequantize`` and the choice of the Triton kernel (through :mod:`fpsim.dispatch`).
+The formats, their registry and the scale rules are in ``fpsim.blockrules`` (re-exported
+here); this module holds the container ([``BlockArray``][], alias ``MXArray``), ``quantize``,
+``dequantize`` and the choice of the Triton kernel (through ``fpsim.dispatch``).
 
 Packed layout (``MXArray.pack``; the Triton kernel produces the same bytes): move ``axis`` to
 the end, pad it with zeros to a multiple of ``block_size``, flatten in C order.  The scale bytes
 are one per block in that order; the element bytes are that flat stream of codes packed by
-:func:`fpsim.packing.pack_codes` (FP4: two per byte, first in the low nibble; FP6: four in three
+``fpsim.packing.pack_codes`` (FP4: two per byte, first in the low nibble; FP6: four in three
 bytes, little-endian; 8-bit: one per byte).  NVFP4's float32 tensor scale travels beside them.
 
 Memory: ``quantize``, ``dequantize``, ``pack`` and ``unpack`` work on pieces of whole blocks
-(:func:`fpsim.blocks.pieces`; :data:`CHUNK` elements per NumPy piece and thread,
-:data:`TORCH_CHUNK` per torch piece) written into preallocated outputs (uint8 codes and scales,
+(``fpsim.blocks.pieces``; ``CHUNK`` elements per NumPy piece and thread,
+``TORCH_CHUNK`` per torch piece) written into preallocated outputs (uint8 codes and scales,
 packed bytes, values), so a large operand costs its outputs plus a few pieces, not full-size
 copies of the padded or transposed input, int64 gathers and intermediate values.  Pieces give
 the bits of one piece: NumPy's stochastic rounding draws its random bits piece after piece from
@@ -148,9 +148,9 @@ class BlockArray:
     def unpack(cls, scales: Any, packed: Any, fmt: str | BlockFormat, shape: tuple[int, ...], *,
                axis: int = -1, block_size: int | None = None,
                tensor_scale: float | None = None) -> "BlockArray":
-        """Rebuild a BlockArray from :meth:`pack`'s bytes and the original shape and axis.
+        """Rebuild a BlockArray from [``pack``][]'s bytes and the original shape and axis.
 
-        Bytes whose padding codes are not zero (as :meth:`pack` writes them) were packed from
+        Bytes whose padding codes are not zero (as [``pack``][] writes them) were packed from
         another shape, axis or block size: ValueError."""
         spec = get_block_format(fmt)
         scales, packed = (np.frombuffer(b, np.uint8) if isinstance(b, (bytes, bytearray))
@@ -186,7 +186,7 @@ def quantize(x: Any, fmt: str | BlockFormat, *, axis: int = -1, block_size: int 
 
     ``scale_rounding`` (MX only; None means ``"floor"``) picks the scale rule, ``rounding`` any
     core rounding mode for the elements (stochastic ones: ``seed``, ``srbits`` and
-    ``random_bits`` of ``x``'s shape as :func:`fpsim.quantize` takes them).  ``pad=False`` refuses
+    ``random_bits`` of ``x``'s shape as [``fpsim.quantize``][] takes them).  ``pad=False`` refuses
     an axis that is not a multiple of ``block_size``.  ``tensor_scale`` (NVFP4 only) replaces the
     computed per-tensor scale.  NumPy in, NumPy out; torch in, torch out (bit-identical, except
     stochastic rounding, whose random bits differ unless given).  ``backend``: ``"auto"`` runs CUDA
@@ -257,7 +257,7 @@ def quantize(x: Any, fmt: str | BlockFormat, *, axis: int = -1, block_size: int 
 
 
 def dequantize(mx: BlockArray, dtype: Any = np.float32) -> Any:
-    """Values of a :class:`BlockArray` (float32 by default, or float64); NaN scales give NaN.
+    """Values of a [``BlockArray``][] (float32 by default, or float64); NaN scales give NaN.
     Computed piece by piece into the output: temporaries of one piece per thread.
 
     >>> import numpy as np, fpsim
@@ -321,7 +321,7 @@ def _empty(like: Any, shape: tuple[int, ...], dtype: str) -> Any:
 def _each(parts: list[blocks.Piece], job: Callable[[blocks.Piece], Any],
           in_order: bool) -> list[Any]:
     """``job`` of every piece, in order (torch, which threads inside its ops, and one random
-    stream), else on every core (:func:`fpsim.parallel.run`); the results in order."""
+    stream), else on every core (``fpsim.parallel.run``); the results in order."""
     if in_order:
         return [job(p) for p in parts]
     grain = max(1, parallel.GRAIN // CHUNK)

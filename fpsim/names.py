@@ -6,7 +6,7 @@ counts as ``_`` (``" RNE "``, ``"FP8-E4M3FN"`` and ``"fp8_e4m3fn"`` all resolve)
 name raises one ``ValueError`` that names the kind, suggests the closest known name only when it
 is close (difflib ratio >= 0.6, or a listed hint such as ``"nearest"`` -> ``"rne"``), lists the
 known names, and points to the other registry when the name belongs there (``"mxfp8_e4m3"``
-asked of :func:`fpsim.get_format`, ``"e4m3"`` of :func:`fpsim.mx.get_block_format`).
+asked of ``fpsim.get_format``, ``"e4m3"`` of ``fpsim.mx.get_block_format``).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def resolve(kind: str, name: Any, table: Mapping[str, T], aliases: Mapping[str, 
             fallback: Callable[[str], T | None] | None = None, known: list[str] | None = None,
             extra: str = "") -> T:
     """``table[normalize(name)]`` (through ``aliases``), else ``fallback(key)`` when it is not
-    None (a grammar), else :func:`unknown_name_error` listing ``known`` (default: the table's
+    None (a grammar), else ``unknown_name_error`` listing ``known`` (default: the table's
     names and aliases) and ``extra``."""
     if not isinstance(name, str):
         raise TypeError(f"{kind} must be a name (str), not {type(name).__name__}")

@@ -1,10 +1,10 @@
 """Fake quantization for PyTorch models, forward and backward.
 
-``fake_quantize`` is the autograd-aware :func:`fpsim.quantize` (any device fpsim supports), its
+``fake_quantize`` is the autograd-aware [``fpsim.quantize``][] (any device fpsim supports), its
 gradient straight through or rounded; ``round_through`` is the same with any rounding function
 on either side.  ``quantize_linear_layers`` puts a model's matrix-multiply layers under a format
-with one call: a thin wrapper over :func:`fpsim.emulate` (one recipe, its backward GEMMs from
-:class:`GradFormats`), the model given back untouched on ``restore()``.  ``LossScaler`` is
+with one call: a thin wrapper over [``fpsim.emulate``][] (one recipe, its backward GEMMs from
+[``GradFormats``][]), the model given back untouched on ``restore()``.  ``LossScaler`` is
 loss scaling with torch.amp.GradScaler's rules, static or dynamic.  torch is imported only when
 these are used.
 """
@@ -69,7 +69,7 @@ def fake_quantize(x: Any, fmt: str | Format, *, rounding: str = "rne", saturate:
     The backward pass hands the incoming gradient through unchanged, or rounded to ``grad_fmt``
     (with ``grad_rounding`` / ``grad_saturate`` / ``grad_srbits``) when given.  ``srbits`` and
     ``random_bits``: stochastic rounding's random bits in the forward pass, as
-    :func:`fpsim.quantize` takes them.
+    [``fpsim.quantize``][] takes them.
 
     >>> import torch
     >>> x = torch.tensor([0.1, 500.0], requires_grad=True)
@@ -107,8 +107,8 @@ def _straight_through() -> Any:
 
 @dataclass(frozen=True)
 class GradFormats:
-    """The gradient format of :func:`quantize_linear_layers`: what
-    :meth:`backward` turns into an :class:`fpsim.emulation.casts.Backward`.
+    """The gradient format of [``quantize_linear_layers``][]: what
+    [``backward``][] turns into an [``fpsim.emulation.casts.Backward``][].
 
     ``activation`` and ``weight`` name the format of the output gradient ``dy`` as an operand of the
     layer's two backward GEMMs (``dx = dy @ W^T``, ``dW = x^T @ dy``, ``W`` as ``[in, out]``),
@@ -118,8 +118,8 @@ class GradFormats:
     for both GEMMs (as the hardware casts one FP8 gradient), so the two must name the same format,
     or both be None (gradients in the working precision); the GEMM results ``dx`` and ``dW`` are
     FP32 sums, not rounded again.  Per-operand casts of the backward GEMMs (``x`` and ``W``
-    re-quantized, scaled casts): a :class:`fpsim.emulation.Recipe` with ``backward=Backward(...)``
-    under :func:`fpsim.emulate` (docs/training.md).
+    re-quantized, scaled casts): a [``fpsim.emulation.Recipe``][] with ``backward=Backward(...)``
+    under [``fpsim.emulate``][] (docs/training.md).
 
     >>> GradFormats("e5m2", "e5m2", saturate=True).backward().grad.describe()
     'e5m2 sat'
@@ -171,8 +171,8 @@ def is_matmul_layer(module: Any) -> bool:
 
 
 class QuantizedLayers:
-    """What :func:`quantize_linear_layers` put under a format: the layers (``modules``), the
-    :class:`fpsim.emulation.Emulation` that computes them (``emulation``: ``missed``,
+    """What ``quantize_linear_layers`` put under a format: the layers (``modules``), the
+    ``fpsim.emulation.Emulation`` that computes them (``emulation``: ``missed``,
     ``report()``), entered around every forward call of the model.  ``restore()`` (or leaving
     a ``with`` block) removes its forward hooks: the model's parameters were never touched."""
 
@@ -209,12 +209,12 @@ def quantize_linear_layers(model: Any, weights: str | Format | None = None,
                            include: Callable[[str, Any], bool] | None = None,
                            srbits: int | None = None) -> QuantizedLayers:
     """Run the products of every ``nn.Linear`` and ``Conv1D`` of ``model`` under
-    :func:`fpsim.emulate`, with weights, activations and gradients in the given formats.
+    [``fpsim.emulate``][], with weights, activations and gradients in the given formats.
 
-    One :class:`fpsim.emulation.Recipe` (operands ``activations`` x ``weights`` rounded with
+    One [``fpsim.emulation.Recipe``][] (operands ``activations`` x ``weights`` rounded with
     ``rounding`` / ``saturate`` / ``srbits``; FP32 sums computed in FP64 and rounded once;
-    ``backward`` from ``grad``, a format or :class:`GradFormats`) and one
-    :class:`fpsim.emulation.Rules` entry per chosen layer (every other op left to torch) make an
+    ``backward`` from ``grad``, a format or [``GradFormats``][]) and one
+    [``fpsim.emulation.Rules``][] entry per chosen layer (every other op left to torch) make an
     emulation entered around each forward call of ``model``, or of a module inside it called alone
     (forward hooks: ``model.forward(x)`` bypasses them, ``model(x)`` does not).  A product is the
     layer's wherever it runs: in the layer's forward, or anywhere that uses the layer's weight

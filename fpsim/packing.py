@@ -11,7 +11,7 @@ rule gives the layouts hardware and torchao use:
 
 A final partial byte is padded with zero bits.  NumPy arrays give NumPy arrays, torch tensors give
 torch tensors on the same device.  A long stream can be packed from pieces into one output
-(:func:`pack_pieces`) and read back a range at a time (:func:`unpack_range`), with temporaries
+(``pack_pieces``) and read back a range at a time (``unpack_range``), with temporaries
 the size of a piece.
 """
 
@@ -50,7 +50,7 @@ def pack_codes(codes: Any, bits: int) -> Any:
 
 
 def pack_pieces(parts: Iterable[Any], bits: int, out: Any) -> Any:
-    """:func:`pack_codes` of the concatenation of ``parts`` (each flattened in C order) written
+    """``pack_codes`` of the concatenation of ``parts`` (each flattened in C order) written
     into ``out``, a 1-D uint8 array of exactly the packed size: one piece's temporaries at a
     time.  A group of codes split between two parts is carried over to the next."""
     bits = _check_bits(bits)
@@ -92,7 +92,7 @@ def _pack_flat(flat: Any, bits: int) -> Any:
 
 
 def unpack_range(buf: Any, bits: int, lo: int, hi: int) -> Any:
-    """Codes ``lo .. hi`` of the byte stream ``buf``, as :func:`unpack_codes` gives them,
+    """Codes ``lo .. hi`` of the byte stream ``buf``, as ``unpack_codes`` gives them,
     reading only the bytes of the groups they lie in."""
     n_codes, n_bytes = _group(_check_bits(bits))
     first = lo // n_codes

@@ -28,7 +28,7 @@ def workers() -> int:
 
 
 def pieces(n: int, grain: int = GRAIN) -> list[tuple[int, int]]:
-    """``[lo, hi)`` bounds cutting ``n`` elements into at most :func:`workers` pieces of at
+    """``[lo, hi)`` bounds cutting ``n`` elements into at most ``workers`` pieces of at
     least ``grain`` elements (one piece for small jobs)."""
     k = max(1, min(workers(), n // grain))
     step = max(1, -(-n // k))
@@ -36,7 +36,7 @@ def pieces(n: int, grain: int = GRAIN) -> list[tuple[int, int]]:
 
 
 def run(job: Callable[[int, int], Any], n: int, grain: int = GRAIN) -> list[Any]:
-    """``job(lo, hi)`` over :func:`pieces` of ``n``, the last one in the calling thread and the
+    """``job(lo, hi)`` over ``pieces`` of ``n``, the last one in the calling thread and the
     others on a shared thread pool; the results in order."""
     global _POOL
     parts = pieces(n, grain)

@@ -8,9 +8,9 @@ itself, exactly as in ml_dtypes.  Subnormal targets just drop more bits.  Intege
 whose values are all "subnormal" with unit spacing.  Everything is integer arithmetic on the
 float's bits: exact, vectorised, and the same in NumPy, torch and (as a twin) Triton.
 
-Only operators and the handful of helpers in :mod:`fpsim.backend` are used, so NumPy arrays and
-torch tensors run the very same lines.  :func:`decode_bits`, the inverse, sits here too.  The
-Triton twin, :mod:`fpsim_kernels.rounding`, has the same functions in the same order with the same
+Only operators and the handful of helpers in ``fpsim.backend`` are used, so NumPy arrays and
+torch tensors run the very same lines.  ``decode_bits``, the inverse, sits here too.  The
+Triton twin, ``fpsim_kernels.rounding``, has the same functions in the same order with the same
 numbered steps (``# 1.`` .. ``# 7.``, ``# D1.`` .. ``# D5.``): read the two side by side.
 """
 
@@ -42,7 +42,7 @@ _MODE_HINTS = {"nearest": "rne", "nearest_even": "rne", "round_nearest": "rne", 
 
 def check_mode(rounding: str) -> str:
     """The canonical rounding mode (case and white space ignored), or a ValueError listing
-    :data:`MODES`; ``"stochastic_a"`` (P3109's name) is ``"stochastic"``."""
+    ``MODES``; ``"stochastic_a"`` (P3109's name) is ``"stochastic"``."""
     return names.resolve("rounding mode", rounding, {m: m for m in MODES},
                          aliases={"stochastic_a": "stochastic"}, hints=_MODE_HINTS)
 
@@ -121,7 +121,7 @@ def round_bits(xp: Any, a: Any, neg: Any, src: Source, fmt: Format, mode: str, *
     "code"``, or the rounded values as source bits (sign included) when ``want == "value"``.
     Stochastic modes: ``rand`` holds uniform random integers of ``src.width - 2`` bits (every
     dropped bit meets one, ``srbits`` None), or the ``srbits`` random bits of each element
-    (:func:`stochastic_bias` says how the variants combine them with the dropped bits).
+    (``stochastic_bias`` says how the variants combine them with the dropped bits).
     NaN inputs become the format's NaN, or a zero when it has none (callers decide beforehand).
     """
     # 1. split the source bits: exponent, significand with its implicit bit, specials
@@ -327,7 +327,7 @@ def decode_bits(xp: Any, c: Any, src: Source, fmt: Format) -> Any:
 
     ``c``: integer lanes of the source's width (64-bit codes as their two's complement bit
     pattern).  Integer-only, except one exact multiply for subnormal codes; every code decodes,
-    NaN and inf included.  ``src`` must hold every value of ``fmt`` (:meth:`Source.holds`).
+    NaN and inf included.  ``src`` must hold every value of ``fmt`` (``Source.holds``).
     """
     # D1. sign and magnitude
     m = fmt.mbits

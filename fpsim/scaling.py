@@ -24,15 +24,15 @@ Rules (fpsim's choices, each tested):
 * Elements: x / scale rounded once to the data's float type (float32, or float64 for float64
   data and for formats whose range float32 cannot hold, e.g. e9m2), then to the format with ``rounding`` and saturation to ±qmax.  Values are
   decode(code) * scale in that float type, then cast to the input's dtype when it is float16 or
-  bfloat16 (one rounding, as :func:`fpsim.quantize` keeps the dtype).
+  bfloat16 (one rounding, as [``fpsim.quantize``][] keeps the dtype).
 
 ``granularity``: ``"tensor"`` (one scale), ``"channel"`` (one per index along ``axis``, default 0,
 e.g. a weight's output channels: scales keep that axis and have size 1 elsewhere) or
 ``("block", n)`` (blocks of n along ``axis``, default -1, zero-padded; scales have the input's
-shape with ``axis`` holding the block count, as :mod:`fpsim.mx`).
+shape with ``axis`` holding the block count, as [``fpsim.mx``][]).
 
 Memory: the scales come from a reduction over each group, read piece by piece; the elements
-are then quantized in pieces of :data:`CHUNK` elements per thread into preallocated outputs,
+are then quantized in pieces of ``CHUNK`` elements per thread into preallocated outputs,
 so a large operand (e.g. GPT-2's 768 x 50,257 LM head in float64) costs its outputs plus a few
 pieces, not several full-size temporaries.  The pieces give the same bits as one (stochastic rounding,
 whose random bits are drawn for the whole tensor at once, is done in one piece).
@@ -59,7 +59,7 @@ SCALE_DTYPES = ("fp32", "e8m0")
 _WIDE_INT = Format("int16", 0, 15, inf=False, nan="none")   # rounds quotients to integers
 _FP32_MIN_NORMAL = 2.0**-126
 _FP32_MAX = float(np.finfo(np.float32).max)
-#: Elements per chunk and per thread of :mod:`fpsim.parallel`: scales come from a reduction
+#: Elements per chunk and per thread of ``fpsim.parallel``: scales come from a reduction
 #: over the whole tensor, then quantization runs chunk by chunk into the outputs, so
 #: temporaries stay this size (4 MiB of float64 per thread) instead of several copies of a
 #: large operand, and each chunk's casts are still large enough to be split over the threads.
@@ -68,7 +68,7 @@ CHUNK = 1 << 19
 
 @dataclass
 class ScaledTensor:
-    """Result of :func:`scaled_quantize`: dequantized values, scales, zero points and codes."""
+    """Result of [``scaled_quantize``][]: dequantized values, scales, zero points and codes."""
 
     values: Any
     codes: Any
@@ -88,16 +88,16 @@ def scaled_quantize(x: Any, fmt: str | Format, *, granularity: Any = "tensor",
     Each group (the whole tensor, each channel along ``axis``, or each block of n values) is
     divided by a scale chosen so that its absolute maximum lands on the format's largest value
     (``symmetric=False``: min/max onto every integer code), rounded to ``fmt`` with
-    ``rounding`` (saturating), and multiplied back.  Returns a :class:`ScaledTensor`:
+    ``rounding`` (saturating), and multiplied back.  Returns a [``ScaledTensor``][]:
     ``values`` (dequantized; float16 or bfloat16 in, the same dtype out, as
-    :func:`fpsim.quantize`), ``codes`` (the format's bit codes),
+    [``fpsim.quantize``][]), ``codes`` (the format's bit codes),
     ``scales`` (float32, or powers of two with ``scale_dtype="e8m0"``) and ``zero_points``
     (asymmetric integers only).  ``granularity``: ``"tensor"``, ``"channel"`` (``axis``
     default 0) or ``("block", n)`` (``axis`` default -1, zero-padded).  ``margin`` multiplies
     the scale by 2^margin (Transformer Engine's headroom).  NumPy in, NumPy out; torch in,
     torch out, bit-identical (stochastic rounding aside, unless ``random_bits`` of ``x``'s
-    shape are given; ``srbits``: as :func:`fpsim.quantize`).  The exact rules (NaN groups, zero
-    groups, the scale's own rounding) are in the module doc, :mod:`fpsim.scaling`.
+    shape are given; ``srbits``: as [``fpsim.quantize``][]).  The exact rules (NaN groups, zero
+    groups, the scale's own rounding) are in the module doc, [``fpsim.scaling``][].
 
     >>> import numpy as np, fpsim
     >>> x = np.array([896.0, -3.0, 0.1, 0.0], np.float32)
@@ -205,7 +205,7 @@ def _check_format(fmt: Format, symmetric: bool) -> Format:
 
 def _in_dtype(vals: Any, x: Any) -> Any:
     """``vals`` cast to the input's float dtype when it is narrower (float16, bfloat16: one
-    rounding of each value, as :func:`fpsim.quantize` keeps the dtype); float32 otherwise."""
+    rounding of each value, as ``fpsim.quantize`` keeps the dtype); float32 otherwise."""
     dtype = getattr(x, "dtype", None)
     if dtype is None or (vals.dtype == dtype):
         return vals
@@ -281,7 +281,7 @@ def _chunks(groups: int, length: int, size: int) -> list[tuple[slice, slice]]:
 
 def _reduce_chunked(rows: Any, parts: list[tuple[slice, slice]], how: str,
                     absolute: bool = False) -> Any:
-    """:func:`_reduce` of ``rows`` (of ``|rows|`` when ``absolute``) piece by piece: max/min of
+    """``_reduce`` of ``rows`` (of ``|rows|`` when ``absolute``) piece by piece: max/min of
     each row and 0, NaN-propagating, with temporaries of one piece."""
     out = None
     for r, c in parts:
@@ -329,5 +329,5 @@ def _scale(span: Any, levels: float, scale_dtype: str, margin: int) -> Any:
 
 def _round_int(t: Any, rounding: str = "rne", seed: Any = None, **sr: Any) -> Any:
     """Round to integers with the core (saturating far beyond every clamp used here); ``sr``:
-    ``srbits`` and ``random_bits`` as :func:`fpsim.quantize` takes them."""
+    ``srbits`` and ``random_bits`` as ``fpsim.quantize`` takes them."""
     return quantize(t, _WIDE_INT, rounding=rounding, seed=seed, **sr)

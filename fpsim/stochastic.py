@@ -3,7 +3,7 @@
 ``srbits=n``: how many random bits meet the dropped bits (None: all of them, exact stochastic
 rounding); ``random_bits=``: the caller's own bits, an integer array of the input's shape with
 values in [0, 2^n), so that a result is a pure function of (input, random bits) on every
-backend.  The rule of each stochastic mode is :func:`fpsim.rounding.stochastic_bias`;
+backend.  The rule of each stochastic mode is ``fpsim.rounding.stochastic_bias``;
 ``VARIANTS`` names each after the P3109 draft and gfloat (docs/stochastic.md).
 """
 

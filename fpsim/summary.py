@@ -14,7 +14,7 @@ from .formats import Format, get_format
 
 @dataclass(frozen=True)
 class ErrorSummary:
-    """Error statistics of ``q`` (``x`` quantized to ``fmt``); see :func:`summarize`."""
+    """Error statistics of ``q`` (``x`` quantized to ``fmt``); see [``summarize``][]."""
 
     count: int           # elements
     nonfinite_in: int    # NaN or inf inputs
@@ -51,7 +51,7 @@ def out_of_range(x: np.ndarray, fmt: Format) -> np.ndarray:
 def summarize(x: Any, q: Any, fmt: str | Format) -> ErrorSummary:
     """Error statistics of ``q``, the quantized copy of ``x`` in ``fmt``: how many values
     overflowed, flushed to zero or became NaN/inf, the largest absolute and relative errors,
-    and the SNR in dB (an :class:`ErrorSummary`; ``.lines()`` prints it as ``fpsim quantize``
+    and the SNR in dB (an [``ErrorSummary``][]; ``.lines()`` prints it as ``fpsim quantize``
     does).  Works on anything array-like, NumPy or torch (moved to float64 on the CPU).
 
     >>> import numpy as np, fpsim

@@ -1,7 +1,7 @@
 """Experiment ``accumulation``: the same sites summed in FP32, BF16 and FP16, in different orders.
 
 Every site's operands are rounded to BF16 (as a mixed-precision GEMM reads them) and summed by
-:func:`fpsim.matmul` with exact products: left to right (``sequential``), in blocks of 128
+``fpsim.matmul`` with exact products: left to right (``sequential``), in blocks of 128
 promoted to an FP32 outer sum (``chunked``, DeepSeek-V3's fix) or as a balanced tree
 (``pairwise``), plus the Hopper BF16 tensor-core model (groups of 16 products aligned and
 truncated to 25 fraction bits).  Errors are measured against the FP64 sum of the same BF16

@@ -4,7 +4,7 @@ fpsim.emulate.
 Loads a local Hugging Face causal-LM directory (``config.json``, weights, and ``tokenizer.json``
 unless the vocabulary is the 256 bytes) with ``transformers``; nothing is downloaded.  The
 held-out text is tokenized with the directory's tokenizer and cut into windows.  Each recipe
-of :func:`recipes` runs end to end under :func:`fpsim.emulate` against the deterministic FP32
+of ``recipes`` runs end to end under ``fpsim.emulate`` against the deterministic FP32
 reference (every site's dot products in FP64, rounded once to FP32): loss, KL, top-1 with
 bootstrap CIs over windows.  On the first batch the context also captures every site (operand
 amax, overflowed / flushed operand elements, SNR against FP64 on the same operands), so the
@@ -86,7 +86,7 @@ def batch_logits(model: Any, wins: Tensor, rules: Rules, batch_size: int) -> lis
 
 @torch.no_grad()
 def site_table(model: Any, wins: Tensor, rules: Rules) -> list[dict[str, Any]]:
-    """The capture table (:meth:`fpsim.emulation.Emulation.table`) of one batch under ``rules``."""
+    """The capture table (``fpsim.emulation.Emulation.table``) of one batch under ``rules``."""
     with fpsim.emulate(rules, capture=True) as em:
         model(wins[:, :-1])
     return em.table()

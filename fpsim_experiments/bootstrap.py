@@ -5,7 +5,7 @@ come out every run); a metric is the ratio of resampled per-window sums (e.g. KL
 positions / positions), and a ratio of two runs' metrics is resampled *paired* (the same
 windows for both runs), so window-to-window variation that both runs share cancels.  Intervals
 are 95% percentile intervals.  A report calls one side worse only when the ratio's interval
-excludes 1 (:func:`verdict`).
+excludes 1 (``verdict``).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def interval(windows: dict, key: str) -> list[float]:
 
 
 def intervals(windows: dict, keys: Sequence[str] = ("loss", "kl", "top1", "kl_finite")) -> dict:
-    """:func:`interval` of each metric in ``keys``."""
+    """``interval`` of each metric in ``keys``."""
     return {k: interval(windows, k) for k in keys}
 
 
@@ -98,7 +98,7 @@ def fmt_ci(ci: Sequence[float], digits: int = 3) -> str:
 # Beyond one ratio of two runs: clusters of windows, functions of several runs, and p-values
 # --------------------------------------------------------------------------------------------
 def window_weights(windows: int, resamples: int = RESAMPLES, seed: int = SEED) -> np.ndarray:
-    """The window bootstrap of :func:`draws` as counts ``[resamples, windows]``: how often
+    """The window bootstrap of ``draws`` as counts ``[resamples, windows]``: how often
     each window is drawn in each resample."""
     idx = draws(windows, resamples, seed)
     out = np.zeros((resamples, windows))

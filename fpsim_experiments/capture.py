@@ -1,16 +1,16 @@
 """Capture the operands of every dot-product site of one GPT-2 forward pass.
 
-An ``ops`` object (see :mod:`fpsim_experiments.gpt2.ops`) records each site's operands and result
-while computing as the deterministic FP32 (or FP64) reference does (:mod:`fpsim_experiments.recipes`:
+An ``ops`` object (see ``fpsim_experiments.gpt2.ops``) records each site's operands and result
+while computing as the deterministic FP32 (or FP64) reference does (``fpsim_experiments.recipes``:
 dot products and softmax in FP64, rounded once), so the captured operands are what the
 reference network feeds that site, bit for bit on any machine.  LayerNorm sites record their
 input; their dot products are
-the row sum and the sum of squares (:func:`fpsim_experiments.recipes.layernorm_stats`).
+the row sum and the sum of squares (``fpsim_experiments.recipes.layernorm_stats``).
 
-:func:`stream` hands each site to a callback the moment the forward pass has computed it and
+``stream`` hands each site to a callback the moment the forward pass has computed it and
 keeps none, so a consumer that uses a site and drops it holds one site's operands at a time
 (plus the forward pass's own activations of the current block): memory does not grow with the
-number of layers.  :func:`capture` keeps them all (tests and small models).
+number of layers.  ``capture`` keeps them all (tests and small models).
 """
 
 from __future__ import annotations

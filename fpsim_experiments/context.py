@@ -2,10 +2,10 @@
 
 Built once per command line (``fpsim experiment all`` shares it between experiments).  The
 end-to-end metrics use ``Sizes.tokens`` held-out tokens.  The sites are captured on the first
-``Sizes.capture_windows`` windows and *streamed*, never held together: :meth:`Context.stream`
-runs the capture's forward pass and hands each site over as a :class:`Captured` (the whole
+``Sizes.capture_windows`` windows and *streamed*, never held together: ``Context.stream``
+runs the capture's forward pass and hands each site over as a ``Captured`` (the whole
 site for activation statistics, ``sites``: the subsample for the per-site replay, and
-``emulation``: a smaller one for recipes whose accumulator :func:`fpsim.matmul` emulates one
+``emulation``: a smaller one for recipes whose accumulator ``fpsim.matmul`` emulates one
 addition at a time, with their FP64 references), which the consumer uses and drops before the
 next one.  Memory is one site's operands plus the model, whatever the depth.  The trade-off:
 every experiment that replays sites runs that forward pass again (``all`` shares the model,
@@ -91,7 +91,7 @@ def display_name(model: str | Path) -> str:
 
 def synthetic_note(checkpoint: Path) -> str | None:
     """The description a synthetic checkpoint carries in ``config.json`` (key
-    ``fpsim_synthetic``, e.g. written by :mod:`fpsim_experiments.gpt2.massive`), else None: reports print
+    ``fpsim_synthetic``, e.g. written by ``fpsim_experiments.gpt2.massive``), else None: reports print
     it so that numbers from a stress model are never read as a trained model's."""
     note = json.loads((checkpoint / "config.json").read_text()).get(SYNTHETIC_KEY)
     return str(note) if note else None
@@ -104,7 +104,7 @@ def _subsample(site: Site, rows: int | None, cols: int | None, gen: torch.Genera
 
 
 class Captured:
-    """One captured site as :meth:`Context.stream` hands it over: whole (``full``), subsampled
+    """One captured site as ``Context.stream`` hands it over: whole (``full``), subsampled
     for the replay (``sites``) and for emulated accumulators (``emulation``), and the FP64
     references of both subsamples (computed when first asked for)."""
 
@@ -117,12 +117,12 @@ class Captured:
 
     @functools.cached_property
     def ref(self) -> Tensor:
-        """:func:`replay.reference` of ``sites``."""
+        """``replay.reference`` of ``sites``."""
         return replay.reference(self.sites)
 
     @functools.cached_property
     def emulation_ref(self) -> Tensor:
-        """:func:`replay.reference` of ``emulation``."""
+        """``replay.reference`` of ``emulation``."""
         return replay.reference(self.emulation)
 
     def for_recipe(self, recipe: Recipe) -> tuple[Site, Tensor]:
@@ -134,7 +134,7 @@ class Captured:
 @dataclass
 class Context:
     """Model, data and FP32 reference logits shared by the experiments; captured sites are
-    streamed (:meth:`stream`)."""
+    streamed (``stream``)."""
 
     model: GPT2
     model_name: str
@@ -144,10 +144,10 @@ class Context:
     seed: int = 0
     batch_size: int = 8
     synthetic: str | None = None
-    #: the call of :func:`build` that made it, taking ``device`` (None: made otherwise; its
+    #: the call of ``build`` that made it, taking ``device`` (None: made otherwise; its
     #: end-to-end runs run in this process only)
     source: Callable[..., Context] | None = None
-    #: where its end-to-end runs are computed (:meth:`end_to_end_runs`)
+    #: where its end-to-end runs are computed (``end_to_end_runs``)
     execution: e2e_runs.Execution = field(default_factory=e2e_runs.Execution)
 
     @property
@@ -172,7 +172,7 @@ class Context:
 
     @property
     def site_names(self) -> list[str]:
-        """The model's sites in forward order: the names :meth:`stream` hands over."""
+        """The model's sites in forward order: the names ``stream`` hands over."""
         return site_names(self.model.config)
 
     @property
@@ -220,7 +220,7 @@ class Context:
     def end_to_end_ops(self, ops: endtoend.RecipeOps, ref: list[Tensor] | None = None,
                        model: GPT2 | None = None) -> dict[str, Any]:
         """End-to-end metrics of ``ops`` against the FP32 reference (``ref``, default
-        :attr:`ref_logits`) with bootstrap CIs, on ``model`` (default: the model).
+        ``ref_logits``) with bootstrap CIs, on ``model`` (default: the model).
 
         Loss, perplexity, KL, KL over finite positions, top-1 agreement (each with ``ci``), the
         sites with inf/NaN outputs and, per site, operand elements overflowed/saturated/flushed.
@@ -242,16 +242,16 @@ class Context:
 
     def end_to_end_runs(self, runs: Sequence[e2e_runs.Run], label: str,
                         desc: str | None = None) -> list[dict[str, Any]]:
-        """Every run's result in order (``e2e``: :meth:`end_to_end_ops`; ``overflows``;
-        ``seconds``), computed on :attr:`execution` (this process, a pool or Ray: the same
-        numbers), task files under ``label`` (:mod:`fpsim_experiments.sweep.runs`)."""
+        """Every run's result in order (``e2e``: ``end_to_end_ops``; ``overflows``;
+        ``seconds``), computed on ``execution`` (this process, a pool or Ray: the same
+        numbers), task files under ``label`` (``fpsim_experiments.sweep.runs``)."""
         return e2e_runs.execute(self, runs, label, desc)
 
     def run(self, recipes: Sequence[Recipe], e2e: Callable[[Recipe], bool] | bool = True,
             desc: str | None = None) -> list[dict[str, Any]]:
-        """For each recipe: the recipe, its per-site statistics (:meth:`replay`, one capture pass
+        """For each recipe: the recipe, its per-site statistics (``replay``, one capture pass
         for all), their summary and, where ``e2e`` (a flag or a test of the recipe), its
-        end-to-end metrics (:meth:`end_to_end_runs`)."""
+        end-to-end metrics (``end_to_end_runs``)."""
         stats = self.replay(recipes, desc=None if desc is None else f"{desc} replay")
         wanted = [e2e(r) if callable(e2e) else e2e for r in recipes]
         done = iter(self.end_to_end_runs(

@@ -130,7 +130,7 @@ def promoted(a: np.ndarray, b: np.ndarray, tc: TensorCoreModel,
 
 def exact(a: np.ndarray, b: np.ndarray, scale: np.ndarray | None = None) -> np.ndarray:
     """FP64 sums of the same operands after every block, shaped (nb, ..., M, N) as
-    :func:`promoted` (``scale``: FP64 products of the block scales).  Exact for E4M3 elements
+    ``promoted`` (``scale``: FP64 products of the block scales).  Exact for E4M3 elements
     without scales (every partial sum fits float64's 53 bits); with scales, to FP64 rounding."""
     ab, bb = blocks(a, b)
     part = np.moveaxis(ab @ bb, -3, 0)
@@ -187,7 +187,7 @@ def _parallel(jobs: dict[Any, Callable[[], Any]], workers: int) -> dict[Any, Any
 # Synthetic operands
 # --------------------------------------------------------------------------------------------
 def draw(dist: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    """Samples of a distribution of :data:`DISTRIBUTIONS`."""
+    """Samples of a distribution of ``DISTRIBUTIONS``."""
     if dist == UNIFORM:
         return rng.random(shape)
     return rng.normal(DISTRIBUTIONS[dist], 1.0, shape)
@@ -195,7 +195,7 @@ def draw(dist: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndar
 
 def synthetic_operands(trials: int, k: int, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
     """E4M3FN operands of ``trials`` independent TRIAL×k by k×TRIAL GEMMs per distribution,
-    stacked in :data:`DISTRIBUTIONS` order: (len(DISTRIBUTIONS) * trials, ...)."""
+    stacked in ``DISTRIBUTIONS`` order: (len(DISTRIBUTIONS) * trials, ...)."""
     a, b = [], []
     for i, dist in enumerate(DISTRIBUTIONS):
         rng = np.random.default_rng([seed, i])
@@ -265,7 +265,7 @@ def site_jobs(a: np.ndarray, w: np.ndarray, cols: np.ndarray,
               frac_bits: tuple[int, ...]) -> tuple[dict, dict, float]:
     """One linear site's GEMM under every variant and fraction-bit setting: the jobs (keyed by
     variant and bits), the exact references (keyed by variant) and the products' sign
-    imbalance (:func:`sign_imbalance`, on the FP32-scaled elements)."""
+    imbalance (``sign_imbalance``, on the FP32-scaled elements)."""
     jobs, refs = {}, {}
     for scale_dtype in ("fp32", "e8m0"):
         ca, sa, cw, sw = fine_grained(a, w, scale_dtype)

@@ -4,11 +4,11 @@ Metrics over held-out windows: loss (nats/token) and perplexity against the true
 KL divergence KL(P_fp32 || P_recipe) of the next-token distribution (nats/token) and top-1
 agreement with the FP32 model.  A recipe that produces NaN/inf logits anywhere gives NaN loss
 and KL; ``finite`` says at which share of positions the logits were all finite, ``kl_finite``
-is the KL over those positions only, and :class:`RecipeOps` records at which sites inf/NaN
+is the KL over those positions only, and ``RecipeOps`` records at which sites inf/NaN
 appeared and how many operand elements overflowed, saturated or flushed to zero at each site.
-Every metric is also kept per window (``windows``) for the bootstrap of :mod:`.bootstrap`.
+Every metric is also kept per window (``windows``) for the bootstrap of ``.bootstrap``.
 
-The reference is the FP32 recipe (:mod:`fpsim_experiments.recipes`: dot products, LayerNorm and
+The reference is the FP32 recipe (``fpsim_experiments.recipes``: dot products, LayerNorm and
 softmax computed in FP64 and rounded once to FP32), so it gives the same bits on any thread
 count and machine.
 """
@@ -52,7 +52,7 @@ class RecipeOps:
     site's recipe quantizes both.  ``attention``: ``"eager"`` computes ``probs @ v`` over every
     key, masked ones with probability 0 (so an inf/NaN value at a later position turns earlier
     queries NaN through ``0 * NaN``, as an eager matmul does); ``"causal"`` skips masked keys as
-    a causal attention kernel does (:func:`fpsim.emulation.sites.causal_matmul`).
+    a causal attention kernel does (``fpsim.emulation.sites.causal_matmul``).
     """
 
     def __init__(self, recipe: Recipe | Mapping[str, Recipe], cache: dict | None = None,
@@ -146,7 +146,7 @@ class RecipeOps:
 def logits(model: GPT2, wins: Tensor, ops: object = None, batch_size: int = 8) -> list[Tensor]:
     """Logits of ``model`` on the inputs of windows ``[N, T+1]``, one tensor per batch.
 
-    ``ops`` defaults to the deterministic FP32 reference (:class:`RecipeOps` of FP32).
+    ``ops`` defaults to the deterministic FP32 reference (``RecipeOps`` of FP32).
     """
     ops = RecipeOps(FP32) if ops is None else ops
     return [forward(model, chunk[:, :-1], ops) for chunk in wins.split(batch_size)]
@@ -167,7 +167,7 @@ def _per_window(z: Tensor, r: Tensor, target: Tensor) -> dict[str, Tensor]:
 def compare(model: GPT2, wins: Tensor, ref: list[Tensor], ops: object = None,
             batch_size: int = 8) -> dict:
     """Loss, perplexity, KL from the reference logits ``ref`` and top-1 agreement under ``ops``
-    (:func:`compare_logits` of ``model``'s logits on each batch)."""
+    (``compare_logits`` of ``model``'s logits on each batch)."""
     def outputs() -> Iterable[Tensor]:
         for i, chunk in enumerate(wins.split(batch_size)):
             if isinstance(ops, RecipeOps):
@@ -195,7 +195,7 @@ def compare_logits(wins: Tensor, ref: list[Tensor], outputs: Iterable[Tensor],
 
 
 def means(windows: dict) -> dict:
-    """The metrics of :func:`compare_logits` from per-window sums (``positions`` per window,
+    """The metrics of ``compare_logits`` from per-window sums (``positions`` per window,
     then one list per metric), summed exactly (``math.fsum``): windows split into shards and
     joined in order give the bits of one pass over all of them."""
     count = windows["positions"] * len(windows["loss"])

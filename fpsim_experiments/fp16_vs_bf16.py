@@ -1,7 +1,7 @@
 """Experiment ``fp16-vs-bf16``: 16-bit operands and accumulators, FP16 against BF16, site by site.
 
 Operands and outputs in FP16 or BF16 (no scaling), summed either in FP32 (torch, also run end
-to end) or in an accumulator of the operand format (emulated by :func:`fpsim.matmul`, left to
+to end) or in an accumulator of the operand format (emulated by ``fpsim.matmul``, left to
 right, on subsampled sites; too slow to run end to end).  FP16 has 3 more mantissa bits, BF16
 FP32's exponent range.
 """

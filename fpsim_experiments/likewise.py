@@ -1,17 +1,17 @@
 """Ratios of two end-to-end runs that compare like with like, with the intervals and the
 multiple-comparison correction the reports state.
 
-Every run is described factor by factor (:func:`describe`: format, activation and weight
+Every run is described factor by factor (``describe``: format, activation and weight
 scaling, saturation, flush, subnormal width, LayerNorms in FP32, attention semantics).  A
-ratio names the factor(s) it measures, and :meth:`Ratios.ratio` refuses two runs that differ
+ratio names the factor(s) it measures, and ``Ratios.ratio`` refuses two runs that differ
 in anything else: "e3m4 without flush and subnormal loss / e4m3" would otherwise credit the
 format with what keeping the LayerNorms in FP32 did.
 
 Each ratio carries two paired 95% percentile intervals: over windows (the windows of text
-resampled, as :mod:`.bootstrap` does) and over topics (the held-out topics resampled, each
+resampled, as ``.bootstrap`` does) and over topics (the held-out topics resampled, each
 bringing all its windows: a cluster bootstrap; the windows of one topic are not independent
-text).  Each ratio that decides a verdict joins a family; :meth:`Ratios.holm` applies Holm's
-correction to the family's p-values (:func:`.bootstrap.p_value`), and a side is called only
+text).  Each ratio that decides a verdict joins a family; ``Ratios.holm`` applies Holm's
+correction to the family's p-values (``.bootstrap.p_value``), and a side is called only
 when the window interval excludes 1 *and* the ratio survives Holm; otherwise the sentence
 says it is exploratory.
 """
@@ -92,7 +92,7 @@ def label(run: dict) -> str:
 
 @dataclass
 class Ratio:
-    """A ratio of end-to-end KL with its intervals and, after :meth:`Ratios.holm`, whether it
+    """A ratio of end-to-end KL with its intervals and, after ``Ratios.holm``, whether it
     survives the correction."""
 
     name: str
@@ -130,7 +130,7 @@ class Ratios:
 
     ``topics``: the cluster (held-out topic) of each window, or None when unknown (no topic
     interval then).  Render twice: the first pass (``holm()`` not yet called) collects the
-    family; after :meth:`holm` the same calls return ratios that know whether they survive.
+    family; after ``holm`` the same calls return ratios that know whether they survive.
     """
 
     windows: int

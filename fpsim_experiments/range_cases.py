@@ -76,7 +76,7 @@ class Case:
         return Recipe(name=f"{self.name} weights", inputs=self.fmt, scaling=self.weights)
 
     def describe(self) -> dict[str, Any]:
-        """What the run is, factor by factor (see :mod:`fpsim_experiments.likewise`)."""
+        """What the run is, factor by factor (see ``fpsim_experiments.likewise``)."""
         return {"format": self.fmt.name, "activations": self.act,
                 "weights": self.act if self.weights is None else self.weights,
                 "saturate": self.saturate, "flush": self.flush,
@@ -136,7 +136,7 @@ def case_run(ctx: context.Context, case: Case) -> e2e_runs.Run:
 
 def case_result(case: Case, result: dict[str, Any]) -> dict[str, Any]:
     """``case`` as stored: what it is, its end-to-end metrics and where its operands
-    overflowed (``result``: its run's, :meth:`fpsim_experiments.context.Context.end_to_end_runs`)."""
+    overflowed (``result``: its run's, ``fpsim_experiments.context.Context.end_to_end_runs``)."""
     return {"name": case.name, "budget": case.budget, "format": case.fmt.name,
             "ebits": case.fmt.ebits, "mbits": case.fmt.mbits, "max": case.fmt.max,
             "min_subnormal": case.fmt.min_subnormal, "describe": case.describe(),

@@ -2,9 +2,9 @@
 of the range, order-free attribution, finite encodings, attention semantics, where overflow
 happens, the deployed scalings and what more exponent bits do.
 
-Every ratio goes through :class:`.likewise.Ratios` (which refuses runs that differ in more than
+Every ratio goes through ``.likewise.Ratios`` (which refuses runs that differ in more than
 the factor named) and carries its window and topic intervals; the cases come from
-``range-vs-precision/cases/*.json`` (:mod:`.range_cases`), and a sentence whose runs are
+``range-vs-precision/cases/*.json`` (``.range_cases``), and a sentence whose runs are
 missing says so instead of being written from other runs.
 """
 
@@ -31,7 +31,7 @@ def _e(budget: int, ebits: int) -> str:
 
 
 def ratios_for(data: dict) -> Ratios:
-    """The report's :class:`Ratios`: topics known when the windows are the byte-level held-out
+    """The report's ``Ratios``: topics known when the windows are the byte-level held-out
     text of this Python (the topics' text ships with CPython and changes between versions)."""
     import platform
 

@@ -229,7 +229,7 @@ def load_cases(out: Path) -> dict[str, Any]:
 
 
 def load(out: Path) -> dict[str, Any]:
-    """``out/results.json`` with the cases of :func:`load_cases` and, when ``model-seeds`` ran
+    """``out/results.json`` with the cases of ``load_cases`` and, when ``model-seeds`` ran
     beside it, its results (``model_seeds``)."""
     data = {**load_json(out / "results.json"), **load_cases(out)}
     seeds = out.parent / "model-seeds" / "results.json"
@@ -508,7 +508,7 @@ def figures(data: dict, out: Path) -> list[str]:
 
 def conclusions(data: dict) -> list[str]:
     """Sentences that compare the numbers: best split, cost of one exponent vs one mantissa bit,
-    then the like-with-like comparisons of :mod:`.range_findings`; rendered twice, the second
+    then the like-with-like comparisons of ``.range_findings``; rendered twice, the second
     time with Holm's correction over the verdicts the first pass collected."""
 
     ratios = ratios_for(data)

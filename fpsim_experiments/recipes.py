@@ -1,9 +1,9 @@
-"""The experiments' recipes: :mod:`fpsim.emulation.recipe` (the data model) and
-:mod:`fpsim.emulation.sites` (a GPT-2 site computed under a recipe on torch tensors), under the
+"""The experiments' recipes: ``fpsim.emulation.recipe`` (the data model) and
+``fpsim.emulation.sites`` (a GPT-2 site computed under a recipe on torch tensors), under the
 names the experiments use.
 
 Both the per-site replay and the end-to-end ``ops`` compute through these, so the two measure
-the same arithmetic as :func:`fpsim.emulate` does on any model.
+the same arithmetic as ``fpsim.emulate`` does on any model.
 """
 
 from __future__ import annotations

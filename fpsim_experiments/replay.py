@@ -63,7 +63,7 @@ def reference(site: Site) -> Tensor:
 
 
 def references(sites: dict[str, Site]) -> dict[str, Tensor]:
-    """:func:`reference` of every site."""
+    """``reference`` of every site."""
     return {n: reference(s) for n, s in sites.items()}
 
 
@@ -103,7 +103,7 @@ def replay_site(
     """Error statistics of one site under ``recipe`` plus its operands' overflow/saturation/flush
     shares.
 
-    ``ref``: the site's :func:`reference`, computed here when not given.
+    ``ref``: the site's ``reference``, computed here when not given.
     """
     events: dict = {}
     y = site_output(site, recipe, events, cache)
@@ -128,7 +128,7 @@ def replay(
     refs: dict[str, Tensor] | None = None,
     cache: dict | None = None,
 ) -> dict[str, dict]:
-    """:func:`replay_site` for every site, keyed by site name (``refs``: :func:`references`)."""
+    """``replay_site`` for every site, keyed by site name (``refs``: ``references``)."""
     return {
         n: replay_site(s, recipe, None if refs is None else refs[n], cache)
         for n, s in sites.items()

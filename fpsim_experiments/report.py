@@ -2,7 +2,7 @@
 
 Every experiment writes ``results.json`` (every number), PNG figures and a ``REPORT.md`` built
 from that JSON.  JSON has no inf/NaN, so non-finite floats are written as the strings
-``"inf"``, ``"-inf"`` and ``"nan"`` and read back as floats by :func:`load_json`.
+``"inf"``, ``"-inf"`` and ``"nan"`` and read back as floats by ``load_json``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def load_json(path: Path) -> dict:
-    """Read :func:`write_json` output, turning ``"inf"``/``"-inf"``/``"nan"`` back into floats."""
+    """Read ``write_json`` output, turning ``"inf"``/``"-inf"``/``"nan"`` back into floats."""
     return _loose(json.loads(Path(path).read_text()))
 
 

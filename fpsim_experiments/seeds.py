@@ -40,7 +40,7 @@ CACHE = Path(os.environ.get("FPSIM_CACHE", Path.home() / ".cache" / "fpsim"))
 E3M4, E4M3, E5M2 = split_format(3, 4), split_format(4, 3), split_format(5, 2)
 
 # (name, numerator, denominator, what it isolates, the factor in which the two runs differ):
-# ratios of end-to-end KL; :func:`ratios` refuses a pair that differs in anything else
+# ratios of end-to-end KL; ``ratios`` refuses a pair that differs in anything else
 COMPARISONS = (
     ("e3m4 / e4m3, no scaling", "e3m4", "e4m3",
      "range at the bottom and top (flush, subnormals, overflow) against one mantissa bit",
@@ -73,7 +73,7 @@ def recipes() -> dict[str, tuple[Recipe, bool]]:
 
 
 def describe(name: str) -> dict[str, Any]:
-    """Run ``name`` of :func:`recipes`, factor by factor (:mod:`.likewise`)."""
+    """Run ``name`` of ``recipes``, factor by factor (``.likewise``)."""
     recipe, ln = recipes()[name]
     fmt = recipe.inputs if isinstance(recipe.inputs, str) else recipe.inputs.name
     return {"describe": {"format": fmt, "activations": recipe.scaling,
@@ -84,7 +84,7 @@ def describe(name: str) -> dict[str, Any]:
 
 def checkpoint(seed: int, quick: bool, cache: Path = CACHE) -> Path:
     """The tiny model of ``seed``: the embedded one for seed 0, else trained once into ``cache``
-    with :mod:`fpsim_experiments.gpt2.train_tiny` (``STEPS`` steps, a step-based schedule)."""
+    with ``fpsim_experiments.gpt2.train_tiny`` (``STEPS`` steps, a step-based schedule)."""
     if seed == 0:
         return context.DEFAULT_MODEL
     steps = QUICK_STEPS if quick else STEPS

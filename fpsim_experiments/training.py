@@ -4,7 +4,7 @@ and is a failure range or precision?
 One initialisation of a small byte-level GPT-2 is trained on the pydoc text for a fixed number
 of steps under each recipe, with several seeds (a seed draws the batches; the same seed gives
 the same batches under every recipe, so recipes are compared seed by seed).  Every recipe runs
-through :func:`fpsim.emulate` and its backward pass (:mod:`fpsim.emulation.backward`): at each
+through ``fpsim.emulate`` and its backward pass (``fpsim.emulation.backward``): at each
 emulated product site the forward GEMM's operands are quantized as the recipe says, and both
 backward GEMMs (input gradient, weight gradient) take the output gradient in the recipe's
 gradient format (its cast: none, per-tensor, MX / NVFP4 blocks), the forward operands
@@ -12,12 +12,12 @@ re-quantized along their own reduction axis; sums are FP32 (FP64 rounded once). 
 recipes cover every product (the linear layers, Q·Kᵀ, P·V and the tied LM head); FP8 / MXFP8 /
 NVFP4 recipes the linear layers, as Transformer Engine and torchao do.  LayerNorm, softmax,
 GELU, residual adds, the loss, the FP32 master weights and AdamW's state stay FP32.  Loss
-scaling follows :class:`fpsim.nn.LossScaler` (torch.amp.GradScaler's rules).  At a few steps
+scaling follows ``fpsim.nn.LossScaler`` (torch.amp.GradScaler's rules).  At a few steps
 the run is captured (``capture=True``): per backward GEMM, the share of the gradient operand's
 nonzero elements flushed to zero (underflow) or overflowing, as the recipe cast them.
 
 Usage: ``fpsim experiment training [--quick] [--device cpu|cuda] [--out results] [--render]``
-(``FPSIM_TRAINING_PLAN=shared`` runs :data:`SHARED`, the smaller plan of the committed results).
+(``FPSIM_TRAINING_PLAN=shared`` runs ``SHARED``, the smaller plan of the committed results).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class Recipe:
     accumulate: int = 1             # micro-batches per step the loss is divided by (see MICRO)
 
     def rules(self) -> Rules | None:
-        """The :class:`fpsim.emulation.Rules` of this recipe (None: plain torch FP32)."""
+        """The ``fpsim.emulation.Rules`` of this recipe (None: plain torch FP32)."""
         if self.preset is not None:
             return Rules([Rule(PRESETS[self.preset].recipe, kind="linear")], default=None)
         if self.forward is None and self.grad is None:

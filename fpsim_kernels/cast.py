@@ -2,10 +2,10 @@
 
 One kernel per direction serves every format: the format, rounding mode and flags are
 compile-time constants, so Triton builds (and caches) a branch-free specialisation per
-combination from the single rounding routine in :mod:`fpsim_kernels.rounding`.  Each program handles
+combination from the single rounding routine in ``fpsim_kernels.rounding``.  Each program handles
 ``BLOCK`` contiguous elements, viewed as ``BLOCK // PER`` groups of ``PER`` elements where
 ``PER`` codes share ``PER * bits / 8`` output bytes (FP4: 2 per byte, FP6: 4 per 3 bytes,
-the layout of :func:`fpsim.packing.pack_codes`).  All rounding is integer arithmetic on float32
+the layout of ``fpsim.packing.pack_codes``).  All rounding is integer arithmetic on float32
 bits, so results are bit-identical on a GPU and in ``TRITON_INTERPRET=1``.
 """
 
@@ -129,7 +129,7 @@ def store_packed(ptr, rows, codes, n_bytes, BITS: tl.constexpr, PER: tl.constexp
 
 @triton.jit
 def load_packed(ptr, rows, n_bytes, BITS: tl.constexpr, PER: tl.constexpr):
-    """The inverse of :func:`store_packed`: ``[G, PER]`` int32 codes (missing bytes read 0)."""
+    """The inverse of ``store_packed``: ``[G, PER]`` int32 codes (missing bytes read 0)."""
     NBYTES: tl.constexpr = PER * BITS // 8
     lanes: tl.constexpr = tl.int64 if PER * BITS > 31 else tl.int32
     cols = tl.arange(0, triton.next_power_of_2(NBYTES))
@@ -208,7 +208,7 @@ def codes_per_group(fmt: Format) -> int:
 
 def code_dtype(fmt: Format) -> torch.dtype:
     """Torch dtype of unpacked codes, as ``fpsim.encode`` gives them for tensors (the one rule,
-    :func:`fpsim.backend.code_dtype`)."""
+    ``fpsim.backend.code_dtype``)."""
     return fpsim_code_dtype(fmt, torch=True)
 
 
@@ -237,7 +237,7 @@ def _grid(n: int) -> tuple[int]:
 def stochastic_args(x: torch.Tensor, rounding: str, seed: Any, srbits: Any,
                     random_bits: Any) -> tuple[int, int | None, torch.Tensor | None]:
     """(Philox key, srbits, the caller's random bits as a contiguous int32 tensor or None),
-    checked as :func:`fpsim.quantize` checks them."""
+    checked as ``fpsim.quantize`` checks them."""
     srbits = check_srbits(srbits, rounding)
     rbits = check_random_bits(random_bits, x, rounding, srbits, seed)
     if rbits is not None:
@@ -288,13 +288,13 @@ def encode(x: torch.Tensor, fmt: str | Format, *, rounding: str = "rne",
     """The codes of ``quantize(x, fmt, ...)``, as ``fpsim.encode`` gives them.
 
     With ``pack`` (default), formats under 8 bits come packed into a flat uint8 tensor, as
-    :func:`fpsim.packing.pack_codes` packs them: code i at bits ``bits*i ..`` of one
+    ``fpsim.packing.pack_codes`` packs them: code i at bits ``bits*i ..`` of one
     little-endian bit stream (FP4: two codes a byte, the first in the low nibble; FP6: four codes
     in three bytes), a last partial byte zero-padded.  Other formats, or ``pack=False``, give
     codes of ``x``'s shape: uint8, or int32/int64 lanes above 8 bits, as ``fpsim.encode``.
     NaN into a format without a NaN code raises ``ValueError`` unless ``on_nan="zero"`` (counted
     inside the kernel; the old keyword ``nan=`` warns).  ``srbits``, ``random_bits``: as
-    :func:`quantize`.
+    ``quantize``.
     """
     on_nan = on_nan_keyword(on_nan, deprecated, "kernels.encode")
     fmt, x = kernel_format(fmt), _float_input(x)
@@ -318,7 +318,7 @@ def _nan_policy(on_nan: str) -> str:
 
 def decode(codes: torch.Tensor, fmt: str | Format, *, count: int | None = None,
            dtype: torch.dtype = torch.float32, packed: bool = True) -> torch.Tensor:
-    """Values of ``codes`` (the inverse of :func:`encode`), in ``dtype``.
+    """Values of ``codes`` (the inverse of ``encode``), in ``dtype``.
 
     Packed codes (formats under 8 bits, ``packed=True``) give a flat tensor of ``count`` values
     (default: as many as the bytes hold); unpacked codes keep their shape.  Bits above the

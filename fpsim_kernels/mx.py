@@ -3,10 +3,10 @@
 Each program owns ``NB`` consecutive blocks of ``BS`` elements (a ``[NB, BS]`` tile in
 registers): it loads them once, reduces each block's amax on the integer bits, derives the
 block scale, scales, rounds and packs the elements, and writes the scale bytes and element bytes
-of :meth:`fpsim.mx.MXArray.pack`.  The block rules are line-for-line twins of
-:mod:`fpsim.blockrules` (``shared_exponents``, ``ceil_exponent``, ``mx_scale_rows``,
+of ``fpsim.mx.MXArray.pack``.  The block rules are line-for-line twins of
+``fpsim.blockrules`` (``shared_exponents``, ``ceil_exponent``, ``mx_scale_rows``,
 ``nvfp4_scale_rows``, ``scale_values``), whose public functions the host side calls too;
-elements are rounded by :func:`fpsim_kernels.rounding.round_bits`.  NVFP4's per-tensor scale needs the
+elements are rounded by ``fpsim_kernels.rounding.round_bits``.  NVFP4's per-tensor scale needs the
 whole tensor's amax first: it is computed by ``fpsim.blockrules.nvfp4_tensor_scale`` (one extra
 read) unless given.
 
@@ -40,7 +40,7 @@ _E4M3 = tl.constexpr(format_spec(BLOCK_FORMATS["nvfp4"].scale))
 
 
 class MXPacked(NamedTuple):
-    """What :func:`mx_quantize` returns: ``fpsim.mx.quantize(...).pack()`` and the NVFP4 scale."""
+    """What ``mx_quantize`` returns: ``fpsim.mx.quantize(...).pack()`` and the NVFP4 scale."""
 
     scales: torch.Tensor        # uint8, one per block, in row order (blocked axis last)
     elements: torch.Tensor      # uint8, the element codes packed by fpsim.packing.pack_codes
@@ -236,9 +236,9 @@ def mx_quantize(x: torch.Tensor, fmt: str | BlockFormat, *, axis: int = -1,
                 pack: bool = True) -> MXPacked:
     """``fpsim.mx.quantize(x, fmt, ...).pack()`` (plus NVFP4's tensor scale) in one kernel pass.
 
-    Arguments as :func:`fpsim.mx.quantize` (padding always on); ``x`` a float32, float16 or
+    Arguments as ``fpsim.mx.quantize`` (padding always on); ``x`` a float32, float16 or
     bfloat16 tensor.  Stochastic rounding draws Philox bits (``seed`` as
-    :func:`kernels.quantize`), so its codes differ from fpsim's NumPy ones, unless the caller
+    ``kernels.quantize``), so its codes differ from fpsim's NumPy ones, unless the caller
     gives ``random_bits`` (``x``'s shape, ``srbits`` bits each: then the same).  ``pack=False``
     gives one uint8 code per element instead, in the same order (padding included): the
     ``blocks.to_rows`` view of ``MXArray.codes``, flattened.

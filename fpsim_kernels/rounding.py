@@ -1,12 +1,12 @@
-"""The Triton twin of :mod:`fpsim.rounding`: ``round_bits`` and its helpers, line for line.
+"""The Triton twin of ``fpsim.rounding``: ``round_bits`` and its helpers, line for line.
 
 Diff this file against ``fpsim/rounding.py``: the lines are the same algorithm on float32 bits
 (the only source the kernels use), with ``xp.clamp_max`` spelled ``tl.minimum``, ``xp.where``
 ``tl.where`` and ``xp.astype`` ``.to``.  Everything that depends on the format alone is a
-compile-time constant: the format arrives as the tuple :func:`format_spec` (a
-``tl.constexpr``), is rebuilt into the very :class:`fpsim.Format` on the host side of the
+compile-time constant: the format arrives as the tuple ``format_spec`` (a
+``tl.constexpr``), is rebuilt into the very ``fpsim.Format`` on the host side of the
 compiler, and every ``if`` on it is resolved while compiling, so each format gets its own
-branch-free code from one source.  :func:`decode_bits` is the twin of
+branch-free code from one source.  ``decode_bits`` is the twin of
 ``fpsim.rounding.decode_bits``; both files number their steps alike (``# 1.`` .. ``# 7.``,
 ``# D1.`` .. ``# D5.``).
 
@@ -56,7 +56,7 @@ def round_bits(a, neg, FMT: tl.constexpr, MODE: tl.constexpr, SATURATE: tl.const
     """Round float32 magnitude bits ``a`` (int32) with signs ``neg`` to the format ``FMT``.
 
     Returns int32 codes (``WANT == "code"``) or float32 bits of the rounded values
-    (``WANT == "value"``), exactly as :func:`fpsim.rounding.round_bits` with ``src = F32``.
+    (``WANT == "value"``), exactly as ``fpsim.rounding.round_bits`` with ``src = F32``.
     Stochastic modes: ``rand`` holds uniform 30-bit integers (``SRBITS`` None), or the
     ``SRBITS`` random bits of each element (else unused).
     """

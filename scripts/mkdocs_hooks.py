@@ -2,7 +2,8 @@
 
 * Links that leave docs/ (``../results/REPORT.md``, ``../benchmarks/...``: right on GitHub,
   which renders the Markdown where it lies) are rewritten for the site: results/ pages to the
-  copies served there, anything else to its path as text (the site does not serve it).
+  copies served there, anything else to the file in the repository when mkdocs.yml sets
+  ``repo_url``, else to its path as text, once (a link whose text is the path stays that text).
 * The experiments' reports live in results/ (written by ``fpsim experiment``, linked from the
   README); they are added to the site as they are, with their figures, under results/, so their
   relative links work unchanged and no copy is kept in docs/.
@@ -43,7 +44,9 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
             if repo.startswith("results/") and (ROOT / repo).is_file():
                 rel = posixpath.relpath(repo, here or ".")
                 return f"{bang}[{text}]({rel}{anchor})"
-            return f"{text} (`{repo}`)"
+            if config.get("repo_url"):
+                return f"{bang}[{text}]({config['repo_url'].rstrip('/')}/blob/HEAD/{repo}{anchor})"
+            return text if text.strip("`").rstrip("/") == repo else f"{text} (`{repo}`)"
         return m.group(0)
 
     return LINK.sub(fix, markdown)

@@ -1,8 +1,8 @@
-"""The Numba kernels of :mod:`fpsim.arith.jit` (imported only when that engine runs).
+"""The Numba kernels of ``fpsim.arith.jit`` (imported only when that engine runs).
 
 ``spec`` tuples (``jit._spec``) carry the accumulator format and mode: fields 0-5 for the
 magic-constant rounding to nearest even, 6-15 for the integer algorithm of
-:func:`fpsim.rounding.round_bits`.
+``fpsim.rounding.round_bits``.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _nearest(s, f):
     """``s`` rounded to nearest even in the format of ``f``: (s + C) - C with C = 1.5 *
     2^(k + 52 - m) rounds to multiples of 2^(k - m), ``k`` the binade of ``s`` clamped to the
     format's (below emin: its subnormal spacing); then overflow and the sign.  NaN payloads
-    and FNUZ's zeros are left to :func:`finish` (a zero's sign never changes a later sum that
+    and FNUZ's zeros are left to ``finish`` (a zero's sign never changes a later sum that
     is not zero, nor a NaN's payload anything but the final NaN)."""
     b = _bits(s)
     sign = b & _SIGN
@@ -172,7 +172,7 @@ def _step(row, x, brow, n, finite, fast, rdown, magic, f):
 
 @njit(inline="always", **JIT_OPTIONS)
 def _pair(dst, x, y, n, finite, fast, rdown, magic, f):
-    """dst[j] = round(x[j] + y[j]) for j < n (dst may be x); variants as in :func:`_step`."""
+    """dst[j] = round(x[j] + y[j]) for j < n (dst may be x); variants as in ``_step``."""
     if finite and magic and fast and not rdown:
         for j in range(n):
             dst[j] = _nearest(x[j] + y[j], f)
@@ -188,7 +188,7 @@ def _pair(dst, x, y, n, finite, fast, rdown, magic, f):
 def _promote(tot, acc, rows, n, identity, fnuz, f32):
     """tot = RN_fp32(tot + acc) (the chunk's sum into the FP32 outer sum); acc restarts.
     ``fnuz``: the chunk's zeros and NaNs are unsigned (the accumulator has no -0 and one NaN;
-    :func:`_nearest` leaves that to the end, which comes here)."""
+    ``_nearest`` leaves that to the end, which comes here)."""
     for r in range(rows):
         for j in range(n):
             v = acc[r, j] * 1.0
@@ -241,7 +241,7 @@ def pairwise(a3, b3, ia, ib, c, has_init, out, identity, finite, fast1, fast, rd
     of equal-sized neighbours (``fast``) as t has trailing zero bits; at the end the partial
     sums left on the stack merge right to left (the carried terms join from the right, as
     they do level by level).  Blocks of ROWS x PAIR_COLS outputs, each step's b rows reused;
-    the blocks of rows first..last-1, as in :func:`sequential`."""
+    the blocks of rows first..last-1, as in ``sequential``."""
     M, K, N = a3.shape[1], a3.shape[2], b3.shape[2]
     nrb = (M + ROWS - 1) // ROWS
     depth = 2

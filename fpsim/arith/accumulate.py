@@ -4,11 +4,11 @@ A correctly rounded sum RN_fmt(x + y) is computed without wide integers: the lan
 ``s`` and its exact error ``e`` (TwoSum, Knuth) give the exact value; where ``e`` is non-zero
 and ``s`` has an even last bit, ``s`` steps one unit toward ``e``, which makes ``s`` the sum
 rounded to odd.  Rounding to odd with at least two more bits than the target, followed by one
-rounding with :func:`fpsim.quantize`, equals rounding the exact sum once (Boldo & Melquiond,
+rounding with ``fpsim.quantize``, equals rounding the exact sum once (Boldo & Melquiond,
 "Emulation of FMA and correctly rounded sums: proved algorithms using rounding to odd", IEEE
 Trans. Computers 57(4), 2008) for every directed and nearest mode.
 
-The loop bodies (:class:`Steps`) are pure functions of arrays, so that ``backend="compiled"``
+The loop bodies (``Steps``) are pure functions of arrays, so that ``backend="compiled"``
 can fuse each into one kernel with ``torch.compile``.
 """
 
@@ -198,7 +198,7 @@ def sequential(operands: Operands, K: int, steps: Steps, st: Stats, shape: tuple
     """Left to right, one rounding per addition, starting from ``init`` (C) when given; with
     ``chunk``, the running sum restarts every ``chunk`` terms after ``promote(outer,
     block_sum, st)`` folds it into an outer sum.  ``bits``: the caller's random bits (a
-    :class:`fpsim.arith.given_bits.TileBits`), or None to draw them."""
+    ``fpsim.arith.given_bits.TileBits``), or None to draw them."""
     lanes = steps.lanes
     acc = lanes.full(shape, steps.identity) if init is None else init
     outer = None

@@ -40,7 +40,7 @@ class Scaled:
 
 
 def split(a: Any, b: Any, model: TensorCoreModel | None) -> Scaled | None:
-    """None unless an operand is an :class:`fpsim.MXArray`; then both must be, blocked along
+    """None unless an operand is an ``fpsim.MXArray``; then both must be, blocked along
     K, for a block-scaled preset."""
     mx = isinstance(a, MXArray), isinstance(b, MXArray)
     scaled = model is not None and model.scaled is not None

@@ -1,7 +1,7 @@
 """``fpsim.matmul`` and ``fpsim.dot``: matrix products with every rounding of the hardware.
 
 The driver brings the operands to float lanes that hold every product exactly
-(:mod:`fpsim.arith.lanes`) and walks the output in tiles: for each tile the loop runs over K in
+(``fpsim.arith.lanes``) and walks the output in tiles: for each tile the loop runs over K in
 Python while every step is vectorised over the tile's outputs, so memory stays a few times a
 tile and no loop runs over M×N.
 """
@@ -91,7 +91,7 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     output (the K rounded products when ``product=`` rounds them, then the additions in the
     order's sequence: docs/stochastic.md); the result is then a pure function of (operands,
     random bits), the same on every backend.
-    ``backend``: "numpy", "numba" (:mod:`fpsim.arith.jit`, needs numba: ``pip install
+    ``backend``: "numpy", "numba" (``fpsim.arith.jit``, needs numba: ``pip install
     fpsim[fast]``; one compiled loop on every core, many times faster than "numpy"; exact
     products, orders sequential/fma/chunked/pairwise, modes other than stochastic, signed
     accumulators with a zero, no ``return_stats``; else a ValueError says what it lacks; the
@@ -105,7 +105,7 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
 
     Returns an array of float32 when the result's format fits it, else float64 (a torch tensor
     on the operands' device when either operand is one) and, with ``return_stats``, a
-    :class:`MatmulStats`.  Exactly zero sums follow IEEE 754 §6.3: +0 (-0 when both addends
+    ``MatmulStats``.  Exactly zero sums follow IEEE 754 §6.3: +0 (-0 when both addends
     are -0), except with ``rounding="rdown"``, where they are -0 (+0 when both addends are +0).
     With ``order="tensor_core"`` zeros are +0 (any rounding) and NaN is NVIDIA's 0x7FFFFFFF,
     as MMA-Sim has them; the FMA-chain presets (FP64 DMMA/MFMA, AMD FP32 MFMA) follow IEEE
@@ -170,7 +170,7 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
 
 
 def dot(a: Any, b: Any, **options: Any) -> Any:
-    """Dot product of two vectors with emulated arithmetic; options as for :func:`matmul`.
+    """Dot product of two vectors with emulated arithmetic; options as for [``matmul``][].
 
     Returns a 0-d array (or tensor), and statistics with ``return_stats=True``.
 
@@ -187,7 +187,7 @@ def dot(a: Any, b: Any, **options: Any) -> Any:
 
 def _compiled_engine(plan: Plan, prod: Profile, use_torch: bool, want_stats: bool,
                      scaled: bool, keyword: str) -> bool:
-    """Whether the Numba engine (:mod:`fpsim.arith.jit`) runs this product: always with
+    """Whether the Numba engine (``fpsim.arith.jit``) runs this product: always with
     backend="numba" (or a ValueError saying why it cannot), with "auto" for operands read as
     NumPy arrays (NumPy operands, and CPU tensors as zero-copy views: ``not use_torch``) when
     numba is installed and the plan is one it covers."""

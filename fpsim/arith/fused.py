@@ -48,8 +48,8 @@ def applies(plan: Plan, prod: Profile, numpy: bool) -> bool:
 
 
 class OneRounding:
-    """``x + y`` in float64, rounded once to ``fmt``: :class:`accumulate.Adder`'s result where
-    :func:`applies` holds."""
+    """``x + y`` in float64, rounded once to ``fmt``: ``accumulate.Adder``'s result where
+    ``applies`` holds."""
 
     srbits = None                   # nearest modes only: no random bits
 
@@ -57,5 +57,5 @@ class OneRounding:
         self.fmt, self.rounding, self.lanes = fmt, rounding, lanes
 
     def __call__(self, x: Any, y: Any, r: None = None) -> Any:
-        """``r``: always None (nearest modes take no random bits), as :class:`Adder` has it."""
+        """``r``: always None (nearest modes take no random bits), as ``Adder`` has it."""
         return quantize(x + y, self.fmt, rounding=self.rounding)

@@ -38,7 +38,7 @@ def count(plan: Plan, K: int, with_c: bool) -> tuple[int, int]:
 
 def check(random_bits: Any, plan: Plan, seed: Any, ops: Operands, with_c: bool) -> Any:
     """The caller's random bits as (batch, M, N, R) on the operands' kind and device, after
-    :func:`fpsim.stochastic.check_random_bits` (mode, ``srbits``, no ``seed``, integers, shape,
+    ``fpsim.stochastic.check_random_bits`` (mode, ``srbits``, no ``seed``, integers, shape,
     range); None stays None."""
     if random_bits is None:
         return None

@@ -1,18 +1,18 @@
 """A compiled (Numba) engine for exact emulated matmul: the NumPy engine's bits in one pass.
 
-The NumPy engine (:mod:`fpsim.arith.driver`) walks K in Python with ~20 array passes per step;
+The NumPy engine (``fpsim.arith.driver``) walks K in Python with ~20 array passes per step;
 here one compiled loop runs all of K for a block of outputs held in L1, the blocks shared
 among one Python thread per core.  The arithmetic is the NumPy engine's, scalar by scalar:
 
 * the running sum is a float64 holding an exact accumulator value; a product of two operands
   is exact in float64 (``Profile.fits``);
-* ``s = acc + p`` in float64.  Where :mod:`fpsim.arith.fused`'s proof holds (FP16-like
+* ``s = acc + p`` in float64.  Where ``fpsim.arith.fused``'s proof holds (FP16-like
   accumulators, nearest modes) rounding ``s`` once is exact; elsewhere TwoSum gives its error
   and ``s`` is made round-to-odd, which one more rounding to at most 51 bits keeps exact
-  (:mod:`fpsim.arith.accumulate`);
+  (``fpsim.arith.accumulate``);
 * float64 to the accumulator: round to nearest even by the magic constant ``(s + C) - C``,
   ``C = 1.5 * 2^(k + 52 - m)`` from ``s``'s binade ``k`` clamped to the format's exponents (so
-  subnormals and overflow come out right), or every mode by :func:`fpsim.rounding.round_bits`'
+  subnormals and overflow come out right), or every mode by ``fpsim.rounding.round_bits``'
   integer algorithm, ported line by line to scalars;
 * NaN: x86 returns the first operand's NaN when both are NaN, and LLVM may swap the operands
   of a commutative add, so where NaN or inf operands let two NaNs meet the first operand's is
@@ -77,7 +77,7 @@ def reason(plan: Plan, prod: Profile) -> str | None:
 
 
 def applies(plan: Plan, prod: Profile) -> bool:
-    """Whether the compiled engine computes ``plan`` (see :func:`reason`)."""
+    """Whether the compiled engine computes ``plan`` (see ``reason``)."""
     return reason(plan, prod) is None
 
 

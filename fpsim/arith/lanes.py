@@ -1,10 +1,10 @@
 """Working lanes for emulated dot products: which float type holds the arithmetic exactly.
 
-Every rounding inside a dot product is done by :func:`fpsim.quantize` on the exact value of a
+Every rounding inside a dot product is done by ``fpsim.quantize`` on the exact value of a
 product or sum.  Products are exact in float32 or float64 lanes when the operands' significands
 and exponents are small enough; this module measures that on the data (``Profile``) and picks
 the narrowest lanes that hold products exactly and leave two guard bits below the accumulator,
-which the round-to-odd sum in :mod:`fpsim.arith.accumulate` needs.
+which the round-to-odd sum in ``fpsim.arith.accumulate`` needs.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def lane_max(src: Source) -> float:
 class Lanes:
     """The array library (NumPy or torch, any device) and float width of the inner loop.
 
-    The NumPy/torch differences are the backend shim's (:mod:`fpsim.backend`); this adds the
+    The NumPy/torch differences are the backend shim's (``fpsim.backend``); this adds the
     float width and the device.
     """
 

@@ -1,4 +1,4 @@
-"""The options of an emulated matrix product, checked once and gathered in a :class:`Plan`."""
+"""The options of an emulated matrix product, checked once and gathered in a ``Plan``."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ FP32, FP64 = get_format("fp32"), get_format("fp64")
 
 @dataclass(frozen=True)
 class Plan:
-    """What to emulate: formats, order and roundings (see :func:`fpsim.matmul`)."""
+    """What to emulate: formats, order and roundings (see ``fpsim.matmul``)."""
 
     inputs: tuple[Format | None, Format | None]
     accum: Format

@@ -19,15 +19,15 @@ is checked bit for bit against MMA-Sim's outputs (``tests/test_tensor_core_fixtu
   MMA-Sim rebuilds the result from an integer significand (``math.trunc``/``round``), which
   has no sign; we found no hardware data that says otherwise;
 * a NaN result is NVIDIA's canonical NaN, 0x7FFFFFFF in FP32 (0x7FFF in FP16) as MMA-Sim
-  returns it (:func:`canonical_nan`);
+  returns it (``canonical_nan``);
 * fraction bits kept: Volta 23, Turing/Ampere/Ada 24, Hopper/Blackwell 25 for FP16/BF16/TF32;
   Ada and Hopper FP8 keep 13 and also truncate the FP32 result to 13 fraction bits (E8M13).
 
 The AMD models (CDNA1/2 FMA trees, CDNA3 fused sums cut toward -inf) and the block-scaled
 Blackwell instructions are variants of the same step, described by the fields of
-:class:`TensorCoreModel` (``fpsim tensor-cores NAME`` prints them).  FP64 instructions (NVIDIA
+``TensorCoreModel`` (``fpsim tensor-cores NAME`` prints them).  FP64 instructions (NVIDIA
 DMMA, AMD FP64 MFMA) and AMD's FP32 MFMA are chains of correctly rounded fused multiply-adds
-(``structure="fma"``; FP64 through :func:`fpsim.arith.fma.fma`, NumPy only).  TF32 and XF32
+(``structure="fma"``; FP64 through ``fpsim.arith.fma.fma``, NumPy only).  TF32 and XF32
 presets truncate FP32 operands to TF32 first, as MMA-Sim does (``truncate``).
 
 DeepSeek-V3 (arXiv 2412.19437, §3.3.2) measured the same effect on H800: FP8 GEMM accumulation
@@ -210,7 +210,7 @@ class GroupStep:
                   st: Stats) -> tuple[Any, Stats]:
         """FP64/FP32 instructions (MMA-Sim's ``fma`` chains): D = fma(a_k, b_k, D) for each k in
         order, rounded once to nearest even.  FP32 products are exact in float64 lanes, so the
-        round-to-odd Adder rounds a·b + D once; FP64 needs :func:`fpsim.arith.fma.fma`."""
+        round-to-odd Adder rounds a·b + D once; FP64 needs ``fpsim.arith.fma.fma``."""
         p, st = self.steps.products(a, b, st)
         for k in range(p.shape[0]):
             new = fma(a[k], b[k], acc) if self.unaligned is None else self.unaligned(acc, p[k])

@@ -1,11 +1,11 @@
-"""The aten level of :func:`fpsim.emulate`: a ``TorchDispatchMode`` that sees every op after torch
+"""The aten level of ``fpsim.emulate``: a ``TorchDispatchMode`` that sees every op after torch
 decomposed it, so that no spelling of a product escapes.
 
-An op of :data:`fpsim.emulation.ops.ATEN` that reaches it (no Python-level handler computed it:
+An op of ``fpsim.emulation.ops.ATEN`` that reaches it (no Python-level handler computed it:
 ``torch.tensordot``, ``linalg.multi_dot``, an ``einsum`` of three operands, the linear layers
 and attention inside ``nn.MultiheadAttention``, every convolution) is emulated as a site by the
 method its entry names, under the recipe the rules give its module, or, when the table names
-no method, counted as not emulated (:meth:`Interceptor.missed`).  A product whose operand is a
+no method, counted as not emulated (``Interceptor.missed``).  A product whose operand is a
 parameter of the current module or one below it is named after that module
 (``self_attn.out_proj:linear``), with kind ``linear``.
 """
@@ -122,7 +122,7 @@ class AtenMode(TorchDispatchMode):
 
     def convolution(self, func: Any, entry: AtenOp, a: dict) -> Any:
         """``aten.convolution`` (every conv and transposed conv, any dimension) as an implicit
-        GEMM (:mod:`fpsim.emulation.conv`)."""
+        GEMM (``fpsim.emulation.conv``)."""
         x, w, bias = a["input"], a["weight"], a["bias"]
         if not _floating(x, w) or x.is_complex():
             return NotImplemented

@@ -4,7 +4,7 @@ A site ``y = a @ b (+ bias)`` (``a``: ``[..., M, K]`` activations, ``b``: ``[K, 
 or ``[..., K, N]`` a second activation) under a recipe runs, when a gradient is wanted:
 
 - forward ``y = Q(a) @ Q(b)``: ``a`` quantized along K by ``recipe.inputs``, ``b`` along K by
-  ``recipe.weights`` (a format with the recipe's scaling, or a :class:`Cast`);
+  ``recipe.weights`` (a format with the recipe's scaling, or a ``Cast``);
 - input gradient ``da = Q(dy) @ Q(b^T)``, reducing over N: ``dy`` by ``backward.grad``,
   ``b`` by ``backward.weights`` or else the forward's setting, now along N;
 - weight gradient ``db = Q(a^T) @ Q(dy)``, reducing over M (all tokens when ``b`` is 2-D):
@@ -17,8 +17,8 @@ FP32 by default, computed in FP64 and rounded once).  A cast whose values do not
 the axis (no scaling, per-tensor, delayed) is applied once and its values reused by every
 GEMM, as the hardware reuses one FP8 tensor (and its transposed copy); stochastic rounding
 then draws its random bits once per tensor.  Delayed scaling keeps an
-:class:`~fpsim.emulation.quantizers.AmaxHistory` per site and tensor (``x``, ``w``, ``dy``)
-in the :class:`fpsim.emulation.Emulation`; a backward GEMM reuses its forward's scale.  With
+``AmaxHistory`` per site and tensor (``x``, ``w``, ``dy``)
+in the ``fpsim.emulation.Emulation``; a backward GEMM reuses its forward's scale.  With
 ``capture=True`` each backward GEMM adds a row ``<site>/dgrad`` or ``<site>/wgrad``: the
 gradient operand's amax, overflow, saturation and flush, and the GEMM's SNR against FP64 on
 the unquantized operands.

@@ -2,12 +2,12 @@
 
 A training recipe runs three GEMMs per layer: forward ``y = x @ W``, input gradient
 ``dx = dy @ W^T`` and weight gradient ``dW = x^T @ dy``, each reducing along its own axis.
-A :class:`Cast` says how one operand is quantized along the reduction axis of the GEMM it
-enters; :class:`Backward` gives a :class:`fpsim.emulation.recipe.Recipe` its backward GEMMs
+A ``Cast`` says how one operand is quantized along the reduction axis of the GEMM it
+enters; ``Backward`` gives a ``fpsim.emulation.recipe.Recipe`` its backward GEMMs
 (the gradient's cast, optional casts of ``x`` and ``W`` for them, the random Hadamard
 transform of the weight-gradient operands and the accumulator).  The arithmetic (torch) is in
-:mod:`fpsim.emulation.quantizers` and :mod:`fpsim.emulation.backward`; the published
-recipes are data in :mod:`fpsim.emulation.presets`.
+``fpsim.emulation.quantizers`` and ``fpsim.emulation.backward``; the published
+recipes are data in ``fpsim.emulation.presets``.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from ..inputs import check_flag
 from ..rounding import check_mode
 from ..stochastic import check_srbits
 
-#: Scalings of a :class:`Cast`.  fpsim's own (scale = amax / format max, values = code * scale,
-#: as :func:`fpsim.scaled_quantize`): ``none``, ``tensor``, ``channel`` (one scale per index
+#: Scalings of a ``Cast``.  fpsim's own (scale = amax / format max, values = code * scale,
+#: as ``fpsim.scaled_quantize``): ``none``, ``tensor``, ``channel`` (one scale per index
 #: beside the reduction axis), ``block`` (MX / NVFP4 blocks along the reduction axis),
 #: ``block2d`` (NVFP4 16 x 16 blocks: the same values whichever axis a GEMM reduces),
 #: ``tile`` (DeepSeek-V3: 1 x 128 along the reduction axis), ``tile2d`` (128 x 128).
@@ -36,11 +36,11 @@ BLOCK_SCALINGS = ("block", "block2d")
 
 @dataclass(frozen=True)
 class Cast:
-    """How one GEMM operand is quantized (see :data:`CAST_SCALINGS`).
+    """How one GEMM operand is quantized (see ``CAST_SCALINGS``).
 
     ``fmt``: an eXmY format (an MX / NVFP4 name for ``block`` / ``block2d``); ``rounding``:
     ``rne``, ``stochastic`` (random bits from torch's global generator: ``torch.manual_seed``
-    makes a run repeatable) or any other mode of :func:`fpsim.quantize`; ``srbits``: the
+    makes a run repeatable) or any other mode of [``fpsim.quantize``][]; ``srbits``: the
     number of random bits of a stochastic rounding (None: all, docs/stochastic.md);
     ``saturate``: clamp at the format's largest value (the scaled casts of TE and torchao
     always saturate); ``pow2``: scales rounded down to a power of two

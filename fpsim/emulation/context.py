@@ -1,11 +1,11 @@
 """``fpsim.emulate``: run any PyTorch model's dot products under a recipe, and measure them.
 
 Inside ``with fpsim.emulate(recipe) as em:`` every op that sums products is computed by
-:mod:`fpsim.emulation.sites` under the recipe that :class:`Rules` selects for it: operands
-rounded to the recipe's formats, summed in its accumulator and order (:func:`fpsim.matmul`),
+``fpsim.emulation.sites`` under the recipe that ``Rules`` selects for it: operands
+rounded to the recipe's formats, summed in its accumulator and order (``fpsim.matmul``),
 the result written in its output format.  Which ops those are is one table,
-:mod:`fpsim.emulation.ops`: linear layers, every matmul spelling, convolutions (as implicit
-GEMMs, :mod:`fpsim.emulation.conv`), the Q.K^T and P.V of attention (its softmax in FP64,
+``fpsim.emulation.ops``: linear layers, every matmul spelling, convolutions (as implicit
+GEMMs, ``fpsim.emulation.conv``), the Q.K^T and P.V of attention (its softmax in FP64,
 rounded once), and the statistics of layer / RMS / batch / group / instance norms
 (docs/emulate.md).  An op of that table that fpsim does not emulate is counted in
 ``em.missed`` and shown as a "not emulated" row, warned about at exit, and raises under
@@ -13,19 +13,19 @@ rounded once), and the statistics of layer / RMS / batch / group / instance norm
 (``"transformer.h.0.attn.c_attn:addmm"``, ``"model.layers.1.self_attn:qk"``); the module path
 comes from forward pre-hooks on every module (or the module owning a parameter operand), and a
 module that calls the same op again in one forward pass gets ``#2``, ``#3``...  With
-``capture=True`` the context also keeps per-site statistics (:class:`SiteStats`: operand amax,
+``capture=True`` the context also keeps per-site statistics (``SiteStats``: operand amax,
 overflowed / saturated / flushed operand elements, SNR of the result against FP64 arithmetic
 on the same operands, swamped additions of an emulated accumulator) in ``em.sites``;
 ``em.table()`` lists them with the rule that chose each recipe.
 
 ``em.attach(model)`` enters the context around every forward call of ``model`` instead of a
-``with`` block (:func:`fpsim.nn.quantize_linear_layers` is built on it).
+``with`` block (``fpsim.nn.quantize_linear_layers`` is built on it).
 
-Product sites are differentiable: where a gradient is wanted, :mod:`fpsim.emulation.backward`
+Product sites are differentiable: where a gradient is wanted, ``fpsim.emulation.backward``
 computes each one's input- and weight-gradient GEMMs under the recipe's ``backward``
-settings (see :mod:`fpsim.emulation.presets` for the published training recipes).  Emulated
+settings (see ``fpsim.emulation.presets`` for the published training recipes).  Emulated
 norm statistics and convolutions have no backward pass: a result of theirs that autograd
-tracks raises on backward (:mod:`fpsim.emulation.grad`).  Quantized weights are cached per
+tracks raises on backward (``fpsim.emulation.grad``).  Quantized weights are cached per
 context (keyed by storage, shape and version, so an in-place update invalidates them).  torch
 is imported when a context is entered, never by ``import fpsim``.
 """
@@ -41,9 +41,9 @@ from .sitestats import COLUMNS, SiteStats
 
 
 class Emulation:
-    """The context :func:`emulate` returns: enter it to emulate, read ``sites`` after.
+    """The context ``emulate`` returns: enter it to emulate, read ``sites`` after.
 
-    ``sites`` maps a site name to its :class:`SiteStats`, in the order the sites were first
+    ``sites`` maps a site name to its ``SiteStats``, in the order the sites were first
     called (filled with ``capture=True``).  ``missed`` maps ``"<module path>:<op>"`` to the
     calls of ops that sum products and ran in plain torch, not emulated (always filled; empty
     when everything was emulated or left to torch by the rules).  ``matched`` maps each site
@@ -118,7 +118,7 @@ class Emulation:
         return out
 
     def table(self) -> list[dict[str, Any]]:
-        """One row per site (:data:`COLUMNS`), in the order the sites were first called, then
+        """One row per site (``COLUMNS``), in the order the sites were first called, then
         one per op that ran not emulated (recipe ``"not emulated"``)."""
         return [s.row() for s in (*self.sites.values(), *self.missed.values())]
 
@@ -133,7 +133,7 @@ class Emulation:
         return found
 
     def report(self) -> str:
-        """:meth:`table` as aligned plain text."""
+        """``table`` as aligned plain text."""
         rows = [[_cell(r[c]) for c in COLUMNS] for r in self.table()]
         widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c)
                   for i, c in enumerate(COLUMNS)]
@@ -143,7 +143,7 @@ class Emulation:
 
 
 class Attached:
-    """What :meth:`Emulation.attach` installed: two forward hooks on a module and on each
+    """What ``Emulation.attach`` installed: two forward hooks on a module and on each
     module inside it."""
 
     def __init__(self, em: Emulation, root: Any) -> None:
@@ -186,8 +186,8 @@ def _cell(v: Any) -> str:
 
 def emulate(recipe: Recipe | Rules, *, capture: bool = False, strict: bool = False) -> Emulation:
     """A context manager that computes every dot-product site of any PyTorch model under
-    ``recipe`` (one :class:`fpsim.emulation.recipe.Recipe` for all sites, or
-    :class:`fpsim.emulation.recipe.Rules` selecting per module path and op kind); with
+    ``recipe`` (one [``fpsim.emulation.recipe.Recipe``][] for all sites, or
+    [``fpsim.emulation.recipe.Rules``][] selecting per module path and op kind); with
     ``capture`` it also records per-site statistics.  An op that sums products and that fpsim
     does not emulate is named in ``em.missed`` / ``em.report()`` and warned about at exit;
     with ``strict`` it raises instead, naming op and module.  See the module docstring for the

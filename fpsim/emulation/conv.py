@@ -5,17 +5,17 @@ volume`` (the reduction axis K, ordered (kernel offset, channel) with the channe
 an implicit GEMM over channels-last (NHWC) data runs it in cuDNN and CUTLASS): the
 activation patches are the rows of a left operand ``[groups, N * L, K]`` (``L`` output
 positions), the weights the columns of a right operand ``[groups, K, C_out / groups]``, and the
-product is :func:`fpsim.emulation.sites.matmul`'s: operands rounded to the recipe's formats with
+product is ``fpsim.emulation.sites.matmul``'s: operands rounded to the recipe's formats with
 their scales along K (per channel: one scale per output channel for the weights and per patch
 for the activations; MX blocks of 32 along K), summed in its accumulator and order, the bias
 added, the result written in its output format.  Per-tensor activation scales are taken on
 the activation tensor, and so is NVFP4's per-tensor scale (one for the whole patch matrix,
 not one per piece).
 
-Memory is bounded: the patches are built piece by piece (at most :data:`PIECE` elements
+Memory is bounded: the patches are built piece by piece (at most ``PIECE`` elements
 each, views of the padded input until then), never as one whole im2col of a large activation;
-each piece in one compiled gather where numba is there (:func:`_gathered`), else by torch's
-strided copies (:func:`_rows`).
+each piece in one compiled gather where numba is there (``_gathered``), else by torch's
+strided copies (``_rows``).
 
 A transposed convolution is the direct convolution of the input spread out by the stride
 (``stride - 1`` zeros between elements), padded by ``dilation * (kernel - 1) - padding``, with
@@ -30,7 +30,7 @@ the same values; other channel counts are quantized patch row by patch row).  Un
 (``native_sums="host"``) such a convolution is then torch's own on the quantized operands: the
 host's sums in its own order, as a linear site's host GEMM.
 
-When a gradient is wanted, :func:`trainable` adds the backward GEMMs: the input gradient as
+When a gradient is wanted, ``trainable`` adds the backward GEMMs: the input gradient as
 the transposed convolution's implicit GEMM, the weight gradient over the whole patch matrix.
 """
 
@@ -110,14 +110,14 @@ def weight_matrix(w: Tensor, groups: int) -> Tensor:
 
 def weight_of(m: Tensor, shape: Sequence[int]) -> Tensor:
     """The weight ``shape`` ``[C_out, C_in/groups, *kernel]`` of a right operand ``m``
-    (:func:`weight_matrix` undone)."""
+    (``weight_matrix`` undone)."""
     return m.transpose(1, 2).reshape(shape[0], *shape[2:], shape[1]).movedim(-1, 1)
 
 
 def im2col(xp: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
            groups: int) -> Tensor:
     """The whole left operand ``[groups, N * L, K]`` of a padded input (a weight gradient's,
-    and tests'; :func:`conv` builds it piece by piece)."""
+    and tests'; ``conv`` builds it piece by piece)."""
     v = patches(xp, kernel, stride, dilation)
     out = list(v.shape[2:2 + len(kernel)])
     rows = _gathered(xp, kernel, stride, dilation, groups, (0, xp.shape[0]), (0, out[0]), out)
@@ -140,8 +140,8 @@ def _rows(v: Tensor, groups: int) -> Tensor:
 def _gathered(xp: Tensor, kernel: Sequence[int], stride: Sequence[int],
               dilation: Sequence[int], groups: int, ns: tuple[int, int],
               first: tuple[int, int], out: Sequence[int]) -> Tensor | None:
-    """:func:`_rows` of images ``ns`` and first output rows ``first`` of the padded input, as
-    one compiled gather (:func:`fpsim._cast_kernels.gather_rows`, over the cores), or None
+    """``_rows`` of images ``ns`` and first output rows ``first`` of the padded input, as
+    one compiled gather (``fpsim._cast_kernels.gather_rows``, over the cores), or None
     where it does not apply (no numba, not a contiguous CPU float32/float64 tensor)."""
     jit = convert._jit()
     if (jit is None or xp.device.type != "cpu" or xp.dtype not in (torch.float32, torch.float64)
@@ -241,7 +241,7 @@ def _implicit_gemm(acc: Recipe, xp: Tensor, qw: Tensor, kernel: Sequence[int],
                    piece: int | None = None) -> Tensor:
     """The direct convolution of padded ``xp`` by the quantized weight matrix ``qw`` as
     products of patch rows summed as ``acc`` says, piece by piece (at most ``piece``, by
-    default :data:`PIECE`, patch elements; each quantized by ``quant`` unless None);
+    default ``PIECE``, patch elements; each quantized by ``quant`` unless None);
     ``[N, C_out, *out]``, no bias."""
     v = patches(xp, kernel, stride, dilation)
     n, out = v.shape[0], list(v.shape[2:2 + len(kernel)])
@@ -320,10 +320,10 @@ def _add(events: dict, role: str, ev: dict[str, Any]) -> None:
 def trainable(site: Any, x: Tensor, w: Tensor, bias: Tensor | None, stride: Sequence[int],
               padding: Sequence[int], dilation: Sequence[int], transposed: bool,
               output_padding: Sequence[int], groups: int, events: dict | None) -> Tensor:
-    """A convolution of :class:`fpsim.emulation.backward.Site` ``site`` with its backward
+    """A convolution of ``fpsim.emulation.backward.Site`` ``site`` with its backward
     GEMMs emulated as the hardware runs them (a gradient is wanted):
 
-    - forward: :func:`conv`;
+    - forward: ``conv``;
     - input gradient: the transposed convolution of ``dy`` by the weight, an implicit GEMM
       reducing over ``C_out/groups x kernel volume``: ``dy`` cast by ``backward.grad``, the
       weight by ``backward.weights`` or else the forward's setting, along that reduction;
@@ -334,7 +334,7 @@ def trainable(site: Any, x: Tensor, w: Tensor, bias: Tensor | None, stride: Sequ
     - the bias gradient: ``dy`` summed in FP64, rounded once.
 
     Padding, the stride spreading of a transposed convolution and the kernel flip are torch's
-    own differentiable copies around the direct convolution (:func:`direct`).
+    own differentiable copies around the direct convolution (``direct``).
     """
     xp, wd, st = direct(x, w, stride, padding, dilation, transposed, output_padding, groups)
     return _ConvGemms.apply(xp, wd, bias, site, (tuple(st), tuple(dilation), groups), events)
@@ -374,7 +374,7 @@ class _ConvGemms(torch.autograd.Function):
 def _dgrad(site: Any, xp: Tensor, wd: Tensor, qwm: Tensor, dy: Tensor, stride: Sequence[int],
            dilation: Sequence[int],
            groups: int) -> tuple[Tensor, Tensor | None, Any, dict | None]:
-    """The input gradient (see :func:`trainable`; ``qwm``: the forward's quantized weight
+    """The input gradient (see ``trainable``; ``qwm``: the forward's quantized weight
     matrix, reused where its cast does not depend on the axis), and ``dy`` as quantized whole
     for it (None where it is quantized patch by patch), its scale and events."""
     r, acc = site.recipe, site.accumulator()
@@ -417,7 +417,7 @@ def _dgrad(site: Any, xp: Tensor, wd: Tensor, qwm: Tensor, dy: Tensor, stride: S
 def _wgrad(site: Any, xp: Tensor, xq: Tensor | None, wd: Tensor, dy: Tensor,
            stride: Sequence[int], dilation: Sequence[int], groups: int, qdy: Tensor | None,
            sdy: Any, dy_events: dict | None) -> Tensor:
-    """The weight gradient (see :func:`trainable`): :meth:`Site.wgrad` on the whole patch
+    """The weight gradient (see ``trainable``): ``Site.wgrad`` on the whole patch
     matrix ``[groups, M, K]`` and ``dy`` as ``[groups, M, C_out/groups]``."""
     kernel = wd.shape[2:]
 

@@ -1,8 +1,8 @@
 """Emulated outputs without a backward pass: norm statistics, aten-level products.
 
 Product sites and convolutions seen at the Python level have emulated gradient GEMMs
-(:mod:`fpsim.emulation.backward`, :func:`fpsim.emulation.conv.trainable`).  Any other emulated
-result that autograd would track is returned through :class:`NoBackward`, whose backward raises
+(``fpsim.emulation.backward``, ``fpsim.emulation.conv.trainable``).  Any other emulated
+result that autograd would track is returned through ``NoBackward``, whose backward raises
 a clear error (which site, what to do) instead of differentiating torch's own op on operands
 the recipe never used, or failing on the emulation's in-place arithmetic.
 """
@@ -31,7 +31,7 @@ def wants_grad(args: tuple, kwargs: dict) -> list[torch.Tensor]:
 
 
 class NoBackward(torch.autograd.Function):
-    """Identity forward (a copy of ``y``); backward raises :data:`MESSAGE` for ``site``."""
+    """Identity forward (a copy of ``y``); backward raises ``MESSAGE`` for ``site``."""
 
     @staticmethod
     def forward(ctx: Any, site: str, y: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:

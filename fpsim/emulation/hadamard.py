@@ -33,7 +33,7 @@ def matrix(n: int = 16, seed: int = 0) -> Tensor:
 
 
 def transform(x: Tensor, axis: int, n: int = 16, seed: int = 0) -> Tensor:
-    """``x`` with every block of ``n`` along ``axis`` multiplied by :func:`matrix` (FP64,
+    """``x`` with every block of ``n`` along ``axis`` multiplied by ``matrix`` (FP64,
     rounded once to ``x``'s dtype); the axis is zero-padded to a multiple of ``n``."""
     t = matrix(n, seed).to(x.device)
     moved = x.movedim(axis, -1).double()

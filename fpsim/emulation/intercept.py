@@ -1,7 +1,7 @@
-"""The machinery behind :func:`fpsim.emulate`: a ``TorchFunctionMode`` that routes each
-torch function of :data:`fpsim.emulation.ops.python_handlers` to :mod:`fpsim.emulation.sites`,
-a ``TorchDispatchMode`` (:mod:`fpsim.emulation.aten`) that emulates or names the aten ops of
-:data:`fpsim.emulation.ops.ATEN` that no Python-level handler computed, and global module hooks
+"""The machinery behind ``fpsim.emulate``: a ``TorchFunctionMode`` that routes each
+torch function of ``fpsim.emulation.ops.python_handlers`` to ``fpsim.emulation.sites``,
+a ``TorchDispatchMode`` (``fpsim.emulation.aten``) that emulates or names the aten ops of
+``fpsim.emulation.ops.ATEN`` that no Python-level handler computed, and global module hooks
 that say in which module each runs.  Imports torch (``fpsim.emulate`` imports this module when a
 context is entered).
 """
@@ -41,10 +41,10 @@ NORMS = ("layer_norm", "rms_norm", "batch_norm", "instance_norm", "group_norm", 
 
 class Interceptor(TorchFunctionMode):
     """Computes the sites of whatever runs while it is active under ``em.rules`` (``em``: the
-    :class:`fpsim.emulation.Emulation`, whose ``sites`` it fills when ``em.capture``)."""
+    ``fpsim.emulation.Emulation``, whose ``sites`` it fills when ``em.capture``)."""
 
     active = False                                # an interceptor is running (they do not nest)
-    #: Emulated results that autograd tracks raise on backward (:mod:`fpsim.emulation.grad`);
+    #: Emulated results that autograd tracks raise on backward (``fpsim.emulation.grad``);
     #: a subclass whose handlers compute differentiably (the experiments' ops) turns it off.
     guard_grad = True
 
@@ -193,7 +193,7 @@ class Interceptor(TorchFunctionMode):
 
     def guarded(self, out: Any, tracked: list[Tensor], before: int) -> Any:
         """``out``, made to raise on backward when autograd tracks it and a site was emulated
-        since ``before`` (:func:`fpsim.emulation.grad.guard`)."""
+        since ``before`` (``fpsim.emulation.grad.guard``)."""
         if tracked and self.emulated != before:
             return guard(out, tracked, self.path or "<root>")
         return out
@@ -274,7 +274,7 @@ class Interceptor(TorchFunctionMode):
     def conv_transpose(self, native: Native, input: Tensor, weight: Tensor,
                        bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
                        output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Any:
-        """``F.conv_transpose{1,2,3}d``, as :meth:`conv`."""
+        """``F.conv_transpose{1,2,3}d``, as ``conv``."""
         return self._conv(native, input, weight, bias, stride, padding, dilation, True,
                           output_padding, groups)
 
@@ -372,7 +372,7 @@ class Interceptor(TorchFunctionMode):
                   is_causal: bool = False, scale: float | None = None,
                   enable_gqa: bool = False) -> Any:
         """scaled_dot_product_attention as its two products (sites ``qk`` and ``pv``), the
-        mask and a softmax computed in FP64 (:func:`fpsim.emulation.sites.softmax`)."""
+        mask and a softmax computed in FP64 (``fpsim.emulation.sites.softmax``)."""
         if self.left_to_torch("attention"):
             return NotImplemented
         if enable_gqa:
@@ -396,7 +396,7 @@ class Interceptor(TorchFunctionMode):
     def softmax(self, native: Native, input: Tensor, dim: int | None = None, *args: Any,
                 **kwargs: Any) -> Any:
         """A softmax over the last axis where attention is emulated: in FP64, rounded once
-        (:func:`fpsim.emulation.sites.softmax`, the same on any machine)."""
+        (``fpsim.emulation.sites.softmax``, the same on any machine)."""
         if dim not in (-1, input.dim() - 1) or args or kwargs.get("dtype") is not None \
                 or not _floating(input) or self.left_to_torch("attention"):
             return NotImplemented
@@ -451,7 +451,7 @@ class Interceptor(TorchFunctionMode):
 
     def norm_site(self, op: str, native: Native, rows: Callable[[], Tensor],
                   compute: Callable[[Recipe, dict | None], Tensor]) -> Tensor:
-        """A norm site whose statistics are those of ``rows()`` (see :mod:`.norms`)."""
+        """A norm site whose statistics are those of ``rows()`` (see ``.norms``)."""
         name, recipe = self.site("norm", op)
         if recipe is None and not self.em.capture:
             return native()
@@ -517,7 +517,7 @@ class Interceptor(TorchFunctionMode):
     # ---------------------------------------------------------------------------------------
     def record(self, name: str, kind: str, recipe: Recipe | None, operands: tuple,
                events: dict, y: Tensor | None, ref: Any) -> None:
-        """Add one call of site ``name`` to its :class:`SiteStats`."""
+        """Add one call of site ``name`` to its ``SiteStats``."""
         ref = ref[1] if isinstance(ref, tuple) else ref
         st = self.em.sites.get(name)
         if st is None:

@@ -3,7 +3,7 @@
 Each normalizes rows of its input: one row per channel over (batch, spatial) for batch norm,
 per (sample, channel) over spatial for instance norm, per (sample, group) over
 (channels of the group, spatial) for group norm.  A row's mean and sum of squared deviations
-are the dot products of :func:`fpsim.emulation.sites.layernorm_stats` (``x . 1`` and
+are the dot products of ``fpsim.emulation.sites.layernorm_stats`` (``x . 1`` and
 ``d . d``, ``d = x - mean``), so they are emulated exactly as LayerNorm's are; the
 normalization and the affine parameters follow in the input's dtype.  Training-mode batch
 norm (and instance norm with running statistics) also updates the running mean and the

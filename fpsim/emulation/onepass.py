@@ -1,18 +1,18 @@
 """Operand quantization in compiled passes over a CPU tensor, where numba is there.
 
-:func:`fpsim.emulation.sites.quantize_operand` copies an operand to float64, reduces it,
+``fpsim.emulation.sites.quantize_operand`` copies an operand to float64, reduces it,
 divides, encodes, decodes, multiplies and casts back: several passes and full-size temporaries
 per call, most of an activation's cost under an operand-only recipe.  Here the same operations
 run in the same order, so give the same bits (tests compare every code class), in fewer passes:
 
-* :func:`tensor_scaled` (per-tensor scaling): torch's ``aminmax`` for the scale, then one
-  kernel (:func:`fpsim._cast_kernels.scaled_table_quantize`) that divides, rounds with
-  :mod:`fpsim.convert`'s own lookup table, decodes and multiplies each element;
-* :func:`mx_values` (MX and NVFP4 blocks along the last axis, float32): one kernel for each
+* ``tensor_scaled`` (per-tensor scaling): torch's ``aminmax`` for the scale, then one
+  kernel (``fpsim._cast_kernels.scaled_table_quantize``) that divides, rounds with
+  ``fpsim.convert``'s own lookup table, decodes and multiplies each element;
+* ``mx_values`` (MX and NVFP4 blocks along the last axis, float32): one kernel for each
   block's amax, the scale rules' own code on the per-block arrays, one kernel that scales,
-  rounds, decodes and multiplies back (:func:`fpsim._cast_kernels.block_scaled_quantize`);
-* :func:`block_values`: :func:`fpsim.mx.dequantize` of blocks along the last axis in one pass
-  (:func:`fpsim._cast_kernels.block_dequantize`), for the codes ``capture=True`` needs.
+  rounds, decodes and multiplies back (``fpsim._cast_kernels.block_scaled_quantize``);
+* ``block_values``: ``fpsim.mx.dequantize`` of blocks along the last axis in one pass
+  (``fpsim._cast_kernels.block_dequantize``), for the codes ``capture=True`` needs.
 
 Each returns None, and the caller takes the general path, wherever it does not apply (listed
 in its docstring): no numba, another device or dtype, stochastic rounding, integer formats,
@@ -59,7 +59,7 @@ def _table(f: Format, rounding: str, wide: bool = True) -> tuple[Any, np.ndarray
 
 
 def tensor_scaled(x: Tensor, f: Format, rounding: str, axis: int) -> tuple[Tensor, float] | None:
-    """``x`` quantized to ``f`` with one amax scale (:func:`fpsim.scaled_quantize`'s rules,
+    """``x`` quantized to ``f`` with one amax scale (``fpsim.scaled_quantize``'s rules,
     saturating) and the scale, as ``quantize_operand`` computes them, or None where the
     compiled pass does not apply (see the module doc).  ``axis`` (the reduction axis) only
     sets the result's strides, as the general path's."""
@@ -84,7 +84,7 @@ def tensor_scaled(x: Tensor, f: Format, rounding: str, axis: int) -> tuple[Tenso
 
 
 def block_values(arr: Any, dtype: torch.dtype) -> Tensor | None:
-    """``arr.dequantize(dtype)`` (``arr``: a :class:`fpsim.mx.BlockArray` of CPU tensors) in one
+    """``arr.dequantize(dtype)`` (``arr``: a ``fpsim.mx.BlockArray`` of CPU tensors) in one
     compiled pass, or None where it does not apply (see the module doc)."""
     codes, lay = arr.codes, arr.layout
     jit = convert._jit()
@@ -110,7 +110,7 @@ def mx_values(x: Tensor, fmt: Any, scale_rounding: str | None,
     """``mx.quantize(x, fmt, axis=-1, scale_rounding=..., rounding=..., tensor_scale=...)``
     dequantized to float32 (MX or NVFP4) in two compiled passes: each block's amax, then each
     element scaled, rounded, decoded and multiplied back, with the scale rules' own code between
-    them (:func:`fpsim.blockrules.shared_exponents`, :func:`fpsim.blockrules.nvfp4_block_scales`);
+    them (``fpsim.blockrules.shared_exponents``, ``fpsim.blockrules.nvfp4_block_scales``);
     or None where it does not apply: float64 or non-CPU ``x``, integer elements, directed
     roundings (which keep underflows), stochastic rounding, empty ``x``, no numba."""
     spec = get_block_format(fmt)

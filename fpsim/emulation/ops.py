@@ -1,20 +1,20 @@
 """The ops of torch that sum products or compute norm statistics, and what fpsim does with each:
-the one table a reader checks to see what :func:`fpsim.emulate` catches.
+the one table a reader checks to see what ``fpsim.emulate`` catches.
 
-Two levels see a model's ops (:mod:`fpsim.emulation.intercept`):
+Two levels see a model's ops (``fpsim.emulation.intercept``):
 
-- :data:`PYTHON`: torch functions as the model calls them (``F.linear``, ``F.scaled_dot_product_
+- ``PYTHON``: torch functions as the model calls them (``F.linear``, ``F.scaled_dot_product_
   attention``, ``F.batch_norm``...), handled by the ``Interceptor`` method named here.  Here a
   site keeps its meaning: a layer, the two products of attention, a norm's statistics.
-- :data:`ATEN`: the aten ops that every spelling decomposes to (``torch.tensordot``,
+- ``ATEN``: the aten ops that every spelling decomposes to (``torch.tensordot``,
   ``linalg.multi_dot``, ``einsum`` of three operands, ``nn.MultiheadAttention``, convolutions all
   reach ``aten::mm``, ``aten::bmm``, ``aten::convolution``...), seen by a ``TorchDispatchMode``
   when no Python-level handler computed them.  An entry with a ``handler`` is emulated as a
   site; one without is *named*: each call is counted as "not emulated" in ``em.report()``,
   warned about at exit, and raises under ``strict=True``.
 
-Keys of :data:`ATEN` are schema names (``func._schema.name``), so this module needs no torch
-until :func:`python_handlers` is called.
+Keys of ``ATEN`` are schema names (``func._schema.name``), so this module needs no torch
+until ``python_handlers`` is called.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Published low-precision training recipes as data: name one, train under it.
 
-Each preset is a :class:`fpsim.emulation.recipe.Recipe` for the linear layers (``nn.Linear``,
-``Conv1D``: the sites of kind ``linear``) with its forward casts and :class:`Backward`; every
-other op stays with torch, as in the frameworks that publish them.  :func:`rules` turns a
-name into the :class:`Rules` that :func:`fpsim.emulate` takes, with chosen layers kept in BF16.
+Each preset is a [``fpsim.emulation.recipe.Recipe``][] for the linear layers (``nn.Linear``,
+``Conv1D``: the sites of kind ``linear``) with its forward casts and [``Backward``][]; every
+other op stays with torch, as in the frameworks that publish them.  [``rules``][] turns a
+name into the [``Rules``][] that [``fpsim.emulate``][] takes, with chosen layers kept in BF16.
 Sources (also in ``docs/training.md``):
 
 - ``torchao-float8-tensorwise``: torchao 0.18.0 ``Float8LinearConfig()`` (the default of
@@ -107,7 +107,7 @@ def get_preset(name: str) -> Preset:
 
 
 def rules(name: str, *, bf16: tuple[str, ...] = ()) -> Rules:
-    """:class:`Rules` running the linear layers under preset ``name``, those whose module path
+    """[``Rules``][] running the linear layers under preset ``name``, those whose module path
     matches a glob of ``bf16`` in BF16 instead (NVFP4 keeps some layers in BF16), everything
     else in torch.
 

@@ -1,13 +1,13 @@
-"""A :class:`fpsim.emulation.casts.Cast` applied to a torch tensor, along a GEMM's reduction axis.
+"""A ``fpsim.emulation.casts.Cast`` applied to a torch tensor, along a GEMM's reduction axis.
 
 fpsim's scalings (``none``, ``tensor``, ``channel``, ``block``, ``tile``) are
-:func:`fpsim.emulation.sites.quantize_operand`'s; this module adds the ones training recipes
+``fpsim.emulation.sites.quantize_operand``'s; this module adds the ones training recipes
 use.  ``tensorwise`` / ``rowwise`` / ``delayed`` follow torchao's float8 training
 (``torchao.float8``, 0.18.0) and Transformer Engine: amax in the tensor's dtype (FP32), scale
 ``fp32(fmax / max(amax, 1e-12))`` computed in FP64 (optionally rounded down to a power of two:
 ``exp2(floor(log2(scale)))``), codes ``cast(fp32(x * scale))`` saturated at ``fmax``, values
 ``fp32(code / scale)`` (torchao's emulated GEMM divides each operand by its scale).  Delayed
-scaling (TE ``DelayedScaling``) takes the scale from :class:`AmaxHistory` instead of the
+scaling (TE ``DelayedScaling``) takes the scale from ``AmaxHistory`` instead of the
 tensor: ``fp32(fmax / max(history)) / 2^margin``, kept from the previous call when that
 history holds only zeros or non-finite values; 1 before any history.  ``block2d`` is NVFP4's
 16 x 16 weight blocks (one E4M3 scale per 256 elements under the FP32 tensor scale), so a
@@ -66,7 +66,7 @@ def cast(x: Tensor, c: Cast, axis: int, *, history: AmaxHistory | None = None,
     magnitude from which an element saturates or overflows, the FP32 scale tensor of a
     ``tensorwise`` / ``rowwise`` / ``delayed`` cast, else None).
 
-    ``delayed`` needs ``history`` (the site's :class:`AmaxHistory`) or an explicit ``scale``
+    ``delayed`` needs ``history`` (the site's ``AmaxHistory``) or an explicit ``scale``
     (a backward GEMM reusing its forward's); other scalings ignore ``scale``.
     """
     seed = generator(x.device) if c.rounding in STOCHASTIC else None

@@ -1,11 +1,11 @@
 """Recipes: how each dot-product site of a network is computed (NumPy only, no torch).
 
-A :class:`Recipe` names the operand formats, the scaling that maps operands into them, the
+A ``Recipe`` names the operand formats, the scaling that maps operands into them, the
 accumulator (format, summation order, chunk) and the format the result is written in.
-:class:`Rules` picks a recipe per site of any model: by glob on the module path (``"*.attn*"``)
-and by op kind (``KINDS``), first match wins.  :func:`fpsim.emulate` runs a PyTorch model under
+``Rules`` picks a recipe per site of any model: by glob on the module path (``"*.attn*"``)
+and by op kind (``KINDS``), first match wins.  ``fpsim.emulate`` runs a PyTorch model under
 them; the experiments use the same recipes on GPT-2.  The arithmetic itself (torch) is in
-:mod:`fpsim.emulation.sites`.
+``fpsim.emulation.sites``.
 """
 
 from __future__ import annotations
@@ -29,17 +29,17 @@ NATIVE = ("fp32", "fp64")  # accumulators summed in FP64 by torch and rounded on
 #: How a native FP32 accumulator is summed (``Recipe.native_sums``): "fp64" in FP64 and rounded
 #: once (the same bits on every machine), "host" by the host's own FP32 GEMM (not reproducible).
 NATIVE_SUMS = ("fp64", "host")
-#: Op kinds a :class:`Rule` selects: ``linear`` (F.linear, addmm, F.bilinear, any product with a
+#: Op kinds a ``Rule`` selects: ``linear`` (F.linear, addmm, F.bilinear, any product with a
 #: module's parameter: a layer's product and bias), ``matmul`` (matmul / @ / mm / bmm / baddbmm /
 #: einsum / dot / mv / tensordot ...), ``conv`` (every convolution), ``attention`` (the Q.K^T and
 #: P.V of scaled_dot_product_attention), ``norm`` (layer / RMS / batch / group / instance norm
-#: statistics).  The ops of each: :mod:`fpsim.emulation.ops`.
+#: statistics).  The ops of each: ``fpsim.emulation.ops``.
 KINDS = ("linear", "matmul", "conv", "attention", "norm")
 FormatLike = str | Format
 
 
 def format_name(fmt: FormatLike | Cast | None) -> str | None:
-    """Name of a scalar or block format, label of a :class:`Cast` (None stays None)."""
+    """Name of a scalar or block format, label of a ``Cast`` (None stays None)."""
     if isinstance(fmt, Cast):
         return fmt.describe()
     return None if fmt is None else (fmt if isinstance(fmt, str) else fmt.name)
@@ -52,19 +52,19 @@ class Recipe:
     The formats are the positional arguments: ``Recipe("e4m3")`` rounds both operands to E4M3,
     ``Recipe("e4m3", "e5m2")`` the left one to E4M3 and the right one to E5M2, ``Recipe()`` is
     plain FP32; everything else is keyword-only.  ``name`` (keyword) labels the recipe in reports;
-    without it the name is derived from the fields (:meth:`describe`: ``"e4m3/tensor"``,
+    without it the name is derived from the fields ([``describe``][]: ``"e4m3/tensor"``,
     ``"bf16 out=bf16"``, ``"fp32 acc=fp16 sequential"``).
 
     ``inputs``: format of the activation operand (None keeps FP32); ``weights``: format of the
     second operand (None: the same as ``inputs``).  ``scaling``: ``none``, per-``tensor`` or
     per-``channel`` amax scaling (scale = amax / format max in FP32 from the tensor itself at
     every call: "current" scaling, which cannot overflow; delayed scaling is in ``practice``) or
-    ``block`` (``inputs`` is an MX / NVFP4 name of :mod:`fpsim.mx`; ``scale_rounding`` its
+    ``block`` (``inputs`` is an MX / NVFP4 name of [``fpsim.mx``][]; ``scale_rounding`` its
     scale rule, None: the OCP floor) or ``tile`` (DeepSeek-V3: one scale per 1 x 128 tile of
     the left operand and per 128 x 128 block of the right one, along the reduction axis).
     ``accum``, ``order``, ``chunk``, ``tensor_core``: the accumulator; ``order=None`` with an
     FP32/FP64 accumulator is torch's native matmul, anything else goes through
-    :func:`fpsim.matmul` (``tensor_core``: a preset of ``fpsim.arith.TENSOR_CORES``, with
+    [``fpsim.matmul``][] (``tensor_core``: a preset of ``fpsim.arith.TENSOR_CORES``, with
     ``order="tensor_core"``).  ``output``: the
     format the result is rounded to (None keeps it).  ``saturate``: clamp overflow to the
     largest finite value instead of inf/NaN (operands without scaling and the output).
@@ -81,12 +81,12 @@ class Recipe:
     summation order, hence its bits, depend on the machine, the BLAS library and the thread
     count), e.g. ``Recipe("e4m3", scaling="tensor", native_sums="host", name="fast")``.
 
-    Training: ``inputs`` / ``weights`` may be a :class:`fpsim.emulation.casts.Cast` (its own
+    Training: ``inputs`` / ``weights`` may be a [``fpsim.emulation.casts.Cast``][] (its own
     scaling: Transformer Engine / torchao scaled casts, delayed scaling, NVFP4 2-D blocks;
-    ``scaling`` stays ``none``); ``backward`` (a :class:`fpsim.emulation.casts.Backward`) sets
+    ``scaling`` stays ``none``); ``backward`` (a [``fpsim.emulation.casts.Backward``][]) sets
     the input- and weight-gradient GEMMs (None: gradients unquantized, the forward's operand
     settings re-applied along each GEMM's reduction axis, the forward's accumulator).  The
-    published recipes are in :mod:`fpsim.emulation.presets`.
+    published recipes are in [``fpsim.emulation.presets``][].
     """
 
     inputs: FormatLike | None = None
@@ -209,7 +209,7 @@ class Recipe:
 
     @property
     def emulated(self) -> bool:
-        """True when the accumulation needs :func:`fpsim.matmul` (not torch's FP32/FP64 matmul)."""
+        """True when the accumulation needs [``fpsim.matmul``][] (not torch's FP32/FP64 matmul)."""
         return self.order is not None or self.accum not in NATIVE
 
     @property
@@ -278,7 +278,7 @@ class Rules:
     ``default`` (the deterministic FP32 reference; None leaves unmatched sites to torch).
 
     A rule that can never match, because an earlier one covers all its sites
-    (:meth:`Rule.covers`), is warned about when the Rules are built; ``em.report()`` shows
+    ([``Rule.covers``][]), is warned about when the Rules are built; ``em.report()`` shows
     which rule matched each site.
 
     For example "linear layers in E4M3 with per-tensor scaling, attention in BF16, norms in

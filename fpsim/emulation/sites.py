@@ -1,13 +1,13 @@
-"""A dot-product site computed under a :class:`fpsim.emulation.recipe.Recipe`, on torch tensors.
+"""A dot-product site computed under a ``fpsim.emulation.recipe.Recipe``, on torch tensors.
 
-The functions :func:`linear`, :func:`matmul`, :func:`layernorm`, :func:`rmsnorm` and
-:func:`layernorm_stats` compute one site under a recipe; :func:`fpsim.emulate` and the
+The functions ``linear``, ``matmul``, ``layernorm``, ``rmsnorm`` and
+``layernorm_stats`` compute one site under a recipe; ``fpsim.emulate`` and the
 experiments (per-site replay and end-to-end) use them, so all measure the same arithmetic.
 
-Operands are quantized with :func:`fpsim.quantize` (no scaling), :func:`fpsim.scaled_quantize`
-(per-tensor or per-channel amax scaling) or :func:`fpsim.mx.quantize` (MX and NVFP4 blocks),
+Operands are quantized with ``fpsim.quantize`` (no scaling), ``fpsim.scaled_quantize``
+(per-tensor or per-channel amax scaling) or ``fpsim.mx.quantize`` (MX and NVFP4 blocks),
 then multiplied exactly and summed by torch, unless the recipe asks for another accumulator
-or an explicit order, which :func:`fpsim.matmul` emulates.  An FP32 accumulator is computed
+or an explicit order, which ``fpsim.matmul`` emulates.  An FP32 accumulator is computed
 in FP64 and rounded once to FP32 (a correctly rounded FP32 dot product, barring FP64 ties): the
 same bits on any thread count and machine, which torch's own FP32 matmul (``native_sums="host"``,
 fast) does not promise.  Scales
@@ -52,12 +52,12 @@ def quantize_operand(
     with_limit: bool = True, tensor_scale: float | None = None,
 ) -> tuple[Tensor, Any]:
     """``x`` rounded to ``fmt`` under the recipe's scaling, reducing along ``axis``
-    (``seed``: stochastic rounding's, as :func:`fpsim.quantize` takes it; ``tensor_scale``:
+    (``seed``: stochastic rounding's, as ``fpsim.quantize`` takes it; ``tensor_scale``:
     NVFP4's, when ``x`` is a piece of the tensor it was taken on).
 
     Returns the dequantized values (``x``'s dtype) and, per element (a float or a tensor that
     broadcasts against ``x``), the magnitude from which it is clamped or overflows instead of
-    rounded: its :func:`rounding_limit` times its scale (``with_limit=False``: block scaling
+    rounded: its ``rounding_limit`` times its scale (``with_limit=False``: block scaling
     leaves out that full-size tensor and returns None; callers that count no events).
     """
     if fmt is None:
@@ -136,7 +136,7 @@ def tile_quantize(x: Tensor, f: Format, axis: int, rounding: str = "rne",
     """DeepSeek-V3 fine-grained scaling: amax scales per 1 x 128 tile along the reduction axis
     of a left operand (``axis=-1``), per 128 x 128 block of a right operand (``axis=-2``).
 
-    Scales are amax / format max in FP32 (:func:`fpsim.scaled_quantize`); an axis that is not
+    Scales are amax / format max in FP32 (``fpsim.scaled_quantize``); an axis that is not
     a multiple of 128 ends in a short tile.  Amax scaling never overflows (limit: inf).
     """
     moved = x.movedim(axis, -1).double()
@@ -161,7 +161,7 @@ def operand_events(x: Tensor, q: Tensor, limit: Any) -> dict[str, int]:
     """Counts of elements of ``x`` that overflowed to inf/NaN, saturated, or flushed to zero in
     ``q``.
 
-    Saturated: ``q`` finite although ``|x|`` reached ``limit`` (see :func:`quantize_operand`).
+    Saturated: ``q`` finite although ``|x|`` reached ``limit`` (see ``quantize_operand``).
     """
     lim = limit if isinstance(limit, (int, float)) else float(limit.min()) if limit.numel() \
         else math.inf
@@ -243,7 +243,7 @@ def _operands(
 # Accumulation and output
 # --------------------------------------------------------------------------------------------
 def _emulated_matmul(a: Tensor, b: Tensor, recipe: Recipe, events: dict | None) -> Tensor:
-    """``a @ b`` (matmul broadcasting) with the accumulator emulated by :func:`fpsim.matmul`.
+    """``a @ b`` (matmul broadcasting) with the accumulator emulated by ``fpsim.matmul``.
 
     Products are exact (float64 operands: a float64 multiply, as the FP64 hardware rounds
     it); fills ``events["accum"]`` with the accumulator's overflow, largest
@@ -336,12 +336,12 @@ def matmul(recipe: Recipe, a: Tensor, b: Tensor, events: dict | None = None) -> 
 
 def causal_matmul(recipe: Recipe, p: Tensor, v: Tensor, events: dict | None = None) -> Tensor:
     """Attention's ``p @ v`` under ``recipe`` as a causal kernel computes it: query ``i`` sums
-    over keys ``j <= i + S - T`` only (``p`` is ``[..., T, S]``), where :func:`matmul` (the
+    over keys ``j <= i + S - T`` only (``p`` is ``[..., T, S]``), where ``matmul`` (the
     eager semantics) sums over every key with the masked probabilities at 0.
 
     The two differ only when ``v`` holds inf/NaN at a masked key: eagerly ``0 * inf`` is NaN
     and reaches every earlier query; here masked keys are skipped.  Finite results are the
-    same bits as :func:`matmul`'s (a masked ``0 * v`` adds an exact zero).
+    same bits as ``matmul``'s (a masked ``0 * v`` adds an exact zero).
     """
     qp, qv = _operands(recipe, p, v, events)
     T, S = qp.shape[-2], qv.shape[-2]

@@ -1,4 +1,4 @@
-"""Per-site statistics that :func:`fpsim.emulate` captures (plain Python: no torch)."""
+"""Per-site statistics that ``fpsim.emulate`` captures (plain Python: no torch)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-#: Columns of :meth:`Emulation.table`, in order.
+#: Columns of ``Emulation.table``, in order.
 COLUMNS = ("site", "kind", "recipe", "rule", "calls", "elements", "amax", "overflow", "saturated",
            "flushed", "outputs", "nonfinite", "snr_db", "swamped")
 
@@ -17,7 +17,7 @@ class SiteStats:
 
     ``recipe``: the name of the recipe that computed it (None: left to torch by the rules;
     ``"not emulated"``: an op that sums products and that fpsim does not emulate ran there);
-    ``rule``: which rule of the :class:`fpsim.Rules` chose it (``"rule 2"``, ``"default"``).
+    ``rule``: which rule of the ``fpsim.Rules`` chose it (``"rule 2"``, ``"default"``).
     ``elements``: operand elements (both operands, every call); ``amax``: the largest finite
     operand magnitude; ``overflow`` / ``saturated`` / ``flushed``: operand elements the recipe
     sent to inf/NaN, clamped at the format's largest value, or flushed to zero; ``outputs``:
@@ -51,7 +51,7 @@ class SiteStats:
         return 10 * math.log10(self.signal / self.noise) if self.signal > 0 else -math.inf
 
     def row(self) -> dict[str, Any]:
-        """The site as a table row keyed by :data:`COLUMNS`."""
+        """The site as a table row keyed by ``COLUMNS``."""
         if self.recipe == "not emulated":            # only counted: nothing was measured
             return {c: getattr(self, c) if c in ("site", "kind", "recipe", "calls") else None
                     for c in COLUMNS}

@@ -59,7 +59,7 @@ def random_windows(data: Tensor, block_size: int, n: int, gen: torch.Generator) 
 
 
 def window_topics(block_size: int, n: int | None = None) -> list[str]:
-    """The held-out topic of each of the first ``n`` byte-level :func:`windows` of
+    """The held-out topic of each of the first ``n`` byte-level ``windows`` of
     ``block_size`` tokens: the topic that holds most of the window's bytes (the separators
     between topics count for the topic before them).  The clusters of the topic bootstrap."""
     owner: list[str] = []

@@ -4,7 +4,7 @@ The parameter layout and arithmetic follow Hugging Face's ``GPT2LMHeadModel``
 (pre-LayerNorm blocks, Conv1D weights stored as ``[in, out]``, tanh GELU,
 learned position embeddings, ``lm_head`` tied to ``wte``), so HF checkpoints load
 unchanged.  The experiments replace the arithmetic of its dot-product sites through
-:func:`fpsim.emulate`'s interception (:mod:`fpsim_experiments.gpt2.ops`), under these site names
+``fpsim.emulate``'s interception (``fpsim_experiments.gpt2.ops``), under these site names
 (``i`` is the block index)::
 
     h{i}.ln_1  h{i}.attn.c_attn  h{i}.attn.qk  h{i}.attn.av  h{i}.attn.c_proj
@@ -78,7 +78,7 @@ def site_names(cfg: GPT2Config) -> list[str]:
 
 def site_kind(name: str) -> str:
     """The kind of site ``name`` (``layernorm``, ``matmul`` or ``linear``), as its capture
-    records it (:class:`fpsim_experiments.capture.Site`)."""
+    records it (``fpsim_experiments.capture.Site``)."""
     if name == "ln_f" or name.endswith((".ln_1", ".ln_2")):
         return "layernorm"
     return "matmul" if name.endswith((".qk", ".av")) else "linear"

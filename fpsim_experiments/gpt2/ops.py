@@ -2,11 +2,11 @@
 interception.
 
 An ``ops`` object provides ``linear``, ``matmul``, ``layernorm`` and ``softmax`` taking the site
-name first (:class:`TorchOps` is plain torch; the replay, end-to-end, capture and training
-experiments bring their own).  :func:`forward` runs the model with :class:`OpsMode` active: the
-``TorchFunctionMode`` and module-path hooks of :func:`fpsim.emulate` catch each op, and instead
+name first (``TorchOps`` is plain torch; the replay, end-to-end, capture and training
+experiments bring their own).  ``forward`` runs the model with ``OpsMode`` active: the
+``TorchFunctionMode`` and module-path hooks of ``fpsim.emulate`` catch each op, and instead
 of a recipe the site's ``ops`` method computes it, under the experiments' site names
-(:func:`site_name`).
+(``site_name``).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class TorchOps:
 
 
 def site_name(site: str) -> str:
-    """The experiments' name of an intercepted site of :class:`fpsim_experiments.gpt2.model.GPT2`
+    """The experiments' name of an intercepted site of ``fpsim_experiments.gpt2.model.GPT2``
     (``"transformer.h.0.attn:matmul#2"`` -> ``"h0.attn.av"``)."""
     path, _, op = site.partition(":")
     if site == ":linear":

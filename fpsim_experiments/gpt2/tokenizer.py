@@ -20,7 +20,7 @@ def encode_bytes(text: str) -> Tensor:
 
 
 def decode_bytes(ids: Tensor) -> str:
-    """Inverse of :func:`encode_bytes`; invalid UTF-8 (e.g. sampled bytes) is replaced, not
+    """Inverse of ``encode_bytes``; invalid UTF-8 (e.g. sampled bytes) is replaced, not
     raised."""
     return bytes(int(i) for i in ids.flatten()).decode("utf-8", errors="replace")
 

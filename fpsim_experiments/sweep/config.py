@@ -2,9 +2,9 @@
 or a Python dict.
 
 A recipe entry is a preset name (``"bf16"``, ``"e4m3/tensor"``, ``"mxfp4"``, a name of
-:func:`named_recipes`), a table of :class:`fpsim.Recipe` fields, a table with
+``named_recipes``), a table of ``fpsim.Recipe`` fields, a table with
 ``rules`` (each a recipe plus ``path`` / ``kind``, first match wins) and ``default``, or in
-Python a ``Recipe`` / ``Rules`` object.  Every entry becomes :class:`fpsim.Rules`.  Unknown
+Python a ``Recipe`` / ``Rules`` object.  Every entry becomes ``fpsim.Rules``.  Unknown
 keys, formats, scalings and op kinds are refused with the accepted ones named.
 """
 
@@ -40,7 +40,7 @@ RECIPE_KEYS = {f.name for f in dataclasses.fields(Recipe)}
 class Sweep:
     """A sweep's definition (picklable: it travels to every worker).
 
-    ``models``: checkpoint directories; ``recipes``: name -> :class:`fpsim.Rules`, in order;
+    ``models``: checkpoint directories; ``recipes``: name -> ``fpsim.Rules``, in order;
     ``seeds``: each draws its own held-out windows; ``text``: a UTF-8 file (None: fpsim's
     held-out text); ``tokens``: held-out tokens per (model, seed), in windows of ``window``
     tokens (at most the model's positions), run ``batch`` windows per forward pass and
@@ -80,7 +80,7 @@ def display(model: str | Path) -> str:
 
 
 def rules_json(rules: Rules) -> dict[str, Any]:
-    """:class:`fpsim.Rules` as plain data (a recipe None: torch computes those sites)."""
+    """``fpsim.Rules`` as plain data (a recipe None: torch computes those sites)."""
     def one(r: Recipe | None) -> dict[str, Any] | None:
         return None if r is None else r.to_json()
     return {"rules": [{"recipe": one(r.recipe), "path": r.path, "kind": r.kind}
@@ -111,7 +111,7 @@ def preset(name: str) -> Recipe | Rules:
     """A recipe by name: ``fp32``, ``fp64``, a format (``bf16``, ``e4m3``, ``e3m2``: its operands,
     FP32 accumulation), ``FORMAT/SCALING`` (``e4m3/tensor``, ``e4m3/channel``, ``e4m3/tile``), a
     block format (``mxfp8_e4m3``, ``mxfp4``, ``nvfp4``: block scaling), or a name of
-    :func:`named_recipes` (Rules)."""
+    ``named_recipes`` (Rules)."""
     named = named_recipes()
     if name in named:
         return named[name]
@@ -151,7 +151,7 @@ def _default(name: str, entry: Any) -> Recipe | None:
 
 
 def parse_recipe(name: str, entry: Any) -> Rules:
-    """One ``recipes`` entry as :class:`fpsim.Rules` (see the module docstring)."""
+    """One ``recipes`` entry as ``fpsim.Rules`` (see the module docstring)."""
     if isinstance(entry, Rules):
         rules = entry
     elif isinstance(entry, str):
@@ -202,7 +202,7 @@ def resolve_model(model: str, base: Path) -> str:
 
 
 def from_dict(data: Mapping[str, Any], base: str | Path = ".") -> Sweep:
-    """A :class:`Sweep` from a config mapping; relative paths are taken from ``base``.
+    """A ``Sweep`` from a config mapping; relative paths are taken from ``base``.
 
     >>> from_dict({"models": ["tiny"], "recipes": ["bf16", "e4m3/tensor"]}).seeds
     (0,)
@@ -248,7 +248,7 @@ def from_dict(data: Mapping[str, Any], base: str | Path = ".") -> Sweep:
 
 
 def load(path: str | Path) -> Sweep:
-    """A :class:`Sweep` from a TOML file (YAML when it ends in ``.yaml`` / ``.yml``)."""
+    """A ``Sweep`` from a TOML file (YAML when it ends in ``.yaml`` / ``.yml``)."""
     path = Path(path)
     try:
         raw = path.read_bytes()

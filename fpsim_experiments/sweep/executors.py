@@ -1,8 +1,8 @@
 """Who runs a sweep's tasks: this process, a local process pool, or Ray.
 
 What a task computes is its *work*, a picklable object with ``reference(task, device)`` and
-``compute(task, ref, device)``: :class:`work.SweepWork` for ``fpsim sweep``,
-:class:`fpsim_experiments.sweep.runs.ContextWork` for the built-in experiments' end-to-end runs.
+``compute(task, ref, device)``: ``work.SweepWork`` for ``fpsim sweep``,
+``fpsim_experiments.sweep.runs.ContextWork`` for the built-in experiments' end-to-end runs.
 Every executor computes each needed reference (one per ``task.ref_key``) once, or takes it
 ready from ``refs``, hands it to the tasks that compare with it (on Ray through the object
 store) and reports each task to ``done(task, result)`` or ``failed(task, error)`` in this

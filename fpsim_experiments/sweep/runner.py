@@ -228,7 +228,7 @@ def execute(job: Any, tasks: list, specs: dict, folder: Path | None, executor: s
             *, workers: int | None = None, address: str | None = None, device: str = "cpu",
             resume: bool = False, retries: int = 2, progress: bool = True,
             refs: dict | None = None, desc: str = "sweep") -> Outcome:
-    """Compute ``tasks`` with ``job`` (see :mod:`.executors`) on ``executor``; the shared core
+    """Compute ``tasks`` with ``job`` (see ``.executors``) on ``executor``; the shared core
     of ``fpsim sweep`` and the experiments' end-to-end runs.
 
     Each result is written atomically to ``folder`` (None: kept in memory only) as

@@ -1,11 +1,11 @@
 """The built-in experiments' end-to-end runs as tasks of the sweep runner.
 
 An experiment hands its end-to-end runs (each a name and how to build its GPT-2 ``ops``:
-:class:`Run`) to :meth:`fpsim_experiments.context.Context.end_to_end_runs`, which computes them with
-:func:`.runner.execute` on the context's :class:`Execution`: in this process (the default), on
+``Run``) to ``fpsim_experiments.context.Context.end_to_end_runs``, which computes them with
+``.runner.execute`` on the context's ``Execution``: in this process (the default), on
 a local process pool or on Ray, each result written to a task file as it ends, resumable after
 a kill, and the same numbers whichever executor ran them.  A worker rebuilds the experiment's
-context once per process from how it was built (:class:`ContextWork`), without its reference
+context once per process from how it was built (``ContextWork``), without its reference
 logits: those are computed once, in the driver, and handed to every task (on Ray through the
 object store).
 """
@@ -52,7 +52,7 @@ class Run:
 
 
 def recipe_run(name: str, recipe: Any, **options: Any) -> Run:
-    """The run of :class:`RecipeOps` ``(recipe, **options)`` (``weights``, ``attention``)."""
+    """The run of ``RecipeOps`` ``(recipe, **options)`` (``weights``, ``attention``)."""
     return Run(name, functools.partial(RecipeOps, recipe, **options))
 
 
@@ -96,7 +96,7 @@ class Execution:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-#: The context (:class:`fpsim_experiments.context.Context`) this process computes runs of, by how
+#: The context (``fpsim_experiments.context.Context``) this process computes runs of, by how
 #: it was built and its device (one at a time: a worker keeps it between tasks, a new one
 #: replaces it).
 _CONTEXTS: dict[tuple, Any] = {}
@@ -105,7 +105,7 @@ _CONTEXTS: dict[tuple, Any] = {}
 @dataclass(frozen=True)
 class ContextWork:
     """A context's end-to-end runs, as an executor computes them.  ``source``: the call that
-    built it (:func:`fpsim_experiments.context.build` with its arguments, a ``functools.partial``
+    built it (``fpsim_experiments.context.build`` with its arguments, a ``functools.partial``
     that takes ``device``), or ``("object", id)`` for a context made otherwise (this process
     only)."""
 
@@ -127,9 +127,9 @@ class ContextWork:
         return self.context(device).ref_logits
 
     def compute(self, task: Run, ref: list[Tensor], device: str) -> dict[str, Any]:
-        """The run's metrics (:meth:`Context.end_to_end_ops`, its keys of
-        :func:`fpsim_experiments.endtoend.compare` only for ``fp64``), where its unscaled operands
-        overflowed (``overflows``, :func:`fpsim_experiments.endtoend.compact`), the versions and
+        """The run's metrics (``Context.end_to_end_ops``, its keys of
+        ``fpsim_experiments.endtoend.compare`` only for ``fp64``), where its unscaled operands
+        overflowed (``overflows``, ``fpsim_experiments.endtoend.compact``), the versions and
         its seconds."""
         start = time.perf_counter()
         ctx = self.context(device)
@@ -150,7 +150,7 @@ def register(ctx: Any, device: str) -> ContextWork:
 
 
 def execute(ctx: Any, runs: Sequence[Run], label: str, desc: str | None) -> list[dict]:
-    """Each run's result (:meth:`ContextWork.compute`) in order, computed on
+    """Each run's result (``ContextWork.compute``) in order, computed on
     ``ctx.execution``, task files in its ``folder / label``; raises naming every run that
     failed, after the others ended."""
     ex, device = ctx.execution, ctx.device.type
@@ -179,7 +179,7 @@ def execute(ctx: Any, runs: Sequence[Run], label: str, desc: str | None) -> list
 
 
 def execution(args: Any, name: str) -> Execution:
-    """The :class:`Execution` of ``fpsim experiment NAME``'s options (``--executor``,
+    """The ``Execution`` of ``fpsim experiment NAME``'s options (``--executor``,
     ``--workers``, ``--address``, ``--resume``), task files in ``OUT/NAME/tasks``."""
     return Execution(args.executor, args.workers, args.address, args.out / name / "tasks",
                      args.resume)

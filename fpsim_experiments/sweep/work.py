@@ -2,9 +2,9 @@
 
 A task is one (model, recipe, seed, shard of windows).  Its windows are cut from the held-out
 text in batches of ``Sweep.batch`` whatever executor runs it, so a per-tensor scale sees the
-same batch everywhere, and every metric is kept per window (:func:`fpsim_experiments.endtoend.
-compare_logits`): combined in window order, they are the numbers one pass over all windows
-gives.  Models and token ids are loaded once per process and kept (:func:`load`).
+same batch everywhere, and every metric is kept per window (``fpsim_experiments.endtoend.
+compare_logits``): combined in window order, they are the numbers one pass over all windows
+gives.  Models and token ids are loaded once per process and kept (``load``).
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def compute(sweep: Sweep, task: Task, ref: np.ndarray, device: str = "cpu") -> d
 
 @dataclass(frozen=True)
 class SweepWork:
-    """What an executor runs for ``sweep``'s tasks (:func:`reference`, :func:`compute`)."""
+    """What an executor runs for ``sweep``'s tasks (``reference``, ``compute``)."""
 
     sweep: Sweep
 
