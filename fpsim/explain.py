@@ -116,10 +116,13 @@ class Explanations(tuple):
     """The :class:`Explanation` of each of several values in one format (what :func:`explain`
     gives for more than one number); ``str()`` draws one line each, led by the value."""
 
+    narrow = False      # inputs of float32 or narrower, shown by their shortest float32 decimal
+
     def lines(self, color: bool = False, cli: bool = False) -> list[str]:
         """One line per value (``color``, ``cli``: as :meth:`Explanation.render`)."""
-        width = max(len(_show(e.x)) for e in self)
-        return [f"{_show(e.x):>{width}}  {e.render(color, cli)}" for e in self]
+        shown = [_show(e.x, self.narrow) for e in self]
+        width = max(map(len, shown))
+        return [f"{x:>{width}}  {e.render(color, cli)}" for x, e in zip(shown, self)]
 
     def render(self, color: bool = False, cli: bool = False) -> str:
         return "\n".join(self.lines(color, cli))
@@ -160,7 +163,9 @@ def explain(x: Any, fmt: str | Format | BlockFormat, rounding: str = "rne",
         if v.ndim != 1 or not v.shape[0]:
             raise ValueError(f"explain describes one number or a 1-D sequence of them; x has "
                              f"shape {tuple(v.shape)}: pass one element or a row, e.g. x[0]")
-        return Explanations(explain(item, fmt, rounding, **options) for item in v)
+        many = Explanations(explain(item, fmt, rounding, **options) for item in v)
+        many.narrow = _narrow(v)
+        return many
     item = v.reshape(-1)[0].item()                    # a Python int for integer dtypes
     xv = float(item)
     if isinstance(item, int) and item != xv:
@@ -230,6 +235,7 @@ class BlockExplanation:
     padding: int                               # zero elements added to fill the last block
     block_size: int
     tensor_scale: float | None = None          # NVFP4's float32 scale of the whole tensor
+    narrow: bool = False                       # inputs of float32 or narrower: shown as such
 
     def lines(self, color: bool = False) -> list[str]:
         """The picture, line by line (``color``: ANSI-coloured bit fields).  NVFP4's tensor
@@ -249,7 +255,7 @@ class BlockExplanation:
 
         if ts is not None:
             out.append(f"  tensor scale (float32)  {show(ts)}")
-        xw = max((len(_show(e.x)) for b in self.elements for e in b), default=1)
+        xw = max((len(_show(e.x, self.narrow)) for b in self.elements for e in b), default=1)
         for i, (scale, elems) in enumerate(zip(self.scales, self.elements)):
             label = f"block {i}" if len(self.scales) > 1 else "block"
             out.append(f"  {label} scale  {scale.layout(color)}  = {_show(scale.value)}")
@@ -258,7 +264,7 @@ class BlockExplanation:
                 pad = " " * (bw - len(e.element.layout()))
                 err = "" if e.error != e.error else \
                     ("  (exact)" if e.error == 0 else f"  (error {e.error:+.3g})")
-                out.append(f"    {_show(e.x):>{xw}}  {e.element.layout(color)}{pad}  "
+                out.append(f"    {_show(e.x, self.narrow):>{xw}}  {e.element.layout(color)}{pad}  "
                            f"= {_show(_element_value(f, e.element))} x {_show(scale.value)}"
                            f"{'' if ts is None else ' x ' + show(ts)} = {show(e.value)}{err}")
         return out
@@ -294,6 +300,7 @@ def explain_block(x: Any, fmt: str | BlockFormat, **options: Any) -> BlockExplan
 
     spec = get_block_format(fmt)
     v = check_input(x)
+    narrow = _narrow(v)
     v = v.detach().cpu().double().numpy() if is_torch(v) else np.asarray(v, dtype=np.float64)
     if v.ndim > 1:
         raise ValueError(f"explain shows one row of blocks; x has shape {v.shape}: pass a 1-D "
@@ -309,7 +316,17 @@ def explain_block(x: Any, fmt: str | BlockFormat, **options: Any) -> BlockExplan
         tuple(_element(float(v[i]), int(q.codes[i]), float(values[i]), spec)
               for i in range(b * size, min((b + 1) * size, v.size)))
         for b in range(len(scales)))
-    return BlockExplanation(spec, scales, elements, -v.size % size, size, q.tensor_scale)
+    return BlockExplanation(spec, scales, elements, -v.size % size, size, q.tensor_scale,
+                            narrow)
+
+
+def _narrow(v: Any) -> bool:
+    """Whether the array or tensor ``v`` holds floats of float32 or fewer bits, whose values
+    are shown by their shortest float32 decimal (0.1, not 0.10000000149011612)."""
+    if is_torch(v):
+        return v.is_floating_point() and v.element_size() <= 4
+    dtype = np.asarray(v).dtype
+    return dtype.kind in "fV" and dtype.itemsize <= 4
 
 
 def _element(x: float, code: int, value: float, spec: BlockFormat) -> BlockElement:
