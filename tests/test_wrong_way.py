@@ -50,9 +50,11 @@ def test_unknown_format_error_names_the_closest_few_and_where_the_rest_are():
     msg = str(info.value)
     assert "Did you mean 'e4m3'?" in msg and "`fpsim formats`" in msg and len(msg) < 400
     assert "float8_e5m2fnuz" not in msg and "uint8" not in msg        # not the ~60 names
-    with pytest.raises(ValueError) as info:                           # a hint stands alone
-        fpsim.get_format("fp8")
-    assert "'e4m3'" in str(info.value) and "fp4" not in str(info.value)
+    for name, hint in (("fp8", "e4m3"), ("float8", "e4m3"), ("fp6", "e2m3")):
+        with pytest.raises(ValueError) as info:                       # a hint stands alone
+            fpsim.get_format(name)
+        msg = str(info.value)
+        assert f"Did you mean {hint!r}?" in msg and "Also close" not in msg and "fp4" not in msg
 
 
 # -- the command line gives command-line fixes ------------------------------------------------
@@ -186,7 +188,7 @@ def _every_scale_code(name: str) -> mx.BlockArray:
     scales = np.arange(256, dtype=np.uint8).reshape(256, 1)
     codes = np.zeros((256, spec.block_size), np.uint8)
     return mx.BlockArray(scales, codes, spec, 1, spec.block_size, codes.shape,
-                         None if spec.is_mx else 1.0)
+                         None if spec.is_mx else 0.375)          # not in the block scales
 
 
 def test_scale_values_of_every_e8m0_code_bit_exactly():
@@ -225,3 +227,12 @@ def test_explain_nvfp4_shows_short_float32_values():
     shown = [line.rsplit(" = ", 1)[1].split()[0] for line in text.splitlines()[3:]]
     assert [float(np.float32(s)) for s in shown] == q.dequantize().tolist()
     assert all(len(s) <= 10 for s in shown)
+
+
+def test_explain_shows_float32_inputs_by_their_float32_decimal():
+    w = np.float32([0.1, 3.7])
+    for fmt in ("nvfp4", "mxfp4", "bf16"):
+        text = str(fpsim.explain(w, fmt))
+        assert "0.10000000149011612" not in text and "0.1  " in text, text
+    assert "0.1  " in str(fpsim.explain([0.1, 3.7], "bf16"))          # float64 0.1 is "0.1"
+    assert "0.10000000149011612  " in str(fpsim.explain([float(w[0]), 1.0], "bf16"))
