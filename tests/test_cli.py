@@ -199,7 +199,7 @@ def test_experiment_forwards_arguments(capsys, monkeypatch):
 
 
 def test_experiment_missing_module_is_one_line(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "EXPERIMENTS_MODULE", "experiments.no_such_module_here")
+    monkeypatch.setattr(cli, "EXPERIMENTS_MODULE", "fpsim_experiments.no_such_module_here")
     code, _, err = run(capsys, "experiment", "x")
     assert code == 2 and err.count("\n") == 1 and "not available" in err
 
