@@ -11,22 +11,12 @@ import warnings
 import ml_dtypes
 import numpy as np
 import pytest
+from test_cli_names_blocks import one_line_error, run
 
 import fpsim
-from fpsim import cli, formats, mx
+from fpsim import formats, mx
 
 X = np.linspace(-3.0, 5.0, 70, dtype=np.float32).reshape(2, 35)
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line_error(code: int, err: str) -> str:
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    return err
 
 
 # -- block formats by their common names ------------------------------------------------------
@@ -81,7 +71,7 @@ def test_cli_quantize_takes_mxfp8(capsys, files):
 def test_cli_values_of_a_block_format_names_cli_commands(capsys, name, elem, scale):
     err = one_line_error(*run(capsys, "values", name)[::2])
     assert f"fpsim values {elem}" in err and f"fpsim values {scale}" in err
-    assert f"fpsim explain VALUE... -f" in err and "fpsim.mx" not in err
+    assert "fpsim explain VALUE... -f" in err and "fpsim.mx" not in err
 
 
 def test_cli_nan_into_codes_names_a_flag_and_the_flag_works(capsys, files):
@@ -223,7 +213,7 @@ def test_explain_nvfp4_shows_short_float32_values():
     text = str(e)
     q = mx.quantize(np.float32([0.1, 0.3, 1000, 2.7]), "nvfp4")
     assert repr(q.tensor_scale) not in text                        # 0.3720238208770752
-    assert f"  tensor scale (float32)  {str(np.float32(q.tensor_scale))}" in text.splitlines()
+    assert f"  tensor scale (float32)  {np.float32(q.tensor_scale)!s}" in text.splitlines()
     shown = [line.rsplit(" = ", 1)[1].split()[0] for line in text.splitlines()[3:]]
     assert [float(np.float32(s)) for s in shown] == q.dequantize().tolist()
     assert all(len(s) <= 10 for s in shown)
