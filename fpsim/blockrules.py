@@ -87,16 +87,17 @@ AMBIGUOUS = {"mxfp6": ("mxfp6_e2m3", "mxfp6_e3m2")}
 
 
 def is_block_format_name(name: Any) -> bool:
-    """Whether the string ``name`` belongs to the block formats (a name, an alias, or an
-    ambiguous name that :func:`get_block_format` refuses with the choices)."""
+    """Whether the string ``name`` belongs to the block formats: a name, an alias, an
+    ambiguous name (refused with the choices) or one spelled like them (``mxfp9``: refused as
+    an unknown block format, with the closest)."""
     if not isinstance(name, str):
         return False
     key = names.normalize(name)
-    return key in BLOCK_FORMATS or key in BLOCK_ALIASES or key in AMBIGUOUS
+    return (key in BLOCK_FORMATS or key in BLOCK_ALIASES or key in AMBIGUOUS
+            or key.startswith(("mxfp", "mxint", "nvfp")))
 
 
-names.register("block format",
-               lambda key: is_block_format_name(key) or key.startswith(("mxfp", "mxint", "nvfp")),
+names.register("block format", is_block_format_name,
                "use fpsim.mx.quantize with one of " + ", ".join(BLOCK_FORMATS))
 
 

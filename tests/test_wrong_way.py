@@ -74,6 +74,12 @@ def test_cli_values_of_a_block_format_names_cli_commands(capsys, name, elem, sca
     assert "fpsim explain VALUE... -f" in err and "fpsim.mx" not in err
 
 
+@pytest.mark.parametrize("argv", [["explain", "1", "-f", "mxfp9"], ["values", "mxint4"]])
+def test_cli_unknown_block_names_are_unknown_block_formats(capsys, argv):
+    err = one_line_error(*run(capsys, *argv)[::2])
+    assert "unknown block format" in err and "fpsim.mx" not in err
+
+
 def test_cli_nan_into_codes_names_a_flag_and_the_flag_works(capsys, files):
     tmp, _, nan = files
     out, codes = str(tmp / "y.npy"), str(tmp / "c.npz")
