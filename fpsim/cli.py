@@ -91,7 +91,7 @@ NAME_NOTES = (
 
 def _print_names(formats: list[Format]) -> None:
     """The family and aliases of each format, the naming rules and the block formats."""
-    from .blockrules import BLOCK_FORMATS
+    from .blockrules import AMBIGUOUS, BLOCK_ALIASES, BLOCK_FORMATS
     from .formats import aliases_of, family
 
     _print_table(["name", "family", "aliases"],
@@ -102,7 +102,9 @@ def _print_names(formats: list[Format]) -> None:
         print(note)
     blocks = ", ".join(f"{b.name} ({b.elem.name} x {b.scale.name} per {b.block_size})"
                        for b in BLOCK_FORMATS.values())
-    print(f"Block formats (explain -f, quantize -f, fpsim.mx): {blocks}.")
+    aliases = "; ".join([f"{a} is {b}" for a, b in BLOCK_ALIASES.items()]
+                        + [f"{a} is {' or '.join(c)} (name one)" for a, c in AMBIGUOUS.items()])
+    print(f"Block formats (explain -f, quantize -f, fpsim.mx): {blocks}; {aliases}.")
 
 
 def _print_gpu_notes(table: dict[str, Any], gpu: str) -> None:

@@ -57,6 +57,11 @@ def files(tmp_path):
     return tmp_path, str(src), str(nan)
 
 
+def test_cli_formats_says_what_mxfp8_and_mxfp6_mean(capsys):
+    _, out, _ = run(capsys, "formats")
+    assert "mxfp8 is mxfp8_e4m3; mxfp6 is mxfp6_e2m3 or mxfp6_e3m2 (name one)" in out
+
+
 def test_cli_quantize_takes_mxfp8(capsys, files):
     tmp, src, _ = files
     code, out, err = run(capsys, "quantize", src, str(tmp / "y.npy"), "-f", "mxfp8", "--codes",
