@@ -77,24 +77,55 @@ _LIST = [
 
 #: Every block format, by name.
 BLOCK_FORMATS: dict[str, BlockFormat] = {f.name: f for f in _LIST}
-names.register("block format",
-               lambda key: key in BLOCK_FORMATS or key.startswith(("mxfp", "mxint", "nvfp")),
+#: Common names: torchao's and Transformer Engine's MXFP8 has E4M3 elements (their default;
+#: E5M2 is spelled out).
+BLOCK_ALIASES = {"mxfp8": "mxfp8_e4m3"}
+#: Names that mean more than one format, refused with the choices: OCP MX v1.0 defines MXFP6
+#: with E2M3 and with E3M2 elements, and neither torchao nor Transformer Engine makes one the
+#: default.
+AMBIGUOUS = {"mxfp6": ("mxfp6_e2m3", "mxfp6_e3m2")}
+
+
+def is_block_format_name(name: Any) -> bool:
+    """Whether the string ``name`` belongs to the block formats: a name, an alias, an
+    ambiguous name (refused with the choices) or one spelled like them (``mxfp9``: refused as
+    an unknown block format, with the closest)."""
+    if not isinstance(name, str):
+        return False
+    key = names.normalize(name)
+    return (key in BLOCK_FORMATS or key in BLOCK_ALIASES or key in AMBIGUOUS
+            or key.startswith(("mxfp", "mxint", "nvfp")))
+
+
+names.register("block format", is_block_format_name,
                "use fpsim.mx.quantize with one of " + ", ".join(BLOCK_FORMATS))
 
 
 def get_block_format(fmt: str | BlockFormat) -> BlockFormat:
     """Resolve a block-format name (case and white space ignored) to a ``BlockFormat``.
 
+    ``"mxfp8"`` is ``"mxfp8_e4m3"`` (``BLOCK_ALIASES``); ``"mxfp6"`` names two formats
+    and is refused with both (``AMBIGUOUS``).
+
     >>> f = get_block_format("MXFP4")
     >>> f.name, f.elem.name, f.scale.name, f.block_size
     ('mxfp4', 'fp4_e2m1', 'e8m0', 32)
+    >>> get_block_format("mxfp8").name
+    'mxfp8_e4m3'
     """
     if isinstance(fmt, BlockFormat):
         return fmt
     if not isinstance(fmt, str):
         raise TypeError(f"block format must be a name or an MXFormat (BlockFormat), not "
                         f"{type(fmt).__name__}")
-    return names.resolve("block format", fmt, BLOCK_FORMATS)
+    choices = AMBIGUOUS.get(names.normalize(fmt))
+    if choices:
+        said = "; ".join(f"{c!r}: {BLOCK_FORMATS[c].elem.name} elements, max "
+                         f"{BLOCK_FORMATS[c].max:g}" for c in choices)
+        raise ValueError(f"{fmt!r} names more than one block format (OCP MX defines it with "
+                         f"{' and with '.join(BLOCK_FORMATS[c].elem.name for c in choices)} "
+                         f"elements): name one, {said}")
+    return names.resolve("block format", fmt, BLOCK_FORMATS, BLOCK_ALIASES)
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import math
 import os
 import re
 import sys
+import warnings
 from importlib import resources
 from typing import Any, Sequence
 
@@ -90,7 +91,7 @@ NAME_NOTES = (
 
 def _print_names(formats: list[Format]) -> None:
     """The family and aliases of each format, the naming rules and the block formats."""
-    from .blockrules import BLOCK_FORMATS
+    from .blockrules import AMBIGUOUS, BLOCK_ALIASES, BLOCK_FORMATS
     from .formats import aliases_of, family
 
     _print_table(["name", "family", "aliases"],
@@ -101,7 +102,9 @@ def _print_names(formats: list[Format]) -> None:
         print(note)
     blocks = ", ".join(f"{b.name} ({b.elem.name} x {b.scale.name} per {b.block_size})"
                        for b in BLOCK_FORMATS.values())
-    print(f"Block formats (explain -f, quantize -f, fpsim.mx): {blocks}.")
+    aliases = "; ".join([f"{a} is {b}" for a, b in BLOCK_ALIASES.items()]
+                        + [f"{a} is {' or '.join(c)} (name one)" for a, c in AMBIGUOUS.items()])
+    print(f"Block formats (explain -f, quantize -f, fpsim.mx): {blocks}; {aliases}.")
 
 
 def _print_gpu_notes(table: dict[str, Any], gpu: str) -> None:
@@ -168,7 +171,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
             for i, f in enumerate(scalars):
                 e = explain(value, f, rounding=args.rounding, saturate=args.saturate)
                 lead = repr(value) if i == 0 else ""
-                print(f"{lead:>{value_w}}  {f.name:<{label_w}}  {e.render(color)}")
+                print(f"{lead:>{value_w}}  {f.name:<{label_w}}  {e.render(color, cli=True)}")
     for f in fmts:
         if not isinstance(f, Format):        # a block format: every VALUE in one row of blocks
             if args.saturate:
@@ -180,18 +183,24 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def _any_format(name: str) -> Any:
     """A Format, or a BlockFormat for a block-format name (mxfp4, nvfp4...)."""
-    from .blockrules import BLOCK_FORMATS, get_block_format
-    from .names import normalize
+    from .blockrules import get_block_format, is_block_format_name
 
-    return get_block_format(name) if normalize(name) in BLOCK_FORMATS else get_format(name)
+    return get_block_format(name) if is_block_format_name(name) else get_format(name)
 
 
 # --------------------------------------------------------------------------------------------
 # fpsim values FMT
 # --------------------------------------------------------------------------------------------
 def cmd_values(args: argparse.Namespace) -> int:
+    from .blockrules import get_block_format, is_block_format_name
     from .explain import _show, explain_code
 
+    if is_block_format_name(args.format):
+        b = get_block_format(args.format)
+        raise CliError(f"{b.name} is a block format (element x scale): 'values' lists one "
+                       f"element format's codes; its elements: fpsim values {b.elem.name}; its "
+                       f"scales: fpsim values {b.scale.name}; blocks of values: fpsim explain "
+                       f"VALUE... -f {b.name}")
     fmt = get_format(args.format)
     if fmt.bits > 8:
         raise CliError(f"{fmt.name} has {fmt.num_codes} codes; 'values' lists formats of at most "
@@ -252,11 +261,12 @@ def save_all_atomically(files: list[tuple[str, Any]]) -> None:
     try:
         for path, write in files:
             mode = _mode_for(path)
+            folder = os.path.dirname(os.path.abspath(path))
             try:
-                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
-                                           prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+                fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.",
+                                           suffix=".tmp")
             except OSError as exc:
-                raise CliError(f"cannot write {path}: {exc}") from None
+                raise CliError(f"cannot write {path}: {_folder_problem(folder, exc)}") from None
             done.append((path, tmp, mode))
             try:
                 with os.fdopen(fd, "wb") as fh:
@@ -275,6 +285,15 @@ def save_all_atomically(files: list[tuple[str, Any]]) -> None:
         raise
 
 
+def _folder_problem(folder: str, exc: OSError) -> str:
+    """Why no file can be made in ``folder``, in its terms (not the temporary file's name)."""
+    if not os.path.exists(folder):
+        return f"the folder {folder} does not exist (create it first, e.g. mkdir -p {folder})"
+    if not os.path.isdir(folder):
+        return f"{folder} is not a folder"
+    return f"{exc.strerror or exc} in the folder {folder}"
+
+
 def _mode_for(path: str) -> int:
     """The permissions ``path`` keeps (an existing file's), or a new file's under the umask."""
     try:
@@ -283,6 +302,9 @@ def _mode_for(path: str) -> int:
         umask = os.umask(0)
         os.umask(umask)
         return 0o666 & ~umask
+    except NotADirectoryError as exc:
+        folder = os.path.dirname(os.path.abspath(path))
+        raise CliError(f"cannot write {path}: {_folder_problem(folder, exc)}") from None
     except OSError as exc:
         raise CliError(f"cannot write {path}: {exc}") from None
 
@@ -342,6 +364,9 @@ def _scaling(args: argparse.Namespace, fmt: Any) -> str:
         raise CliError("--scale-dtype applies to --scaling tensor, channel or block with an "
                        "element format" + (f" ({fmt.name} fixes its scale format)"
                                            if block_format else ""))
+    if args.nan_to_zero and (scaling != "none" or not args.codes):
+        raise CliError("--nan-to-zero applies to --codes without scaling (scaling and block "
+                       "formats give a NaN its group's NaN scale): leave it out")
     if args.saturate and scaling != "none":
         raise CliError("scaled quantization always saturates to the format's largest value: "
                        "leave out --saturate")
@@ -361,8 +386,15 @@ def _quantize(x: Any, fmt: Any, scaling: str, args: argparse.Namespace) -> tuple
                     srbits=args.srbits)
         values = quantize(x, fmt, **opts)
         record = {**meta, "element_format": fmt.name}
-        if args.codes:                 # NaN into a format without NaN: encode's error
-            record["codes"] = encode(x, fmt, **opts)
+        if args.codes:
+            nans = 0 if fmt.has_nan or args.nan_to_zero else int(np.isnan(x).sum())
+            if nans:
+                raise CliError(f"{args.input} holds {nans} NaN value(s) and {fmt.name} has no "
+                               "NaN code, so --codes cannot store them: pass --nan-to-zero to "
+                               "store code 0 for them (as ml_dtypes does; OUT keeps NaN), or "
+                               "choose a format with NaN (e.g. e4m3)")
+            record["codes"] = encode(x, fmt, on_nan="zero" if args.nan_to_zero else "raise",
+                                     **opts)
         return values, record
     if isinstance(fmt, Format):
         axis = args.axis
@@ -375,7 +407,6 @@ def _quantize(x: Any, fmt: Any, scaling: str, args: argparse.Namespace) -> tuple
                            "axis": -1 if st.axis is None else st.axis,
                            "block_size": args.block_size or 0}
     from . import mx
-    from .convert import decode
 
     axis = -1 if args.axis is None else args.axis
     q = mx.quantize(x, fmt, axis=axis, block_size=args.block_size, rounding=args.rounding,
@@ -384,7 +415,7 @@ def _quantize(x: Any, fmt: Any, scaling: str, args: argparse.Namespace) -> tuple
     values = q.dequantize(np.float64 if wide else np.float32)
     with np.errstate(over="ignore"):
         values = values.astype(x.dtype)
-    scales = decode(q.scales, fmt.scale).astype(np.float32)
+    scales = q.scale_values(np.float32)
     record = {**meta, "element_format": fmt.elem.name, "codes": q.codes, "scales": scales,
               "scale_codes": q.scales, "scale_format": fmt.scale.name, "axis": q.axis,
               "block_size": q.block_size, "element_exponent": fmt.elem_exp}
@@ -573,6 +604,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "of two")
     s.add_argument("--codes", metavar="FILE.npz",
                    help="also write the codes and scales (layout: see above)")
+    s.add_argument("--nan-to-zero", action="store_true",
+                   help="with --codes and a format without NaN (e2m1, int8...): store NaN "
+                        "inputs as code 0, as ml_dtypes does (OUT keeps NaN)")
     s.add_argument("--allow-wider", action="store_true",
                    help="write a format wider than the input (it changes nothing)")
     s.add_argument("--srbits", type=int, metavar="N", help="random bits of a stochastic "
@@ -625,6 +659,20 @@ def _color_option(s: argparse.ArgumentParser) -> None:
                    help="colour the bit fields (auto: on a terminal unless NO_COLOR is set)")
 
 
+_SHOW_WARNING = warnings.showwarning
+
+
+def _show_note(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
+    """A ``fpsim.formats.NameWarning`` as one line, ``fpsim: note: ...``; others as
+    Python shows them."""
+    from .formats import NameWarning
+
+    if issubclass(category, NameWarning):
+        print(f"fpsim: note: {message}", file=sys.stderr)
+    else:
+        _SHOW_WARNING(message, category, *args, **kwargs)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (130 after Ctrl-C, without a traceback)."""
     try:
@@ -635,7 +683,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv[:1] == ["sweep"]:         # every argument, --help included, is the sweep's
             return cmd_sweep(argparse.Namespace(args=argv[1:]))
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_note
+            return args.func(args)
     except KeyboardInterrupt:
         print("fpsim: interrupted", file=sys.stderr)
         return 130

@@ -17,11 +17,10 @@ from typing import Any
 import numpy as np
 
 from .backend import is_torch
-from .blockrules import BLOCK_FORMATS, BlockFormat, get_block_format
+from .blockrules import BlockFormat, get_block_format, is_block_format_name
 from .convert import decode, encode
 from .formats import Format, get_format
 from .inputs import check_input
-from .names import normalize
 
 
 @dataclass(frozen=True)
@@ -60,18 +59,38 @@ class Explanation:
     def __str__(self) -> str:
         return self.render()
 
-    def render(self, color: bool = False) -> str:
-        """The one-line picture: fields, significand, value and error (see ``str()``)."""
+    @property
+    def overflow(self) -> bool:
+        """A finite input that became inf or NaN: beyond the format's range (not saturated)."""
+        return math.isfinite(self.x) and not math.isfinite(self.value)
+
+    @property
+    def underflow(self) -> bool:
+        """A non-zero input that became zero in a float format."""
+        return math.isfinite(self.x) and self.x != 0 and self.value == 0 and not self.fmt.is_int
+
+    def render(self, color: bool = False, cli: bool = False) -> str:
+        """The one-line picture: fields, significand, value and error (see ``str()``), and a
+        word on overflow, underflow to zero and NaN into a format without NaN, whose fix is
+        spelled for Python or, with ``cli``, for the command line."""
         parts = [self.layout(color)]
         sig = self.significand()
         if sig:
             parts.append(f"  = {sig}")
         parts.append(f" = {_show(self.value)}" if sig else f"  = {_show(self.value)}")
-        if self.kind not in ("nan",) and self.error == self.error:
+        if self.underflow:
+            parts.append(f"  (error {self.error:+.3g}: underflow to 0, the smallest non-zero "
+                         f"value is {_show(self.fmt.min_subnormal)})")
+        elif self.kind not in ("nan",) and self.error == self.error:
             parts.append(f"  (error {self.error:+.3g})" if self.error else "  (exact)")
+        elif self.overflow:
+            top = _show(math.copysign(self.fmt.max, self.x))
+            parts.append(f"  (overflow: the largest finite value is {_show(self.fmt.max)}; "
+                         f"{'--saturate' if cli else 'saturate=True'} gives {top})")
         elif self.x != self.x and self.kind != "nan":
-            parts.append(f"  (NaN input: {self.fmt.name} has no NaN code; encode(on_nan='zero') "
-                         "gives 0)")
+            fix = "as fpsim quantize --nan-to-zero stores it" if cli else \
+                "as encode(on_nan='zero') does"
+            parts.append(f"  (NaN input: {self.fmt.name} has no NaN code; shown as 0, {fix})")
         return "".join(parts)
 
 
@@ -79,7 +98,9 @@ class Explanation:
 _FIELD_COLORS = ("35", "32", "36")
 
 
-def _show(v: float) -> str:
+def _show(v: float, float32: bool = False) -> str:
+    """``v`` in short: a whole number without ``.0``, else the shortest decimal that reads back
+    as the same float64 (``float32``: the same float32, for a value that is one)."""
     if v != v:
         return "nan"
     if v in (float("inf"), float("-inf")):
@@ -88,13 +109,33 @@ def _show(v: float) -> str:
         return "-0" if math.copysign(1.0, v) < 0 else "0"
     if v == int(v) and abs(v) < 2**53:
         return str(int(v))
-    return repr(v)
+    return str(np.float32(v)) if float32 else repr(v)
+
+
+class Explanations(tuple):
+    """The ``Explanation`` of each of several values in one format (what ``explain``
+    gives for more than one number); ``str()`` draws one line each, led by the value."""
+
+    narrow = False      # inputs of float32 or narrower, shown by their shortest float32 decimal
+
+    def lines(self, color: bool = False, cli: bool = False) -> list[str]:
+        """One line per value (``color``, ``cli``: as ``Explanation.render``)."""
+        shown = [_show(e.x, self.narrow) for e in self]
+        width = max(map(len, shown))
+        return [f"{x:>{width}}  {e.render(color, cli)}" for x, e in zip(shown, self)]
+
+    def render(self, color: bool = False, cli: bool = False) -> str:
+        return "\n".join(self.lines(color, cli))
+
+    def __str__(self) -> str:
+        return self.render()
 
 
 def explain(x: Any, fmt: str | Format | BlockFormat, rounding: str = "rne",
             **options: Any) -> Any:
     """Round the scalar ``x`` (a number, or an array or tensor of one element) to ``fmt`` and
     describe the result field by field: an ``Explanation``, whose ``str()`` is one line.
+    Several numbers (a 1-D sequence) give an ``Explanations``, one line each.
 
     With a block format (``"mxfp4"``, ``"nvfp4"``...: ``fpsim.mx.BLOCK_FORMATS``), ``x``
     may hold several values, quantized together in blocks: a
@@ -108,15 +149,23 @@ def explain(x: Any, fmt: str | Format | BlockFormat, rounding: str = "rne",
     448.0
     >>> print(fpsim.explain([0.5, -3.0], "mxfp4").lines()[1])
       block scale  01111110  = 0.5
+    >>> print(fpsim.explain([1000, 0.1, 1e-9], "e4m3"))
+     1000  0 | 1111 | 111  = nan  (overflow: the largest finite value is 448; saturate=True gives 448)
+      0.1  0 | 0011 | 101  = +1.101b × 2^-4 = 0.1015625  (error +0.00156)
+    1e-09  0 | 0000 | 000  = 0  (error -1e-09: underflow to 0, the smallest non-zero value is 0.001953125)
     """
-    if isinstance(fmt, BlockFormat) or (isinstance(fmt, str) and normalize(fmt) in BLOCK_FORMATS):
+    if isinstance(fmt, BlockFormat) or is_block_format_name(fmt):
         return explain_block(x, fmt, rounding=rounding, **options)
     fmt = get_format(fmt)
     v = check_input(x)
     v = v.detach() if is_torch(v) else np.asarray(v)
     if math.prod(v.shape) != 1:
-        raise ValueError(f"explain describes one number; x has shape {tuple(v.shape)}: pass one "
-                         "element, e.g. x[0]")
+        if v.ndim != 1 or not v.shape[0]:
+            raise ValueError(f"explain describes one number or a 1-D sequence of them; x has "
+                             f"shape {tuple(v.shape)}: pass one element or a row, e.g. x[0]")
+        many = Explanations(explain(item, fmt, rounding, **options) for item in v)
+        many.narrow = _narrow(v)
+        return many
     item = v.reshape(-1)[0].item()                    # a Python int for integer dtypes
     xv = float(item)
     if isinstance(item, int) and item != xv:
@@ -171,7 +220,8 @@ class BlockElement:
 
     x: float
     element: Explanation     # the code in the element format (MXINT8: before its 2^-6)
-    value: float             # element x scale (x tensor scale): what the block stands for
+    value: float             # element x scale, exact (NVFP4: x tensor scale, the float32
+                             # value dequantize() gives, as torchao computes it)
     error: float             # value - x, exact then rounded to float64 (nan where undefined)
 
 
@@ -185,19 +235,27 @@ class BlockExplanation:
     padding: int                               # zero elements added to fill the last block
     block_size: int
     tensor_scale: float | None = None          # NVFP4's float32 scale of the whole tensor
+    narrow: bool = False                       # inputs of float32 or narrower: shown as such
 
     def lines(self, color: bool = False) -> list[str]:
-        """The picture, line by line (``color``: ANSI-coloured bit fields)."""
+        """The picture, line by line (``color``: ANSI-coloured bit fields).  NVFP4's tensor
+        scale and values are float32, shown by the shortest decimal that reads back as the
+        same float32."""
         f = self.fmt
         ts = self.tensor_scale
         head = (f"{f.name}: {f.elem.name} elements, {f.scale.name} scale per {self.block_size}; "
-                f"value = element x scale{'' if ts is None else ' x tensor scale'}")
+                f"value = element x scale{'' if ts is None else ' x tensor scale (float32)'}")
         if self.padding:
             head += f" (last block padded with {self.padding} zero{'s' * (self.padding > 1)})"
         out = [head]
+        wide = ts is None                        # MX: exact float64 values; NVFP4: float32
+
+        def show(v: float) -> str:
+            return _show(v, float32=not wide)
+
         if ts is not None:
-            out.append(f"  tensor scale (float32)  {_show(ts)}")
-        xw = max((len(_show(e.x)) for b in self.elements for e in b), default=1)
+            out.append(f"  tensor scale (float32)  {show(ts)}")
+        xw = max((len(_show(e.x, self.narrow)) for b in self.elements for e in b), default=1)
         for i, (scale, elems) in enumerate(zip(self.scales, self.elements)):
             label = f"block {i}" if len(self.scales) > 1 else "block"
             out.append(f"  {label} scale  {scale.layout(color)}  = {_show(scale.value)}")
@@ -206,9 +264,9 @@ class BlockExplanation:
                 pad = " " * (bw - len(e.element.layout()))
                 err = "" if e.error != e.error else \
                     ("  (exact)" if e.error == 0 else f"  (error {e.error:+.3g})")
-                out.append(f"    {_show(e.x):>{xw}}  {e.element.layout(color)}{pad}  "
+                out.append(f"    {_show(e.x, self.narrow):>{xw}}  {e.element.layout(color)}{pad}  "
                            f"= {_show(_element_value(f, e.element))} x {_show(scale.value)}"
-                           f"{'' if ts is None else ' x ' + _show(ts)} = {_show(e.value)}{err}")
+                           f"{'' if ts is None else ' x ' + show(ts)} = {show(e.value)}{err}")
         return out
 
     def render(self, color: bool = False) -> str:
@@ -242,6 +300,7 @@ def explain_block(x: Any, fmt: str | BlockFormat, **options: Any) -> BlockExplan
 
     spec = get_block_format(fmt)
     v = check_input(x)
+    narrow = _narrow(v)
     v = v.detach().cpu().double().numpy() if is_torch(v) else np.asarray(v, dtype=np.float64)
     if v.ndim > 1:
         raise ValueError(f"explain shows one row of blocks; x has shape {v.shape}: pass a 1-D "
@@ -250,14 +309,24 @@ def explain_block(x: Any, fmt: str | BlockFormat, **options: Any) -> BlockExplan
     if not v.size:
         raise ValueError("explain needs at least one value")
     q = mx.quantize(v, spec, **options)
-    values = np.asarray(q.dequantize(np.float64), dtype=np.float64)
+    values = np.asarray(q.dequantize(np.float64 if spec.is_mx else np.float32), np.float64)
     size = q.block_size
     scales = tuple(explain_code(int(c), spec.scale) for c in np.asarray(q.scales).reshape(-1))
     elements = tuple(
         tuple(_element(float(v[i]), int(q.codes[i]), float(values[i]), spec)
               for i in range(b * size, min((b + 1) * size, v.size)))
         for b in range(len(scales)))
-    return BlockExplanation(spec, scales, elements, -v.size % size, size, q.tensor_scale)
+    return BlockExplanation(spec, scales, elements, -v.size % size, size, q.tensor_scale,
+                            narrow)
+
+
+def _narrow(v: Any) -> bool:
+    """Whether the array or tensor ``v`` holds floats of float32 or fewer bits, whose values
+    are shown by their shortest float32 decimal (0.1, not 0.10000000149011612)."""
+    if is_torch(v):
+        return v.is_floating_point() and v.element_size() <= 4
+    dtype = np.asarray(v).dtype
+    return dtype.kind in "fV" and dtype.itemsize <= 4
 
 
 def _element(x: float, code: int, value: float, spec: BlockFormat) -> BlockElement:

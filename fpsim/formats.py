@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 import re
+import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 from .inputs import check_flag
-from .names import register, resolve, unknown_name_error  # noqa: F401 (its old home)
+from .names import normalize, register, resolve, unknown_name_error  # noqa: F401 (old home)
 
 NAN_CONVENTIONS = ("ieee", "fn", "fnuz", "none")
 
@@ -391,9 +394,25 @@ def aliases_of(name: str) -> list[str]:
     return [a for a, target in ALIASES.items() if target == name]
 
 
+#: Where an unknown format's error sends the user for every name.
+NAME_LISTING = "`fpsim formats` lists them (in Python: fpsim.formats.known_names())"
+
+
 def known_names() -> list[str]:
     """Canonical names and aliases, sorted."""
     return sorted(set(FORMATS) | set(ALIASES))
+
+
+class NameWarning(UserWarning):
+    """A format name that may not mean what it seems: shown once per name and process
+    (silence it with ``warnings.filterwarnings("ignore", category=NameWarning)``)."""
+
+
+#: Names of the IEEE-style E4M3 (max 240, inf and NaN as IEEE 754, ml_dtypes' float8_e4m3) a
+#: prefix or suffix away from the OCP E4M3 of FP8 training and torch.float8_e4m3fn (max 448:
+#: "e4m3", "fp8_e4m3fn"): their first use warns (``NameWarning``); "e4m3_ieee" does not.
+LOOKALIKES = ("fp8_e4m3", "float8_e4m3")
+_WARNED: set[str] = set()
 
 
 def get_format(fmt: str | Format) -> Format:
@@ -401,21 +420,45 @@ def get_format(fmt: str | Format) -> Format:
     (``p3109_k8p3se``, ``binary8p3se``: see [``p3109``][]) to a Format.
 
     Aliases come first: ``"e4m3"`` is OCP E4M3FN (max 448); the grammar's IEEE-style E4M3 is
-    ``"e4m3_ieee"`` (max 240).
+    ``"e4m3_ieee"`` (max 240).  Its other names ``"fp8_e4m3"`` and ``"float8_e4m3"`` (as
+    ml_dtypes spells it) warn once (``LOOKALIKES``, ``NameWarning``).
 
     >>> f = get_format("e4m3")
     >>> f.name, f.bits, f.max, get_format("e4m3_ieee").max
     ('fp8_e4m3fn', 8, 448.0, 240.0)
     """
+    f = resolve_format(fmt)
+    key = normalize(fmt) if isinstance(fmt, str) else None
+    if key in LOOKALIKES and key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(f"{fmt!r} is the IEEE-style E4M3 (max {f.max:g}, with inf; ml_dtypes' "
+                      "float8_e4m3), not the OCP E4M3 of FP8 training and torch.float8_e4m3fn "
+                      "(max 448: 'e4m3' or 'fp8_e4m3fn'); 'e4m3_ieee' names it without this "
+                      "notice, shown once", NameWarning, stacklevel=_user_level())
+    return f
+
+
+def _user_level() -> int:
+    """The ``stacklevel`` of the first caller outside fpsim, so that a warning from
+    ``get_format`` names the user's line, however deep inside fpsim the name was read."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def resolve_format(fmt: str | Format) -> Format:
+    """``get_format`` without the notice on look-alike names: for names that come from a
+    dtype (ml_dtypes' ``float8_e4m3`` is the IEEE-style one by definition)."""
     if isinstance(fmt, Format):
         return fmt
     if not isinstance(fmt, str):
         raise TypeError(f"format must be a name or an fpsim.Format, not {type(fmt).__name__}")
     return resolve("format", fmt, FORMATS, ALIASES, hints=_hint, fallback=_from_grammar,
-                   known=known_names(),
-                   extra="; or a spec string 'eXmY' / 'eXmY_ieee' (IEEE-style), 'eXmYfn' "
-                   "(no inf) or 'eXmYfnuz'; or an IEEE P3109 format 'p3109_kKpP' + s|u + e|f "
-                   "(e.g. 'p3109_k8p3se', alias 'binary8p3se').")
+                   known=known_names(), listing=NAME_LISTING,
+                   extra="; or a spec 'eXmY' / 'eXmY_ieee' (IEEE-style), 'eXmYfn' (no inf) or "
+                   "'eXmYfnuz', or a P3109 name such as 'p3109_k8p3se'.")
 
 
 def _from_grammar(key: str) -> Format | None:

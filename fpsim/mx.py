@@ -123,6 +123,20 @@ class BlockArray:
         """Storage per element, scales included (NVFP4's one tensor scale not counted)."""
         return self.fmt.elem.bits + self.fmt.scale.bits / self.block_size
 
+    def scale_values(self, dtype: Any = np.float32) -> Any:
+        """The values of the scale codes in ``scales`` (same shape): 2^(code - 127) for E8M0
+        (NaN for code 0xFF), the E4M3 value for NVFP4 (its float32 ``tensor_scale`` apart).
+        float32 (default; every E8M0 and E4M3 value is exact in it) or float64.
+
+        >>> import numpy as np, fpsim
+        >>> b = fpsim.mx.quantize(np.float32([[0.1, -0.5, 1.0, 3.7]]), "mxfp4")
+        >>> b.scales.tolist(), b.scale_values().tolist()
+        ([[126]], [[0.5]])
+        """
+        wide = _wants_float64(dtype)
+        return scale_values(ops_for(self.scales), self.scales, self.fmt,
+                            None if self.fmt.is_mx else 1.0, wide)
+
     def dequantize(self, dtype: Any = np.float32) -> Any:
         """The values the codes stand for, as float32 (default) or float64.
 

@@ -1,6 +1,7 @@
 """Pictures of formats and of what they do to data; each function returns a matplotlib Figure.
 
-matplotlib is imported inside the functions (``import fpsim`` stays NumPy-only).  The figures are
+matplotlib is imported inside the functions (``import fpsim`` stays NumPy-only; without it they
+raise an ImportError naming the extra to install, ``pip install "fpsim[plot]"``).  The figures are
 built without pyplot, so they never open windows: save them with ``fig.savefig("name.png")``.
 """
 
@@ -19,7 +20,13 @@ VIEW = 24  # value_coverage shows at most this many binades either side of the d
 
 
 def _figure(height: float = 4.0, width: float = 8.0) -> Any:
-    from matplotlib.figure import Figure
+    try:
+        from matplotlib.figure import Figure
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("matplotlib"):
+            raise
+        raise ImportError('fpsim.plot draws with matplotlib, which is not installed: pip install '
+                          '"fpsim[plot]" (or pip install matplotlib)') from exc
 
     return Figure(figsize=(width, height), layout="constrained")
 

@@ -19,8 +19,11 @@ Rules (fpsim's choices, each tested):
   2^margin, clamped to E8M0's [2^-127, 2^127].
 * ``margin``: headroom in binades, as Transformer Engine's FP8 recipe: the scale is multiplied
   by 2^margin (a positive margin leaves amax that many binades below the format's maximum).
-* A group of zeros has scale 1 (and zero point 0): no 0/0.  A group containing NaN or ±inf has a
-  NaN scale, codes 0 and NaN values throughout, like an MX block with a NaN scale.
+* A group of zeros has scale 1 (and zero point 0): no 0/0.  A group containing NaN has a NaN
+  scale, codes 0 and NaN values throughout, like an MX block with a NaN scale.  ±inf does not
+  take the group with it: the scale (and zero point) comes from the group's finite values, and
+  ±inf rounds as any value beyond the largest with saturation (``fpsim.encode`` with
+  ``saturate=True``): ±inf where the format has inf (E5M2), else ±qmax (E4M3, FP4, integers).
 * Elements: x / scale rounded once to the data's float type (float32, or float64 for float64
   data and for formats whose range float32 cannot hold, e.g. e9m2), then to the format with ``rounding`` and saturation to ±qmax.  Values are
   decode(code) * scale in that float type, then cast to the input's dtype when it is float16 or
@@ -134,12 +137,16 @@ def scaled_quantize(x: Any, fmt: str | Format, *, granularity: Any = "tensor",
     qmax = fmt.max if not fmt.is_int else float(2**fmt.mbits - 1)
     if symmetric:
         span, levels = _reduce_chunked(rows, parts, "max", absolute=True), qmax
-        bad = ~ops.isfinite(span)
+        if bool((span == math.inf).any()):               # +-inf: the scale of the finite values
+            span = _reduce_chunked(rows, parts, "max", absolute=True, finite=True)
+        bad = span != span                              # NaN
     else:
         lo, hi = _reduce_chunked(rows, parts, "min"), _reduce_chunked(rows, parts, "max")
+        if bool(((lo == -math.inf) | (hi == math.inf)).any()):
+            lo, hi = (_reduce_chunked(rows, parts, how, finite=True) for how in ("min", "max"))
         with np.errstate(over="ignore"):                     # beyond float32: max scale
             span, levels = hi - lo, float(2**fmt.bits - 1)
-        bad = ~(ops.isfinite(lo) & ops.isfinite(hi))
+        bad = (lo != lo) | (hi != hi)
     empty = span == 0
     scale = _scale(ops.where(bad | empty, 1.0, span), levels, scale_dtype, int(margin))
     scale = ops.where(bad, float("nan"), ops.where(empty, 1.0, scale))
@@ -280,13 +287,17 @@ def _chunks(groups: int, length: int, size: int) -> list[tuple[slice, slice]]:
 
 
 def _reduce_chunked(rows: Any, parts: list[tuple[slice, slice]], how: str,
-                    absolute: bool = False) -> Any:
-    """``_reduce`` of ``rows`` (of ``|rows|`` when ``absolute``) piece by piece: max/min of
-    each row and 0, NaN-propagating, with temporaries of one piece."""
+                    absolute: bool = False, finite: bool = False) -> Any:
+    """``_reduce`` of ``rows`` (of ``|rows|`` when ``absolute``; ``finite``: with +-inf
+    read as 0) piece by piece: max/min of each row and 0, NaN-propagating, with temporaries of
+    one piece."""
     out = None
     for r, c in parts:
         piece = rows[r, c]
-        red = _reduce(ops_for(piece).abs(piece) if absolute else piece, how)
+        ops = ops_for(piece)
+        if finite:
+            piece = ops.where(ops.abs(piece) == math.inf, 0.0, piece)
+        red = _reduce(ops.abs(piece) if absolute else piece, how)
         if out is None:                # 0: where every row's reduction starts (see _reduce)
             out = _empty_like(red, (rows.shape[0], 1))
             out[:] = 0

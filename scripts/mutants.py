@@ -50,6 +50,7 @@ SR_MATMUL = ["tests/test_matmul_random_bits.py"]
 COVERAGE = ["tests/test_emulate_coverage.py"]
 CONV_BACKWARD = ["tests/test_emulate_conv_backward.py"]
 TRAINING = ["tests/test_training_presets.py"]
+WRONG_WAY = ["tests/test_wrong_way.py"]
 SWEEP_PLAN = ["tests/test_sweep.py::test_plan_shards_whole_batches_and_seeds_draw_windows"]
 SWEEP_JOIN = ["tests/test_sweep.py::test_combined_numbers_are_one_pass_over_all_windows"]
 SWEEP_RESUME = ["tests/test_sweep.py::test_pool_gives_the_same_bytes_and_resume_computes_nothing"]
@@ -427,11 +428,11 @@ MUTANTS = [
     Mutant("cli-wider", "fpsim quantize writes a format wider than the data",
            "if fmt.bits <= width or allow:", "if True:", ["tests/test_cli_names_blocks.py"]),
     Mutant("cli-block-scales", "--codes writes E8M0 codes where the scale values belong",
-           "scales = decode(q.scales, fmt.scale).astype(np.float32)",
+           "scales = q.scale_values(np.float32)",
            "scales = q.scales.astype(np.float32)", ["tests/test_cli_names_blocks.py"]),
     Mutant("explain-block-padding", "explain counts the filled part of the last block as padding",
-           "return BlockExplanation(spec, scales, elements, -v.size % size, size, q.tensor_scale)",
-           "return BlockExplanation(spec, scales, elements, v.size % size, size, q.tensor_scale)",
+           "return BlockExplanation(spec, scales, elements, -v.size % size, size, q.tensor_scale,",
+           "return BlockExplanation(spec, scales, elements, v.size % size, size, q.tensor_scale,",
            ["tests/test_cli_names_blocks.py"]),
     # fpsim.nn over fpsim.emulate (issue 27, one mechanism)
     Mutant("nn-weights-as-inputs", "activations alone round the weights too (weights=None)",
@@ -491,6 +492,50 @@ MUTANTS = [
            "v = np.float32(x[r, j] / f if div else x[r, j] * f).view(np.uint32)",
            "v = np.float32(x[r, j] * f if div else x[r, j] / f).view(np.uint32)",
            ["tests/test_emulate_onepass.py"]),
+    # errors, names and blocks that sent a new user the wrong way (issue 43)
+    Mutant("scaled-inf-poisons", "one inf makes its group's scale NaN again",
+           "if bool((span == math.inf).any()):", "if False:", SCALING),
+    Mutant("scaled-inf-kept", "the finite amax keeps +-inf",
+           "piece = ops.where(ops.abs(piece) == math.inf, 0.0, piece)",
+           "piece = ops.where(ops.abs(piece) == math.inf, piece, piece)", SCALING),
+    Mutant("scaled-nan-group", "a NaN no longer gives its group the NaN scale",
+           "bad = span != span", "bad = span < 0", SCALING),
+    Mutant("block-alias-mxfp8", "mxfp8 means MXFP8 with E5M2 elements",
+           'BLOCK_ALIASES = {"mxfp8": "mxfp8_e4m3"}', 'BLOCK_ALIASES = {"mxfp8": "mxfp8_e5m2"}',
+           WRONG_WAY),
+    Mutant("block-mxfp6-ambiguous", "mxfp6 is not refused with its two choices",
+           "choices = AMBIGUOUS.get(names.normalize(fmt))", "choices = None", WRONG_WAY),
+    Mutant("names-long-list", "an unknown format lists every known name again",
+           "if listing is None or len(known) <= LONGEST:", "if True:", WRONG_WAY),
+    Mutant("names-hint-alone", "a listed hint comes with difflib's neighbours",
+           "close = [] if hint else difflib.get_close_matches(key, known, n=SHOWN, cutoff=CLOSE)",
+           "close = difflib.get_close_matches(key, known, n=SHOWN, cutoff=CLOSE)", WRONG_WAY),
+    Mutant("cli-values-block", "fpsim values of a block format gives the Python pointer",
+           "if is_block_format_name(args.format):", "if False:", WRONG_WAY),
+    Mutant("cli-nan-codes", "NaN into --codes of a format without NaN gives on_nan advice",
+           "nans = 0 if fmt.has_nan or args.nan_to_zero else int(np.isnan(x).sum())",
+           "nans = 0", WRONG_WAY),
+    Mutant("cli-missing-folder", "a missing output folder is reported by the temporary name",
+           "if not os.path.exists(folder):", "if False:", WRONG_WAY),
+    Mutant("explain-overflow", "explain no longer names an overflow",
+           "return math.isfinite(self.x) and not math.isfinite(self.value)", "return False",
+           WRONG_WAY),
+    Mutant("explain-underflow-nan", "a NaN input into a format without NaN is an underflow",
+           "return math.isfinite(self.x) and self.x != 0 and self.value == 0 and not "
+           "self.fmt.is_int", "return self.x != 0 and self.value == 0 and not self.fmt.is_int",
+           WRONG_WAY),
+    Mutant("explain-float32-inputs", "several float32 inputs shown by their float64 repr",
+           "many.narrow = _narrow(v)", "many.narrow = False", WRONG_WAY),
+    Mutant("lookalike-every-time", "the look-alike notice repeats on every use",
+           "if key in LOOKALIKES and key not in _WARNED:", "if key in LOOKALIKES:", WRONG_WAY),
+    Mutant("lookalike-line", "the look-alike notice names fpsim's line, not the user's",
+           "while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith("
+           "package):", "while False:", WRONG_WAY),
+    Mutant("scale-values-tensor", "NVFP4's scale values include the tensor scale",
+           "None if self.fmt.is_mx else 1.0, wide)", "self.tensor_scale, wide)", WRONG_WAY),
+    Mutant("plot-extra", "fpsim.plot without matplotlib: a bare ModuleNotFoundError",
+           'if not (exc.name or "").startswith("matplotlib"):', "if True:",
+           ["tests/test_plot.py"]),
 ]
 
 

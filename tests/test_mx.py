@@ -535,7 +535,7 @@ def test_registry():
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: mx.quantize(np.ones(32), "mxfp5"), r"Did you mean 'mxfp4'.*mxfp8_e4m3"),
+    (lambda: mx.quantize(np.ones(32), "mxfp5"), r"Did you mean 'mxfp[48]'.*mxfp8_e4m3"),
     (lambda: mx.quantize(np.ones(32), 3), "name or an MXFormat"),
     (lambda: mx.quantize(np.ones(30), "mxfp4", pad=False), "not a multiple of block_size 32"),
     (lambda: mx.quantize(np.ones(32), "mxfp4", axis=1), "axis 1 is out of range"),

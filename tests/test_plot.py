@@ -142,3 +142,12 @@ def test_importing_plot_and_nn_does_not_import_matplotlib_or_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_without_matplotlib_the_error_names_the_extra(monkeypatch):
+    """A missing matplotlib is an ImportError naming what to install, not a bare
+    ModuleNotFoundError."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    with pytest.raises(ImportError, match=r'pip install "fpsim\[plot\]"'):
+        plot.number_line("e2m1")

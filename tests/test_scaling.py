@@ -26,12 +26,13 @@ def ref_group(g, fmt, symmetric=True, scale_dtype="fp32", margin=0):
     """(scale, zero point, codes, values) of one group of float32 values, straight from the doc."""
     g = np.asarray(g, np.float32)
     f32 = np.float32
-    if not np.isfinite(g).all():
+    if np.isnan(g).any():
         return f32(np.nan), 0, np.zeros(g.size, np.uint8), np.full(g.size, np.nan, np.float32)
+    fin = np.where(np.isinf(g), f32(0), g)                   # the scale of the finite values
     if symmetric:
-        span, levels = np.abs(g).max(initial=f32(0)), QMAX[fmt]
+        span, levels = np.abs(fin).max(initial=f32(0)), QMAX[fmt]
     else:
-        lo, hi = min(g.min(initial=f32(0)), f32(0)), max(g.max(initial=f32(0)), f32(0))
+        lo, hi = min(fin.min(initial=f32(0)), f32(0)), max(fin.max(initial=f32(0)), f32(0))
         span, levels = f32(hi - lo), 2.0 ** BITS[fmt] - 1
     if span == 0:
         s = f32(1)
@@ -45,7 +46,8 @@ def ref_group(g, fmt, symmetric=True, scale_dtype="fp32", margin=0):
         s = f32(2.0 ** min(max(k + margin, -127), 127))
     t = g / s                                                 # float32 division
     if fmt in CASTS:
-        q = np.clip(t, -QMAX[fmt], QMAX[fmt]).astype(CASTS[fmt])
+        q = np.clip(t, -QMAX[fmt], QMAX[fmt])                 # +-inf: +-qmax, but E5M2's inf
+        q = np.where(np.isinf(t) & (fmt == "e5m2"), t, q).astype(CASTS[fmt])
         return s, 0, q.view(np.uint8), q.astype(f32) * s
     zp = 0
     lo_c, hi_c = -QMAX[fmt], QMAX[fmt]
@@ -97,7 +99,7 @@ CASES = [(f, True) for f in QMAX] + [("int8", False), ("int4", False)]
 def test_matches_the_reference(fmt, symmetric, granularity, scale_dtype):
     x = data(1)
     x[2, :] = 0                                          # an all-zero channel
-    x[4, 3] = np.inf if granularity != "tensor" else x[4, 3]
+    x[4, 3] = np.inf                                     # scales from the finite values
     axis = 0 if granularity == "channel" else None
     r = scaled_quantize(x, fmt, granularity=granularity, axis=axis, scale_dtype=scale_dtype,
                         symmetric=symmetric)
@@ -170,6 +172,20 @@ def test_zero_point_ties_round_to_even_as_pytorch(x, fmt, scale, zero_point):
         assert r.values.tolist() == q.dequantize().numpy().tolist()
 
 
+@pytest.mark.parametrize("fmt, inf_value", [("e4m3", 448.0), ("e5m2", np.inf), ("e2m1", 6.0),
+                                             ("int8", 127.0)])
+def test_one_inf_leaves_the_other_values_of_a_tensor(fmt, inf_value):
+    """A per-tensor scale comes from the finite values; +-inf saturates (E5M2: stays inf)."""
+    x = np.float32([1.0, np.inf, -0.5, -np.inf, 2.0])
+    r = scaled_quantize(x, fmt)
+    plain = scaled_quantize(np.float32([1.0, 0.0, -0.5, 0.0, 2.0]), fmt)
+    assert r.scales == plain.scales == np.float32(2.0 / QMAX[fmt])
+    assert np.array_equal(r.codes[[0, 2, 4]], plain.codes[[0, 2, 4]])
+    assert r.values[[0, 2, 4]].tolist() == plain.values[[0, 2, 4]].tolist()
+    edge = np.float32(inf_value) * r.scales if np.isfinite(inf_value) else np.float32(np.inf)
+    assert r.values[1] == edge and r.values[3] == -edge
+
+
 def test_edge_cases():
     z = scaled_quantize(np.zeros((3, 4), np.float32), "e4m3")
     assert float(z.scales) == 1.0 and not z.codes.any() and not z.values.any()
@@ -179,9 +195,10 @@ def test_edge_cases():
     x[1, 2] = np.nan
     x[2, 0] = -np.inf
     r = scaled_quantize(x, "int4", granularity="channel", axis=0)
-    assert r.scales[0, 0] == np.float32(1 / 7) and np.isnan(r.scales[1:]).all()
-    assert np.isnan(r.values[1:]).all() and not r.codes[1:].any()
+    assert r.scales[0, 0] == r.scales[2, 0] == np.float32(1 / 7) and np.isnan(r.scales[1])
+    assert np.isnan(r.values[1]).all() and not r.codes[1].any()          # NaN: a NaN channel
     assert r.codes[0].tolist() == [7] * 4 and r.values[0].tolist() == [1.0] * 4  # 7 · fp32(1/7)
+    assert r.codes[2].tolist() == [9, 7, 7, 7] and r.values[2].tolist() == [-1.0] + [1.0] * 3
     t = scaled_quantize(np.float32([1e-44, -3e-45]), "e2m1")          # tiny amax: scale clamped
     assert float(t.scales) == 2.0**-126 and t.codes.tolist() == [0, 8]   # +0, -0
     big = scaled_quantize(np.float32([3e38, -1.0]), "e2m1", margin=5)   # scale capped at max

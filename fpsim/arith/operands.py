@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import is_torch
-from ..formats import Format, get_format
+from ..formats import Format, resolve_format
 
 
 @dataclass
@@ -53,7 +53,7 @@ def prepare(a: Any, b: Any, use_torch: bool) -> Operands:
 
 def _dtype_format(name: str) -> Format | None:
     try:
-        return get_format(name.replace("torch.", ""))
+        return resolve_format(name.replace("torch.", ""))
     except ValueError:
         return None
 
