@@ -176,6 +176,7 @@ def test_a_dtype_named_float8_e4m3_is_not_a_look_alike(fresh_notices):
         assert fpsim.matmul(a, np.ones((2, 1), np.float32), backend="numpy")[0, 0] == 3.0
 
 
+@pytest.mark.filterwarnings("default::fpsim.formats.NameWarning")   # pyproject ignores it
 def test_cli_shows_the_notice_as_one_line(capsys, fresh_notices):
     code, out, err = run(capsys, "explain", "300", "-f", "fp8_e4m3")
     assert code == 0 and "= +inf" in out
