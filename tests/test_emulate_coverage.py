@@ -247,12 +247,14 @@ def test_norm_statistics_are_sites():
         ref = mod(x.double())
         ref_after = {k: v.clone() for k, v in mod.state_dict().items()}
         mod.load_state_dict(ref_state)
-        with torch.no_grad(), fpsim.emulate(FP16_SUMS, strict=True, capture=True) as em:
+        with torch.no_grad(), fpsim.emulate(Rules([Rule(FP16_SUMS, kind="norm")]),
+                                            strict=True, capture=True) as em:
             low = mod(x.double())
         assert [s.kind for s in em.sites.values()] == ["norm"], mod
         assert not torch.equal(low, ref)
         mod.load_state_dict(ref_state)
-        with torch.no_grad(), fpsim.emulate(Recipe("fp64", accum="fp64", order="sequential"),
+        with torch.no_grad(), fpsim.emulate(Rules([Rule(Recipe("fp64", accum="fp64",
+                                                            order="sequential"), kind="norm")]),
                                             strict=True):
             got = mod(x.double())
         assert torch.allclose(got, ref, rtol=1e-12, atol=1e-12), mod
@@ -329,7 +331,7 @@ def test_backward_through_an_emulated_site_says_what_to_do():
     with pytest.raises(RuntimeError, match=r"without an emulated backward.*F\.conv\*"):
         y.backward()
     ln = nn.LayerNorm(4)
-    with fpsim.emulate(Recipe("e4m3")):
+    with fpsim.emulate(Rules([Rule(Recipe("e4m3"), kind="norm")])):
         y = ln(x).sum()
     with pytest.raises(RuntimeError, match=r"'<root>'.*a norm statistic.*torch.no_grad\(\)"):
         y.backward()

@@ -68,20 +68,24 @@ class AtenMode(TorchDispatchMode):
         return out
 
     # ---------------------------------------------------------------------------------------
-    def _product(self, entry: AtenOp, a: Tensor, b: Tensor, native: Any) -> Tensor:
-        """``a @ b`` as a site: named after the module owning ``b`` (or ``a``) as a parameter
-        when there is one below the current module (kind ``linear``)."""
+    def _product(self, entry: AtenOp, func: Any, args: dict, a: Tensor, b: Tensor,
+                 native: Any, after: Any = None) -> Tensor:
+        """``a @ b`` as a site, ``after`` applied to its result (the rest of the op: ``alpha``
+        and ``beta``, a vector's shape): named after the module owning ``b`` (or ``a``) as a
+        parameter when there is one below the current module (kind ``linear``).  A site the
+        rules leave to torch is the whole op, ``func(**args)``, untouched."""
         owner = self.ic.owner(b, a)
         kind, op = ("linear", "linear") if owner is not None else (entry.kind, entry.site)
         if self.ic.left_to_torch(kind, owner):
-            return native()
-        return self.ic.product(kind, op, a, b, None, native, owner)
+            return self.ic.untouched(kind, lambda: func(**args), (op, (a, b)), path=owner)
+        y = self.ic.product(kind, op, a, b, None, native, owner)
+        return y if after is None else after(y)
 
     def mm(self, func: Any, entry: AtenOp, a: dict) -> Any:
         x, y = a["self"], a["mat2"]
         if not _floating(x, y):
             return NotImplemented
-        return self._product(entry, x, y, lambda: func(x, y))
+        return self._product(entry, func, a, x, y, lambda: func(x, y))
 
     def addmm(self, func: Any, entry: AtenOp, a: dict) -> Any:
         """``beta * input + alpha * (m1 @ m2)`` (addmm, baddbmm)."""
@@ -89,7 +93,7 @@ class AtenMode(TorchDispatchMode):
         m2 = a["mat2"] if "mat2" in a else a["batch2"]
         if not _floating(m1, m2):
             return NotImplemented
-        return _scaled(a, self._product(entry, m1, m2, lambda: m1 @ m2))
+        return self._product(entry, func, a, m1, m2, lambda: m1 @ m2, lambda y: _scaled(a, y))
 
     def addbmm(self, func: Any, entry: AtenOp, a: dict) -> Any:
         """``beta * input + alpha * sum_b (b1[b] @ b2[b])``: one product whose reduction runs
@@ -99,26 +103,27 @@ class AtenMode(TorchDispatchMode):
             return NotImplemented
         n, k = b1.shape[1], b1.shape[0] * b1.shape[2]
         x, y = b1.permute(1, 0, 2).reshape(n, k), b2.reshape(k, b2.shape[2])
-        return _scaled(a, self._product(entry, x, y, lambda: x @ y))
+        return self._product(entry, func, a, x, y, lambda: x @ y, lambda y: _scaled(a, y))
 
     def dot(self, func: Any, entry: AtenOp, a: dict) -> Any:
         x, y = list(a.values())[:2]                  # dot(self, tensor), vdot(self, other)
         if not _floating(x, y) or x.is_complex():
             return NotImplemented
         u, v = x[None], y[:, None]
-        return self._product(entry, u, v, lambda: u @ v)[0, 0]
+        return self._product(entry, func, a, u, v, lambda: u @ v, lambda y: y[0, 0])
 
     def mv(self, func: Any, entry: AtenOp, a: dict) -> Any:
         m, v = a["self"], a["vec"][:, None]
         if not _floating(m, v):
             return NotImplemented
-        return self._product(entry, m, v, lambda: m @ v)[:, 0]
+        return self._product(entry, func, a, m, v, lambda: m @ v, lambda y: y[:, 0])
 
     def addmv(self, func: Any, entry: AtenOp, a: dict) -> Any:
         m, v = a["mat"], a["vec"][:, None]
         if not _floating(m, v):
             return NotImplemented
-        return _scaled(a, self._product(entry, m, v, lambda: m @ v)[:, 0])
+        return self._product(entry, func, a, m, v, lambda: m @ v,
+                             lambda y: _scaled(a, y[:, 0]))
 
     def convolution(self, func: Any, entry: AtenOp, a: dict) -> Any:
         """``aten.convolution`` (every conv and transposed conv, any dimension) as an implicit
@@ -129,26 +134,23 @@ class AtenMode(TorchDispatchMode):
         ic = self.ic
         path = ic.owner(w)
         if ic.left_to_torch(entry.kind, path):
-            return func(**a)
+            return ic.untouched(entry.kind, lambda: func(**a), (entry.site, (x, w)), path=path)
         name, recipe = ic.site(entry.kind, entry.site, path)
         events: dict | None = {} if ic.em.capture else None
         geometry = (a["stride"], a["padding"], a["dilation"], a["transposed"],
                     a["output_padding"], a["groups"])
-        if recipe is None:
-            y = func(**a)
-        else:
-            qw = None
-            if events is None and isinstance(w, torch.nn.Parameter):
-                key = ("conv", w.data_ptr(), w._version, tuple(w.shape), geometry[3],
-                       geometry[5], recipe.weight_format, recipe.scaling, recipe.rounding,
-                       recipe.saturate, recipe.flush, recipe.scale_rounding,
-                       recipe.full_subnormals)
-                qw = ic.cache.get(key)
-                if qw is None:
-                    wd = convolution.direct_weight(w, geometry[3], geometry[5])
-                    qw = ic.cache[key] = convolution.quantize_weights(recipe, wd,
-                                                                      geometry[5], None)
-            y = convolution.conv(recipe, x, w, bias, *geometry, events=events, qw=qw)
+        qw = None
+        if events is None and isinstance(w, torch.nn.Parameter):
+            key = ("conv", w.data_ptr(), w._version, tuple(w.shape), geometry[3],
+                   geometry[5], recipe.weight_format, recipe.scaling, recipe.rounding,
+                   recipe.saturate, recipe.flush, recipe.scale_rounding,
+                   recipe.full_subnormals)
+            qw = ic.cache.get(key)
+            if qw is None:
+                wd = convolution.direct_weight(w, geometry[3], geometry[5])
+                qw = ic.cache[key] = convolution.quantize_weights(recipe, wd,
+                                                                  geometry[5], None)
+        y = convolution.conv(recipe, x, w, bias, *geometry, events=events, qw=qw)
         if events is not None:
             d = {k: v for k, v in a.items()}
             d.update(input=x.double(), weight=w.double(),
@@ -162,7 +164,8 @@ class AtenMode(TorchDispatchMode):
         for a backward pass) torch's."""
         q, k, v = a["query"], a["key"], a["value"]
         if self.ic.left_to_torch("attention"):
-            return func(**a)
+            return self.ic.untouched("attention", lambda: func(**a), ("qk", (q, k)),
+                                     ("pv", (v,)))
         mask = a.get("attn_mask", a.get("attn_bias"))
         y = self.ic.attention(None, q, k, v, attn_mask=mask, dropout_p=a.get("dropout_p", 0.0),
                               is_causal=a.get("is_causal", False), scale=a.get("scale"))

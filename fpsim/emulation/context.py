@@ -184,10 +184,13 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def emulate(recipe: Recipe | Rules, *, capture: bool = False, strict: bool = False) -> Emulation:
+def emulate(recipe: Recipe | Rules | str, *, capture: bool = False,
+            strict: bool = False) -> Emulation:
     """A context manager that computes every dot-product site of any PyTorch model under
-    ``recipe`` (one :class:`fpsim.emulation.recipe.Recipe` for all sites, or
-    :class:`fpsim.emulation.recipe.Rules` selecting per module path and op kind); with
+    ``recipe`` (one :class:`fpsim.emulation.recipe.Recipe` for all product sites, or
+    :class:`fpsim.emulation.recipe.Rules` selecting per module path and op kind, or the name
+    of a preset of :mod:`fpsim.emulation.presets`: ``"native"`` is torch's own arithmetic bit
+    for bit, ``"torchao-float8-tensorwise"``... on the linear layers); with
     ``capture`` it also records per-site statistics.  An op that sums products and that fpsim
     does not emulate is named in ``em.missed`` / ``em.report()`` and warned about at exit;
     with ``strict`` it raises instead, naming op and module.  See the module docstring for the
@@ -197,5 +200,13 @@ def emulate(recipe: Recipe | Rules, *, capture: bool = False, strict: bool = Fal
     ...     logits = model(ids)
     >>> print(em.report())
     """
+    if isinstance(recipe, str):
+        from .presets import PRESETS, rules
+        try:
+            recipe = rules(recipe)
+        except ValueError:
+            raise ValueError(
+                f"fpsim.emulate({recipe!r}): a name is a preset ({', '.join(PRESETS)}); for "
+                f"operands in a format pass a Recipe: fpsim.emulate(Recipe({recipe!r}))") from None
     return Emulation(Rules.of(recipe), check_flag(capture, "capture"),
                      check_flag(strict, "strict"))

@@ -147,8 +147,12 @@ class Interceptor(TorchFunctionMode):
         return (base if n == 1 else f"{base}#{n}"), recipe
 
     def missed(self, op: AtenOp, schema: str, *ts: Any) -> None:
-        """An op that sums products ran in plain torch: count it (``strict``: raise)."""
+        """An op that sums products ran in plain torch although the rules give its kind a
+        recipe: count it (``strict``: raise).  Where the rules leave that kind to torch it
+        is torch's by choice, not missed."""
         path = self.owner(*ts) or self.path
+        if self.left_to_torch(op.kind, path):
+            return
         name = f"{path}:{op.site}"
         if self.em.strict:
             raise RuntimeError(
@@ -243,6 +247,8 @@ class Interceptor(TorchFunctionMode):
             return NotImplemented
         if a.dim() > 1 and b.dim() > 1:
             return self.product("matmul", "matmul", a, b, None, native)
+        if self.left_to_torch("matmul", self.owner(b, a)):
+            return self.untouched("matmul", native, ("matmul", (a, b)), path=self.owner(b, a))
         va, vb = a.dim() == 1, b.dim() == 1
         a2, b2 = a[None] if va else a, b[:, None] if vb else b
         y = self.product("matmul", "matmul", a2, b2, None, lambda: a2 @ b2)
@@ -255,8 +261,11 @@ class Interceptor(TorchFunctionMode):
 
     def baddbmm(self, native: Native, input: Tensor, b1: Tensor, b2: Tensor, *,
                 beta: float = 1, alpha: float = 1, out: Any = None) -> Any:
-        if out is not None or not _floating(b1, b2) or self.left_to_torch("matmul"):
+        if out is not None or not _floating(b1, b2):
             return NotImplemented
+        path = self.owner(b2, b1)
+        if self.left_to_torch("matmul", path):
+            return self.untouched("matmul", native, ("baddbmm", (b1, b2)), path=path)
         y = self.product("matmul", "baddbmm", b1, b2, None, lambda: b1 @ b2)
         y = y if alpha == 1 else y * alpha
         return y if beta == 0 else y + beta * input
@@ -284,10 +293,8 @@ class Interceptor(TorchFunctionMode):
             return NotImplemented                # the aten level emulates it, forward only
         path = self.owner(w)
         if self.left_to_torch("conv", path):
-            return native()
+            return self.untouched("conv", native, ("conv", (x, w)), path=path)
         name, recipe = self.site("conv", "conv", path)
-        if recipe is None:
-            return native()
         d = w.dim() - 2
         unbatched = x.dim() == d + 1
         x = x[None] if unbatched else x
@@ -313,10 +320,22 @@ class Interceptor(TorchFunctionMode):
         return y[0] if unbatched else y
 
     def left_to_torch(self, kind: str, path: str | None = None) -> bool:
-        """True when the rules leave ops of ``kind`` in the current module to torch and
-        nothing is captured: the handler lets torch compute the whole op."""
+        """True when the rules leave ops of ``kind`` at ``path`` (by default the current
+        module's) to torch: the handler lets torch compute the whole op (:meth:`untouched`),
+        captured or not."""
         path = self.path if path is None else path
-        return self.em.rules.select(path, kind) is None and not self.em.capture
+        return self.em.rules.select(path, kind) is None
+
+    def untouched(self, kind: str, native: Native, *sites: tuple[str, tuple],
+                  path: str | None = None) -> Any:
+        """torch's own result of a whole op the rules leave to torch (``native()``), its sites
+        (``(op, operands)`` pairs) named and, under capture, their operands recorded: capture
+        observes, it never reroutes torch's arithmetic."""
+        for op, operands in sites:
+            name, _ = self.site(kind, op, path)
+            if self.em.capture:
+                self.record(name, kind, None, operands, {}, None, None)
+        return native()
 
     def vecdot(self, native: Native, x: Tensor, y: Tensor, *, dim: int = -1,
                out: Any = None) -> Any:
@@ -324,6 +343,8 @@ class Interceptor(TorchFunctionMode):
         sum, which the aten level cannot tell from any other sum)."""
         if out is not None or not _floating(x, y) or x.is_complex() or y.is_complex():
             return NotImplemented
+        if self.left_to_torch("matmul", self.owner(y, x)):
+            return self.untouched("matmul", native, ("vecdot", (x, y)), path=self.owner(y, x))
         a, b = x.movedim(dim, -1)[..., None, :], y.movedim(dim, -1)[..., :, None]
         return self.product("matmul", "vecdot", a, b, None, lambda: a @ b)[..., 0, 0]
 
@@ -333,6 +354,8 @@ class Interceptor(TorchFunctionMode):
         ``W`` over its first input axis, then each output's row against ``x2``."""
         if not _floating(input1, input2, weight):
             return NotImplemented
+        if self.left_to_torch("linear"):
+            return self.untouched("linear", native, ("bilinear", (input1, input2, weight)))
         o, i, j = weight.shape
         w = weight.permute(1, 0, 2).reshape(i, o * j)
         u = self.product("linear", "bilinear", input1, w, None, lambda: input1 @ w)
@@ -345,12 +368,14 @@ class Interceptor(TorchFunctionMode):
         """A two-operand einsum that is a batched matrix product, as that product."""
         if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
             operands = tuple(operands[0])
-        if len(operands) != 2 or not _floating(*operands) or self.left_to_torch("matmul"):
+        if len(operands) != 2 or not _floating(*operands):
             return NotImplemented
         a, b = operands
         plan = einsum_plan(equation, a, b)
         if plan is None:
             return NotImplemented
+        if self.left_to_torch("matmul", self.owner(b, a)):
+            return self.untouched("matmul", native, ("einsum", (a, b)), path=self.owner(b, a))
         batch, m, k, n, out = plan
         ia, ib = _einsum_inputs(equation)
         size = {**dict(zip(ia, a.shape)), **dict(zip(ib, b.shape))}
@@ -371,7 +396,7 @@ class Interceptor(TorchFunctionMode):
         """scaled_dot_product_attention as its two products (sites ``qk`` and ``pv``), the
         mask and a softmax computed in FP64 (:func:`fpsim.emulation.sites.softmax`)."""
         if self.left_to_torch("attention"):
-            return NotImplemented
+            return self.untouched("attention", native, ("qk", (query, key)), ("pv", (value,)))
         if enable_gqa:
             rep = query.shape[-3] // key.shape[-3]
             key, value = key.repeat_interleave(rep, -3), value.repeat_interleave(rep, -3)
@@ -408,12 +433,8 @@ class Interceptor(TorchFunctionMode):
         if len(tuple(normalized_shape)) != 1 or not _floating(input):
             return NotImplemented
         name, recipe = self.site("norm", "layer_norm")
-        if recipe is None and not self.em.capture:
-            return native()
-        y = native() if recipe is None else sites.layernorm(recipe, input, weight, bias, eps)
-        if self.em.capture:
-            self.norm_stats(name, recipe, input, sites.layernorm_stats)
-        return y
+        self.norm_stats(name, recipe, input, sites.layernorm_stats)
+        return native() if recipe is None else sites.layernorm(recipe, input, weight, bias, eps)
 
     def batch_norm(self, native: Native, input: Tensor, running_mean: Tensor | None,
                    running_var: Tensor | None, weight: Tensor | None = None,
@@ -450,25 +471,20 @@ class Interceptor(TorchFunctionMode):
                   compute: Callable[[Recipe, dict | None], Tensor]) -> Tensor:
         """A norm site whose statistics are those of ``rows()`` (see :mod:`.norms`)."""
         name, recipe = self.site("norm", op)
-        if recipe is None and not self.em.capture:
-            return native()
-        y = native() if recipe is None else compute(recipe, None)
         if self.em.capture:
             self.norm_stats(name, recipe, rows(), sites.layernorm_stats)
-        return y
+        return native() if recipe is None else compute(recipe, None)
 
     def rms_norm(self, native: Native, input: Tensor, normalized_shape: Any,
                  weight: Tensor | None = None, eps: float | None = None) -> Any:
         if len(tuple(normalized_shape)) != 1 or not _floating(input):
             return NotImplemented
         name, recipe = self.site("norm", "rms_norm")
-        if recipe is None and not self.em.capture:
+        self.norm_stats(name, recipe, input, sites.sum_squares)
+        if recipe is None:
             return native()
         eps = torch.finfo(input.dtype).eps if eps is None else eps
-        y = native() if recipe is None else sites.rmsnorm(recipe, input, weight, eps)
-        if self.em.capture:
-            self.norm_stats(name, recipe, input, sites.sum_squares)
-        return y
+        return sites.rmsnorm(recipe, input, weight, eps)
 
     def pow(self, native: Native, base: Any, exponent: Any) -> Any:
         y = native()
@@ -486,26 +502,26 @@ class Interceptor(TorchFunctionMode):
                 or dims[0] not in (-1, input.dim() - 1):
             return NotImplemented
         name, recipe = self.site("norm", "rms_norm")
-        if recipe is None and not self.em.capture:
-            return native()
+        self.norm_stats(name, recipe, base, sites.sum_squares)
         if recipe is None:
-            y = native()
-        else:
-            y = sites.sum_squares(recipe, base) / base.shape[-1]
-            y = y[..., None] if keepdim else y
-        if self.em.capture:
-            self.norm_stats(name, recipe, base, sites.sum_squares)
-        return y
+            return native()
+        y = sites.sum_squares(recipe, base) / base.shape[-1]
+        return y[..., None] if keepdim else y
 
     def norm_stats(self, name: str, recipe: Recipe | None, x: Tensor,
                    stat: Callable[..., Any]) -> None:
-        """Capture a norm site: its statistic (a sum of squares) under ``recipe`` against
-        FP64 (a site torch computes records its operand only)."""
+        """Under capture, record a norm site: its statistic (a sum of squares) under
+        ``recipe`` against FP64 (a site torch computes records its operand only).  Computed
+        before the site itself, from the same random state (stochastic rounding draws the
+        same bits again), so capturing changes no result."""
+        if not self.em.capture:
+            return
         events: dict = {}
         if recipe is None:
             self.record(name, "norm", None, (x,), events, None, None)
             return
-        y = stat(recipe, x, events)
+        with same_random(x.device):
+            y = stat(recipe, x, events)
         y = y[1] if isinstance(y, tuple) else y
         self.record(name, "norm", recipe, (x,), events, y, stat(FP64, x.double()))
 
@@ -547,6 +563,14 @@ class Interceptor(TorchFunctionMode):
         st.nonfinite += int((fin_r & ~fin_y).sum())
         st.signal += float((rd[both] ** 2).sum())
         st.noise += float(((yd[both] - rd[both]) ** 2).sum())
+
+
+def same_random(device: Any) -> Any:
+    """A context after which torch's random state on ``device`` (and the CPU's) is as it was
+    before: a computation made only for the capture draws no bits the model would have."""
+    device = torch.device(device)
+    devices = [] if device.type == "cpu" else [device]
+    return torch.random.fork_rng(devices=devices, device_type=device.type)
 
 
 def _per_dim(v: Any, d: int) -> list[int]:

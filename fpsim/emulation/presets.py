@@ -6,6 +6,10 @@ other op stays with torch, as in the frameworks that publish them.  :func:`rules
 name into the :class:`Rules` that :func:`fpsim.emulate` takes, with chosen layers kept in BF16.
 Sources (also in ``docs/training.md``):
 
+- ``native``: no recipe at all: torch computes every op (``fpsim.emulate("native")`` is the
+  model's own FP32 forward and backward, bit for bit; with ``capture=True`` its sites are
+  recorded, their arithmetic unchanged).
+
 - ``torchao-float8-tensorwise``: torchao 0.18.0 ``Float8LinearConfig()`` (the default of
   ``convert_to_float8_training``): input and weight E4M3 (e4m3fn), grad_output E5M2, one
   dynamic (current) scale per tensor, all three GEMMs.  Checked bit for bit against torchao's
@@ -42,10 +46,11 @@ from .recipe import Recipe, Rule, Rules
 
 @dataclass(frozen=True)
 class Preset:
-    """A named training recipe and the publication or code it follows."""
+    """A named training recipe and the publication or code it follows (``recipe`` None:
+    torch's own arithmetic, the ``native`` preset)."""
 
     name: str
-    recipe: Recipe
+    recipe: Recipe | None
     source: str
 
 
@@ -62,6 +67,8 @@ _MXFP8 = Cast("mxfp8_e4m3", "block", scale_rounding="ceil")
 _DEEPSEEK_ACT = Cast("e4m3", "tile")
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
+    Preset("native", None, "torch itself: every op its own FP32 arithmetic, bit for bit "
+           "(capture=True records the sites without changing them)"),
     Preset("torchao-float8-tensorwise",
            Recipe(name="torchao-float8-tensorwise", inputs=_tensorwise("e4m3"),
                   backward=Backward(grad=_tensorwise("e5m2"))),
@@ -117,5 +124,7 @@ def rules(name: str, *, bf16: tuple[str, ...] = ()) -> Rules:
     """
     if isinstance(bf16, str):
         raise TypeError("bf16= takes a tuple of module-path globs, e.g. ('lm_head',)")
+    recipe = get_preset(name).recipe
     keep = [Rule(BF16, path=g, kind="linear") for g in bf16]
-    return Rules([*keep, Rule(get_preset(name).recipe, kind="linear")], default=None)
+    return Rules([*keep] if recipe is None else [*keep, Rule(recipe, kind="linear")],
+                 default=None)

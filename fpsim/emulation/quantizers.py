@@ -29,7 +29,7 @@ from ..formats import get_format
 from ..rounding import STOCHASTIC
 from .casts import Cast
 from .recipe import Recipe
-from .sites import quantize_operand, rounding_limit, tile_quantize
+from .sites import generator, quantize_operand, rounding_limit, tile_quantize
 
 _EPS = 1e-12            # torchao's floor on amax (float8_utils.EPS)
 _BLOCK2D = 16           # NVFP4 weight blocks: 16 x 16
@@ -87,13 +87,6 @@ def cast(x: Tensor, c: Cast, axis: int, *, history: AmaxHistory | None = None,
                     saturate=c.saturate, scale_rounding=c.scale_rounding, srbits=c.srbits)
     q, limit = quantize_operand(x, c.fmt, recipe, axis, seed)
     return q, limit, None
-
-
-def generator(device: Any) -> torch.Generator:
-    """A generator for one stochastic cast, seeded from torch's global generator: a run
-    seeded with ``torch.manual_seed`` draws the same bits again."""
-    seed = int(torch.randint(0, 2**62, (1,)))
-    return torch.Generator(device=device).manual_seed(seed)
 
 
 def _multiplied(x: Tensor, c: Cast, axis: int, history: AmaxHistory | None,

@@ -243,7 +243,13 @@ FP64 = Recipe(accum="fp64")
 class Rule:
     """``recipe`` for the sites whose module path matches the glob ``path`` (``fnmatch``:
     ``"*"`` any path, ``"model.layers.*.mlp.*"``, ``""`` the root module) and whose op kind is
-    ``kind`` (one of ``KINDS``; None: any kind).  ``recipe=None`` leaves those sites to torch."""
+    ``kind`` (one of ``KINDS``; None: any kind but ``norm``: a recipe applies to products,
+    and norm statistics only where a rule names ``kind="norm"``).  ``recipe=None`` leaves
+    those sites to torch.
+
+    >>> Rule(Recipe("e4m3"), kind="norm").matches("ln_1", "norm"), Rule(None).matches("ln_1", "norm")
+    (True, False)
+    """
 
     recipe: Recipe | None
     path: str = "*"
@@ -255,12 +261,13 @@ class Rule:
 
     def matches(self, path: str, kind: str) -> bool:
         """True when this rule applies to an op of ``kind`` in the module at ``path``."""
-        return (self.kind is None or self.kind == kind) and fnmatch.fnmatchcase(path, self.path)
+        return (self.kind == kind or (self.kind is None and kind != "norm")) \
+            and fnmatch.fnmatchcase(path, self.path)
 
     def covers(self, other: "Rule") -> bool:
         """True when every site ``other`` matches is provably matched by this rule too (its
         path is ``"*"``, the same glob, or a glob matching ``other``'s literal path)."""
-        if self.kind is not None and self.kind != other.kind:
+        if self.kind != other.kind and (self.kind is not None or other.kind == "norm"):
             return False
         if self.path in ("*", other.path):
             return True
@@ -276,6 +283,8 @@ class Rule:
 class Rules:
     """Per-site recipes: the first of ``rules`` that matches a site gives its recipe, else
     ``default`` (the deterministic FP32 reference; None leaves unmatched sites to torch).
+    Norm statistics are torch's unless a ``Rule(..., kind="norm")`` gives them a recipe
+    (neither ``default`` nor a rule without a kind applies to them).
 
     A rule that can never match, because an earlier one covers all its sites
     (:meth:`Rule.covers`), is warned about when the Rules are built; ``em.report()`` shows
@@ -307,11 +316,12 @@ class Rules:
 
     def match(self, path: str, kind: str) -> tuple[int | None, Recipe | None]:
         """The index of the first rule matching an op of ``kind`` at ``path`` (None: the
-        default) and the recipe it gives (None: torch computes the op)."""
+        default) and the recipe it gives (None: torch computes the op).  The default applies
+        to products: a norm no ``kind="norm"`` rule matches is torch's."""
         for i, rule in enumerate(self.rules):
             if rule.matches(path, kind):
                 return i, rule.recipe
-        return None, self.default
+        return None, None if kind == "norm" else self.default
 
     def select(self, path: str, kind: str) -> Recipe | None:
         """The recipe of an op of ``kind`` in the module at ``path`` (None: torch computes it)."""

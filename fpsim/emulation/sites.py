@@ -30,6 +30,7 @@ from .. import mx
 from ..arith import matmul as emulated_matmul
 from ..convert import quantize
 from ..formats import Format, get_format
+from ..rounding import STOCHASTIC
 from ..scaling import scaled_quantize
 from . import onepass
 from .recipe import TILE, FormatLike, Recipe
@@ -62,6 +63,8 @@ def quantize_operand(
     """
     if fmt is None:
         return x, math.inf
+    if seed is None and recipe.rounding in STOCHASTIC:
+        seed = generator(x.device)
     if recipe.scaling == "block":
         if not with_limit and recipe.srbits is None and x.dim():
             q = onepass.mx_values(x.movedim(axis, -1), fmt, recipe.scale_rounding,
@@ -90,7 +93,7 @@ def quantize_operand(
         q = quantize(x, f, rounding=recipe.rounding, saturate=recipe.saturate,
                      srbits=recipe.srbits, seed=seed)
         if recipe.full_subnormals:
-            q = widen_subnormals(x, q, f, recipe.rounding, recipe.srbits)
+            q = widen_subnormals(x, q, f, recipe.rounding, recipe.srbits, seed)
         return q, rounding_limit(f)
     if recipe.scaling == "tile":
         return tile_quantize(x, f, axis, recipe.rounding, recipe.srbits, seed), math.inf
@@ -122,13 +125,21 @@ def quantize_operand(
 
 
 def widen_subnormals(x: Tensor, q: Tensor, f: Format, rounding: str = "rne",
-                     srbits: int | None = None) -> Tensor:
+                     srbits: int | None = None, seed: Any = None) -> Tensor:
     """``q`` (``x`` rounded to ``f``) with every nonzero value below ``f``'s smallest normal
     rounded instead at ``f``'s full mantissa width (the exponent range of FP32), so subnormals
     lose no bits; values ``f`` flushes to zero stay zero."""
     wide = Format(f"e8m{f.mbits}", 8, f.mbits)
     below = (q != 0) & (x.abs() < f.min_normal)
-    return torch.where(below, quantize(x, wide, rounding=rounding, srbits=srbits), q)
+    return torch.where(below, quantize(x, wide, rounding=rounding, srbits=srbits, seed=seed),
+                       q)
+
+
+def generator(device: Any) -> torch.Generator:
+    """A generator for one stochastic rounding, seeded from torch's global generator: a run
+    seeded with ``torch.manual_seed`` draws the same bits again (capture included)."""
+    seed = int(torch.randint(0, 2**62, (1,)))
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 def tile_quantize(x: Tensor, f: Format, axis: int, rounding: str = "rne",
@@ -257,6 +268,7 @@ def _emulated_matmul(a: Tensor, b: Tensor, recipe: Recipe, events: dict | None) 
         order=recipe.order or "sequential",
         chunk=recipe.chunk,
         rounding=recipe.rounding,
+        seed=generator(a.device) if recipe.rounding in STOCHASTIC else None,
         srbits=recipe.srbits,
         tensor_core=recipe.tensor_core,
         return_stats=events is not None,
@@ -305,8 +317,9 @@ def round_output(y: Tensor, recipe: Recipe) -> Tensor:
     """The site result written in the recipe's output format."""
     if recipe.output is None:
         return y
+    seed = generator(y.device) if recipe.rounding in STOCHASTIC else None
     return quantize(y, recipe.output, rounding=recipe.rounding, saturate=recipe.saturate,
-                    srbits=recipe.srbits)
+                    srbits=recipe.srbits, seed=seed)
 
 
 # --------------------------------------------------------------------------------------------
