@@ -325,3 +325,38 @@ def test_interceptor_and_its_weight_cache_free_without_the_cycle_collector():
     finally:
         if enabled:
             gc.enable()
+
+
+def test_a_block_format_implies_its_block_scaling():
+    assert Recipe("nvfp4") == Recipe("nvfp4", scaling="block")
+    assert Recipe("mxfp8_e4m3").describe() == "mxfp8_e4m3/block"
+    with pytest.raises(ValueError, match="block format, scaled by its blocks; leave scaling"):
+        Recipe("nvfp4", scaling="tensor")
+
+
+def test_report_without_capture_says_why_it_is_empty():
+    with torch.no_grad(), fpsim.emulate(E4M3) as em:
+        gpt2()(IDS)
+    assert em.report().splitlines()[-1] == (
+        "(no per-site statistics: this context was made without capture=True; "
+        "fpsim.emulate(..., capture=True) records them)")
+    with torch.no_grad(), fpsim.emulate(E4M3, capture=True) as em:
+        gpt2()(IDS)
+    assert "capture=True" not in em.report()
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_gpt2_trains_under_a_plain_recipe(attn):
+    """A plain Recipe emulates the products and leaves LayerNorm to torch: backward() runs
+    through every layer (ln_f included) and changes the gradients from native ones."""
+    model = gpt2(attn)                   # eval: no dropout, the same graph twice
+    grads = []
+    for recipe in (None, Recipe("e4m3", scaling="tensor")):
+        model.zero_grad(set_to_none=True)
+        with fpsim.emulate(recipe) if recipe is not None else torch.enable_grad():
+            out = model(IDS, labels=IDS)
+        out.loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    native, low = grads
+    assert all(g is not None for g in low.values())
+    assert not torch.equal(low["transformer.ln_f.weight"], native["transformer.ln_f.weight"])

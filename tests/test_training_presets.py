@@ -295,8 +295,9 @@ def test_errors_name_the_problem():
         Backward(hadamard=8)
     with pytest.raises(TypeError, match="takes a Cast"):
         Backward(grad="e5m2")
-    with pytest.raises(ValueError, match="block format"):
-        Cast("mxfp8_e4m3")
+    with pytest.raises(ValueError, match="block format, scaled by its blocks"):
+        Cast("mxfp8_e4m3", "tensorwise")
+    assert Cast("nvfp4") == Cast("nvfp4", "block")     # a block format's only scaling
     ln = torch.nn.LayerNorm(8)
     with fpsim.emulate(Rules([Rule(Recipe(name="e4m3", inputs="e4m3"), kind="norm")])):
         y = ln(torch.randn(2, 8)).sum()

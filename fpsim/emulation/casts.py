@@ -67,6 +67,9 @@ class Cast:
         check_srbits(self.srbits, self.rounding)
         for flag in ("saturate", "pow2"):
             check_flag(getattr(self, flag), flag)
+        if self.scaling == "none" and isinstance(self.fmt, str) \
+                and self.fmt.lower() in mx.MX_FORMATS:
+            object.__setattr__(self, "scaling", "block")    # a block format's only scaling
         if self.scaling not in CAST_SCALINGS:
             raise ValueError(f"Cast scaling {self.scaling!r} is not one of {CAST_SCALINGS}")
         if self.scaling in BLOCK_SCALINGS:
@@ -74,7 +77,8 @@ class Cast:
             if self.scaling == "block2d" and spec.is_mx:
                 raise ValueError("block2d is NVFP4's 16 x 16 weight blocks: use fmt='nvfp4'")
         elif isinstance(self.fmt, str) and self.fmt.lower() in mx.MX_FORMATS:
-            raise ValueError(f"{self.fmt} is a block format; use scaling='block'")
+            raise ValueError(f"{self.fmt} is a block format, scaled by its blocks; leave "
+                             f"scaling out (or 'block', 'block2d'), not {self.scaling!r}")
         elif get_format(self.fmt).is_int and self.scaling in ("tensorwise", "rowwise",
                                                                "delayed"):
             raise ValueError(f"{self.scaling} scaling casts to a floating-point format, "

@@ -40,6 +40,11 @@ from .recipe import Recipe, Rules
 from .sitestats import COLUMNS, SiteStats
 
 
+#: The last line of a report made without capture.
+NOT_CAPTURED = ("(no per-site statistics: this context was made without capture=True; "
+                "fpsim.emulate(..., capture=True) records them)")
+
+
 class Emulation:
     """The context :func:`emulate` returns: enter it to emulate, read ``sites`` after.
 
@@ -133,12 +138,15 @@ class Emulation:
         return found
 
     def report(self) -> str:
-        """:meth:`table` as aligned plain text."""
+        """:meth:`table` as aligned plain text; without ``capture=True`` a last line says
+        that per-site statistics were not recorded (only ops not emulated are listed)."""
         rows = [[_cell(r[c]) for c in COLUMNS] for r in self.table()]
         widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c)
                   for i, c in enumerate(COLUMNS)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths))]
         lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
+        if not self.capture:
+            lines.append(NOT_CAPTURED)
         return "\n".join(lines)
 
 

@@ -38,6 +38,11 @@ KINDS = ("linear", "matmul", "conv", "attention", "norm")
 FormatLike = str | Format
 
 
+def _block_name(fmt: Any) -> bool:
+    """True for the name of an MX / NVFP4 block format."""
+    return isinstance(fmt, str) and fmt.lower() in mx.MX_FORMATS
+
+
 def format_name(fmt: FormatLike | Cast | None) -> str | None:
     """Name of a scalar or block format, label of a :class:`Cast` (None stays None)."""
     if isinstance(fmt, Cast):
@@ -60,7 +65,7 @@ class Recipe:
     per-``channel`` amax scaling (scale = amax / format max in FP32 from the tensor itself at
     every call: "current" scaling, which cannot overflow; delayed scaling is in ``practice``) or
     ``block`` (``inputs`` is an MX / NVFP4 name of :mod:`fpsim.mx`; ``scale_rounding`` its
-    scale rule, None: the OCP floor) or ``tile`` (DeepSeek-V3: one scale per 1 x 128 tile of
+    scale rule, None: the OCP floor; a block format implies it: ``Recipe("nvfp4")``) or ``tile`` (DeepSeek-V3: one scale per 1 x 128 tile of
     the left operand and per 128 x 128 block of the right one, along the reduction axis).
     ``accum``, ``order``, ``chunk``, ``tensor_core``: the accumulator; ``order=None`` with an
     FP32/FP64 accumulator is torch's native matmul, anything else goes through
@@ -118,6 +123,8 @@ class Recipe:
         accum = get_format(self.accum).name
         if accum in NATIVE:                          # "FP32", "float32": torch's native sum too
             object.__setattr__(self, "accum", accum)
+        if self.scaling == "none" and any(_block_name(f) for f in (self.inputs, self.weights)):
+            object.__setattr__(self, "scaling", "block")    # a block format's only scaling
         if self.scaling not in SCALINGS:
             raise ValueError(
                 f"recipe {self.name!r}: scaling {self.scaling!r} is not one of {SCALINGS}"
@@ -134,9 +141,10 @@ class Recipe:
                 continue
             if self.scaling == "block":
                 mx.get_mx_format(fmt)
-            elif isinstance(fmt, str) and fmt.lower() in mx.MX_FORMATS:
+            elif _block_name(fmt):
                 raise ValueError(
-                    f"recipe {self.name!r}: {fmt} is a block format; use scaling='block'"
+                    f"recipe {self.name!r}: {fmt} is a block format, scaled by its blocks; "
+                    f"leave scaling out (scaling={self.scaling!r} does not apply to it)"
                 )
             else:
                 try:

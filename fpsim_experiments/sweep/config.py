@@ -95,16 +95,20 @@ def digest(obj: Any) -> str:
 
 def named_recipes() -> dict[str, Rules]:
     """Name -> per-site rules: FP8 (E4M3) on the linear layers as Transformer Engine places it,
-    FP8 and MXFP8 everywhere, BF16 operands everywhere (the ``any-model`` experiment's
-    recipes, and sweep presets by these names)."""
+    FP8 and MXFP8 everywhere (norm statistics included), BF16 operands everywhere (the
+    ``any-model`` experiment's recipes, and sweep presets by these names)."""
     e4m3 = Recipe("e4m3", scaling="tensor", name="E4M3 per-tensor")
     return {
         "E4M3 per-tensor, linear layers": Rules([Rule(e4m3, kind="linear")]),
-        "E4M3 per-tensor, every site": Rules.of(e4m3),
-        "MXFP8 E4M3, every site": Rules.of(Recipe("mxfp8_e4m3", scaling="block",
-                                                  name="MXFP8 E4M3")),
-        "BF16 operands, every site": Rules.of(Recipe("bf16", name="BF16")),
+        "E4M3 per-tensor, every site": _everywhere(e4m3),
+        "MXFP8 E4M3, every site": _everywhere(Recipe("mxfp8_e4m3", name="MXFP8 E4M3")),
+        "BF16 operands, every site": _everywhere(Recipe("bf16", name="BF16")),
     }
+
+
+def _everywhere(recipe: Recipe) -> Rules:
+    """``recipe`` for every site, norm statistics too (a default reaches products only)."""
+    return Rules([Rule(recipe, kind="norm")], default=recipe)
 
 
 def preset(name: str) -> Recipe | Rules:
