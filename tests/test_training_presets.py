@@ -58,7 +58,10 @@ def ref_cast(x, c, axis):
 
 
 def ref_sum(recipe, a, b):
-    """The accumulator: float64 matmul rounded once to float32, or fpsim.matmul's model."""
+    """The accumulator: float64 matmul rounded once to float32, torch's FP32 matmul (host
+    sums: the torchao presets), or fpsim.matmul's model."""
+    if recipe.native_sums == "host":
+        return a.float() @ b.float()
     if recipe.order is None:
         return (a.double() @ b.double()).float()
     return fpsim.matmul(a.double(), b.double(), accum=recipe.accum, order=recipe.order,
@@ -81,7 +84,7 @@ def reference(recipe, x, W, bias, G):
     cx, cw, cg = recipe.inputs, recipe.weight_format, bw.grad
     b = W.detach().t()                                # [K, N]
     qx, qb = ref_cast(x, cx, -1), ref_cast(b, cw, -2)
-    if recipe.order is None:                          # the bias joins the float64 sum
+    if recipe.order is None and recipe.native_sums != "host":   # the bias joins the FP64 sum
         y = torch.addmm(bias.detach().double(), qx.double(), qb.double()).float()
     else:
         y = ref_sum(recipe, qx, qb) + bias.detach()
@@ -90,7 +93,8 @@ def reference(recipe, x, W, bias, G):
     if bw.hadamard:
         xt, g2 = ref_hadamard(xt, -1, bw.hadamard), ref_hadamard(G, -2, bw.hadamard)
     db = ref_sum(recipe, ref_cast(xt, cx, -1), ref_cast(g2, cg, -2))
-    dbias = None if bias is None else G.double().sum(0).float()
+    dbias = None if bias is None else G.sum(0) if recipe.native_sums == "host" \
+        else G.double().sum(0).float()
     return y, dx, db.t(), dbias
 
 
@@ -101,7 +105,8 @@ def deterministic(recipe):
         return recipe
     g = Cast(bw.grad.fmt, bw.grad.scaling)
     return Recipe(name=recipe.name, inputs=recipe.inputs, weights=recipe.weights,
-                  backward=Backward(grad=g, hadamard=bw.hadamard))
+                  backward=Backward(grad=g, hadamard=bw.hadamard),
+                  native_sums=recipe.native_sums)
 
 
 BIT_EXACT = [p for p in presets.PRESETS if p not in ("te-delayed", "native")]
@@ -186,6 +191,14 @@ def test_delayed_scaling_state_survives_steps_and_is_inspectable():
     assert torch.equal(y, (q.double() @ wq.double()).float())
     with pytest.raises(KeyError, match="no delayed-scaling state"):
         em.amax_history("nowhere:linear")
+
+
+def test_delayed_scale_of_a_tiny_amax_is_the_largest_fp32_as_in_transformer_engine():
+    from fpsim.emulation.quantizers import AmaxHistory
+
+    h = AmaxHistory(448.0, 4, 0)
+    assert h.use(1e-40) == 1.0                      # the first call: scale 1, as TE's
+    assert h.scale == float(torch.finfo(torch.float32).max)
 
 
 def test_hadamard_is_orthogonal_and_keeps_the_wgrad_product_exactly():

@@ -53,6 +53,9 @@ def product(interceptor: Any, name: str, recipe: Recipe, a: Tensor, b: Tensor,
     """``a @ b (+ bias)`` of site ``name`` under ``recipe``, differentiable when needed."""
     site = Site(interceptor, name, recipe)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (a, b, bias)):
+        if recipe.native_sums == "host" and bias is not None and recipe.output is None:
+            # torch's FP32 GEMM, then the bias with torch's own gradient (torchao's arithmetic)
+            return _Gemms.apply(a, b, None, site, events) + bias
         return _Gemms.apply(a, b, bias, site, events)
     return site.forward(a, b, bias, events, cache)[0]
 

@@ -12,14 +12,20 @@ Sources (also in ``docs/training.md``):
 
 - ``torchao-float8-tensorwise``: torchao 0.18.0 ``Float8LinearConfig()`` (the default of
   ``convert_to_float8_training``): input and weight E4M3 (e4m3fn), grad_output E5M2, one
-  dynamic (current) scale per tensor, all three GEMMs.  Checked bit for bit against torchao's
-  ``emulate=True`` in ``tests/test_training_presets.py``.
+  dynamic (current) scale per tensor, all three GEMMs.  torchao's arithmetic end to end: its
+  emulated GEMM is torch's FP32 ``mm`` on the dequantized operands, the bias added after it
+  (``native_sums="host"``); bit for bit against ``convert_to_float8_training(...,
+  Float8LinearConfig(emulate=True))`` in ``tests/test_training_torchao.py``.
 - ``torchao-float8-rowwise``: ``Float8LinearConfig.from_recipe_name("rowwise")``: E4M3 for all
   three tensors, one scale per row along each GEMM's reduction axis, scales rounded down to a
-  power of two.
+  power of two; summed as torchao sums (the same test).
 - ``te-delayed``: Transformer Engine ``DelayedScaling(margin=0, fp8_format=HYBRID,
   amax_history_len=1024, amax_compute_algo="max")``: E4M3 forward, E5M2 backward, the scale
-  from the largest amax of the previous 1024 calls.
+  from the largest amax of the previous 1024 calls.  The first call is TE's first step: scale
+  1 (TE initialises every scale to 1 and the amax history to zeros, and updates the scales
+  when ``fp8_autocast`` exits), so elements beyond the format's largest value saturate on it.
+  TE updates once per autocast exit, fpsim after every call: the same when each site runs
+  once per step.
 - ``te-current``: TE ``Float8CurrentScaling(fp8_format=HYBRID)``: per-tensor scale from the
   tensor itself.
 - ``te-mxfp8``: TE ``MXFP8BlockScaling(fp8_format=E4M3)``: MXFP8 E4M3 in 1 x 32 blocks along
@@ -71,11 +77,11 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            "(capture=True records the sites without changing them)"),
     Preset("torchao-float8-tensorwise",
            Recipe(name="torchao-float8-tensorwise", inputs=_tensorwise("e4m3"),
-                  backward=Backward(grad=_tensorwise("e5m2"))),
+                  backward=Backward(grad=_tensorwise("e5m2")), native_sums="host"),
            "torchao 0.18.0 torchao.float8 Float8LinearConfig() (tensorwise dynamic scaling)"),
     Preset("torchao-float8-rowwise",
            Recipe(name="torchao-float8-rowwise", inputs=_ROWWISE,
-                  backward=Backward(grad=_ROWWISE)),
+                  backward=Backward(grad=_ROWWISE), native_sums="host"),
            "torchao 0.18.0 Float8LinearConfig.from_recipe_name('rowwise')"),
     Preset("te-delayed",
            Recipe(name="te-delayed", inputs=_delayed("e4m3"),

@@ -52,7 +52,9 @@ class AmaxHistory:
         top = max(self.history)
         if math.isfinite(top) and top > 0:
             s = torch.tensor(self.fmax, dtype=torch.float32) / torch.tensor(top, dtype=torch.float32)
-            self.scale = float(s / 2.0 ** self.margin)
+            s = float(s / 2.0 ** self.margin)
+            # an amax so small that the scale overflows FP32: its largest value (TE's rule)
+            self.scale = s if math.isfinite(s) else float(torch.finfo(torch.float32).max)
         return scale
 
     def state(self) -> dict[str, Any]:

@@ -84,7 +84,9 @@ class Recipe:
     once to FP32: deterministic, the same bits on every machine and thread count;
     ``"host"``: torch's own FP32 matmul, as fast as the host's GEMM but NOT deterministic (its
     summation order, hence its bits, depend on the machine, the BLAS library and the thread
-    count), e.g. ``Recipe("e4m3", scaling="tensor", native_sums="host", name="fast")``.
+    count), the bias added to its FP32 result afterwards (with torch's own gradient), as
+    torchao's emulation does, e.g. ``Recipe("e4m3", scaling="tensor", native_sums="host",
+    name="fast")``.
 
     Training: ``inputs`` / ``weights`` may be a :class:`fpsim.emulation.casts.Cast` (its own
     scaling: Transformer Engine / torchao scaled casts, delayed scaling, NVFP4 2-D blocks;

@@ -294,7 +294,8 @@ def _product(
         y = _emulated_matmul(a, b, recipe, events)
         return y if bias is None else y + bias
     if recipe.native_sums == "host":              # torch's FP32 GEMM: fast, not reproducible
-        return a @ b if bias is None else torch.nn.functional.linear(a, b.mT, bias)
+        y = a @ b                                 # then the bias, as torchao / TE add it
+        return y if bias is None else y + bias
     acc, f64 = NATIVE_ACCUMULATORS[recipe.accum], torch.float64
     if bias is None:
         return (a.to(f64) @ b.to(f64)).to(acc).to(a.dtype)
