@@ -12,12 +12,12 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import fpsim  # noqa: E402
-from fpsim import Recipe, Rule, Rules  # noqa: E402
-from fpsim.emulation import presets  # noqa: E402
+from test_emulate import IDS, gpt2, llama
+from test_emulate_models import MODELS
 
-from test_emulate import IDS, gpt2, llama  # noqa: E402
-from test_emulate_models import MODELS  # noqa: E402
+import fpsim
+from fpsim import Recipe, Rule, Rules
+from fpsim.emulation import presets
 
 #: recipes over every scaling, rounding and accumulator path, norms left to torch (they
 #: have no emulated backward); ``NORMS``: forward-only rules that emulate norm statistics too

@@ -316,3 +316,21 @@ def test_errors_name_the_problem():
         y = ln(torch.randn(2, 8)).sum()
     with pytest.raises(RuntimeError, match="a norm statistic"):
         y.backward()
+
+
+def test_every_scaling_of_the_one_table_is_applied():
+    """casts.SCALINGS is the one list of scalings: Recipe's and Cast's are read from it, and
+    every entry is applied by quantizers.cast (a new scaling without its code fails here)."""
+    from fpsim.emulation import quantizers
+    from fpsim.emulation.casts import SCALINGS
+    from fpsim.emulation.recipe import SCALINGS as RECIPE_SCALINGS
+
+    assert RECIPE_SCALINGS == tuple(n for n, s in SCALINGS.items() if s.recipe)
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(5)) * 1000
+    for name, s in SCALINGS.items():
+        c = Cast("nvfp4" if s.block else "e4m3", name, saturate=name != "none")
+        history = quantizers.AmaxHistory(448.0, 4, 0) if name == "delayed" else None
+        q, limit, _ = quantizers.cast(x, c, -1, history=history)
+        assert q.shape == x.shape and not torch.equal(q, x), name
+    r = Recipe("e4m3", scaling="tile")               # a recipe's right operand: 128 x 128
+    assert r.cast("e4m3", -1).scaling == "tile" and r.cast("e4m3", -2).scaling == "tile2d"

@@ -142,9 +142,7 @@ class AtenMode(TorchDispatchMode):
         qw = None
         if events is None and isinstance(w, torch.nn.Parameter):
             key = ("conv", w.data_ptr(), w._version, tuple(w.shape), geometry[3],
-                   geometry[5], recipe.weight_format, recipe.scaling, recipe.rounding,
-                   recipe.saturate, recipe.flush, recipe.scale_rounding,
-                   recipe.full_subnormals)
+                   geometry[5], recipe.cast(recipe.weight_format, -2))
             qw = ic.cache.get(key)
             if qw is None:
                 wd = convolution.direct_weight(w, geometry[3], geometry[5])

@@ -32,11 +32,9 @@ import torch
 from torch import Tensor
 
 from . import hadamard, quantizers, sites
-from .casts import Backward, Cast
+from .casts import SCALINGS, Backward, Cast
 from .recipe import Recipe
 
-#: Casts whose values are the same along any axis: quantized once, reused by every GEMM.
-_AXIS_FREE = ("none", "tensor", "tensorwise", "delayed")
 _DEFAULT = Backward()
 
 
@@ -64,8 +62,8 @@ def axis_free(spec: Any, recipe: Recipe) -> bool:
     """True when ``spec`` (a Cast, a format under ``recipe``'s scaling, or None) gives the
     same values whichever axis a GEMM reduces."""
     if isinstance(spec, Cast):
-        return spec.scaling in _AXIS_FREE
-    return spec is None or recipe.scaling in _AXIS_FREE
+        return SCALINGS[spec.scaling].axis_free
+    return spec is None or SCALINGS[recipe.scaling].axis_free
 
 
 class Site:

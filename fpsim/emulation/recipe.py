@@ -12,18 +12,22 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .. import mx
 from ..formats import Format, get_format
-from .casts import Backward, Cast
 from ..inputs import check_flag
 from ..rounding import check_mode, check_saturate
 from ..stochastic import check_srbits
+from .casts import SCALINGS as CAST_SCALINGS
+from .casts import Backward, Cast
 
-SCALINGS = ("none", "tensor", "channel", "block", "tile")
+#: The scalings a Recipe's ``scaling=`` takes (those of :data:`fpsim.emulation.casts.SCALINGS`
+#: that need no per-site state); the others go in a :class:`Cast` operand.
+SCALINGS = tuple(name for name, s in CAST_SCALINGS.items() if s.recipe)
 TILE = 128  # DeepSeek-V3 fine-grained scaling: 1 x TILE activations, TILE x TILE weights
 NATIVE = ("fp32", "fp64")  # accumulators summed in FP64 by torch and rounded once to themselves
 #: How a native FP32 accumulator is summed (``Recipe.native_sums``): "fp64" in FP64 and rounded
@@ -236,6 +240,22 @@ class Recipe:
     def weight_format(self) -> FormatLike | None:
         return self.inputs if self.weights is None else self.weights
 
+    def cast(self, fmt: FormatLike | Cast | None, axis: int = -1) -> Cast | None:
+        """The :class:`Cast` of an operand in ``fmt`` under this recipe, reducing along
+        ``axis`` (a Cast stays itself, None stays None): ``Recipe("e4m3", scaling="tensor")``
+        is shorthand for ``Cast("e4m3", "tensor")`` on both operands.  A ``tile`` recipe's
+        right operand (``axis`` other than -1) is in 128 x 128 blocks, ``tile2d``.
+
+        >>> Recipe("e4m3", scaling="tensor").cast("e4m3")
+        Cast(fmt='e4m3', scaling='tensor', rounding='rne', saturate=False, pow2=False, \
+history=1024, margin=0, scale_rounding=None, srbits=None, full_subnormals=False, flush=True)
+        """
+        if fmt is None or isinstance(fmt, Cast):
+            return fmt
+        scaling = "tile2d" if self.scaling == "tile" and axis != -1 else self.scaling
+        return _cast(fmt, scaling, self.rounding, self.saturate, self.scale_rounding,
+                     self.srbits, self.full_subnormals, self.flush)
+
     def to_json(self) -> dict[str, Any]:
         """The recipe's fields with formats as names."""
         d = dataclasses.asdict(self)
@@ -243,6 +263,16 @@ class Recipe:
             d[key] = format_name(getattr(self, key))
         d["backward"] = None if self.backward is None else self.backward.describe()
         return d
+
+
+@functools.lru_cache(maxsize=1024)
+def _cast(fmt: FormatLike, scaling: str, rounding: str, saturate: bool,
+          scale_rounding: str | None, srbits: int | None, full_subnormals: bool,
+          flush: bool) -> Cast:
+    """One Cast per distinct description (checked once: a site quantizes at every call)."""
+    return Cast(fmt, scaling, rounding=rounding, saturate=saturate,
+                scale_rounding=scale_rounding, srbits=srbits, full_subnormals=full_subnormals,
+                flush=flush)
 
 
 FP32 = Recipe()

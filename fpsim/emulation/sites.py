@@ -33,6 +33,7 @@ from ..formats import Format, get_format
 from ..rounding import STOCHASTIC
 from ..scaling import scaled_quantize
 from . import onepass
+from .casts import Cast
 from .recipe import TILE, FormatLike, Recipe
 
 NATIVE_ACCUMULATORS = {"fp32": torch.float32, "fp64": torch.float64}  # rounded to; summed in FP64
@@ -52,27 +53,38 @@ def quantize_operand(
     x: Tensor, fmt: FormatLike | None, recipe: Recipe, axis: int, seed: Any = None,
     with_limit: bool = True, tensor_scale: float | None = None,
 ) -> tuple[Tensor, Any]:
-    """``x`` rounded to ``fmt`` under the recipe's scaling, reducing along ``axis``
-    (``seed``: stochastic rounding's, as :func:`fpsim.quantize` takes it; ``tensor_scale``:
-    NVFP4's, when ``x`` is a piece of the tensor it was taken on).
+    """``x`` rounded to ``fmt`` under the recipe's scaling, reducing along ``axis``:
+    :func:`quantize_cast` of the recipe's :meth:`~fpsim.emulation.recipe.Recipe.cast`."""
+    return quantize_cast(x, recipe.cast(fmt, axis), axis, seed, with_limit, tensor_scale)
+
+
+def quantize_cast(
+    x: Tensor, c: Cast | None, axis: int, seed: Any = None, with_limit: bool = True,
+    tensor_scale: float | None = None,
+) -> tuple[Tensor, Any]:
+    """``x`` quantized by ``c`` (fpsim's own scalings: ``none``, ``tensor``, ``channel``,
+    ``block``, ``tile``, ``tile2d``; None keeps ``x``), reducing along ``axis`` (``seed``:
+    stochastic rounding's, as :func:`fpsim.quantize` takes it, by default from torch's
+    generator; ``tensor_scale``: NVFP4's, when ``x`` is a piece of the tensor it was taken on).
 
     Returns the dequantized values (``x``'s dtype) and, per element (a float or a tensor that
     broadcasts against ``x``), the magnitude from which it is clamped or overflows instead of
     rounded: its :func:`rounding_limit` times its scale (``with_limit=False``: block scaling
     leaves out that full-size tensor and returns None; callers that count no events).
     """
-    if fmt is None:
+    if c is None:
         return x, math.inf
-    if seed is None and recipe.rounding in STOCHASTIC:
+    fmt = c.fmt
+    if seed is None and c.rounding in STOCHASTIC:
         seed = generator(x.device)
-    if recipe.scaling == "block":
-        if not with_limit and recipe.srbits is None and x.dim():
-            q = onepass.mx_values(x.movedim(axis, -1), fmt, recipe.scale_rounding,
-                                  recipe.rounding, tensor_scale)
+    if c.scaling == "block":
+        if not with_limit and c.srbits is None and x.dim():
+            q = onepass.mx_values(x.movedim(axis, -1), fmt, c.scale_rounding, c.rounding,
+                                  tensor_scale)
             if q is not None:                     # None: not applicable; strides as below
                 return q.movedim(-1, axis).contiguous(), None
-        arr = mx.quantize(x, fmt, axis=axis, rounding=recipe.rounding, srbits=recipe.srbits,
-                          scale_rounding=recipe.scale_rounding, seed=seed,
+        arr = mx.quantize(x, fmt, axis=axis, rounding=c.rounding, srbits=c.srbits,
+                          scale_rounding=c.scale_rounding, seed=seed,
                           tensor_scale=tensor_scale)
         q = onepass.block_values(arr, x.dtype)     # None: not applicable
         q = arr.dequantize(x.dtype) if q is None else q
@@ -89,16 +101,23 @@ def quantize_operand(
             lay.axis, 0, lay.length)
         return q, limit
     f = get_format(fmt)
-    if recipe.scaling == "none":
-        q = quantize(x, f, rounding=recipe.rounding, saturate=recipe.saturate,
-                     srbits=recipe.srbits, seed=seed)
-        if recipe.full_subnormals:
-            q = widen_subnormals(x, q, f, recipe.rounding, recipe.srbits, seed)
+    if c.scaling == "none":
+        q = quantize(x, f, rounding=c.rounding, saturate=c.saturate, srbits=c.srbits,
+                     seed=seed)
+        if c.full_subnormals:
+            q = widen_subnormals(x, q, f, c.rounding, c.srbits, seed)
         return q, rounding_limit(f)
-    if recipe.scaling == "tile":
-        return tile_quantize(x, f, axis, recipe.rounding, recipe.srbits, seed), math.inf
-    if recipe.scaling == "tensor" and recipe.srbits is None:
-        fast = onepass.tensor_scaled(x, f, recipe.rounding, axis)   # None: not applicable
+    if c.scaling == "tile":
+        q = tile_quantize(x.movedim(axis, -1), f, -1, c.rounding, c.srbits, seed)
+        return q.movedim(-1, axis), math.inf
+    if c.scaling == "tile2d":
+        q = tile_quantize(x.movedim(axis, -2), f, -2, c.rounding, c.srbits, seed)
+        return q.movedim(-2, axis), math.inf
+    if c.scaling not in ("tensor", "channel"):
+        raise ValueError(f"{c.describe()}: a {c.scaling} cast is applied by "
+                         "fpsim.emulation.quantizers.cast, not quantize_cast")
+    if c.scaling == "tensor" and c.srbits is None:
+        fast = onepass.tensor_scaled(x, f, c.rounding, axis)   # None: not applicable
         if fast is not None:
             q, scale = fast
             return q, torch.tensor(scale, dtype=torch.float64) * rounding_limit(f)
@@ -106,15 +125,15 @@ def quantize_operand(
     # for formats wider than float32, whose fp32 scales stop at 2^-126.  One contiguous copy:
     # scaled_quantize then reads its rows as a view (a strided one it would copy again)
     moved = x.movedim(axis, -1)
-    channel = recipe.scaling == "channel"
+    channel = c.scaling == "channel"
     st = scaled_quantize(
         moved.reshape(-1, moved.shape[-1]).to(torch.float64,
                                               memory_format=torch.contiguous_format),
         f,
-        granularity=recipe.scaling,
+        granularity=c.scaling,
         axis=0 if channel else None,
-        rounding=recipe.rounding,
-        srbits=recipe.srbits,
+        rounding=c.rounding,
+        srbits=c.srbits,
         seed=seed,
     )
     q = st.values.reshape(moved.shape).movedim(-1, axis).to(x.dtype)
@@ -224,20 +243,8 @@ def _operands(
     """
     count = events is not None
     qa, ev_a = _quantize_counted(a, recipe.inputs, recipe, -1, count)
-    key = (
-        b.data_ptr(),
-        b._version,
-        tuple(b.shape),
-        b.stride(),
-        recipe.weight_format,
-        recipe.scaling,
-        recipe.rounding,
-        recipe.srbits,
-        recipe.saturate,
-        recipe.flush,
-        recipe.scale_rounding,
-        recipe.full_subnormals,
-    )
+    key = (b.data_ptr(), b._version, tuple(b.shape), b.stride(),
+           recipe.cast(recipe.weight_format, -2))
     if cache is None or key not in cache or (count and cache[key][1] is None):
         found = _quantize_counted(b, recipe.weight_format, recipe, -2, count)
         if cache is not None:
