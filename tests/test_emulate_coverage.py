@@ -85,7 +85,7 @@ def test_conv_is_fpsim_matmul_on_explicit_im2col(case, recipe, monkeypatch):
     for piece, jit in ((50, True), (image, True), (50, False)):
         monkeypatch.setattr(convmod, "PIECE", piece)
         if not jit:
-            monkeypatch.setattr(fpsim.convert, "_jit", lambda: None)
+            monkeypatch.setattr(fpsim.convert, "jit_kernels", lambda: None)
         with torch.no_grad(), fpsim.emulate(recipe, strict=True) as em:
             got = torch.ops.aten.convolution(x, w, b, *geo)
         assert got.shape == ref_native.shape
