@@ -13,14 +13,15 @@ parameter of the current module or one below it is named after that module
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, ClassVar
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import conv as convolution
-from .ops import ATEN, AtenOp
+from .ops import ATEN, ATTENTION_KERNELS, AtenOp
 
 
 def bind(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -36,8 +37,20 @@ def bind(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     return out
 
 
+def emulates(*ops: str) -> Callable[[Callable], Callable]:
+    """Register the decorated ``AtenMode`` method as what emulates the aten ops ``ops``
+    (schema names of :data:`fpsim.emulation.ops.ATEN`), where it is written."""
+    def mark(method: Callable) -> Callable:
+        method.aten_ops = ops                        # type: ignore[attr-defined]
+        return method
+    return mark
+
+
 class AtenMode(TorchDispatchMode):
     """Emulates or names the aten ops of ``ATEN`` for the ``Interceptor`` ``ic``."""
+
+    #: schema name -> the method that emulates it (:func:`emulates`)
+    handlers: ClassVar[dict[str, Callable]] = {}
 
     def __init__(self, ic: Any) -> None:
         super().__init__()
@@ -60,8 +73,9 @@ class AtenMode(TorchDispatchMode):
         if entry.training is not None and not a.get(entry.training):
             return func(*args, **kwargs)             # running statistics: elementwise
         out = NotImplemented
-        if entry.handler is not None and func._overloadname == "default":
-            out = getattr(self, entry.handler)(func, entry, a)
+        handler = self.handlers.get(func._schema.name)
+        if handler is not None and func._overloadname == "default":
+            out = handler(self, func, entry, a)
         if out is NotImplemented:
             self.ic.missed(entry, func._schema.name, *args)
             return func(*args, **kwargs)
@@ -81,12 +95,14 @@ class AtenMode(TorchDispatchMode):
         y = self.ic.product(kind, op, a, b, None, native, owner)
         return y if after is None else after(y)
 
+    @emulates("aten::mm", "aten::bmm")
     def mm(self, func: Any, entry: AtenOp, a: dict) -> Any:
         x, y = a["self"], a["mat2"]
         if not _floating(x, y):
             return NotImplemented
         return self._product(entry, func, a, x, y, lambda: func(x, y))
 
+    @emulates("aten::addmm", "aten::baddbmm")
     def addmm(self, func: Any, entry: AtenOp, a: dict) -> Any:
         """``beta * input + alpha * (m1 @ m2)`` (addmm, baddbmm)."""
         m1 = a["mat1"] if "mat1" in a else a["batch1"]
@@ -95,6 +111,7 @@ class AtenMode(TorchDispatchMode):
             return NotImplemented
         return self._product(entry, func, a, m1, m2, lambda: m1 @ m2, lambda y: _scaled(a, y))
 
+    @emulates("aten::addbmm")
     def addbmm(self, func: Any, entry: AtenOp, a: dict) -> Any:
         """``beta * input + alpha * sum_b (b1[b] @ b2[b])``: one product whose reduction runs
         over the batch and the inner axis together."""
@@ -105,6 +122,7 @@ class AtenMode(TorchDispatchMode):
         x, y = b1.permute(1, 0, 2).reshape(n, k), b2.reshape(k, b2.shape[2])
         return self._product(entry, func, a, x, y, lambda: x @ y, lambda y: _scaled(a, y))
 
+    @emulates("aten::dot", "aten::vdot")
     def dot(self, func: Any, entry: AtenOp, a: dict) -> Any:
         x, y = list(a.values())[:2]                  # dot(self, tensor), vdot(self, other)
         if not _floating(x, y) or x.is_complex():
@@ -112,12 +130,14 @@ class AtenMode(TorchDispatchMode):
         u, v = x[None], y[:, None]
         return self._product(entry, func, a, u, v, lambda: u @ v, lambda y: y[0, 0])
 
+    @emulates("aten::mv")
     def mv(self, func: Any, entry: AtenOp, a: dict) -> Any:
         m, v = a["self"], a["vec"][:, None]
         if not _floating(m, v):
             return NotImplemented
         return self._product(entry, func, a, m, v, lambda: m @ v, lambda y: y[:, 0])
 
+    @emulates("aten::addmv")
     def addmv(self, func: Any, entry: AtenOp, a: dict) -> Any:
         m, v = a["mat"], a["vec"][:, None]
         if not _floating(m, v):
@@ -125,6 +145,7 @@ class AtenMode(TorchDispatchMode):
         return self._product(entry, func, a, m, v, lambda: m @ v,
                              lambda y: _scaled(a, y[:, 0]))
 
+    @emulates("aten::convolution")
     def convolution(self, func: Any, entry: AtenOp, a: dict) -> Any:
         """``aten.convolution`` (every conv and transposed conv, any dimension) as an implicit
         GEMM (:mod:`fpsim.emulation.conv`)."""
@@ -156,6 +177,7 @@ class AtenMode(TorchDispatchMode):
             ic.record(name, entry.kind, recipe, (x, w), events, y, func(**d))
         return y
 
+    @emulates(*(f"aten::{n}" for n in ATTENTION_KERNELS))
     def attention(self, func: Any, entry: AtenOp, a: dict) -> Any:
         """A fused scaled-dot-product-attention kernel: its output as the Python-level
         decomposition computes it (products ``qk`` and ``pv``); its other outputs (statistics
@@ -184,3 +206,6 @@ def _scaled(a: dict, y: Tensor) -> Tensor:
 def _floating(*ts: Any) -> bool:
     return all(isinstance(t, Tensor) and t.is_floating_point() for t in ts)
 
+
+AtenMode.handlers = {op: fn for fn in vars(AtenMode).values()
+                     for op in getattr(fn, "aten_ops", ())}

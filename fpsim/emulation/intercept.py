@@ -1,5 +1,6 @@
 """The machinery behind :func:`fpsim.emulate`: a ``TorchFunctionMode`` that routes each
-torch function of :data:`fpsim.emulation.ops.python_handlers` to :mod:`fpsim.emulation.sites`,
+torch function registered with :func:`handles` (on the method that handles it) to
+:mod:`fpsim.emulation.sites`,
 a ``TorchDispatchMode`` (:mod:`fpsim.emulation.aten`) that emulates or names the aten ops of
 :data:`fpsim.emulation.ops.ATEN` that no Python-level handler computed, and global module hooks
 that say in which module each runs.  Imports torch (``fpsim.emulate`` imports this module when a
@@ -10,33 +11,52 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.modules import module as nn_module
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
+from torch.utils._python_dispatch import (
+    _get_current_dispatch_mode,
+    _pop_mode_temporarily,
+)
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from . import backward, norms, sites
 from . import conv as convolution
 from .aten import AtenMode
 from .grad import guard, wants_grad
-from .ops import AtenOp, python_handlers
+from .ops import AtenOp
 from .recipe import FP64, Recipe
 from .sitestats import SiteStats
 
 Native = Callable[[], Tensor]
 
 
-#: torch function -> name of the Interceptor method that handles it (the table: ops.py).
-HANDLERS: dict[Any, str] = python_handlers()
-#: Handlers that only watch (their result is torch's own, with its gradient).
-WATCHERS = ("pow",)
-#: Handlers of norm statistics: their emulated results have no backward pass (guarded).
-NORMS = ("layer_norm", "rms_norm", "batch_norm", "instance_norm", "group_norm", "mean")
+
+
+def handles(*funcs: Any, norm: bool = False) -> Callable[[Callable], Callable]:
+    """Register the decorated ``Interceptor`` method as the handler of the torch functions
+    ``funcs``, where it is written (as ``torch.utils.flop_counter`` registers each formula);
+    ``norm``: it computes norm statistics, whose emulated results have no backward pass.  A
+    subclass that overrides the method handles them with its own."""
+    def mark(method: Callable) -> Callable:
+        method.torch_functions = (funcs, norm)       # type: ignore[attr-defined]
+        return method
+    return mark
+
+
+def handler_table(cls: type) -> dict[Any, tuple[Callable, bool]]:
+    """torch function -> (``cls``'s method that handles it, ``norm``), from the registrations
+    of ``cls`` and its bases (an override without ``@handles`` keeps its base's functions)."""
+    found: dict[Any, tuple[str, bool]] = {}
+    for klass in reversed(cls.__mro__):
+        for attr, fn in vars(klass).items():
+            funcs, norm = getattr(fn, "torch_functions", ((), False))
+            found.update({f: (attr, norm) for f in funcs})
+    return {f: (getattr(cls, attr), norm) for f, (attr, norm) in found.items()}
 
 
 class Interceptor(TorchFunctionMode):
@@ -44,9 +64,15 @@ class Interceptor(TorchFunctionMode):
     :class:`fpsim.emulation.Emulation`, whose ``sites`` it fills when ``em.capture``)."""
 
     active = False                                # an interceptor is running (they do not nest)
+    #: torch function -> (method, norm) (:func:`handles`; each subclass its own table)
+    handlers: ClassVar[dict[Any, tuple[Callable, bool]]] = {}
     #: Emulated results that autograd tracks raise on backward (:mod:`fpsim.emulation.grad`);
     #: a subclass whose handlers compute differentiably (the experiments' ops) turns it off.
     guard_grad = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.handlers = handler_table(cls)
 
     def __init__(self, em: Any) -> None:
         super().__init__()
@@ -167,10 +193,11 @@ class Interceptor(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        name = HANDLERS.get(func)
+        handler = self.handlers.get(func)
         tracked = wants_grad(args, kwargs) if self.guard_grad else []
         before = self.emulated
-        if name is not None:
+        if handler is not None:
+            method, norm = handler
             calls: list[int] = []
 
             def native() -> Any:
@@ -178,10 +205,10 @@ class Interceptor(TorchFunctionMode):
                 return func(*args, **kwargs)
 
             # products are differentiable (fpsim.emulation.backward); norm statistics are not
-            guarded = bool(tracked) and name in NORMS
+            guarded = bool(tracked) and norm
             quiet = torch.no_grad() if guarded else contextlib.nullcontext()
             with self.suspended(), quiet:
-                out = getattr(self, name)(native, *args, **kwargs)
+                out = method(self, native, *args, **kwargs)
             if out is not NotImplemented:
                 if not guarded:
                     return out
@@ -230,18 +257,22 @@ class Interceptor(TorchFunctionMode):
             self.record(name, kind, recipe, (a, b), events, y, ref)
         return y
 
+    @handles(F.linear)
     def linear(self, native: Native, input: Tensor, weight: Tensor,
                bias: Tensor | None = None) -> Any:
         if not _floating(input, weight):
             return NotImplemented
         return self.product("linear", "linear", input, weight.t(), bias, native)
 
+    @handles(torch.addmm, Tensor.addmm)
     def addmm(self, native: Native, input: Tensor, mat1: Tensor, mat2: Tensor, *,
               beta: float = 1, alpha: float = 1, out: Any = None) -> Any:
         if beta != 1 or alpha != 1 or out is not None or not _floating(mat1, mat2):
             return NotImplemented
         return self.product("linear", "addmm", mat1, mat2, input, native)
 
+    @handles(torch.matmul, Tensor.matmul, torch.linalg.matmul, Tensor.__matmul__, torch.mm,
+             Tensor.mm, torch.bmm, Tensor.bmm)
     def matmul(self, native: Native, a: Tensor, b: Tensor, *, out: Any = None) -> Any:
         if out is not None or not _floating(a, b):
             return NotImplemented
@@ -256,9 +287,11 @@ class Interceptor(TorchFunctionMode):
             return y[..., 0, 0]
         return y[..., 0, :] if va else y[..., 0]
 
+    @handles(Tensor.__rmatmul__)
     def rmatmul(self, native: Native, b: Tensor, a: Tensor) -> Any:
         return self.matmul(native, a, b) if isinstance(a, Tensor) else NotImplemented
 
+    @handles(torch.baddbmm, Tensor.baddbmm)
     def baddbmm(self, native: Native, input: Tensor, b1: Tensor, b2: Tensor, *,
                 beta: float = 1, alpha: float = 1, out: Any = None) -> Any:
         if out is not None or not _floating(b1, b2):
@@ -270,6 +303,7 @@ class Interceptor(TorchFunctionMode):
         y = y if alpha == 1 else y * alpha
         return y if beta == 0 else y + beta * input
 
+    @handles(F.conv1d, F.conv2d, F.conv3d)
     def conv(self, native: Native, input: Tensor, weight: Tensor, bias: Tensor | None = None,
              stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Any:
         """``F.conv{1,2,3}d`` when a gradient is wanted (emulated backward GEMMs); otherwise
@@ -277,6 +311,7 @@ class Interceptor(TorchFunctionMode):
         return self._conv(native, input, weight, bias, stride, padding, dilation, False, 0,
                           groups)
 
+    @handles(F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)
     def conv_transpose(self, native: Native, input: Tensor, weight: Tensor,
                        bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
                        output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Any:
@@ -337,6 +372,7 @@ class Interceptor(TorchFunctionMode):
                 self.record(name, kind, None, operands, {}, None, None)
         return native()
 
+    @handles(torch.linalg.vecdot)
     def vecdot(self, native: Native, x: Tensor, y: Tensor, *, dim: int = -1,
                out: Any = None) -> Any:
         """``linalg.vecdot``: dot products along ``dim`` (torch writes it as a multiply and a
@@ -348,6 +384,7 @@ class Interceptor(TorchFunctionMode):
         a, b = x.movedim(dim, -1)[..., None, :], y.movedim(dim, -1)[..., :, None]
         return self.product("matmul", "vecdot", a, b, None, lambda: a @ b)[..., 0, 0]
 
+    @handles(F.bilinear)
     def bilinear(self, native: Native, input1: Tensor, input2: Tensor, weight: Tensor,
                  bias: Tensor | None = None) -> Any:
         """``F.bilinear`` (``y_o = x1 . W_o . x2 + b_o``) as two products: ``x1`` against
@@ -364,6 +401,7 @@ class Interceptor(TorchFunctionMode):
         y = self.product("linear", "bilinear", u, x2, None, lambda: u @ x2)[..., 0]
         return y if bias is None else y + bias
 
+    @handles(torch.einsum)
     def einsum(self, native: Native, equation: str, *operands: Any) -> Any:
         """A two-operand einsum that is a batched matrix product, as that product."""
         if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
@@ -389,6 +427,7 @@ class Interceptor(TorchFunctionMode):
         y = y.reshape(*lead, *(size[c] for c in m + n))
         return y.permute([order.index(c) for c in out])
 
+    @handles(F.scaled_dot_product_attention)
     def attention(self, native: Native, query: Tensor, key: Tensor, value: Tensor,
                   attn_mask: Tensor | None = None, dropout_p: float = 0.0,
                   is_causal: bool = False, scale: float | None = None,
@@ -415,6 +454,7 @@ class Interceptor(TorchFunctionMode):
             probs = F.dropout(probs, dropout_p)
         return self.product("attention", "pv", probs, value, None, lambda: probs @ value)
 
+    @handles(torch.softmax, Tensor.softmax, F.softmax)
     def softmax(self, native: Native, input: Tensor, dim: int | None = None, *args: Any,
                 **kwargs: Any) -> Any:
         """A softmax over the last axis where attention is emulated: in FP64, rounded once
@@ -427,6 +467,7 @@ class Interceptor(TorchFunctionMode):
     # ---------------------------------------------------------------------------------------
     # Norm statistics
     # ---------------------------------------------------------------------------------------
+    @handles(F.layer_norm, norm=True)
     def layer_norm(self, native: Native, input: Tensor, normalized_shape: Any,
                    weight: Tensor | None = None, bias: Tensor | None = None,
                    eps: float = 1e-5) -> Any:
@@ -436,6 +477,7 @@ class Interceptor(TorchFunctionMode):
         self.norm_stats(name, recipe, input, sites.layernorm_stats)
         return native() if recipe is None else sites.layernorm(recipe, input, weight, bias, eps)
 
+    @handles(F.batch_norm, norm=True)
     def batch_norm(self, native: Native, input: Tensor, running_mean: Tensor | None,
                    running_var: Tensor | None, weight: Tensor | None = None,
                    bias: Tensor | None = None, training: bool = False, momentum: float = 0.1,
@@ -448,6 +490,7 @@ class Interceptor(TorchFunctionMode):
         return self.norm_site("batch_norm", native, rows, lambda r, ev: norms.batch_norm(
             r, input, running_mean, running_var, weight, bias, momentum, eps, ev))
 
+    @handles(F.instance_norm, norm=True)
     def instance_norm(self, native: Native, input: Tensor, running_mean: Tensor | None = None,
                       running_var: Tensor | None = None, weight: Tensor | None = None,
                       bias: Tensor | None = None, use_input_stats: bool = True,
@@ -458,6 +501,7 @@ class Interceptor(TorchFunctionMode):
         return self.norm_site("instance_norm", native, rows, lambda r, ev: norms.instance_norm(
             r, input, running_mean, running_var, weight, bias, momentum, eps, ev))
 
+    @handles(F.group_norm, norm=True)
     def group_norm(self, native: Native, input: Tensor, num_groups: int,
                    weight: Tensor | None = None, bias: Tensor | None = None,
                    eps: float = 1e-5) -> Any:
@@ -475,6 +519,7 @@ class Interceptor(TorchFunctionMode):
             self.norm_stats(name, recipe, rows(), sites.layernorm_stats)
         return native() if recipe is None else compute(recipe, None)
 
+    @handles(F.rms_norm, norm=True)
     def rms_norm(self, native: Native, input: Tensor, normalized_shape: Any,
                  weight: Tensor | None = None, eps: float | None = None) -> Any:
         if len(tuple(normalized_shape)) != 1 or not _floating(input):
@@ -486,12 +531,14 @@ class Interceptor(TorchFunctionMode):
         eps = torch.finfo(input.dtype).eps if eps is None else eps
         return sites.rmsnorm(recipe, input, weight, eps)
 
+    @handles(Tensor.pow, torch.pow, Tensor.__pow__)
     def pow(self, native: Native, base: Any, exponent: Any) -> Any:
         y = native()
         if isinstance(exponent, (int, float)) and exponent == 2 and _floating(base):
             self.squares[y] = base
         return y
 
+    @handles(Tensor.mean, torch.mean, norm=True)
     def mean(self, native: Native, input: Any, dim: Any = None, keepdim: bool = False, *,
              dtype: Any = None, out: Any = None) -> Any:
         """``x.pow(2).mean(-1)`` (RMSNorm as Hugging Face writes it) as the dot product
@@ -563,6 +610,9 @@ class Interceptor(TorchFunctionMode):
         st.nonfinite += int((fin_r & ~fin_y).sum())
         st.signal += float((rd[both] ** 2).sum())
         st.noise += float(((yd[both] - rd[both]) ** 2).sum())
+
+
+Interceptor.handlers = handler_table(Interceptor)
 
 
 def same_random(device: Any) -> Any:
