@@ -385,6 +385,13 @@ MUTANTS = [
     Mutant("report-silent", "a report without capture does not say why it is empty",
            "lines.append(NOT_CAPTURED)", "pass",
            ["tests/test_emulate.py::test_report_without_capture_says_why_it_is_empty"]),
+    Mutant("handler-no-override", "a subclass's handler table is its base's (overrides ignored)",
+           "cls.handlers = handler_table(cls)", "pass",
+           ["tests/test_emulate_coverage.py::test_handlers_are_registered_where_they_are_"
+            "written"]),
+    Mutant("lookup-preset-first", "a preset's name wins over a format's ('nvfp4')",
+           "if not slash and not _format_name(name):", "if not slash:",
+           ["tests/test_training_presets.py::test_one_registry_the_sweep_names"]),
     Mutant("host-bias-fused", "torchao presets fuse the bias into the GEMM and its FP64 gradient",
            'if recipe.native_sums == "host" and bias is not None and recipe.output is None:',
            "if False:", ["tests/test_training_torchao.py::test_hugging_face_models_bit_identical_"

@@ -334,3 +334,17 @@ def test_every_scaling_of_the_one_table_is_applied():
         assert q.shape == x.shape and not torch.equal(q, x), name
     r = Recipe("e4m3", scaling="tile")               # a recipe's right operand: 128 x 128
     assert r.cast("e4m3", -1).scaling == "tile" and r.cast("e4m3", -2).scaling == "tile2d"
+
+
+def test_one_registry_the_sweep_names():
+    """The sweep's names resolve through fpsim's registry (presets.lookup): formats, FORMAT/
+    SCALING, fp32 / fp64 and the training presets; a format's name wins over a preset's."""
+    from fpsim_experiments.sweep.config import preset
+
+    assert preset("e4m3/tensor") == presets.lookup("e4m3/tensor") == Recipe(
+        "e4m3", scaling="tensor", name="e4m3/tensor")
+    assert preset("nvfp4") == Recipe("nvfp4", name="nvfp4")          # the format, not the preset
+    assert preset("te-delayed") == presets.rules("te-delayed")
+    assert preset("native") == Rules([], default=None)
+    with pytest.raises(ValueError, match="neither a format nor a preset"):
+        presets.lookup("fp9")

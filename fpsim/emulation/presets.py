@@ -45,9 +45,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import mx
+from ..formats import get_format
 from ..names import normalize, resolve
 from .casts import Backward, Cast
-from .recipe import Recipe, Rule, Rules
+from .recipe import FP32, FP64, SCALINGS, Recipe, Rule, Rules
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,43 @@ def get_preset(name: str) -> Preset:
     ``-`` / ``_`` ignored; an unknown name lists the presets)."""
     return resolve("training preset", name, {normalize(k): p for k, p in PRESETS.items()},
                    known=list(PRESETS))
+
+
+def lookup(name: str) -> Recipe | Rules:
+    """A recipe or preset by name, the one registry the sweep and the experiments name: a
+    preset of :data:`PRESETS` (its :func:`rules`), ``fp32`` / ``fp64`` (plain recipes), a
+    format (operands in it, FP32 sums; a block format with its blocks: ``mxfp4``, ``nvfp4``)
+    or ``FORMAT/SCALING`` (``e4m3/tensor``, ``e4m3/channel``, ``e4m3/tile``: a scaling a
+    Recipe takes, :data:`fpsim.emulation.recipe.SCALINGS`).  A format's name comes first:
+    ``"nvfp4"`` is NVFP4 operands at every product site; the training preset of that name is
+    ``rules("nvfp4")``.
+
+    >>> lookup("e4m3/tensor") == Recipe("e4m3", scaling="tensor", name="e4m3/tensor")
+    True
+    """
+    if name.lower() in ("fp32", "fp64"):
+        return FP32 if name.lower() == "fp32" else FP64
+    fmt, slash, scaling = name.partition("/")
+    if not slash and not _format_name(name):
+        if normalize(name) in {normalize(k) for k in PRESETS}:
+            return rules(name)
+        raise ValueError(f"recipe preset {name!r}: neither a format nor a preset "
+                         f"({', '.join(PRESETS)}); a name is FORMAT (e4m3, bf16, nvfp4...), "
+                         "FORMAT/SCALING (e4m3/tensor), fp32 or fp64")
+    if scaling and scaling not in SCALINGS:
+        raise ValueError(f"recipe preset {name!r}: scaling {scaling!r} is not one of "
+                         f"{', '.join(SCALINGS)}; a name is FORMAT or FORMAT/SCALING, fp32, "
+                         f"fp64 or a preset: {', '.join(PRESETS)}")
+    return Recipe(fmt, name=name, scaling=scaling or "none")
+
+
+def _format_name(name: str) -> bool:
+    """True when ``name`` names a scalar or block format."""
+    try:
+        get_format(name)
+    except ValueError:
+        return name.lower() in mx.MX_FORMATS
+    return True
 
 
 def rules(name: str, *, bf16: tuple[str, ...] = ()) -> Rules:

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fpsim import Recipe, Rule, Rules, mx
-from fpsim.emulation.recipe import FP32, FP64, KINDS, SCALINGS
+from fpsim import Recipe, Rule, Rules
+from fpsim.emulation.presets import lookup
+from fpsim.emulation.recipe import KINDS
 from fpsim.rounding import STOCHASTIC
-
 
 REPO = Path(__file__).resolve().parents[2]
 #: fpsim's own models, by name (``models = ["tiny"]``).
@@ -112,23 +112,12 @@ def _everywhere(recipe: Recipe) -> Rules:
 
 
 def preset(name: str) -> Recipe | Rules:
-    """A recipe by name: ``fp32``, ``fp64``, a format (``bf16``, ``e4m3``, ``e3m2``: its operands,
-    FP32 accumulation), ``FORMAT/SCALING`` (``e4m3/tensor``, ``e4m3/channel``, ``e4m3/tile``), a
-    block format (``mxfp8_e4m3``, ``mxfp4``, ``nvfp4``: block scaling), or a name of
-    :func:`named_recipes` (Rules)."""
+    """A recipe by name: a name of :func:`named_recipes` (Rules), else fpsim's registry
+    (:func:`fpsim.emulation.presets.lookup`: ``fp32``, ``fp64``, a format such as ``bf16``,
+    ``e4m3`` or a block format, ``FORMAT/SCALING`` such as ``e4m3/tensor``, or a training
+    preset such as ``torchao-float8-tensorwise``)."""
     named = named_recipes()
-    if name in named:
-        return named[name]
-    if name.lower() in ("fp32", "fp64"):
-        return FP32 if name.lower() == "fp32" else FP64
-    fmt, _, scaling = name.partition("/")
-    block = fmt.lower() in mx.MX_FORMATS
-    scaling = scaling or ("block" if block else "none")
-    if scaling not in SCALINGS:
-        raise ValueError(f"recipe preset {name!r}: scaling {scaling!r} is not one of "
-                         f"{', '.join(SCALINGS)}; presets are FORMAT or FORMAT/SCALING, fp32, "
-                         f"fp64 or one of: {', '.join(named)}")
-    return Recipe(name=name, inputs=fmt, scaling=scaling)
+    return named[name] if name in named else lookup(name)
 
 
 def _recipe(name: str, entry: Any) -> Recipe:
