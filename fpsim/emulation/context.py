@@ -6,8 +6,8 @@ rounded to the recipe's formats, summed in its accumulator and order (:func:`fps
 the result written in its output format.  Which ops those are is one table,
 :mod:`fpsim.emulation.ops`: linear layers, every matmul spelling, convolutions (as implicit
 GEMMs, :mod:`fpsim.emulation.conv`), the Q.K^T and P.V of attention (its softmax in FP64,
-rounded once), and the statistics of layer / RMS / batch / group / instance norms
-(docs/emulate.md).  An op of that table that fpsim does not emulate is counted in
+rounded once), and, where a ``Rule(..., kind="norm")`` asks, the statistics of layer / RMS /
+batch / group / instance norms (docs/emulate.md; otherwise norms are torch's own).  An op of that table that fpsim does not emulate is counted in
 ``em.missed`` and shown as a "not emulated" row, warned about at exit, and raises under
 ``strict=True``.  Each op is a *site* named ``"<module path>:<op>"``
 (``"transformer.h.0.attn.c_attn:addmm"``, ``"model.layers.1.self_attn:qk"``); the module path

@@ -330,11 +330,12 @@ class Rules:
     (:meth:`Rule.covers`), is warned about when the Rules are built; ``em.report()`` shows
     which rule matched each site.
 
-    For example "linear layers in E4M3 with per-tensor scaling, attention in BF16, norms in
-    FP32"::
+    For example "linear layers in E4M3 with per-tensor scaling, attention in BF16, norm
+    statistics in FP32 (computed in FP64, rounded once), other products FP32"::
 
         Rules([Rule(Recipe("e4m3", scaling="tensor"), kind="linear"),
-               Rule(Recipe("bf16", output="bf16"), kind="attention")])
+               Rule(Recipe("bf16", output="bf16"), kind="attention"),
+               Rule(Recipe(), kind="norm")])
     """
 
     rules: Sequence[Rule] = ()
