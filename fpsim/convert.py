@@ -80,7 +80,7 @@ def _build_fast(fmt: Any, rounding: Any, saturate: Any, subnormals: Any, backend
             and backend in ("auto", "numpy") and on_nan in ("raise", "zero")):
         f, mode, _ = _options(fmt, rounding, backend)
         if mode not in STOCHASTIC:
-            plan = _numpy_plan(f, mode, check_saturate(saturate),
+            plan = numpy_plan(f, mode, check_saturate(saturate),
                                check_flag(subnormals, "subnormals"), want,
                                dtype == _NATIVE_FLOATS[1])
             entry = (parallel.elementwise(plan), code_dtype(f),
@@ -114,7 +114,7 @@ def _build_scalar(kind: type, fmt: Any, rounding: Any, saturate: Any, subnormals
     entry = None
     if fast is not None and not fast[2]:               # no NaN to look for (encode's raise)
         f, mode, _ = _options(fmt, rounding, backend)
-        steps = getattr(_numpy_plan(f, mode, check_saturate(saturate),
+        steps = getattr(numpy_plan(f, mode, check_saturate(saturate),
                                     check_flag(subnormals, "subnormals"), want,
                                     dtype == _NATIVE_FLOATS[1]), "steps", None)
         if steps is not None:
@@ -240,7 +240,7 @@ def _run_numpy(x: np.ndarray, fmt: Format, rounding: str, saturate: bool, subnor
         _routine(flat, out, fmt, rounding, saturate, subnormals, want, rng, srbits,
                  None if rbits is None else rbits.reshape(-1))
     else:
-        parallel.elementwise(_numpy_plan(fmt, rounding, saturate, subnormals, want,
+        parallel.elementwise(numpy_plan(fmt, rounding, saturate, subnormals, want,
                                          flat.dtype == np.float64))(flat, out)
     return out.reshape(x.shape)
 
@@ -268,7 +268,7 @@ def _routine(flat: np.ndarray, out: np.ndarray, fmt: Format, rounding: str, satu
 
 
 @functools.lru_cache(maxsize=256)
-def _numpy_plan(fmt: Format, rounding: str, saturate: bool, subnormals: bool, want: str,
+def numpy_plan(fmt: Format, rounding: str, saturate: bool, subnormals: bool, want: str,
                 wide: bool) -> Callable[[np.ndarray, np.ndarray], None]:
     """How a flat float32 (or, ``wide``, float64) array is rounded into ``out``, decided once per
     configuration: a lookup table, a delegated cast (bit-identical, see ``_delegate``), a float64
@@ -299,7 +299,7 @@ def _field_plan(plan: Callable, fmt: Format, rounding: str, want: str) -> Callab
             want == "code")
 
     def run(flat: np.ndarray, out: np.ndarray) -> None:
-        jit = _jit() if flat.size >= JIT_SIZE else None
+        jit = jit_kernels() if flat.size >= JIT_SIZE else None
         if jit is None:
             plan(flat, out)
         else:
@@ -309,10 +309,10 @@ def _field_plan(plan: Callable, fmt: Format, rounding: str, want: str) -> Callab
 
 def _numpy_steps(fmt: Format, rounding: str, saturate: bool, subnormals: bool, want: str,
                  wide: bool) -> Callable[[np.ndarray, np.ndarray], None]:
-    """``_numpy_plan`` without the compiled one-pass plan."""
+    """``numpy_plan`` without the compiled one-pass plan."""
     src = _source_for(fmt, wide)
     if not wide and src is F64:
-        return _convert_first(_numpy_plan(fmt, rounding, saturate, subnormals, want, True),
+        return _convert_first(numpy_plan(fmt, rounding, saturate, subnormals, want, True),
                               np.float64, want)
     cast = None if wide else _delegate(fmt, rounding, saturate, subnormals, want)
     if cast is not None:
@@ -321,7 +321,7 @@ def _numpy_steps(fmt: Format, rounding: str, saturate: bool, subnormals: bool, w
     if wide and not low and _via_float32(fmt):
         near = rounding in ("rne", "rna") and not saturate and fmt.zero and not fmt.is_int
         cast = _delegate(fmt, rounding, saturate, subnormals, want)
-        return _through_float32(cast or _numpy_plan(fmt, rounding, saturate, subnormals, want,
+        return _through_float32(cast or numpy_plan(fmt, rounding, saturate, subnormals, want,
                                                     False),
                                 want, _midpoint_test(fmt) if near else None,
                                 direct=cast is not None)
@@ -365,7 +365,7 @@ def _table_plan(table: np.ndarray, low: int, src: Source) -> Callable:
             return
         # mid-size arrays too once the kernels are loaded: one compiled call instead of five
         # NumPy calls, each of which costs more than the whole job on a few elements
-        jit = _jit() if u.size >= JIT_SIZE else sys.modules.get(_KERNELS)
+        jit = jit_kernels() if u.size >= JIT_SIZE else sys.modules.get(_KERNELS)
         if jit is not None:
             jit.table_lookup(u, table, *args, out)
             return
@@ -477,7 +477,7 @@ def _through_float32(plan32: Callable, want: str,
         m = min(flat.size, CHUNK)
         buf = np.empty(m, np.float32)
         res = np.empty(m, np.float32) if want == "value" and not direct else None
-        jit = _jit() if flat.size >= JIT_SIZE else None
+        jit = jit_kernels() if flat.size >= JIT_SIZE else None
         kernel = jit.round_to_odd_float32 if jit is not None else None
         # scratch for the midpoint test, allocated once per call: fresh temporaries in every
         # chunk cost page faults (glibc returns them to the system), in worker threads above all
@@ -551,7 +551,7 @@ _KERNELS = f"{__package__}._cast_kernels"      # loaded: small arrays take the k
 
 
 @functools.cache
-def _jit() -> Any:
+def jit_kernels() -> Any:
     """``fpsim._cast_kernels`` (numba's one-pass twins of NumPy steps here), or None without
     numba."""
     try:
@@ -869,7 +869,7 @@ def decode(codes: Any, fmt: str | Format, *, dtype: Any = np.float64) -> Any:
     if arr.size:
         _check_code_range(int(arr.min()), int(arr.max()), fmt)
     if fmt.bits <= _TABLE_BITS:
-        out = _decode_table(fmt).take(arr)
+        out = decode_table(fmt).take(arr)
     else:
         out = decode_bits(_NP, arr.astype(np.uint64).view(np.int64), F64, fmt).view(np.float64)
     if np.dtype(dtype) != np.float64:
@@ -882,9 +882,13 @@ _TABLE_BITS = 16
 
 
 @functools.lru_cache(maxsize=64)
-def _decode_table(fmt: Format) -> np.ndarray:
+def decode_table(fmt: Format) -> np.ndarray:
     """float64 value of every code of ``fmt`` (at most 2^16), computed once by ``decode_bits``:
-    decoding is then one gather, on NumPy or torch."""
+    decoding is then one gather, on NumPy or torch.
+
+    >>> decode_table(get_format("e2m1"))[:8].tolist()
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    """
     codes = np.arange(fmt.num_codes, dtype=np.int64)
     table = decode_bits(_NP, codes, F64, fmt).view(np.float64)
     table.flags.writeable = False
@@ -893,10 +897,10 @@ def _decode_table(fmt: Format) -> np.ndarray:
 
 @functools.lru_cache(maxsize=64)
 def _torch_decode_table(fmt: Format, device: Any) -> Any:
-    """``_decode_table`` as a float64 tensor on ``device``."""
+    """``decode_table`` as a float64 tensor on ``device``."""
     import torch
 
-    return torch.tensor(_decode_table(fmt), dtype=torch.float64, device=device)
+    return torch.tensor(decode_table(fmt), dtype=torch.float64, device=device)
 
 
 def _check_code_range(lo: int, hi: int, fmt: Format) -> None:

@@ -148,7 +148,7 @@ def scaled_quantize(x: Any, fmt: str | Format, *, granularity: Any = "tensor",
             span, levels = hi - lo, float(2**fmt.bits - 1)
         bad = (lo != lo) | (hi != hi)
     empty = span == 0
-    scale = _scale(ops.where(bad | empty, 1.0, span), levels, scale_dtype, int(margin))
+    scale = amax_scale(ops.where(bad | empty, 1.0, span), levels, scale_dtype, int(margin))
     scale = ops.where(bad, float("nan"), ops.where(empty, 1.0, scale))
 
     zp = None
@@ -327,8 +327,13 @@ def _reduce(a: Any, how: str) -> Any:
     return (np.max if how == "max" else np.min)(a, axis=1, keepdims=True, initial=0.0)
 
 
-def _scale(span: Any, levels: float, scale_dtype: str, margin: int) -> Any:
-    """float32-valued scales (in float64 lanes) for positive spans."""
+def amax_scale(span: Any, levels: float, scale_dtype: str, margin: int) -> Any:
+    """float32-valued scales (in float64 lanes) for positive spans: ``span / levels`` rounded
+    to FP32 (``scale_dtype="fp32"``) or up to a power of two (``"e8m0"``), times ``2^margin``.
+
+    >>> amax_scale(np.array([448.0 * 3]), 448.0, "fp32", 0).tolist()
+    [3.0]
+    """
     ops = ops_for(span)
     if scale_dtype == "e8m0":
         k = ceil_exponent(ops, ops.astype(span, ops.float64), levels) + margin

@@ -341,7 +341,7 @@ def test_bf16_delegated_cast_equals_the_table_on_every_float32():
 
     fmt = fpsim.get_format("bf16")
     low = C._table_low_bits(fmt, "rne", F32)
-    plans = {want: (C._numpy_plan(fmt, "rne", False, True, want, False),
+    plans = {want: (C.numpy_plan(fmt, "rne", False, True, want, False),
                     C._table_plan(C._lookup_table(fmt, "rne", False, True, want, low, F32),
                                   low, F32)) for want in ("code", "value")}
     step = 1 << 24

@@ -122,7 +122,8 @@ def test_fp64_accumulate_reproduces_the_fp64_forward(build, fp64_norms):
     got, em = logits(model, SEQUENTIAL_FP64, capture=True)
     scale = float(ref.abs().max())
     assert float((got - ref).abs().max()) < 1e-13 * scale
-    assert all(s.snr_db > 250 for s in em.sites.values())
+    assert all(s.snr_db > 250 for s in em.sites.values() if s.kind != "norm")
+    assert {s.recipe for s in em.sites.values() if s.kind == "norm"} == {None}  # torch's
     fp32, _ = logits(build("sdpa", torch.float32))
     assert float((fp32.double() - ref).abs().max()) > 1e-8 * scale
 
@@ -207,6 +208,8 @@ def test_bad_rules_are_named():
     with pytest.raises(TypeError, match="Rule objects"):
         Rules([E4M3])
     with pytest.raises(TypeError, match="Recipe or Rules"):
+        fpsim.emulate(3)
+    with pytest.raises(ValueError, match=r"is a preset \(native, .*Recipe\('e4m3'\)"):
         fpsim.emulate("e4m3")
 
 
@@ -258,7 +261,7 @@ def test_norm_functions_and_their_statistics():
     g = torch.Generator().manual_seed(4)
     x = torch.randn(3, 64, generator=g, dtype=torch.float64)
     w = torch.randn(64, generator=g, dtype=torch.float64)
-    with fpsim.emulate(FP64, capture=True) as em:
+    with fpsim.emulate(Rules([Rule(FP64, kind="norm")]), capture=True) as em:
         rms = F.rms_norm(x, (64,), w, eps=1e-6)
         ln = F.layer_norm(x, (64,))
     assert torch.allclose(rms, F.rms_norm(x, (64,), w, eps=1e-6), rtol=1e-14, atol=0)
@@ -268,7 +271,7 @@ def test_norm_functions_and_their_statistics():
     big = torch.full((1, 1025), 1.0)
     big[0, 0] = 64.0                                    # 64^2 = 4096: then 1024 additions of 1
     fp16 = Recipe(accum="fp16", order="sequential", name="fp16 sums")
-    with fpsim.emulate(fp16, capture=True) as em:
+    with fpsim.emulate(Rules([Rule(fp16, kind="norm")]), capture=True) as em:
         y = F.rms_norm(big, (1025,), eps=0.0)
     assert em.sites[":rms_norm"].swamped == 1024       # ulp of 4096 in FP16 is 4
     assert torch.equal(y, big * torch.rsqrt(torch.tensor(4096.0 / 1025)))
@@ -322,3 +325,38 @@ def test_interceptor_and_its_weight_cache_free_without_the_cycle_collector():
     finally:
         if enabled:
             gc.enable()
+
+
+def test_a_block_format_implies_its_block_scaling():
+    assert Recipe("nvfp4") == Recipe("nvfp4", scaling="block")
+    assert Recipe("mxfp8_e4m3").describe() == "mxfp8_e4m3/block"
+    with pytest.raises(ValueError, match="block format, scaled by its blocks; leave scaling"):
+        Recipe("nvfp4", scaling="tensor")
+
+
+def test_report_without_capture_says_why_it_is_empty():
+    with torch.no_grad(), fpsim.emulate(E4M3) as em:
+        gpt2()(IDS)
+    assert em.report().splitlines()[-1] == (
+        "(no per-site statistics: this context was made without capture=True; "
+        "fpsim.emulate(..., capture=True) records them)")
+    with torch.no_grad(), fpsim.emulate(E4M3, capture=True) as em:
+        gpt2()(IDS)
+    assert "capture=True" not in em.report()
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_gpt2_trains_under_a_plain_recipe(attn):
+    """A plain Recipe emulates the products and leaves LayerNorm to torch: backward() runs
+    through every layer (ln_f included) and changes the gradients from native ones."""
+    model = gpt2(attn)                   # eval: no dropout, the same graph twice
+    grads = []
+    for recipe in (None, Recipe("e4m3", scaling="tensor")):
+        model.zero_grad(set_to_none=True)
+        with fpsim.emulate(recipe) if recipe is not None else torch.enable_grad():
+            out = model(IDS, labels=IDS)
+        out.loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    native, low = grads
+    assert all(g is not None for g in low.values())
+    assert not torch.equal(low["transformer.ln_f.weight"], native["transformer.ln_f.weight"])

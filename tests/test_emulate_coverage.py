@@ -85,7 +85,7 @@ def test_conv_is_fpsim_matmul_on_explicit_im2col(case, recipe, monkeypatch):
     for piece, jit in ((50, True), (image, True), (50, False)):
         monkeypatch.setattr(convmod, "PIECE", piece)
         if not jit:
-            monkeypatch.setattr(fpsim.convert, "_jit", lambda: None)
+            monkeypatch.setattr(fpsim.convert, "jit_kernels", lambda: None)
         with torch.no_grad(), fpsim.emulate(recipe, strict=True) as em:
             got = torch.ops.aten.convolution(x, w, b, *geo)
         assert got.shape == ref_native.shape
@@ -247,12 +247,14 @@ def test_norm_statistics_are_sites():
         ref = mod(x.double())
         ref_after = {k: v.clone() for k, v in mod.state_dict().items()}
         mod.load_state_dict(ref_state)
-        with torch.no_grad(), fpsim.emulate(FP16_SUMS, strict=True, capture=True) as em:
+        with torch.no_grad(), fpsim.emulate(Rules([Rule(FP16_SUMS, kind="norm")]),
+                                            strict=True, capture=True) as em:
             low = mod(x.double())
         assert [s.kind for s in em.sites.values()] == ["norm"], mod
         assert not torch.equal(low, ref)
         mod.load_state_dict(ref_state)
-        with torch.no_grad(), fpsim.emulate(Recipe("fp64", accum="fp64", order="sequential"),
+        with torch.no_grad(), fpsim.emulate(Rules([Rule(Recipe("fp64", accum="fp64",
+                                                            order="sequential"), kind="norm")]),
                                             strict=True):
             got = mod(x.double())
         assert torch.allclose(got, ref, rtol=1e-12, atol=1e-12), mod
@@ -329,7 +331,7 @@ def test_backward_through_an_emulated_site_says_what_to_do():
     with pytest.raises(RuntimeError, match=r"without an emulated backward.*F\.conv\*"):
         y.backward()
     ln = nn.LayerNorm(4)
-    with fpsim.emulate(Recipe("e4m3")):
+    with fpsim.emulate(Rules([Rule(Recipe("e4m3"), kind="norm")])):
         y = ln(x).sum()
     with pytest.raises(RuntimeError, match=r"'<root>'.*a norm statistic.*torch.no_grad\(\)"):
         y.backward()
@@ -349,3 +351,18 @@ def test_a_norm_left_to_torch_is_not_named_missed_under_grad_and_capture():
         with fpsim.emulate(rules, capture=True) as em:
             lin(ln(x)).sum().backward()
     assert em.missed == {} and x.grad is not None and ln.weight.grad is not None
+
+
+def test_handlers_are_registered_where_they_are_written():
+    """Every torch function and aten op fpsim emulates is registered by a decorator on its
+    handler; every aten op so registered is in ops.ATEN (its kind and site name), and a
+    subclass's override handles its base's functions."""
+    from fpsim.emulation.aten import AtenMode
+    from fpsim.emulation.intercept import Interceptor
+    from fpsim.emulation.ops import ATEN
+    from fpsim_experiments.gpt2.ops import OpsMode
+
+    assert set(AtenMode.handlers) <= set(ATEN) and "aten::mm" in AtenMode.handlers
+    assert Interceptor.handlers[F.linear][0] is Interceptor.linear
+    assert Interceptor.handlers[F.layer_norm] == (Interceptor.layer_norm, True)
+    assert OpsMode.handlers[F.layer_norm][0] is OpsMode.layer_norm is not Interceptor.layer_norm

@@ -293,10 +293,10 @@ def test_compiled_paths_are_taken(monkeypatch):
 
 
 def test_no_numba_takes_the_general_path(monkeypatch):
-    """Without numba's kernels (``convert._jit()`` None) both compiled passes decline."""
+    """Without numba's kernels (``convert.jit_kernels()`` None) both compiled passes decline."""
     onepass._table.cache_clear()
     try:
-        monkeypatch.setattr(fpsim.convert, "_jit", lambda: None)
+        monkeypatch.setattr(fpsim.convert, "jit_kernels", lambda: None)
         x = torch.randn(8, 64)
         assert onepass.tensor_scaled(x, get_format("e4m3"), "rne", -1) is None
         assert onepass.mx_values(x, "mxfp8_e4m3", None, "rne") is None

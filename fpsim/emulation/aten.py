@@ -13,14 +13,15 @@ parameter of the current module or one below it is named after that module
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, ClassVar
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import conv as convolution
-from .ops import ATEN, AtenOp
+from .ops import ATEN, ATTENTION_KERNELS, AtenOp
 
 
 def bind(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -36,8 +37,20 @@ def bind(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     return out
 
 
+def emulates(*ops: str) -> Callable[[Callable], Callable]:
+    """Register the decorated ``AtenMode`` method as what emulates the aten ops ``ops``
+    (schema names of ``fpsim.emulation.ops.ATEN``), where it is written."""
+    def mark(method: Callable) -> Callable:
+        method.aten_ops = ops                        # type: ignore[attr-defined]
+        return method
+    return mark
+
+
 class AtenMode(TorchDispatchMode):
     """Emulates or names the aten ops of ``ATEN`` for the ``Interceptor`` ``ic``."""
+
+    #: schema name -> the method that emulates it (``emulates``)
+    handlers: ClassVar[dict[str, Callable]] = {}
 
     def __init__(self, ic: Any) -> None:
         super().__init__()
@@ -60,37 +73,45 @@ class AtenMode(TorchDispatchMode):
         if entry.training is not None and not a.get(entry.training):
             return func(*args, **kwargs)             # running statistics: elementwise
         out = NotImplemented
-        if entry.handler is not None and func._overloadname == "default":
-            out = getattr(self, entry.handler)(func, entry, a)
+        handler = self.handlers.get(func._schema.name)
+        if handler is not None and func._overloadname == "default":
+            out = handler(self, func, entry, a)
         if out is NotImplemented:
             self.ic.missed(entry, func._schema.name, *args)
             return func(*args, **kwargs)
         return out
 
     # ---------------------------------------------------------------------------------------
-    def _product(self, entry: AtenOp, a: Tensor, b: Tensor, native: Any) -> Tensor:
-        """``a @ b`` as a site: named after the module owning ``b`` (or ``a``) as a parameter
-        when there is one below the current module (kind ``linear``)."""
+    def _product(self, entry: AtenOp, func: Any, args: dict, a: Tensor, b: Tensor,
+                 native: Any, after: Any = None) -> Tensor:
+        """``a @ b`` as a site, ``after`` applied to its result (the rest of the op: ``alpha``
+        and ``beta``, a vector's shape): named after the module owning ``b`` (or ``a``) as a
+        parameter when there is one below the current module (kind ``linear``).  A site the
+        rules leave to torch is the whole op, ``func(**args)``, untouched."""
         owner = self.ic.owner(b, a)
         kind, op = ("linear", "linear") if owner is not None else (entry.kind, entry.site)
         if self.ic.left_to_torch(kind, owner):
-            return native()
-        return self.ic.product(kind, op, a, b, None, native, owner)
+            return self.ic.untouched(kind, lambda: func(**args), (op, (a, b)), path=owner)
+        y = self.ic.product(kind, op, a, b, None, native, owner)
+        return y if after is None else after(y)
 
+    @emulates("aten::mm", "aten::bmm")
     def mm(self, func: Any, entry: AtenOp, a: dict) -> Any:
         x, y = a["self"], a["mat2"]
         if not _floating(x, y):
             return NotImplemented
-        return self._product(entry, x, y, lambda: func(x, y))
+        return self._product(entry, func, a, x, y, lambda: func(x, y))
 
+    @emulates("aten::addmm", "aten::baddbmm")
     def addmm(self, func: Any, entry: AtenOp, a: dict) -> Any:
         """``beta * input + alpha * (m1 @ m2)`` (addmm, baddbmm)."""
         m1 = a["mat1"] if "mat1" in a else a["batch1"]
         m2 = a["mat2"] if "mat2" in a else a["batch2"]
         if not _floating(m1, m2):
             return NotImplemented
-        return _scaled(a, self._product(entry, m1, m2, lambda: m1 @ m2))
+        return self._product(entry, func, a, m1, m2, lambda: m1 @ m2, lambda y: _scaled(a, y))
 
+    @emulates("aten::addbmm")
     def addbmm(self, func: Any, entry: AtenOp, a: dict) -> Any:
         """``beta * input + alpha * sum_b (b1[b] @ b2[b])``: one product whose reduction runs
         over the batch and the inner axis together."""
@@ -99,27 +120,32 @@ class AtenMode(TorchDispatchMode):
             return NotImplemented
         n, k = b1.shape[1], b1.shape[0] * b1.shape[2]
         x, y = b1.permute(1, 0, 2).reshape(n, k), b2.reshape(k, b2.shape[2])
-        return _scaled(a, self._product(entry, x, y, lambda: x @ y))
+        return self._product(entry, func, a, x, y, lambda: x @ y, lambda y: _scaled(a, y))
 
+    @emulates("aten::dot", "aten::vdot")
     def dot(self, func: Any, entry: AtenOp, a: dict) -> Any:
         x, y = list(a.values())[:2]                  # dot(self, tensor), vdot(self, other)
         if not _floating(x, y) or x.is_complex():
             return NotImplemented
         u, v = x[None], y[:, None]
-        return self._product(entry, u, v, lambda: u @ v)[0, 0]
+        return self._product(entry, func, a, u, v, lambda: u @ v, lambda y: y[0, 0])
 
+    @emulates("aten::mv")
     def mv(self, func: Any, entry: AtenOp, a: dict) -> Any:
         m, v = a["self"], a["vec"][:, None]
         if not _floating(m, v):
             return NotImplemented
-        return self._product(entry, m, v, lambda: m @ v)[:, 0]
+        return self._product(entry, func, a, m, v, lambda: m @ v, lambda y: y[:, 0])
 
+    @emulates("aten::addmv")
     def addmv(self, func: Any, entry: AtenOp, a: dict) -> Any:
         m, v = a["mat"], a["vec"][:, None]
         if not _floating(m, v):
             return NotImplemented
-        return _scaled(a, self._product(entry, m, v, lambda: m @ v)[:, 0])
+        return self._product(entry, func, a, m, v, lambda: m @ v,
+                             lambda y: _scaled(a, y[:, 0]))
 
+    @emulates("aten::convolution")
     def convolution(self, func: Any, entry: AtenOp, a: dict) -> Any:
         """``aten.convolution`` (every conv and transposed conv, any dimension) as an implicit
         GEMM (``fpsim.emulation.conv``)."""
@@ -129,26 +155,21 @@ class AtenMode(TorchDispatchMode):
         ic = self.ic
         path = ic.owner(w)
         if ic.left_to_torch(entry.kind, path):
-            return func(**a)
+            return ic.untouched(entry.kind, lambda: func(**a), (entry.site, (x, w)), path=path)
         name, recipe = ic.site(entry.kind, entry.site, path)
         events: dict | None = {} if ic.em.capture else None
         geometry = (a["stride"], a["padding"], a["dilation"], a["transposed"],
                     a["output_padding"], a["groups"])
-        if recipe is None:
-            y = func(**a)
-        else:
-            qw = None
-            if events is None and isinstance(w, torch.nn.Parameter):
-                key = ("conv", w.data_ptr(), w._version, tuple(w.shape), geometry[3],
-                       geometry[5], recipe.weight_format, recipe.scaling, recipe.rounding,
-                       recipe.saturate, recipe.flush, recipe.scale_rounding,
-                       recipe.full_subnormals)
-                qw = ic.cache.get(key)
-                if qw is None:
-                    wd = convolution.direct_weight(w, geometry[3], geometry[5])
-                    qw = ic.cache[key] = convolution.quantize_weights(recipe, wd,
-                                                                      geometry[5], None)
-            y = convolution.conv(recipe, x, w, bias, *geometry, events=events, qw=qw)
+        qw = None
+        if events is None and isinstance(w, torch.nn.Parameter):
+            key = ("conv", w.data_ptr(), w._version, tuple(w.shape), geometry[3],
+                   geometry[5], recipe.cast(recipe.weight_format, -2))
+            qw = ic.cache.get(key)
+            if qw is None:
+                wd = convolution.direct_weight(w, geometry[3], geometry[5])
+                qw = ic.cache[key] = convolution.quantize_weights(recipe, wd,
+                                                                  geometry[5], None)
+        y = convolution.conv(recipe, x, w, bias, *geometry, events=events, qw=qw)
         if events is not None:
             d = {k: v for k, v in a.items()}
             d.update(input=x.double(), weight=w.double(),
@@ -156,13 +177,15 @@ class AtenMode(TorchDispatchMode):
             ic.record(name, entry.kind, recipe, (x, w), events, y, func(**d))
         return y
 
+    @emulates(*(f"aten::{n}" for n in ATTENTION_KERNELS))
     def attention(self, func: Any, entry: AtenOp, a: dict) -> Any:
         """A fused scaled-dot-product-attention kernel: its output as the Python-level
         decomposition computes it (products ``qk`` and ``pv``); its other outputs (statistics
         for a backward pass) torch's."""
         q, k, v = a["query"], a["key"], a["value"]
         if self.ic.left_to_torch("attention"):
-            return func(**a)
+            return self.ic.untouched("attention", lambda: func(**a), ("qk", (q, k)),
+                                     ("pv", (v,)))
         mask = a.get("attn_mask", a.get("attn_bias"))
         y = self.ic.attention(None, q, k, v, attn_mask=mask, dropout_p=a.get("dropout_p", 0.0),
                               is_causal=a.get("is_causal", False), scale=a.get("scale"))
@@ -183,3 +206,6 @@ def _scaled(a: dict, y: Tensor) -> Tensor:
 def _floating(*ts: Any) -> bool:
     return all(isinstance(t, Tensor) and t.is_floating_point() for t in ts)
 
+
+AtenMode.handlers = {op: fn for fn in vars(AtenMode).values()
+                     for op in getattr(fn, "aten_ops", ())}

@@ -32,11 +32,9 @@ import torch
 from torch import Tensor
 
 from . import hadamard, quantizers, sites
-from .casts import Backward, Cast
+from .casts import SCALINGS, Backward, Cast
 from .recipe import Recipe
 
-#: Casts whose values are the same along any axis: quantized once, reused by every GEMM.
-_AXIS_FREE = ("none", "tensor", "tensorwise", "delayed")
 _DEFAULT = Backward()
 
 
@@ -53,6 +51,9 @@ def product(interceptor: Any, name: str, recipe: Recipe, a: Tensor, b: Tensor,
     """``a @ b (+ bias)`` of site ``name`` under ``recipe``, differentiable when needed."""
     site = Site(interceptor, name, recipe)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (a, b, bias)):
+        if recipe.native_sums == "host" and bias is not None and recipe.output is None:
+            # torch's FP32 GEMM, then the bias with torch's own gradient (torchao's arithmetic)
+            return _Gemms.apply(a, b, None, site, events) + bias
         return _Gemms.apply(a, b, bias, site, events)
     return site.forward(a, b, bias, events, cache)[0]
 
@@ -61,8 +62,8 @@ def axis_free(spec: Any, recipe: Recipe) -> bool:
     """True when ``spec`` (a Cast, a format under ``recipe``'s scaling, or None) gives the
     same values whichever axis a GEMM reduces."""
     if isinstance(spec, Cast):
-        return spec.scaling in _AXIS_FREE
-    return spec is None or recipe.scaling in _AXIS_FREE
+        return SCALINGS[spec.scaling].axis_free
+    return spec is None or SCALINGS[recipe.scaling].axis_free
 
 
 class Site:

@@ -21,22 +21,50 @@ from ..inputs import check_flag
 from ..rounding import check_mode
 from ..stochastic import check_srbits
 
-#: Scalings of a ``Cast``.  fpsim's own (scale = amax / format max, values = code * scale,
-#: as ``fpsim.scaled_quantize``): ``none``, ``tensor``, ``channel`` (one scale per index
-#: beside the reduction axis), ``block`` (MX / NVFP4 blocks along the reduction axis),
-#: ``block2d`` (NVFP4 16 x 16 blocks: the same values whichever axis a GEMM reduces),
-#: ``tile`` (DeepSeek-V3: 1 x 128 along the reduction axis), ``tile2d`` (128 x 128).
-#: Transformer Engine / torchao's (scale = format max / amax in FP32, codes = cast(x * scale)
-#: saturated, values = code / scale in FP32): ``tensorwise``, ``rowwise`` (one scale per index
-#: beside the reduction axis) and ``delayed`` (the scale from the amax history of earlier calls).
-CAST_SCALINGS = ("none", "tensor", "channel", "block", "block2d", "tile", "tile2d",
-                 "tensorwise", "rowwise", "delayed")
-BLOCK_SCALINGS = ("block", "block2d")
+
+@dataclass(frozen=True)
+class Scaling:
+    """One scaling of a ``Cast``: what it does (``doc``), whether a
+    ``fpsim.emulation.recipe.Recipe``'s ``scaling=`` takes it (``recipe``: it needs no
+    per-site state and applies to any operand), whether a quantized tensor's values are the
+    same whichever axis a GEMM reduces (``axis_free``: quantized once, reused by every GEMM)
+    and whether its format is an MX / NVFP4 block format (``block``)."""
+
+    doc: str
+    recipe: bool = False
+    axis_free: bool = False
+    block: bool = False
+
+
+#: Every scaling, the one table: fpsim's own (scale = amax / format max, values = code *
+#: scale, as ``fpsim.scaled_quantize``; applied by
+#: ``fpsim.emulation.sites.quantize_cast``) and Transformer Engine / torchao's (scale =
+#: format max / amax in FP32, codes = cast(x * scale) saturated, values = code / scale in
+#: FP32; applied by ``fpsim.emulation.quantizers.cast``).  A new scaling is an entry here
+#: and its code in one of those two functions (``tests/test_training_presets.py`` checks that
+#: every entry is applied).
+SCALINGS: dict[str, Scaling] = {
+    "none": Scaling("values rounded to the format, no scale", recipe=True, axis_free=True),
+    "tensor": Scaling("one amax scale per tensor", recipe=True, axis_free=True),
+    "channel": Scaling("one amax scale per index beside the reduction axis", recipe=True),
+    "block": Scaling("MX / NVFP4 blocks along the reduction axis", recipe=True, block=True),
+    "tile": Scaling("DeepSeek-V3: amax scales per 1 x 128 tile along the reduction axis (a "
+                    "Recipe's right operand: 128 x 128, tile2d)", recipe=True),
+    "tile2d": Scaling("DeepSeek-V3: amax scales per 128 x 128 block"),
+    "block2d": Scaling("NVFP4 16 x 16 blocks: the same values whichever axis a GEMM reduces",
+                       block=True),
+    "tensorwise": Scaling("TE / torchao: one scale per tensor from its amax", axis_free=True),
+    "rowwise": Scaling("TE / torchao: one scale per index beside the reduction axis"),
+    "delayed": Scaling("TE DelayedScaling: the scale from the amax history of earlier calls",
+                       axis_free=True),
+}
 
 
 @dataclass(frozen=True)
 class Cast:
-    """How one GEMM operand is quantized (see ``CAST_SCALINGS``).
+    """How one GEMM operand is quantized (see ``SCALINGS``): the one description of a
+    cast, which recipes (``fpsim.emulation.recipe.Recipe.cast``), backward settings,
+    presets and weight caches (it is hashable) use.
 
     ``fmt``: an eXmY format (an MX / NVFP4 name for ``block`` / ``block2d``); ``rounding``:
     ``rne``, ``stochastic`` (random bits from torch's global generator: ``torch.manual_seed``
@@ -46,7 +74,8 @@ class Cast:
     always saturate); ``pow2``: scales rounded down to a power of two
     (torchao's ``round_scales_to_power_of_2``); ``history`` and ``margin``: delayed scaling's
     amax history length and margin in binades (TE ``DelayedScaling``); ``scale_rounding``: the
-    MX scale rule (None: OCP floor).
+    MX scale rule (None: OCP floor); ``full_subnormals`` and ``flush=False``: the ablations of
+    ``fpsim.emulation.recipe.Recipe`` (subnormals at full width, flushed values kept).
 
     >>> Cast("e5m2", "tensorwise", saturate=True).describe()
     'e5m2/tensorwise sat'
@@ -61,20 +90,26 @@ class Cast:
     margin: int = 0
     scale_rounding: str | None = None
     srbits: int | None = None
+    full_subnormals: bool = False
+    flush: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rounding", check_mode(self.rounding))
         check_srbits(self.srbits, self.rounding)
-        for flag in ("saturate", "pow2"):
+        for flag in ("saturate", "pow2", "full_subnormals", "flush"):
             check_flag(getattr(self, flag), flag)
-        if self.scaling not in CAST_SCALINGS:
-            raise ValueError(f"Cast scaling {self.scaling!r} is not one of {CAST_SCALINGS}")
-        if self.scaling in BLOCK_SCALINGS:
+        if self.scaling == "none" and isinstance(self.fmt, str) \
+                and self.fmt.lower() in mx.MX_FORMATS:
+            object.__setattr__(self, "scaling", "block")    # a block format's only scaling
+        if self.scaling not in SCALINGS:
+            raise ValueError(f"Cast scaling {self.scaling!r} is not one of {tuple(SCALINGS)}")
+        if SCALINGS[self.scaling].block:
             spec = mx.get_mx_format(self.fmt)
             if self.scaling == "block2d" and spec.is_mx:
                 raise ValueError("block2d is NVFP4's 16 x 16 weight blocks: use fmt='nvfp4'")
         elif isinstance(self.fmt, str) and self.fmt.lower() in mx.MX_FORMATS:
-            raise ValueError(f"{self.fmt} is a block format; use scaling='block'")
+            raise ValueError(f"{self.fmt} is a block format, scaled by its blocks; leave "
+                             f"scaling out (or 'block', 'block2d'), not {self.scaling!r}")
         elif get_format(self.fmt).is_int and self.scaling in ("tensorwise", "rowwise",
                                                                "delayed"):
             raise ValueError(f"{self.scaling} scaling casts to a floating-point format, "
@@ -96,7 +131,9 @@ class Cast:
             words.append(f"h={self.history}" + (f" m={self.margin}" if self.margin else ""))
         for flag, word in ((self.saturate, "sat"), (self.pow2, "pow2"),
                            (self.rounding != "rne", self.rounding),
-                           (self.srbits is not None, f"srbits={self.srbits}")):
+                           (self.srbits is not None, f"srbits={self.srbits}"),
+                           (self.full_subnormals, "full-subnormals"),
+                           (not self.flush, "no-flush")):
             if flag:
                 words.append(word)
         return " ".join(words)

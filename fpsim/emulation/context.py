@@ -6,8 +6,8 @@ rounded to the recipe's formats, summed in its accumulator and order (``fpsim.ma
 the result written in its output format.  Which ops those are is one table,
 ``fpsim.emulation.ops``: linear layers, every matmul spelling, convolutions (as implicit
 GEMMs, ``fpsim.emulation.conv``), the Q.K^T and P.V of attention (its softmax in FP64,
-rounded once), and the statistics of layer / RMS / batch / group / instance norms
-(docs/emulate.md).  An op of that table that fpsim does not emulate is counted in
+rounded once), and, where a ``Rule(..., kind="norm")`` asks, the statistics of layer / RMS /
+batch / group / instance norms (docs/emulate.md; otherwise norms are torch's own).  An op of that table that fpsim does not emulate is counted in
 ``em.missed`` and shown as a "not emulated" row, warned about at exit, and raises under
 ``strict=True``.  Each op is a *site* named ``"<module path>:<op>"``
 (``"transformer.h.0.attn.c_attn:addmm"``, ``"model.layers.1.self_attn:qk"``); the module path
@@ -38,6 +38,11 @@ from typing import Any
 from ..inputs import check_flag
 from .recipe import Recipe, Rules
 from .sitestats import COLUMNS, SiteStats
+
+
+#: The last line of a report made without capture.
+NOT_CAPTURED = ("(no per-site statistics: this context was made without capture=True; "
+                "fpsim.emulate(..., capture=True) records them)")
 
 
 class Emulation:
@@ -133,12 +138,15 @@ class Emulation:
         return found
 
     def report(self) -> str:
-        """``table`` as aligned plain text."""
+        """``table`` as aligned plain text; without ``capture=True`` a last line says
+        that per-site statistics were not recorded (only ops not emulated are listed)."""
         rows = [[_cell(r[c]) for c in COLUMNS] for r in self.table()]
         widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c)
                   for i, c in enumerate(COLUMNS)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths))]
         lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
+        if not self.capture:
+            lines.append(NOT_CAPTURED)
         return "\n".join(lines)
 
 
@@ -184,10 +192,13 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def emulate(recipe: Recipe | Rules, *, capture: bool = False, strict: bool = False) -> Emulation:
+def emulate(recipe: Recipe | Rules | str, *, capture: bool = False,
+            strict: bool = False) -> Emulation:
     """A context manager that computes every dot-product site of any PyTorch model under
-    ``recipe`` (one [``fpsim.emulation.recipe.Recipe``][] for all sites, or
-    [``fpsim.emulation.recipe.Rules``][] selecting per module path and op kind); with
+    ``recipe`` (one ``fpsim.emulation.recipe.Recipe`` for all product sites, or
+    ``fpsim.emulation.recipe.Rules`` selecting per module path and op kind, or the name
+    of a preset of ``fpsim.emulation.presets``: ``"native"`` is torch's own arithmetic bit
+    for bit, ``"torchao-float8-tensorwise"``... on the linear layers); with
     ``capture`` it also records per-site statistics.  An op that sums products and that fpsim
     does not emulate is named in ``em.missed`` / ``em.report()`` and warned about at exit;
     with ``strict`` it raises instead, naming op and module.  See the module docstring for the
@@ -197,5 +208,13 @@ def emulate(recipe: Recipe | Rules, *, capture: bool = False, strict: bool = Fal
     ...     logits = model(ids)
     >>> print(em.report())
     """
+    if isinstance(recipe, str):
+        from .presets import PRESETS, rules
+        try:
+            recipe = rules(recipe)
+        except ValueError:
+            raise ValueError(
+                f"fpsim.emulate({recipe!r}): a name is a preset ({', '.join(PRESETS)}); for "
+                f"operands in a format pass a Recipe: fpsim.emulate(Recipe({recipe!r}))") from None
     return Emulation(Rules.of(recipe), check_flag(capture, "capture"),
                      check_flag(strict, "strict"))

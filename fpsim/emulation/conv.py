@@ -143,7 +143,7 @@ def _gathered(xp: Tensor, kernel: Sequence[int], stride: Sequence[int],
     """``_rows`` of images ``ns`` and first output rows ``first`` of the padded input, as
     one compiled gather (``fpsim._cast_kernels.gather_rows``, over the cores), or None
     where it does not apply (no numba, not a contiguous CPU float32/float64 tensor)."""
-    jit = convert._jit()
+    jit = convert.jit_kernels()
     if (jit is None or xp.device.type != "cpu" or xp.dtype not in (torch.float32, torch.float64)
             or not xp.is_contiguous() or (xp.requires_grad and torch.is_grad_enabled())):
         return None

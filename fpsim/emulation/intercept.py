@@ -1,5 +1,6 @@
 """The machinery behind ``fpsim.emulate``: a ``TorchFunctionMode`` that routes each
-torch function of ``fpsim.emulation.ops.python_handlers`` to ``fpsim.emulation.sites``,
+torch function registered with ``handles`` (on the method that handles it) to
+``fpsim.emulation.sites``,
 a ``TorchDispatchMode`` (``fpsim.emulation.aten``) that emulates or names the aten ops of
 ``fpsim.emulation.ops.ATEN`` that no Python-level handler computed, and global module hooks
 that say in which module each runs.  Imports torch (``fpsim.emulate`` imports this module when a
@@ -10,33 +11,52 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.modules import module as nn_module
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
+from torch.utils._python_dispatch import (
+    _get_current_dispatch_mode,
+    _pop_mode_temporarily,
+)
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from . import backward, norms, sites
 from . import conv as convolution
 from .aten import AtenMode
 from .grad import guard, wants_grad
-from .ops import AtenOp, python_handlers
+from .ops import AtenOp
 from .recipe import FP64, Recipe
 from .sitestats import SiteStats
 
 Native = Callable[[], Tensor]
 
 
-#: torch function -> name of the Interceptor method that handles it (the table: ops.py).
-HANDLERS: dict[Any, str] = python_handlers()
-#: Handlers that only watch (their result is torch's own, with its gradient).
-WATCHERS = ("pow",)
-#: Handlers of norm statistics: their emulated results have no backward pass (guarded).
-NORMS = ("layer_norm", "rms_norm", "batch_norm", "instance_norm", "group_norm", "mean")
+
+
+def handles(*funcs: Any, norm: bool = False) -> Callable[[Callable], Callable]:
+    """Register the decorated ``Interceptor`` method as the handler of the torch functions
+    ``funcs``, where it is written (as ``torch.utils.flop_counter`` registers each formula);
+    ``norm``: it computes norm statistics, whose emulated results have no backward pass.  A
+    subclass that overrides the method handles them with its own."""
+    def mark(method: Callable) -> Callable:
+        method.torch_functions = (funcs, norm)       # type: ignore[attr-defined]
+        return method
+    return mark
+
+
+def handler_table(cls: type) -> dict[Any, tuple[Callable, bool]]:
+    """torch function -> (``cls``'s method that handles it, ``norm``), from the registrations
+    of ``cls`` and its bases (an override without ``@handles`` keeps its base's functions)."""
+    found: dict[Any, tuple[str, bool]] = {}
+    for klass in reversed(cls.__mro__):
+        for attr, fn in vars(klass).items():
+            funcs, norm = getattr(fn, "torch_functions", ((), False))
+            found.update({f: (attr, norm) for f in funcs})
+    return {f: (getattr(cls, attr), norm) for f, (attr, norm) in found.items()}
 
 
 class Interceptor(TorchFunctionMode):
@@ -44,9 +64,15 @@ class Interceptor(TorchFunctionMode):
     ``fpsim.emulation.Emulation``, whose ``sites`` it fills when ``em.capture``)."""
 
     active = False                                # an interceptor is running (they do not nest)
+    #: torch function -> (method, norm) (``handles``; each subclass its own table)
+    handlers: ClassVar[dict[Any, tuple[Callable, bool]]] = {}
     #: Emulated results that autograd tracks raise on backward (``fpsim.emulation.grad``);
     #: a subclass whose handlers compute differentiably (the experiments' ops) turns it off.
     guard_grad = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.handlers = handler_table(cls)
 
     def __init__(self, em: Any) -> None:
         super().__init__()
@@ -150,8 +176,12 @@ class Interceptor(TorchFunctionMode):
         return (base if n == 1 else f"{base}#{n}"), recipe
 
     def missed(self, op: AtenOp, schema: str, *ts: Any) -> None:
-        """An op that sums products ran in plain torch: count it (``strict``: raise)."""
+        """An op that sums products ran in plain torch although the rules give its kind a
+        recipe: count it (``strict``: raise).  Where the rules leave that kind to torch it
+        is torch's by choice, not missed."""
         path = self.owner(*ts) or self.path
+        if self.left_to_torch(op.kind, path):
+            return
         name = f"{path}:{op.site}"
         if self.em.strict:
             raise RuntimeError(
@@ -166,10 +196,11 @@ class Interceptor(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        name = HANDLERS.get(func)
+        handler = self.handlers.get(func)
         tracked = wants_grad(args, kwargs) if self.guard_grad else []
         before = self.emulated
-        if name is not None:
+        if handler is not None:
+            method, norm = handler
             calls: list[int] = []
 
             def native() -> Any:
@@ -177,10 +208,10 @@ class Interceptor(TorchFunctionMode):
                 return func(*args, **kwargs)
 
             # products are differentiable (fpsim.emulation.backward); norm statistics are not
-            guarded = bool(tracked) and name in NORMS
+            guarded = bool(tracked) and norm
             quiet = torch.no_grad() if guarded else contextlib.nullcontext()
             with self.suspended(), quiet:
-                out = getattr(self, name)(native, *args, **kwargs)
+                out = method(self, native, *args, **kwargs)
             if out is not NotImplemented:
                 if not guarded:
                     return out
@@ -229,23 +260,29 @@ class Interceptor(TorchFunctionMode):
             self.record(name, kind, recipe, (a, b), events, y, ref)
         return y
 
+    @handles(F.linear)
     def linear(self, native: Native, input: Tensor, weight: Tensor,
                bias: Tensor | None = None) -> Any:
         if not _floating(input, weight):
             return NotImplemented
         return self.product("linear", "linear", input, weight.t(), bias, native)
 
+    @handles(torch.addmm, Tensor.addmm)
     def addmm(self, native: Native, input: Tensor, mat1: Tensor, mat2: Tensor, *,
               beta: float = 1, alpha: float = 1, out: Any = None) -> Any:
         if beta != 1 or alpha != 1 or out is not None or not _floating(mat1, mat2):
             return NotImplemented
         return self.product("linear", "addmm", mat1, mat2, input, native)
 
+    @handles(torch.matmul, Tensor.matmul, torch.linalg.matmul, Tensor.__matmul__, torch.mm,
+             Tensor.mm, torch.bmm, Tensor.bmm)
     def matmul(self, native: Native, a: Tensor, b: Tensor, *, out: Any = None) -> Any:
         if out is not None or not _floating(a, b):
             return NotImplemented
         if a.dim() > 1 and b.dim() > 1:
             return self.product("matmul", "matmul", a, b, None, native)
+        if self.left_to_torch("matmul", self.owner(b, a)):
+            return self.untouched("matmul", native, ("matmul", (a, b)), path=self.owner(b, a))
         va, vb = a.dim() == 1, b.dim() == 1
         a2, b2 = a[None] if va else a, b[:, None] if vb else b
         y = self.product("matmul", "matmul", a2, b2, None, lambda: a2 @ b2)
@@ -253,17 +290,23 @@ class Interceptor(TorchFunctionMode):
             return y[..., 0, 0]
         return y[..., 0, :] if va else y[..., 0]
 
+    @handles(Tensor.__rmatmul__)
     def rmatmul(self, native: Native, b: Tensor, a: Tensor) -> Any:
         return self.matmul(native, a, b) if isinstance(a, Tensor) else NotImplemented
 
+    @handles(torch.baddbmm, Tensor.baddbmm)
     def baddbmm(self, native: Native, input: Tensor, b1: Tensor, b2: Tensor, *,
                 beta: float = 1, alpha: float = 1, out: Any = None) -> Any:
-        if out is not None or not _floating(b1, b2) or self.left_to_torch("matmul"):
+        if out is not None or not _floating(b1, b2):
             return NotImplemented
+        path = self.owner(b2, b1)
+        if self.left_to_torch("matmul", path):
+            return self.untouched("matmul", native, ("baddbmm", (b1, b2)), path=path)
         y = self.product("matmul", "baddbmm", b1, b2, None, lambda: b1 @ b2)
         y = y if alpha == 1 else y * alpha
         return y if beta == 0 else y + beta * input
 
+    @handles(F.conv1d, F.conv2d, F.conv3d)
     def conv(self, native: Native, input: Tensor, weight: Tensor, bias: Tensor | None = None,
              stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Any:
         """``F.conv{1,2,3}d`` when a gradient is wanted (emulated backward GEMMs); otherwise
@@ -271,6 +314,7 @@ class Interceptor(TorchFunctionMode):
         return self._conv(native, input, weight, bias, stride, padding, dilation, False, 0,
                           groups)
 
+    @handles(F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)
     def conv_transpose(self, native: Native, input: Tensor, weight: Tensor,
                        bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
                        output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Any:
@@ -287,10 +331,8 @@ class Interceptor(TorchFunctionMode):
             return NotImplemented                # the aten level emulates it, forward only
         path = self.owner(w)
         if self.left_to_torch("conv", path):
-            return native()
+            return self.untouched("conv", native, ("conv", (x, w)), path=path)
         name, recipe = self.site("conv", "conv", path)
-        if recipe is None:
-            return native()
         d = w.dim() - 2
         unbatched = x.dim() == d + 1
         x = x[None] if unbatched else x
@@ -316,26 +358,44 @@ class Interceptor(TorchFunctionMode):
         return y[0] if unbatched else y
 
     def left_to_torch(self, kind: str, path: str | None = None) -> bool:
-        """True when the rules leave ops of ``kind`` in the current module to torch and
-        nothing is captured: the handler lets torch compute the whole op."""
+        """True when the rules leave ops of ``kind`` at ``path`` (by default the current
+        module's) to torch: the handler lets torch compute the whole op (``untouched``),
+        captured or not."""
         path = self.path if path is None else path
-        return self.em.rules.select(path, kind) is None and not self.em.capture
+        return self.em.rules.select(path, kind) is None
 
+    def untouched(self, kind: str, native: Native, *sites: tuple[str, tuple],
+                  path: str | None = None) -> Any:
+        """torch's own result of a whole op the rules leave to torch (``native()``), its sites
+        (``(op, operands)`` pairs) named and, under capture, their operands recorded: capture
+        observes, it never reroutes torch's arithmetic."""
+        for op, operands in sites:
+            name, _ = self.site(kind, op, path)
+            if self.em.capture:
+                self.record(name, kind, None, operands, {}, None, None)
+        return native()
+
+    @handles(torch.linalg.vecdot)
     def vecdot(self, native: Native, x: Tensor, y: Tensor, *, dim: int = -1,
                out: Any = None) -> Any:
         """``linalg.vecdot``: dot products along ``dim`` (torch writes it as a multiply and a
         sum, which the aten level cannot tell from any other sum)."""
         if out is not None or not _floating(x, y) or x.is_complex() or y.is_complex():
             return NotImplemented
+        if self.left_to_torch("matmul", self.owner(y, x)):
+            return self.untouched("matmul", native, ("vecdot", (x, y)), path=self.owner(y, x))
         a, b = x.movedim(dim, -1)[..., None, :], y.movedim(dim, -1)[..., :, None]
         return self.product("matmul", "vecdot", a, b, None, lambda: a @ b)[..., 0, 0]
 
+    @handles(F.bilinear)
     def bilinear(self, native: Native, input1: Tensor, input2: Tensor, weight: Tensor,
                  bias: Tensor | None = None) -> Any:
         """``F.bilinear`` (``y_o = x1 . W_o . x2 + b_o``) as two products: ``x1`` against
         ``W`` over its first input axis, then each output's row against ``x2``."""
         if not _floating(input1, input2, weight):
             return NotImplemented
+        if self.left_to_torch("linear"):
+            return self.untouched("linear", native, ("bilinear", (input1, input2, weight)))
         o, i, j = weight.shape
         w = weight.permute(1, 0, 2).reshape(i, o * j)
         u = self.product("linear", "bilinear", input1, w, None, lambda: input1 @ w)
@@ -344,16 +404,19 @@ class Interceptor(TorchFunctionMode):
         y = self.product("linear", "bilinear", u, x2, None, lambda: u @ x2)[..., 0]
         return y if bias is None else y + bias
 
+    @handles(torch.einsum)
     def einsum(self, native: Native, equation: str, *operands: Any) -> Any:
         """A two-operand einsum that is a batched matrix product, as that product."""
         if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
             operands = tuple(operands[0])
-        if len(operands) != 2 or not _floating(*operands) or self.left_to_torch("matmul"):
+        if len(operands) != 2 or not _floating(*operands):
             return NotImplemented
         a, b = operands
         plan = einsum_plan(equation, a, b)
         if plan is None:
             return NotImplemented
+        if self.left_to_torch("matmul", self.owner(b, a)):
+            return self.untouched("matmul", native, ("einsum", (a, b)), path=self.owner(b, a))
         batch, m, k, n, out = plan
         ia, ib = _einsum_inputs(equation)
         size = {**dict(zip(ia, a.shape)), **dict(zip(ib, b.shape))}
@@ -367,6 +430,7 @@ class Interceptor(TorchFunctionMode):
         y = y.reshape(*lead, *(size[c] for c in m + n))
         return y.permute([order.index(c) for c in out])
 
+    @handles(F.scaled_dot_product_attention)
     def attention(self, native: Native, query: Tensor, key: Tensor, value: Tensor,
                   attn_mask: Tensor | None = None, dropout_p: float = 0.0,
                   is_causal: bool = False, scale: float | None = None,
@@ -374,7 +438,7 @@ class Interceptor(TorchFunctionMode):
         """scaled_dot_product_attention as its two products (sites ``qk`` and ``pv``), the
         mask and a softmax computed in FP64 (``fpsim.emulation.sites.softmax``)."""
         if self.left_to_torch("attention"):
-            return NotImplemented
+            return self.untouched("attention", native, ("qk", (query, key)), ("pv", (value,)))
         if enable_gqa:
             rep = query.shape[-3] // key.shape[-3]
             key, value = key.repeat_interleave(rep, -3), value.repeat_interleave(rep, -3)
@@ -393,6 +457,7 @@ class Interceptor(TorchFunctionMode):
             probs = F.dropout(probs, dropout_p)
         return self.product("attention", "pv", probs, value, None, lambda: probs @ value)
 
+    @handles(torch.softmax, Tensor.softmax, F.softmax)
     def softmax(self, native: Native, input: Tensor, dim: int | None = None, *args: Any,
                 **kwargs: Any) -> Any:
         """A softmax over the last axis where attention is emulated: in FP64, rounded once
@@ -405,19 +470,17 @@ class Interceptor(TorchFunctionMode):
     # ---------------------------------------------------------------------------------------
     # Norm statistics
     # ---------------------------------------------------------------------------------------
+    @handles(F.layer_norm, norm=True)
     def layer_norm(self, native: Native, input: Tensor, normalized_shape: Any,
                    weight: Tensor | None = None, bias: Tensor | None = None,
                    eps: float = 1e-5) -> Any:
         if len(tuple(normalized_shape)) != 1 or not _floating(input):
             return NotImplemented
         name, recipe = self.site("norm", "layer_norm")
-        if recipe is None and not self.em.capture:
-            return native()
-        y = native() if recipe is None else sites.layernorm(recipe, input, weight, bias, eps)
-        if self.em.capture:
-            self.norm_stats(name, recipe, input, sites.layernorm_stats)
-        return y
+        self.norm_stats(name, recipe, input, sites.layernorm_stats)
+        return native() if recipe is None else sites.layernorm(recipe, input, weight, bias, eps)
 
+    @handles(F.batch_norm, norm=True)
     def batch_norm(self, native: Native, input: Tensor, running_mean: Tensor | None,
                    running_var: Tensor | None, weight: Tensor | None = None,
                    bias: Tensor | None = None, training: bool = False, momentum: float = 0.1,
@@ -430,6 +493,7 @@ class Interceptor(TorchFunctionMode):
         return self.norm_site("batch_norm", native, rows, lambda r, ev: norms.batch_norm(
             r, input, running_mean, running_var, weight, bias, momentum, eps, ev))
 
+    @handles(F.instance_norm, norm=True)
     def instance_norm(self, native: Native, input: Tensor, running_mean: Tensor | None = None,
                       running_var: Tensor | None = None, weight: Tensor | None = None,
                       bias: Tensor | None = None, use_input_stats: bool = True,
@@ -440,6 +504,7 @@ class Interceptor(TorchFunctionMode):
         return self.norm_site("instance_norm", native, rows, lambda r, ev: norms.instance_norm(
             r, input, running_mean, running_var, weight, bias, momentum, eps, ev))
 
+    @handles(F.group_norm, norm=True)
     def group_norm(self, native: Native, input: Tensor, num_groups: int,
                    weight: Tensor | None = None, bias: Tensor | None = None,
                    eps: float = 1e-5) -> Any:
@@ -453,32 +518,30 @@ class Interceptor(TorchFunctionMode):
                   compute: Callable[[Recipe, dict | None], Tensor]) -> Tensor:
         """A norm site whose statistics are those of ``rows()`` (see ``.norms``)."""
         name, recipe = self.site("norm", op)
-        if recipe is None and not self.em.capture:
-            return native()
-        y = native() if recipe is None else compute(recipe, None)
         if self.em.capture:
             self.norm_stats(name, recipe, rows(), sites.layernorm_stats)
-        return y
+        return native() if recipe is None else compute(recipe, None)
 
+    @handles(F.rms_norm, norm=True)
     def rms_norm(self, native: Native, input: Tensor, normalized_shape: Any,
                  weight: Tensor | None = None, eps: float | None = None) -> Any:
         if len(tuple(normalized_shape)) != 1 or not _floating(input):
             return NotImplemented
         name, recipe = self.site("norm", "rms_norm")
-        if recipe is None and not self.em.capture:
+        self.norm_stats(name, recipe, input, sites.sum_squares)
+        if recipe is None:
             return native()
         eps = torch.finfo(input.dtype).eps if eps is None else eps
-        y = native() if recipe is None else sites.rmsnorm(recipe, input, weight, eps)
-        if self.em.capture:
-            self.norm_stats(name, recipe, input, sites.sum_squares)
-        return y
+        return sites.rmsnorm(recipe, input, weight, eps)
 
+    @handles(Tensor.pow, torch.pow, Tensor.__pow__)
     def pow(self, native: Native, base: Any, exponent: Any) -> Any:
         y = native()
         if isinstance(exponent, (int, float)) and exponent == 2 and _floating(base):
             self.squares[y] = base
         return y
 
+    @handles(Tensor.mean, torch.mean, norm=True)
     def mean(self, native: Native, input: Any, dim: Any = None, keepdim: bool = False, *,
              dtype: Any = None, out: Any = None) -> Any:
         """``x.pow(2).mean(-1)`` (RMSNorm as Hugging Face writes it) as the dot product
@@ -489,26 +552,26 @@ class Interceptor(TorchFunctionMode):
                 or dims[0] not in (-1, input.dim() - 1):
             return NotImplemented
         name, recipe = self.site("norm", "rms_norm")
-        if recipe is None and not self.em.capture:
-            return native()
+        self.norm_stats(name, recipe, base, sites.sum_squares)
         if recipe is None:
-            y = native()
-        else:
-            y = sites.sum_squares(recipe, base) / base.shape[-1]
-            y = y[..., None] if keepdim else y
-        if self.em.capture:
-            self.norm_stats(name, recipe, base, sites.sum_squares)
-        return y
+            return native()
+        y = sites.sum_squares(recipe, base) / base.shape[-1]
+        return y[..., None] if keepdim else y
 
     def norm_stats(self, name: str, recipe: Recipe | None, x: Tensor,
                    stat: Callable[..., Any]) -> None:
-        """Capture a norm site: its statistic (a sum of squares) under ``recipe`` against
-        FP64 (a site torch computes records its operand only)."""
+        """Under capture, record a norm site: its statistic (a sum of squares) under
+        ``recipe`` against FP64 (a site torch computes records its operand only).  Computed
+        before the site itself, from the same random state (stochastic rounding draws the
+        same bits again), so capturing changes no result."""
+        if not self.em.capture:
+            return
         events: dict = {}
         if recipe is None:
             self.record(name, "norm", None, (x,), events, None, None)
             return
-        y = stat(recipe, x, events)
+        with same_random(x.device):
+            y = stat(recipe, x, events)
         y = y[1] if isinstance(y, tuple) else y
         self.record(name, "norm", recipe, (x,), events, y, stat(FP64, x.double()))
 
@@ -550,6 +613,17 @@ class Interceptor(TorchFunctionMode):
         st.nonfinite += int((fin_r & ~fin_y).sum())
         st.signal += float((rd[both] ** 2).sum())
         st.noise += float(((yd[both] - rd[both]) ** 2).sum())
+
+
+Interceptor.handlers = handler_table(Interceptor)
+
+
+def same_random(device: Any) -> Any:
+    """A context after which torch's random state on ``device`` (and the CPU's) is as it was
+    before: a computation made only for the capture draws no bits the model would have."""
+    device = torch.device(device)
+    devices = [] if device.type == "cpu" else [device]
+    return torch.random.fork_rng(devices=devices, device_type=device.type)
 
 
 def _per_dim(v: Any, d: int) -> list[int]:

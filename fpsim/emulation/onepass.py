@@ -35,7 +35,7 @@ from ..blockrules import (element_values, get_block_format, nvfp4_block_scales,
                           nvfp4_tensor_scale_of, scale_rule, scale_values, shared_exponents)
 from ..formats import Format
 from ..rounding import STOCHASTIC
-from ..scaling import _scale
+from ..scaling import amax_scale
 
 _DTYPES = (torch.float32, torch.float64)
 
@@ -46,16 +46,16 @@ def _table(f: Format, rounding: str, wide: bool = True) -> tuple[Any, np.ndarray
     """(kernels, code table, shift, mask, decode table) of ``encode(x, f, rounding,
     saturate=True)``'s table plan for float64 ``x`` (``wide``) or float32 ``x``; None without
     numba or when that plan is not a lookup table."""
-    jit = convert._jit()
+    jit = convert.jit_kernels()
     if jit is None:
         return None
-    plan = convert._numpy_plan(f, rounding, True, True, "code", wide)
+    plan = convert.numpy_plan(f, rounding, True, True, "code", wide)
     index = getattr(plan, "index", None)
     if index is None:
         return None
     table, shift, below = index
     utype = np.uint64 if wide else np.uint32
-    return jit, table, utype(shift), utype(below), convert._decode_table(f)
+    return jit, table, utype(shift), utype(below), convert.decode_table(f)
 
 
 def tensor_scaled(x: Tensor, f: Format, rounding: str, axis: int) -> tuple[Tensor, float] | None:
@@ -73,7 +73,7 @@ def tensor_scaled(x: Tensor, f: Format, rounding: str, axis: int) -> tuple[Tenso
     span = max(-float(lo), float(hi))
     if not math.isfinite(span):                   # NaN or inf: a NaN scale, the general path
         return None
-    scale = 1.0 if span == 0 else float(_scale(np.array([[span]]), f.max, "fp32", 0)[0, 0])
+    scale = 1.0 if span == 0 else float(amax_scale(np.array([[span]]), f.max, "fp32", 0)[0, 0])
     jit, table, shift, below, values = plan
     moved = x.detach().movedim(axis, -1).contiguous()
     out = torch.empty(moved.shape, dtype=x.dtype)
@@ -87,7 +87,7 @@ def block_values(arr: Any, dtype: torch.dtype) -> Tensor | None:
     """``arr.dequantize(dtype)`` (``arr``: a ``fpsim.mx.BlockArray`` of CPU tensors) in one
     compiled pass, or None where it does not apply (see the module doc)."""
     codes, lay = arr.codes, arr.layout
-    jit = convert._jit()
+    jit = convert.jit_kernels()
     if (jit is None or not isinstance(codes, Tensor) or codes.device.type != "cpu"
             or dtype not in _DTYPES or lay.axis != codes.dim() - 1 or codes.numel() == 0):
         return None

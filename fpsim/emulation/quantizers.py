@@ -28,8 +28,7 @@ from ..convert import quantize
 from ..formats import get_format
 from ..rounding import STOCHASTIC
 from .casts import Cast
-from .recipe import Recipe
-from .sites import quantize_operand, rounding_limit, tile_quantize
+from .sites import generator, quantize_cast, rounding_limit
 
 _EPS = 1e-12            # torchao's floor on amax (float8_utils.EPS)
 _BLOCK2D = 16           # NVFP4 weight blocks: 16 x 16
@@ -52,7 +51,9 @@ class AmaxHistory:
         top = max(self.history)
         if math.isfinite(top) and top > 0:
             s = torch.tensor(self.fmax, dtype=torch.float32) / torch.tensor(top, dtype=torch.float32)
-            self.scale = float(s / 2.0 ** self.margin)
+            s = float(s / 2.0 ** self.margin)
+            # an amax so small that the scale overflows FP32: its largest value (TE's rule)
+            self.scale = s if math.isfinite(s) else float(torch.finfo(torch.float32).max)
         return scale
 
     def state(self) -> dict[str, Any]:
@@ -72,28 +73,10 @@ def cast(x: Tensor, c: Cast, axis: int, *, history: AmaxHistory | None = None,
     seed = generator(x.device) if c.rounding in STOCHASTIC else None
     if c.scaling in ("tensorwise", "rowwise", "delayed"):
         return _multiplied(x, c, axis, history, scale, seed)
-    f = None if c.scaling in ("block", "block2d") else get_format(c.fmt)
     if c.scaling == "block2d":
         return _block2d(x, c, seed), math.inf, None
-    if c.scaling == "tile":
-        q = tile_quantize(x.movedim(axis, -1), f, -1, c.rounding, c.srbits,
-                          seed).movedim(-1, axis)
-        return q, math.inf, None
-    if c.scaling == "tile2d":
-        q = tile_quantize(x.movedim(axis, -2), f, -2, c.rounding, c.srbits,
-                          seed).movedim(-2, axis)
-        return q, math.inf, None
-    recipe = Recipe(name="cast", inputs=c.fmt, scaling=c.scaling, rounding=c.rounding,
-                    saturate=c.saturate, scale_rounding=c.scale_rounding, srbits=c.srbits)
-    q, limit = quantize_operand(x, c.fmt, recipe, axis, seed)
+    q, limit = quantize_cast(x, c, axis, seed)       # fpsim's own scalings
     return q, limit, None
-
-
-def generator(device: Any) -> torch.Generator:
-    """A generator for one stochastic cast, seeded from torch's global generator: a run
-    seeded with ``torch.manual_seed`` draws the same bits again."""
-    seed = int(torch.randint(0, 2**62, (1,)))
-    return torch.Generator(device=device).manual_seed(seed)
 
 
 def _multiplied(x: Tensor, c: Cast, axis: int, history: AmaxHistory | None,

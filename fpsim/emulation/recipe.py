@@ -12,18 +12,22 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .. import mx
 from ..formats import Format, get_format
-from .casts import Backward, Cast
 from ..inputs import check_flag
 from ..rounding import check_mode, check_saturate
 from ..stochastic import check_srbits
+from .casts import SCALINGS as CAST_SCALINGS
+from .casts import Backward, Cast
 
-SCALINGS = ("none", "tensor", "channel", "block", "tile")
+#: The scalings a Recipe's ``scaling=`` takes (those of ``fpsim.emulation.casts.SCALINGS``
+#: that need no per-site state); the others go in a ``Cast`` operand.
+SCALINGS = tuple(name for name, s in CAST_SCALINGS.items() if s.recipe)
 TILE = 128  # DeepSeek-V3 fine-grained scaling: 1 x TILE activations, TILE x TILE weights
 NATIVE = ("fp32", "fp64")  # accumulators summed in FP64 by torch and rounded once to themselves
 #: How a native FP32 accumulator is summed (``Recipe.native_sums``): "fp64" in FP64 and rounded
@@ -36,6 +40,11 @@ NATIVE_SUMS = ("fp64", "host")
 #: statistics).  The ops of each: ``fpsim.emulation.ops``.
 KINDS = ("linear", "matmul", "conv", "attention", "norm")
 FormatLike = str | Format
+
+
+def _block_name(fmt: Any) -> bool:
+    """True for the name of an MX / NVFP4 block format."""
+    return isinstance(fmt, str) and fmt.lower() in mx.MX_FORMATS
 
 
 def format_name(fmt: FormatLike | Cast | None) -> str | None:
@@ -59,8 +68,8 @@ class Recipe:
     second operand (None: the same as ``inputs``).  ``scaling``: ``none``, per-``tensor`` or
     per-``channel`` amax scaling (scale = amax / format max in FP32 from the tensor itself at
     every call: "current" scaling, which cannot overflow; delayed scaling is in ``practice``) or
-    ``block`` (``inputs`` is an MX / NVFP4 name of [``fpsim.mx``][]; ``scale_rounding`` its
-    scale rule, None: the OCP floor) or ``tile`` (DeepSeek-V3: one scale per 1 x 128 tile of
+    ``block`` (``inputs`` is an MX / NVFP4 name of ``fpsim.mx``; ``scale_rounding`` its
+    scale rule, None: the OCP floor; a block format implies it: ``Recipe("nvfp4")``) or ``tile`` (DeepSeek-V3: one scale per 1 x 128 tile of
     the left operand and per 128 x 128 block of the right one, along the reduction axis).
     ``accum``, ``order``, ``chunk``, ``tensor_core``: the accumulator; ``order=None`` with an
     FP32/FP64 accumulator is torch's native matmul, anything else goes through
@@ -79,7 +88,9 @@ class Recipe:
     once to FP32: deterministic, the same bits on every machine and thread count;
     ``"host"``: torch's own FP32 matmul, as fast as the host's GEMM but NOT deterministic (its
     summation order, hence its bits, depend on the machine, the BLAS library and the thread
-    count), e.g. ``Recipe("e4m3", scaling="tensor", native_sums="host", name="fast")``.
+    count), the bias added to its FP32 result afterwards (with torch's own gradient), as
+    torchao's emulation does, e.g. ``Recipe("e4m3", scaling="tensor", native_sums="host",
+    name="fast")``.
 
     Training: ``inputs`` / ``weights`` may be a [``fpsim.emulation.casts.Cast``][] (its own
     scaling: Transformer Engine / torchao scaled casts, delayed scaling, NVFP4 2-D blocks;
@@ -118,6 +129,8 @@ class Recipe:
         accum = get_format(self.accum).name
         if accum in NATIVE:                          # "FP32", "float32": torch's native sum too
             object.__setattr__(self, "accum", accum)
+        if self.scaling == "none" and any(_block_name(f) for f in (self.inputs, self.weights)):
+            object.__setattr__(self, "scaling", "block")    # a block format's only scaling
         if self.scaling not in SCALINGS:
             raise ValueError(
                 f"recipe {self.name!r}: scaling {self.scaling!r} is not one of {SCALINGS}"
@@ -134,9 +147,10 @@ class Recipe:
                 continue
             if self.scaling == "block":
                 mx.get_mx_format(fmt)
-            elif isinstance(fmt, str) and fmt.lower() in mx.MX_FORMATS:
+            elif _block_name(fmt):
                 raise ValueError(
-                    f"recipe {self.name!r}: {fmt} is a block format; use scaling='block'"
+                    f"recipe {self.name!r}: {fmt} is a block format, scaled by its blocks; "
+                    f"leave scaling out (scaling={self.scaling!r} does not apply to it)"
                 )
             else:
                 try:
@@ -226,6 +240,22 @@ class Recipe:
     def weight_format(self) -> FormatLike | None:
         return self.inputs if self.weights is None else self.weights
 
+    def cast(self, fmt: FormatLike | Cast | None, axis: int = -1) -> Cast | None:
+        """The ``Cast`` of an operand in ``fmt`` under this recipe, reducing along
+        ``axis`` (a Cast stays itself, None stays None): ``Recipe("e4m3", scaling="tensor")``
+        is shorthand for ``Cast("e4m3", "tensor")`` on both operands.  A ``tile`` recipe's
+        right operand (``axis`` other than -1) is in 128 x 128 blocks, ``tile2d``.
+
+        >>> Recipe("e4m3", scaling="tensor").cast("e4m3")
+        Cast(fmt='e4m3', scaling='tensor', rounding='rne', saturate=False, pow2=False, \
+history=1024, margin=0, scale_rounding=None, srbits=None, full_subnormals=False, flush=True)
+        """
+        if fmt is None or isinstance(fmt, Cast):
+            return fmt
+        scaling = "tile2d" if self.scaling == "tile" and axis != -1 else self.scaling
+        return _cast(fmt, scaling, self.rounding, self.saturate, self.scale_rounding,
+                     self.srbits, self.full_subnormals, self.flush)
+
     def to_json(self) -> dict[str, Any]:
         """The recipe's fields with formats as names."""
         d = dataclasses.asdict(self)
@@ -233,6 +263,16 @@ class Recipe:
             d[key] = format_name(getattr(self, key))
         d["backward"] = None if self.backward is None else self.backward.describe()
         return d
+
+
+@functools.lru_cache(maxsize=1024)
+def _cast(fmt: FormatLike, scaling: str, rounding: str, saturate: bool,
+          scale_rounding: str | None, srbits: int | None, full_subnormals: bool,
+          flush: bool) -> Cast:
+    """One Cast per distinct description (checked once: a site quantizes at every call)."""
+    return Cast(fmt, scaling, rounding=rounding, saturate=saturate,
+                scale_rounding=scale_rounding, srbits=srbits, full_subnormals=full_subnormals,
+                flush=flush)
 
 
 FP32 = Recipe()
@@ -243,7 +283,13 @@ FP64 = Recipe(accum="fp64")
 class Rule:
     """``recipe`` for the sites whose module path matches the glob ``path`` (``fnmatch``:
     ``"*"`` any path, ``"model.layers.*.mlp.*"``, ``""`` the root module) and whose op kind is
-    ``kind`` (one of ``KINDS``; None: any kind).  ``recipe=None`` leaves those sites to torch."""
+    ``kind`` (one of ``KINDS``; None: any kind but ``norm``: a recipe applies to products,
+    and norm statistics only where a rule names ``kind="norm"``).  ``recipe=None`` leaves
+    those sites to torch.
+
+    >>> Rule(Recipe("e4m3"), kind="norm").matches("ln_1", "norm"), Rule(None).matches("ln_1", "norm")
+    (True, False)
+    """
 
     recipe: Recipe | None
     path: str = "*"
@@ -255,12 +301,13 @@ class Rule:
 
     def matches(self, path: str, kind: str) -> bool:
         """True when this rule applies to an op of ``kind`` in the module at ``path``."""
-        return (self.kind is None or self.kind == kind) and fnmatch.fnmatchcase(path, self.path)
+        return (self.kind == kind or (self.kind is None and kind != "norm")) \
+            and fnmatch.fnmatchcase(path, self.path)
 
     def covers(self, other: "Rule") -> bool:
         """True when every site ``other`` matches is provably matched by this rule too (its
         path is ``"*"``, the same glob, or a glob matching ``other``'s literal path)."""
-        if self.kind is not None and self.kind != other.kind:
+        if self.kind != other.kind and (self.kind is not None or other.kind == "norm"):
             return False
         if self.path in ("*", other.path):
             return True
@@ -276,16 +323,19 @@ class Rule:
 class Rules:
     """Per-site recipes: the first of ``rules`` that matches a site gives its recipe, else
     ``default`` (the deterministic FP32 reference; None leaves unmatched sites to torch).
+    Norm statistics are torch's unless a ``Rule(..., kind="norm")`` gives them a recipe
+    (neither ``default`` nor a rule without a kind applies to them).
 
     A rule that can never match, because an earlier one covers all its sites
     ([``Rule.covers``][]), is warned about when the Rules are built; ``em.report()`` shows
     which rule matched each site.
 
-    For example "linear layers in E4M3 with per-tensor scaling, attention in BF16, norms in
-    FP32"::
+    For example "linear layers in E4M3 with per-tensor scaling, attention in BF16, norm
+    statistics in FP32 (computed in FP64, rounded once), other products FP32"::
 
         Rules([Rule(Recipe("e4m3", scaling="tensor"), kind="linear"),
-               Rule(Recipe("bf16", output="bf16"), kind="attention")])
+               Rule(Recipe("bf16", output="bf16"), kind="attention"),
+               Rule(Recipe(), kind="norm")])
     """
 
     rules: Sequence[Rule] = ()
@@ -307,11 +357,12 @@ class Rules:
 
     def match(self, path: str, kind: str) -> tuple[int | None, Recipe | None]:
         """The index of the first rule matching an op of ``kind`` at ``path`` (None: the
-        default) and the recipe it gives (None: torch computes the op)."""
+        default) and the recipe it gives (None: torch computes the op).  The default applies
+        to products: a norm no ``kind="norm"`` rule matches is torch's."""
         for i, rule in enumerate(self.rules):
             if rule.matches(path, kind):
                 return i, rule.recipe
-        return None, self.default
+        return None, None if kind == "norm" else self.default
 
     def select(self, path: str, kind: str) -> Recipe | None:
         """The recipe of an op of ``kind`` in the module at ``path`` (None: torch computes it)."""

@@ -30,8 +30,10 @@ from .. import mx
 from ..arith import matmul as emulated_matmul
 from ..convert import quantize
 from ..formats import Format, get_format
+from ..rounding import STOCHASTIC
 from ..scaling import scaled_quantize
 from . import onepass
+from .casts import Cast
 from .recipe import TILE, FormatLike, Recipe
 
 NATIVE_ACCUMULATORS = {"fp32": torch.float32, "fp64": torch.float64}  # rounded to; summed in FP64
@@ -51,25 +53,38 @@ def quantize_operand(
     x: Tensor, fmt: FormatLike | None, recipe: Recipe, axis: int, seed: Any = None,
     with_limit: bool = True, tensor_scale: float | None = None,
 ) -> tuple[Tensor, Any]:
-    """``x`` rounded to ``fmt`` under the recipe's scaling, reducing along ``axis``
-    (``seed``: stochastic rounding's, as ``fpsim.quantize`` takes it; ``tensor_scale``:
-    NVFP4's, when ``x`` is a piece of the tensor it was taken on).
+    """``x`` rounded to ``fmt`` under the recipe's scaling, reducing along ``axis``:
+    ``quantize_cast`` of the recipe's ``fpsim.emulation.recipe.Recipe.cast``."""
+    return quantize_cast(x, recipe.cast(fmt, axis), axis, seed, with_limit, tensor_scale)
+
+
+def quantize_cast(
+    x: Tensor, c: Cast | None, axis: int, seed: Any = None, with_limit: bool = True,
+    tensor_scale: float | None = None,
+) -> tuple[Tensor, Any]:
+    """``x`` quantized by ``c`` (fpsim's own scalings: ``none``, ``tensor``, ``channel``,
+    ``block``, ``tile``, ``tile2d``; None keeps ``x``), reducing along ``axis`` (``seed``:
+    stochastic rounding's, as ``fpsim.quantize`` takes it, by default from torch's
+    generator; ``tensor_scale``: NVFP4's, when ``x`` is a piece of the tensor it was taken on).
 
     Returns the dequantized values (``x``'s dtype) and, per element (a float or a tensor that
     broadcasts against ``x``), the magnitude from which it is clamped or overflows instead of
     rounded: its ``rounding_limit`` times its scale (``with_limit=False``: block scaling
     leaves out that full-size tensor and returns None; callers that count no events).
     """
-    if fmt is None:
+    if c is None:
         return x, math.inf
-    if recipe.scaling == "block":
-        if not with_limit and recipe.srbits is None and x.dim():
-            q = onepass.mx_values(x.movedim(axis, -1), fmt, recipe.scale_rounding,
-                                  recipe.rounding, tensor_scale)
+    fmt = c.fmt
+    if seed is None and c.rounding in STOCHASTIC:
+        seed = generator(x.device)
+    if c.scaling == "block":
+        if not with_limit and c.srbits is None and x.dim():
+            q = onepass.mx_values(x.movedim(axis, -1), fmt, c.scale_rounding, c.rounding,
+                                  tensor_scale)
             if q is not None:                     # None: not applicable; strides as below
                 return q.movedim(-1, axis).contiguous(), None
-        arr = mx.quantize(x, fmt, axis=axis, rounding=recipe.rounding, srbits=recipe.srbits,
-                          scale_rounding=recipe.scale_rounding, seed=seed,
+        arr = mx.quantize(x, fmt, axis=axis, rounding=c.rounding, srbits=c.srbits,
+                          scale_rounding=c.scale_rounding, seed=seed,
                           tensor_scale=tensor_scale)
         q = onepass.block_values(arr, x.dtype)     # None: not applicable
         q = arr.dequantize(x.dtype) if q is None else q
@@ -86,16 +101,23 @@ def quantize_operand(
             lay.axis, 0, lay.length)
         return q, limit
     f = get_format(fmt)
-    if recipe.scaling == "none":
-        q = quantize(x, f, rounding=recipe.rounding, saturate=recipe.saturate,
-                     srbits=recipe.srbits, seed=seed)
-        if recipe.full_subnormals:
-            q = widen_subnormals(x, q, f, recipe.rounding, recipe.srbits)
+    if c.scaling == "none":
+        q = quantize(x, f, rounding=c.rounding, saturate=c.saturate, srbits=c.srbits,
+                     seed=seed)
+        if c.full_subnormals:
+            q = widen_subnormals(x, q, f, c.rounding, c.srbits, seed)
         return q, rounding_limit(f)
-    if recipe.scaling == "tile":
-        return tile_quantize(x, f, axis, recipe.rounding, recipe.srbits, seed), math.inf
-    if recipe.scaling == "tensor" and recipe.srbits is None:
-        fast = onepass.tensor_scaled(x, f, recipe.rounding, axis)   # None: not applicable
+    if c.scaling == "tile":
+        q = tile_quantize(x.movedim(axis, -1), f, -1, c.rounding, c.srbits, seed)
+        return q.movedim(-1, axis), math.inf
+    if c.scaling == "tile2d":
+        q = tile_quantize(x.movedim(axis, -2), f, -2, c.rounding, c.srbits, seed)
+        return q.movedim(-2, axis), math.inf
+    if c.scaling not in ("tensor", "channel"):
+        raise ValueError(f"{c.describe()}: a {c.scaling} cast is applied by "
+                         "fpsim.emulation.quantizers.cast, not quantize_cast")
+    if c.scaling == "tensor" and c.srbits is None:
+        fast = onepass.tensor_scaled(x, f, c.rounding, axis)   # None: not applicable
         if fast is not None:
             q, scale = fast
             return q, torch.tensor(scale, dtype=torch.float64) * rounding_limit(f)
@@ -103,15 +125,15 @@ def quantize_operand(
     # for formats wider than float32, whose fp32 scales stop at 2^-126.  One contiguous copy:
     # scaled_quantize then reads its rows as a view (a strided one it would copy again)
     moved = x.movedim(axis, -1)
-    channel = recipe.scaling == "channel"
+    channel = c.scaling == "channel"
     st = scaled_quantize(
         moved.reshape(-1, moved.shape[-1]).to(torch.float64,
                                               memory_format=torch.contiguous_format),
         f,
-        granularity=recipe.scaling,
+        granularity=c.scaling,
         axis=0 if channel else None,
-        rounding=recipe.rounding,
-        srbits=recipe.srbits,
+        rounding=c.rounding,
+        srbits=c.srbits,
         seed=seed,
     )
     q = st.values.reshape(moved.shape).movedim(-1, axis).to(x.dtype)
@@ -122,13 +144,21 @@ def quantize_operand(
 
 
 def widen_subnormals(x: Tensor, q: Tensor, f: Format, rounding: str = "rne",
-                     srbits: int | None = None) -> Tensor:
+                     srbits: int | None = None, seed: Any = None) -> Tensor:
     """``q`` (``x`` rounded to ``f``) with every nonzero value below ``f``'s smallest normal
     rounded instead at ``f``'s full mantissa width (the exponent range of FP32), so subnormals
     lose no bits; values ``f`` flushes to zero stay zero."""
     wide = Format(f"e8m{f.mbits}", 8, f.mbits)
     below = (q != 0) & (x.abs() < f.min_normal)
-    return torch.where(below, quantize(x, wide, rounding=rounding, srbits=srbits), q)
+    return torch.where(below, quantize(x, wide, rounding=rounding, srbits=srbits, seed=seed),
+                       q)
+
+
+def generator(device: Any) -> torch.Generator:
+    """A generator for one stochastic rounding, seeded from torch's global generator: a run
+    seeded with ``torch.manual_seed`` draws the same bits again (capture included)."""
+    seed = int(torch.randint(0, 2**62, (1,)))
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 def tile_quantize(x: Tensor, f: Format, axis: int, rounding: str = "rne",
@@ -213,20 +243,8 @@ def _operands(
     """
     count = events is not None
     qa, ev_a = _quantize_counted(a, recipe.inputs, recipe, -1, count)
-    key = (
-        b.data_ptr(),
-        b._version,
-        tuple(b.shape),
-        b.stride(),
-        recipe.weight_format,
-        recipe.scaling,
-        recipe.rounding,
-        recipe.srbits,
-        recipe.saturate,
-        recipe.flush,
-        recipe.scale_rounding,
-        recipe.full_subnormals,
-    )
+    key = (b.data_ptr(), b._version, tuple(b.shape), b.stride(),
+           recipe.cast(recipe.weight_format, -2))
     if cache is None or key not in cache or (count and cache[key][1] is None):
         found = _quantize_counted(b, recipe.weight_format, recipe, -2, count)
         if cache is not None:
@@ -257,6 +275,7 @@ def _emulated_matmul(a: Tensor, b: Tensor, recipe: Recipe, events: dict | None) 
         order=recipe.order or "sequential",
         chunk=recipe.chunk,
         rounding=recipe.rounding,
+        seed=generator(a.device) if recipe.rounding in STOCHASTIC else None,
         srbits=recipe.srbits,
         tensor_core=recipe.tensor_core,
         return_stats=events is not None,
@@ -282,7 +301,8 @@ def _product(
         y = _emulated_matmul(a, b, recipe, events)
         return y if bias is None else y + bias
     if recipe.native_sums == "host":              # torch's FP32 GEMM: fast, not reproducible
-        return a @ b if bias is None else torch.nn.functional.linear(a, b.mT, bias)
+        y = a @ b                                 # then the bias, as torchao / TE add it
+        return y if bias is None else y + bias
     acc, f64 = NATIVE_ACCUMULATORS[recipe.accum], torch.float64
     if bias is None:
         return (a.to(f64) @ b.to(f64)).to(acc).to(a.dtype)
@@ -305,8 +325,9 @@ def round_output(y: Tensor, recipe: Recipe) -> Tensor:
     """The site result written in the recipe's output format."""
     if recipe.output is None:
         return y
+    seed = generator(y.device) if recipe.rounding in STOCHASTIC else None
     return quantize(y, recipe.output, rounding=recipe.rounding, saturate=recipe.saturate,
-                    srbits=recipe.srbits)
+                    srbits=recipe.srbits, seed=seed)
 
 
 # --------------------------------------------------------------------------------------------

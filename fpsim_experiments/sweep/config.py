@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fpsim import Recipe, Rule, Rules, mx
-from fpsim.emulation.recipe import FP32, FP64, KINDS, SCALINGS
+from fpsim import Recipe, Rule, Rules
+from fpsim.emulation.presets import lookup
+from fpsim.emulation.recipe import KINDS
 from fpsim.rounding import STOCHASTIC
-
 
 REPO = Path(__file__).resolve().parents[2]
 #: fpsim's own models, by name (``models = ["tiny"]``).
@@ -95,36 +95,29 @@ def digest(obj: Any) -> str:
 
 def named_recipes() -> dict[str, Rules]:
     """Name -> per-site rules: FP8 (E4M3) on the linear layers as Transformer Engine places it,
-    FP8 and MXFP8 everywhere, BF16 operands everywhere (the ``any-model`` experiment's
-    recipes, and sweep presets by these names)."""
+    FP8 and MXFP8 everywhere (norm statistics included), BF16 operands everywhere (the
+    ``any-model`` experiment's recipes, and sweep presets by these names)."""
     e4m3 = Recipe("e4m3", scaling="tensor", name="E4M3 per-tensor")
     return {
         "E4M3 per-tensor, linear layers": Rules([Rule(e4m3, kind="linear")]),
-        "E4M3 per-tensor, every site": Rules.of(e4m3),
-        "MXFP8 E4M3, every site": Rules.of(Recipe("mxfp8_e4m3", scaling="block",
-                                                  name="MXFP8 E4M3")),
-        "BF16 operands, every site": Rules.of(Recipe("bf16", name="BF16")),
+        "E4M3 per-tensor, every site": _everywhere(e4m3),
+        "MXFP8 E4M3, every site": _everywhere(Recipe("mxfp8_e4m3", name="MXFP8 E4M3")),
+        "BF16 operands, every site": _everywhere(Recipe("bf16", name="BF16")),
     }
 
 
+def _everywhere(recipe: Recipe) -> Rules:
+    """``recipe`` for every site, norm statistics too (a default reaches products only)."""
+    return Rules([Rule(recipe, kind="norm")], default=recipe)
+
+
 def preset(name: str) -> Recipe | Rules:
-    """A recipe by name: ``fp32``, ``fp64``, a format (``bf16``, ``e4m3``, ``e3m2``: its operands,
-    FP32 accumulation), ``FORMAT/SCALING`` (``e4m3/tensor``, ``e4m3/channel``, ``e4m3/tile``), a
-    block format (``mxfp8_e4m3``, ``mxfp4``, ``nvfp4``: block scaling), or a name of
-    ``named_recipes`` (Rules)."""
+    """A recipe by name: a name of ``named_recipes`` (Rules), else fpsim's registry
+    (``fpsim.emulation.presets.lookup``: ``fp32``, ``fp64``, a format such as ``bf16``,
+    ``e4m3`` or a block format, ``FORMAT/SCALING`` such as ``e4m3/tensor``, or a training
+    preset such as ``torchao-float8-tensorwise``)."""
     named = named_recipes()
-    if name in named:
-        return named[name]
-    if name.lower() in ("fp32", "fp64"):
-        return FP32 if name.lower() == "fp32" else FP64
-    fmt, _, scaling = name.partition("/")
-    block = fmt.lower() in mx.MX_FORMATS
-    scaling = scaling or ("block" if block else "none")
-    if scaling not in SCALINGS:
-        raise ValueError(f"recipe preset {name!r}: scaling {scaling!r} is not one of "
-                         f"{', '.join(SCALINGS)}; presets are FORMAT or FORMAT/SCALING, fp32, "
-                         f"fp64 or one of: {', '.join(named)}")
-    return Recipe(name=name, inputs=fmt, scaling=scaling)
+    return named[name] if name in named else lookup(name)
 
 
 def _recipe(name: str, entry: Any) -> Recipe:
