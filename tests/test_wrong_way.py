@@ -238,3 +238,18 @@ def test_explain_shows_float32_inputs_by_their_float32_decimal():
         assert "0.10000000149011612" not in text and "0.1  " in text, text
     assert "0.1  " in str(fpsim.explain([0.1, 3.7], "bf16"))          # float64 0.1 is "0.1"
     assert "0.10000000149011612  " in str(fpsim.explain([float(w[0]), 1.0], "bf16"))
+
+
+def test_a_recipe_takes_the_common_block_names() -> None:
+    """Recipe("mxfp8") is MXFP8 with E4M3 elements under its only scaling, bit for bit."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    layer, x = torch.nn.Linear(64, 8), torch.randn(4, 64)
+    outs = []
+    for name in ("mxfp8", "mxfp8_e4m3"):
+        with torch.no_grad(), fpsim.emulate(fpsim.Recipe(name)):
+            outs.append(layer(x))
+    assert fpsim.Recipe("mxfp8").scaling == "block"
+    assert torch.equal(outs[0].view(torch.int32), outs[1].view(torch.int32))
+    with pytest.raises(ValueError, match="mxfp6_e2m3"):
+        fpsim.Recipe("mxfp6")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import mx
+from ..blockrules import is_block_format_name
 from ..formats import Format, get_format
 from ..inputs import check_flag
 from ..rounding import check_mode
@@ -98,8 +99,7 @@ class Cast:
         check_srbits(self.srbits, self.rounding)
         for flag in ("saturate", "pow2", "full_subnormals", "flush"):
             check_flag(getattr(self, flag), flag)
-        if self.scaling == "none" and isinstance(self.fmt, str) \
-                and self.fmt.lower() in mx.MX_FORMATS:
+        if self.scaling == "none" and is_block_format_name(self.fmt):
             object.__setattr__(self, "scaling", "block")    # a block format's only scaling
         if self.scaling not in SCALINGS:
             raise ValueError(f"Cast scaling {self.scaling!r} is not one of {tuple(SCALINGS)}")
@@ -107,7 +107,7 @@ class Cast:
             spec = mx.get_mx_format(self.fmt)
             if self.scaling == "block2d" and spec.is_mx:
                 raise ValueError("block2d is NVFP4's 16 x 16 weight blocks: use fmt='nvfp4'")
-        elif isinstance(self.fmt, str) and self.fmt.lower() in mx.MX_FORMATS:
+        elif is_block_format_name(self.fmt):
             raise ValueError(f"{self.fmt} is a block format, scaled by its blocks; leave "
                              f"scaling out (or 'block', 'block2d'), not {self.scaling!r}")
         elif get_format(self.fmt).is_int and self.scaling in ("tensorwise", "rowwise",

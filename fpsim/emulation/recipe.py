@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .. import mx
+from ..blockrules import is_block_format_name
 from ..formats import Format, get_format
 from ..inputs import check_flag
 from ..rounding import check_mode, check_saturate
@@ -43,8 +44,8 @@ FormatLike = str | Format
 
 
 def _block_name(fmt: Any) -> bool:
-    """True for the name of an MX / NVFP4 block format."""
-    return isinstance(fmt, str) and fmt.lower() in mx.MX_FORMATS
+    """True for the name of an MX / NVFP4 block format (or an alias: ``"mxfp8"``)."""
+    return is_block_format_name(fmt)
 
 
 def format_name(fmt: FormatLike | Cast | None) -> str | None:
