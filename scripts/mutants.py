@@ -55,6 +55,7 @@ SWEEP_JOIN = ["tests/test_sweep.py::test_combined_numbers_are_one_pass_over_all_
 SWEEP_RESUME = ["tests/test_sweep.py::test_pool_gives_the_same_bytes_and_resume_computes_nothing"]
 SWEEP_RETRY = ["tests/test_sweep.py::test_attempts_count_retries"]
 SWEEP_ORDER = ["tests/test_sweep.py::test_failures_are_listed_in_plan_order"]
+PROGRESS = ["tests/test_progress.py"]
 SWEEP_RUNS = ["tests/test_sweep.py::test_experiment_runs_are_their_direct_computation",
               "tests/test_sweep.py::test_experiment_run_specs_name_everything_their_numbers_depend_on",
               "tests/test_sweep.py::test_experiment_runs_resume_and_compute_only_the_missing"]
@@ -412,6 +413,10 @@ MUTANTS = [
            "(each executor computes them again)",
            "refs={REFERENCE: ctx.ref_logits}, desc=desc or label)",
            "refs=None, desc=desc or label)", SWEEP_RUNS),
+    Mutant("progress-tty-off", "a progress stream that is not a terminal gets tqdm's carriage "
+           "returns", "if not stream.isatty():", "if False:", PROGRESS),
+    Mutant("progress-every-step", "a non-terminal progress stream gets a line per step",
+           "self.step = max(1, math.ceil(total / 10))", "self.step = 1", PROGRESS),
     # first hour (issue 29): bridges, the CLI's names and blocks, small things users trip on
     Mutant("bridge-fp4-nibbles", "float4_e2m1fn_x2 packs the first element in the high nibble",
            "return codes[..., 0::2] | (codes[..., 1::2] << 4)",
