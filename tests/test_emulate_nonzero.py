@@ -7,9 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import fpsim  # noqa: E402
-from fpsim.emulation import Recipe  # noqa: E402
-from fpsim.emulation.casts import Backward, Cast  # noqa: E402
+import fpsim
+from fpsim.emulation import Recipe
+from fpsim.emulation.casts import Backward, Cast
 
 
 def test_nonzero_counts_the_operands_and_the_gradient_of_each_backward_gemm():
