@@ -423,6 +423,13 @@ MUTANTS = [
     Mutant("training-gemm-nonzero", "a GEMM's flushed share is of all its elements",
            't[0] += g["nonzero"]', 't[0] += g["elements"]',
            ["tests/test_training.py::test_flushes_are_told_per_step_and_per_gemm_of_the_nonzero_elements"]),
+    Mutant("range-weights-part", "the weights' flushed elements are not told apart",
+           'mine = round(passes * w[site][fmt]["flushed"] * w[site]["elements"])', "mine = 0",
+           ["tests/test_range_findings.py"]),
+    Mutant("range-unbounded-bias", "the counterpart without a bottom keeps the real format's "
+           "bias (its largest value moves)", "return Format(f\"{f.name}_unbounded_below\", 8, "
+           "f.mbits, bias=254 - emax)", "return Format(f\"{f.name}_unbounded_below\", 8, "
+           "f.mbits, bias=f.bias)", ["tests/test_range_findings.py"]),
     Mutant("progress-tty-off", "a progress stream that is not a terminal gets tqdm's carriage "
            "returns", "if not stream.isatty():", "if False:", PROGRESS),
     Mutant("progress-every-step", "a non-terminal progress stream gets a line per step",
