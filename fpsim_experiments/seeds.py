@@ -167,14 +167,23 @@ def render(data: dict, out: Path) -> str:
     fig, axes = figure(1, 1, 8.0, 0.9 + 0.55 * len(rs))
     ax = axes[0, 0]
     colors = ("tab:blue", "tab:orange", "tab:green")
+    for j, s in enumerate(data["seeds"]):          # every seed in the legend, plotted or not
+        ax.plot([], [], "o", color=colors[j % 3], label=f"seed {s['seed']}")
+    edge = ax.get_yaxis_transform()            # x in axes fractions, y in data: the right edge
     for i, r in enumerate(rs):
         for j, p in enumerate(r["seeds"]):
-            if p["nonfinite"]:
-                continue
             y = i + (j - 1) * 0.2
+            if p["nonfinite"]:              # no ratio: marked at the right edge, side named
+                ax.plot([0.97], [y], "x", color=colors[j % 3], ms=8, mew=2, transform=edge)
+                ax.text(0.95, y, f"seed {p['seed']}: {' and '.join(p['nonfinite'])} inf/NaN",
+                        transform=edge, ha="right", va="center", fontsize=7,
+                        color=colors[j % 3])
+                continue
             lo, hi = p["ci"]
             ax.errorbar([p["ratio"]], [y], xerr=[[p["ratio"] - lo], [hi - p["ratio"]]],
-                        fmt="o", color=colors[j % 3], label=f"seed {p['seed']}" if i == 0 else None)
+                        fmt="o", color=colors[j % 3])
+    if any(p["nonfinite"] for r in rs for p in r["seeds"]):
+        ax.plot([], [], "x", color="black", ms=8, mew=2, label="inf/NaN logits: no ratio")
     ax.axvline(1.0, color="grey", lw=0.8)
     ax.set_xscale("log")
     ax.set_yticks(range(len(rs)), [r["comparison"] for r in rs], fontsize=8)
