@@ -325,7 +325,9 @@ def _steeper(less: dict, more: dict, ratios: Ratios) -> str:
         "the steeper side is precision (fewer mantissa bits)",
         "no measurable difference between one exponent bit and one mantissa bit fewer",
     )
-    return f"KL ratio exponent-bit-fewer / mantissa-bit-fewer {r.text()}: {side}"
+    topics = "" if not r.per_topic else (
+        f", on each topic's windows alone {num(min(r.per_topic))}–{num(max(r.per_topic))}")
+    return f"KL ratio exponent-bit-fewer / mantissa-bit-fewer {r.text()}{topics}: {side}"
 
 
 def p3109_lines(data: dict, ratios: Ratios) -> list[str]:

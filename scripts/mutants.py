@@ -430,6 +430,9 @@ MUTANTS = [
            "bias (its largest value moves)", "return Format(f\"{f.name}_unbounded_below\", 8, "
            "f.mbits, bias=254 - emax)", "return Format(f\"{f.name}_unbounded_below\", 8, "
            "f.mbits, bias=f.bias)", ["tests/test_range_findings.py"]),
+    Mutant("likewise-one-topic", "one topic still gets a (degenerate) topic interval",
+           "if self.topics is None or len(set(self.topics[:n])) < 2:",
+           "if self.topics is None:", ["tests/test_likewise.py"]),
     Mutant("progress-tty-off", "a progress stream that is not a terminal gets tqdm's carriage "
            "returns", "if not stream.isatty():", "if False:", PROGRESS),
     Mutant("progress-every-step", "a non-terminal progress stream gets a line per step",
