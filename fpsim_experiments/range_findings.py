@@ -30,19 +30,23 @@ def _e(budget: int, ebits: int) -> str:
     return f"e{ebits}m{budget - 1 - ebits}"
 
 
-def ratios_for(data: dict) -> Ratios:
-    """The report's :class:`Ratios`: topics known when the windows are the byte-level held-out
-    text of this Python (the topics' text ships with CPython and changes between versions)."""
+def heldout_topics(meta: dict, n: int) -> list[str] | None:
+    """The held-out topic of each of the first ``n`` windows, when the windows are the
+    byte-level held-out text of this Python (the topics' text ships with CPython and changes
+    between versions); else None."""
     import platform
 
-    meta = data["meta"]
-    n = len(data["baseline"]["fp32"]["windows"]["kl"])
-    topics = None
-    if meta["config"].get("vocab_size") == 256 and meta.get("python") == \
+    if meta["config"].get("vocab_size") != 256 or meta.get("python") != \
             platform.python_version():
-        found = window_topics(meta["window"], n)
-        topics = found if len(found) == n else None
-    return Ratios(n, topics)
+        return None
+    found = window_topics(meta["window"], n)
+    return found if len(found) == n else None
+
+
+def ratios_for(data: dict) -> Ratios:
+    """The report's :class:`Ratios`: windows, and their topics where known."""
+    n = len(data["baseline"]["fp32"]["windows"]["kl"])
+    return Ratios(n, heldout_topics(data["meta"], n))
 
 
 def scope(data: dict, ratios: Ratios) -> str:
