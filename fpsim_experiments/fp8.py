@@ -16,6 +16,8 @@ from typing import Any
 
 from fpsim import get_format, mx
 
+from . import bootstrap
+from .bootstrap import fmt_ci
 from .context import Context
 from .recipes import Recipe
 from .report import figure, in_forward_order, kl_or_inf, num, page, pct, ratio, save, table
@@ -51,18 +53,16 @@ def run(ctx: Context) -> dict[str, Any]:
 
 def conclusions(data: dict) -> list[str]:
     """Best format per scaling, what scaling does to each format, and the block formats by size."""
-    runs = {r["recipe"]["name"]: r for r in data["runs"]}
-    out = []
-    for s in SCALAR_SCALINGS:
-        ranked = sorted((runs[f"{f}/{s}"] for f in SCALARS), key=kl_or_inf)
-        out.append(
-            f"{s} scaling: "
-            + " < ".join(f"{r['recipe']['inputs']} ({num(r['e2e']['kl'])})" for r in ranked)
-            + " (end-to-end KL)."
-        )
     from .range_findings import ratios_for
 
+    runs = {r["recipe"]["name"]: r for r in data["runs"]}
     ratios = ratios_for(data)
+    out = []
+    for s in SCALAR_SCALINGS:
+        out.append(f"{s} scaling: "
+                   + ranking([runs[f"{f}/{s}"] for f in SCALARS], ratios, lambda r: "")
+                   + " (end-to-end KL; each × is KL over the one before, with its window "
+                   "interval; ≈ where that interval holds 1).")
 
     def paired(a: dict, b: dict) -> str:
         """KL(a) / KL(b) with its window and topic intervals (or the non-finite side named)."""
@@ -90,15 +90,8 @@ def conclusions(data: dict) -> list[str]:
             )
             + "."
         )
-    blocks = sorted((runs[f"{b}/block"] for b in BLOCKS), key=kl_or_inf)
-    out.append(
-        "Block formats by KL: "
-        + " < ".join(
-            f"{r['recipe']['inputs']} ({num(r['e2e']['kl'])}, {num(r['bits'])} bits)"
-            for r in blocks
-        )
-        + "."
-    )
+    out.append("Block formats by KL: " + ranking([runs[f"{b}/block"] for b in BLOCKS], ratios,
+                                                 lambda r: f", {num(r['bits'])} bits") + ".")
     mx8, e4 = runs["mxfp8_e4m3/block"], runs["e4m3/none"]
     if kl_or_inf(mx8) > kl_or_inf(e4):
         out.append(
@@ -126,6 +119,23 @@ def conclusions(data: dict) -> list[str]:
         f"{pct(best['e2e']['top1'])})."
     )
     return out
+
+
+def ranking(rs: list[dict], ratios: Any, extra: Any) -> str:
+    """``rs`` by end-to-end KL, lowest first: ``<`` between neighbours whose paired window
+    interval of KL(next) / KL(previous) excludes 1, ``≈`` where it holds 1 (a tie the data
+    cannot order), the ratio and interval shown; ``extra(run)`` adds to each run's brackets."""
+    ranked = sorted(rs, key=kl_or_inf)
+    text = f"{ranked[0]['recipe']['inputs']} ({num(ranked[0]['e2e']['kl'])}{extra(ranked[0])})"
+    for prev, cur in zip(ranked, ranked[1:]):
+        head = f"{cur['recipe']['inputs']} ({num(cur['e2e']['kl'])}{extra(cur)}"
+        if not (math.isfinite(prev["e2e"]["kl"]) and math.isfinite(cur["e2e"]["kl"])):
+            text += f" < {head})"
+            continue
+        q = ratios.combine([cur, prev], lambda x, y: x / y, "")
+        sign = "<" if bootstrap.excludes_one(q.windows) else "≈"
+        text += f" {sign} {head}; {q.point:.3g}× {fmt_ci(q.windows)})"
+    return text
 
 
 def figures(data: dict, out: Path) -> list[str]:

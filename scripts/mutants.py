@@ -433,6 +433,9 @@ MUTANTS = [
     Mutant("likewise-one-topic", "one topic still gets a (degenerate) topic interval",
            "if self.topics is None or len(set(self.topics[:n])) < 2:",
            "if self.topics is None:", ["tests/test_likewise.py"]),
+    Mutant("fp8-ranking-tie", "a ranking orders two formats its interval does not separate",
+           'sign = "<" if bootstrap.excludes_one(q.windows) else "≈"', 'sign = "<"',
+           ["tests/test_report_findings.py"]),
     Mutant("progress-tty-off", "a progress stream that is not a terminal gets tqdm's carriage "
            "returns", "if not stream.isatty():", "if False:", PROGRESS),
     Mutant("progress-every-step", "a non-terminal progress stream gets a line per step",

@@ -11,9 +11,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
 
-from fpsim import quantize  # noqa: E402
-from fpsim_experiments import range_findings as F, range_vs_precision as R  # noqa: E402
-from fpsim_experiments.range_cases import unbounded_below  # noqa: E402
+from fpsim import quantize
+from fpsim_experiments import range_findings as F
+from fpsim_experiments import range_vs_precision as R
+from fpsim_experiments.range_cases import unbounded_below
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "range-vs-precision"
 
