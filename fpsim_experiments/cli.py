@@ -24,7 +24,7 @@ from . import (accumulation, activations, anymodel, context, deepseek, fp8, fp16
                training)
 from fpsim.cliparse import OneLineParser
 
-from .report import load_json, write_json
+from .report import IEEE_NAMES, load_json, write_json
 from .sweep import executors, runner, runs as e2e_runs
 
 EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (
@@ -174,7 +174,7 @@ def index(out: Path, names: list[str]) -> str:
             f"![range vs precision]({range_vs_precision.NAME}/range_vs_precision.png)",
             "",
             "End-to-end KL(FP32 ‖ format) in nats/token of every IEEE-style eXmY split of B bits "
-            "(inf/NaN in the all-ones exponent: e4m3 here has max 240, not OCP E4M3FN's 448) "
+            f"(**{IEEE_NAMES}**) "
             f"(`{rvp['meta']['model']}`: {range_findings.scope(rvp, range_findings.ratios_for(rvp))}"
             f"; {rvp['meta']['tokens']} held-out tokens; NaN: inf/NaN logits):",
             "",

@@ -20,7 +20,8 @@ from . import bootstrap
 from .bootstrap import fmt_ci
 from .context import Context
 from .recipes import Recipe
-from .report import figure, in_forward_order, kl_or_inf, num, page, pct, ratio, save, table
+from .report import (OCP_NAMES, figure, in_forward_order, kl_or_inf, num, page, pct, ratio,
+                     save, table)
 
 NAME = "fp8"
 SCALARS = ("e5m2", "e4m3", "e3m4", "int8")
@@ -201,8 +202,7 @@ def render(data: dict, out: Path) -> str:
         f"{num(data['baseline']['fp32']['loss'], 4)}); "
         f"per-site replay on {meta['replay_rows']} rows per site against FP64 on the same "
         f"operands. "
-        "E4M3 is OCP E4M3FN (max 448, NaN, no inf); E5M2 and E3M4 are IEEE-style. Per-tensor and "
-        "per-channel "
+        f"{OCP_NAMES} E5M2 and E3M4 are IEEE-style. Per-tensor and per-channel "
         "scales are amax / format max in FP32 (fpsim.scaled_quantize); per-channel means one "
         "scale per "
         "row of the left operand (per token for activations) and per column of the right one "

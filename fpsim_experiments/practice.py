@@ -31,7 +31,7 @@ from .bootstrap import fmt_ci
 from .context import Context
 from .endtoend import RecipeOps
 from .recipes import FP32, Recipe
-from .report import figure, num, page, pct, save, table
+from .report import OCP_NAMES, figure, num, page, pct, save, table
 from .sweep import runs as e2e_runs
 
 NAME = "practice"
@@ -188,8 +188,8 @@ def render(data: dict, out: Path) -> str:
     acc = [[x["recipe"]["name"], num(_median_snr(x)), num(x["summary"]["snr_db_min"])]
            for x in data["accumulators"]]
     intro = (f"{meta['tokens']} held-out tokens end to end against the deterministic FP32 "
-             "reference; brackets are 95% bootstrap intervals over windows. E4M3 is OCP E4M3FN "
-             f"(max 448). Accumulator runs: linear sites, {meta['emulation_rows']} rows per site, "
+             f"reference; brackets are 95% bootstrap intervals over windows. {OCP_NAMES} "
+             f"Accumulator runs: linear sites, {meta['emulation_rows']} rows per site, "
              "against FP64 on the FP32 operands.")
     body = [f"![practice]({names[0]})", "",
             table(["recipe", "KL [95% CI]", "loss", "top-1", "finite"], rows), "",

@@ -29,7 +29,8 @@ from . import bootstrap, replay
 from .bootstrap import fmt_ci
 from .likewise import Ratios
 from .range_findings import cases_table, extra, operand_shares, ratios_for, scope
-from .report import figure, in_forward_order, load_json, num, page, pct, save, table
+from .report import (IEEE_NAMES, figure, in_forward_order, load_json, num, page, pct,
+                     save, table)
 from .sweep import runs as e2e_runs
 
 NAME = "range-vs-precision"
@@ -669,8 +670,8 @@ def render(data: dict, out: Path) -> str:
         f"{meta['tokens']} held-out tokens end to end "
         f"({len(data['baseline']['fp32']['windows']['kl'])} windows); per-site replay on "
         f"{meta['replay_rows']} rows per site. Operands of every site (both sides of every "
-        "matmul, LayerNorm inputs) in IEEE-style eXmY (inf/NaN, subnormals; note e4m3 here has "
-        "max 240, unlike OCP E4M3FN), FP32 accumulation, FP32 outputs. LayerNorm inputs are the "
+        f"matmul, LayerNorm inputs) in IEEE-style eXmY, FP32 accumulation, FP32 outputs. "
+        f"**{IEEE_NAMES}** LayerNorm inputs are the "
         'residual stream, so without scaling they are quantized too; the "LN FP32" variant '
         "(end to end only) keeps them in FP32. KL is KL(P_FP32 ‖ P_format) of the next-token "
         "distribution, nats/token, over all positions (including any with inf/NaN logits); loss "

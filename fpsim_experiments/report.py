@@ -23,6 +23,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 _SPECIAL = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
+#: How the reports name E4M3: range-vs-precision's splits are IEEE-style, fpsim's ``e4m3`` is
+#: OCP's; one name, two formats (e5m2 and e3m4 are the same format in both).
+IEEE_NAMES = ("Format names: every eXmY here is IEEE-style (inf/NaN in the all-ones exponent, "
+              "subnormals; `fpsim.get_format('e4m3_ieee')`), so its e4m3 is IEEE-style E4M3 "
+              "(max 240; ml_dtypes' float8_e4m3, fpsim's `fp8_e4m3`), NOT fpsim's `e4m3`, which "
+              "is OCP E4M3FN (max 448, no inf) as in the fp8, practice and training experiments; "
+              "e5m2 and e3m4 name the same formats in both.")
+OCP_NAMES = ("E4M3 here is fpsim's `e4m3`, OCP E4M3FN (max 448, NaN, no inf), not "
+             "range-vs-precision's IEEE-style e4m3 (max 240).")
+
 
 def _strict(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):

@@ -30,7 +30,7 @@ from .bootstrap import fmt_ci
 from .gpt2.model import site_kind
 from .range_vs_precision import split_format
 from .recipes import Recipe
-from .report import figure, finish, num, save, table, versions
+from .report import IEEE_NAMES, figure, finish, num, save, table, versions
 from .sweep import runs as e2e_runs
 
 NAME = "model-seeds"
@@ -206,7 +206,7 @@ def render(data: dict, out: Path) -> str:
         "FP32, no flush, full subnormals / e4m3\" ratio divided a run with the LayerNorms in "
         "FP32 by one that quantizes them and is no longer reported (its like-with-like form is "
         "in range-vs-precision, seed 0 only). Three seeds of one tiny model say nothing "
-        "about GPT-2 124M.", "",
+        "about GPT-2 124M.", "", f"**{IEEE_NAMES}**", "",
         "## Conclusions", "",
         *[f"- {c}" for c in conclusions(data)], "",
         f"![ratios per seed]({name})", "",

@@ -44,7 +44,7 @@ from fpsim.nn import LossScaler
 from .gpt2.data import heldout_bytes, random_windows, train_bytes, windows
 from .gpt2.model import GPT2, GPT2Config
 from .gpt2.train_tiny import learning_rate, make_optimizer
-from .report import figure, finish, num, pct, save, table, versions
+from .report import OCP_NAMES, figure, finish, num, pct, save, table, versions
 
 NAME = "training"
 MODEL = GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=64, vocab_size=256)
@@ -500,6 +500,7 @@ def render(data: dict, out: Path) -> str:
              f"{plan['heldout_windows']} windows of unseen text, evaluated in FP32 with the master "
              "weights. Every recipe runs through `fpsim.emulate` with its backward pass "
              "(forward and both backward GEMMs of every emulated site quantized; sums FP32). "
+             f"{OCP_NAMES} "
              "Gap: held-out loss minus FP32's, paired by seed; mean and 95% Student-t interval "
              f"over the {plan['seeds']} seeds (what is resampled: the seed, which draws the "
              "batches and stochastic rounding's bits; the initialisation and held-out text are "
