@@ -44,7 +44,7 @@ import fpsim
 from fpsim.arith import TENSOR_CORES, TensorCoreModel
 
 from .context import Captured, Context
-from .report import figure, num, pct, save, table
+from .report import figure, num, pct, quick_note, save, table
 
 NAME = "deepseek-accumulation"
 PRESET = TENSOR_CORES["hopper_fp8"]
@@ -628,6 +628,9 @@ def render(data: dict, out: Path) -> str:
                 for n, kk in [*g["sites"].items(), ("all", None)]]) if hw in s["frac_bits"] else ""
     meta = data["meta"]
     lines = [f"# Can modelled Hopper FP8 sums give DeepSeek-V3's 'nearly 2%'? ({meta['model']})", "",
+             *quick_note(meta, size=(
+                 f"{QUICK.trials} trials per setting, bits {list(QUICK.frac_bits)}, K "
+                 f"{list(QUICK.ks)}, {QUICK.rows} GPT-2 token rows")),
              f"`{PRESET.name}` model: groups of {PRESET.group} exact products and the running sum "
              "aligned to the largest exponent, truncated to the given number of fraction bits, "
              f"summed, truncated to E8M<bits> (the preset keeps {hw}). Synthetic inputs: "

@@ -20,10 +20,14 @@ from .endtoend import compact
 from .likewise import Ratios, attribution, finite, label
 from .report import in_forward_order, num, pct
 
-BUDGETS = (8, 12, 16)
 INTERACT_ABOVE = ("removing both gains more than removing each alone multiplied: each loss hides "
                   "part of the other's cost")
 INTERACT_BELOW = "removing both gains less than removing each alone multiplied: they overlap"
+
+
+def budgets(data: dict) -> tuple[int, ...]:
+    """The bit budgets the run covered (``--quick``: 8 only)."""
+    return tuple(int(b) for b in data["budgets"])
 
 
 def _e(budget: int, ebits: int) -> str:
@@ -195,7 +199,7 @@ def attribution_lines(data: dict, ratios: Ratios) -> list[str]:
     """Flush and subnormal width, order-free, on the LayerNorm-in-FP32 runs (nothing overflows
     there), for e3 and, where run, e4; then the formats compared with both removed."""
     out = []
-    for budget in BUDGETS:
+    for budget in budgets(data):
         e3, e4 = _e(budget, 3), _e(budget, 4)
         corners = {
             3: (_ln(data, budget, 3), _abl(data, budget, "LN FP32, no flush"),
@@ -256,7 +260,7 @@ def encoding_lines(data: dict, ratios: Ratios) -> list[str]:
     """One exponent bit fewer vs one mantissa bit fewer when overflow is finite (saturation,
     the fn encoding), beside the IEEE-encoding result, and e3 saturating with bias moved up."""
     out = []
-    for budget in BUDGETS:
+    for budget in budgets(data):
         e3, e4, e5 = (_e(budget, x) for x in (3, 4, 5))
         plain = _run(data, budget, 3)
         variants = [("saturating", "saturate", f"{e4} saturating", f"{e5} saturating"),
@@ -302,7 +306,7 @@ def attention_lines(data: dict) -> list[str]:
     """The finite share of the runs that give inf/NaN, under both attention semantics."""
     rows = []
     for eager, causal in [(_case(data, f"{_e(b, 3)} eager"), _case(data, f"{_e(b, 3)} causal"))
-                          for b in BUDGETS] + [
+                          for b in budgets(data)] + [
             (_abl(data, 8, "no flush"), _case(data, "e3m4 no flush causal")),
             (_abl(data, 8, "bias 4"), _case(data, "e3m4b4 causal"))] + [
             (next((r for r in data.get("p3109_runs", []) if r["format"] == f), None),
@@ -326,7 +330,7 @@ def overflow_lines(data: dict) -> list[str]:
     """Where the unscaled e3 splits overflow: every element, window and channel, and the other
     training seeds."""
     out = []
-    for budget in BUDGETS:
+    for budget in budgets(data):
         run = _case(data, f"{_e(budget, 3)} eager")
         if run is None:
             continue
@@ -369,7 +373,7 @@ def deployed_lines(data: dict, ratios: Ratios) -> list[str]:
     out = []
     for tag, what in (("W/channel", "weights per output channel, activations unscaled"),
                       ("A/tensor", "activations per tensor, weights unscaled")):
-        for budget in BUDGETS:
+        for budget in budgets(data):
             series = [r for r in data.get("cases", {}).values()
                       if r["budget"] == budget and r["name"].endswith(tag)]
             series.sort(key=lambda r: r["ebits"])

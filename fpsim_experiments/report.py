@@ -159,6 +159,28 @@ def save(fig: Any, path: Path) -> str:
     return path.name
 
 
+def quick_note(meta: dict, skipped: str = "", size: str | None = None) -> list[str]:
+    """What a ``--quick`` report cannot tell (nothing when the run was not quick); ``skipped``:
+    what this experiment's quick run leaves out; ``size``: how much it ran (default: its
+    held-out tokens and windows, sites subsampled).
+
+    >>> quick_note({"quick": True, "tokens": 512, "window": 256})[0][:60]
+    '**Quick run (`--quick`): a first try, not a result.** 512 he'
+    """
+    if not meta.get("quick"):
+        return []
+    if size is None:
+        windows = max(1, meta["tokens"] // meta["window"]) if meta.get("window") else None
+        size = f"{meta['tokens']} held-out tokens" + (
+            f" ({windows} window{'s' if windows > 1 else ''})" if windows else "") \
+            + ", sites subsampled"
+    return [f"**Quick run (`--quick`): a first try, not a result.** {size}"
+            + (f"; {skipped}" if skipped else "")
+            + ". Its intervals resample those few windows or seeds only, so they say nothing "
+            "beyond them (a topic interval appears only where the windows span two topics); "
+            "quote none of its verdicts. Run without `--quick` for the study.", ""]
+
+
 def page(
     title: str,
     meta: dict,
@@ -166,14 +188,17 @@ def page(
     conclusions: Sequence[str],
     body: Sequence[str],
     lead: Sequence[str] = (),
+    skipped: str = "",
 ) -> str:
     """A report page as every experiment writes it: title naming the model, a line saying so
-    when the model is synthetic (``meta["synthetic"]``), intro paragraph,
-    ``lead`` (e.g. a headline figure and table), the conclusions as bullets, then ``body``
-    (figures, tables), one line per item."""
+    when the model is synthetic (``meta["synthetic"]``), what a quick run cannot tell
+    (:func:`quick_note`, ``skipped``: what it leaves out), intro paragraph, ``lead`` (e.g. a
+    headline figure and table), the conclusions as bullets, then ``body`` (figures, tables),
+    one line per item."""
     lines = [f"# {title} ({meta['model']})", ""]
     if meta.get("synthetic"):
         lines += [f"**Synthetic model:** {meta['synthetic']}.", ""]
+    lines += quick_note(meta, skipped)
     lines += [intro, ""]
     lines += [*lead, ""] if lead else []
     lines += ["## Conclusions", ""]

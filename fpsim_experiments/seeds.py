@@ -30,7 +30,7 @@ from .bootstrap import fmt_ci
 from .gpt2.model import site_kind
 from .range_vs_precision import split_format
 from .recipes import Recipe
-from .report import IEEE_NAMES, figure, finish, num, save, table, versions
+from .report import IEEE_NAMES, figure, finish, num, quick_note, save, table, versions
 from .sweep import runs as e2e_runs
 
 NAME = "model-seeds"
@@ -197,6 +197,8 @@ def render(data: dict, out: Path) -> str:
     meta = data["meta"]
     return "\n".join([
         f"# {NAME}", "",
+        *quick_note(meta, size=f"seeds 1 and 2 trained {meta['steps']} steps only, "
+                    f"{meta['tokens']} held-out tokens per seed"),
         f"Tiny byte-level GPT-2 (4 layers, width 256) trained from seeds {list(SEEDS)}: seed 0 is "
         f"the embedded model, the others {meta['steps']} steps of the same recipe. "
         f"{meta['seconds']} s. The CIs are paired 95% percentile bootstrap intervals over "

@@ -44,7 +44,7 @@ from fpsim.nn import LossScaler
 from .gpt2.data import heldout_bytes, random_windows, train_bytes, windows
 from .gpt2.model import GPT2, GPT2Config
 from .gpt2.train_tiny import learning_rate, make_optimizer
-from .report import OCP_NAMES, figure, finish, num, pct, save, table, versions
+from .report import OCP_NAMES, figure, finish, num, pct, quick_note, save, table, versions
 
 NAME = "training"
 MODEL = GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=64, vocab_size=256)
@@ -493,6 +493,10 @@ def render(data: dict, out: Path) -> str:
     ran = [r["recipe"]["name"] for r in data["runs"]]
     missing = [r.name for r in RECIPES if r.name not in ran]
     lines = [f"# Training under emulated formats ({meta['model']})", "",
+             *quick_note(meta, size=(
+                 f"{plan['steps']} steps, {plan['seeds']} seeds (a t-interval on "
+                 f"{plan['seeds'] - 1} degree(s) of freedom), {len(data['runs'])} of the "
+                 f"{len(RECIPES)} recipes, {plan['heldout_windows']} held-out windows")),
              f"{plan['steps']} AdamW steps of {plan['batch']}×{MODEL.n_positions} bytes (lr "
              f"{plan['lr']}, {plan['warmup']} warm-up steps, cosine decay, gradient clipping at "
              f"1), {plan['seeds']} seeds per recipe from one initialisation (held-out loss at "
