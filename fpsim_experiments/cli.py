@@ -3,7 +3,8 @@
 Each experiment writes ``results.json`` (every number, with what it was measured on and how
 long it took), PNG figures and ``REPORT.md`` generated from the JSON.  ``all`` runs every
 experiment on one shared capture and writes ``OUT/REPORT.md`` with every conclusion.
-``--quick`` uses few tokens and subsampled sites.  ``--device cuda`` (the default when torch
+``--quick`` is a first try (about a minute per experiment on 2 idle cores; docs/experiments.md
+says what each leaves out).  ``--device cuda`` (the default when torch
 sees a GPU) runs the model and the emulation on the GPU.
 """
 
@@ -100,8 +101,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--out", type=Path, default=DEFAULT_OUT, help="output directory (default results/)"
     )
     p.add_argument(
-        "--quick", action="store_true", help="few tokens and subsampled sites: a smoke run"
-    )
+        "--quick", action="store_true",
+        help=f"a first try, not a result: {context.QUICK.tokens} held-out tokens (2 windows of one "
+             "topic), subsampled sites and fewer runs (range-vs-precision B=8 only; fp8 9 of 19 "
+             "recipes; practice no MXFP8; training 10 steps, 2 seeds, 7 recipes; range-cases one "
+             "case per group); its intervals resample those windows only and say nothing beyond "
+             "them; each report says what it left out")
     p.add_argument("--device", choices=["cpu", "cuda"],
                    help="where the model, the captured sites and the emulation run (default: "
                         "cuda when torch sees a GPU, else cpu); the emulation gives the same "

@@ -27,6 +27,11 @@ NAME = "fp8"
 SCALARS = ("e5m2", "e4m3", "e3m4", "int8")
 SCALAR_SCALINGS = ("none", "tensor", "channel")
 BLOCKS = ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "mxint8", "nvfp4")
+#: ``--quick``: 9 of the 19 recipes (no INT8, no per-channel scaling, three block formats)
+QUICK_RECIPES = ("e5m2/none", "e4m3/none", "e3m4/none", "e5m2/tensor", "e4m3/tensor",
+                 "e3m4/tensor", "mxfp8_e4m3/block", "mxfp4/block", "nvfp4/block")
+QUICK_SKIPS = ("9 of the 19 recipes: no INT8, no per-channel scaling, of the block formats "
+               "MXFP8 E4M3, MXFP4 and NVFP4 only")
 
 
 def recipes() -> list[Recipe]:
@@ -46,7 +51,7 @@ def bits_per_element(recipe: dict) -> float:
 
 def run(ctx: Context) -> dict[str, Any]:
     """End-to-end and per-site results of every recipe."""
-    runs = ctx.run(recipes(), desc=NAME)
+    runs = ctx.run([r for r in recipes() if not ctx.quick or r.name in QUICK_RECIPES], desc=NAME)
     for r in runs:
         r["bits"] = bits_per_element(r["recipe"])
     return {"runs": runs, "baseline": ctx.baseline}
@@ -60,10 +65,11 @@ def conclusions(data: dict) -> list[str]:
     ratios = ratios_for(data)
     out = []
     for s in SCALAR_SCALINGS:
-        out.append(f"{s} scaling: "
-                   + ranking([runs[f"{f}/{s}"] for f in SCALARS], ratios, lambda r: "")
-                   + " (end-to-end KL; each × is KL over the one before, with its window "
-                   "interval; ≈ where that interval holds 1).")
+        ran = [runs[f"{f}/{s}"] for f in SCALARS if f"{f}/{s}" in runs]
+        if ran:
+            out.append(f"{s} scaling: " + ranking(ran, ratios, lambda r: "")
+                       + " (end-to-end KL; each × is KL over the one before, with its window "
+                       "interval; ≈ where that interval holds 1).")
 
     def paired(a: dict, b: dict) -> str:
         """KL(a) / KL(b) with its window and topic intervals (or the non-finite side named)."""
@@ -73,10 +79,12 @@ def conclusions(data: dict) -> list[str]:
         return f"{r.text()} ({r.side('worse', 'better')})"
 
     for f in SCALARS:
-        none, tensor, channel = (runs[f"{f}/{s}"] for s in SCALAR_SCALINGS)
+        none, tensor, channel = (runs.get(f"{f}/{s}") for s in SCALAR_SCALINGS)
+        if none is None or tensor is None:
+            continue
         out.append(
-            f"{f}: KL with per-tensor scaling / without: {paired(tensor, none)}; "
-            f"per-channel / without: {paired(channel, none)}"
+            f"{f}: KL with per-tensor scaling / without: {paired(tensor, none)}"
+            + (f"; per-channel / without: {paired(channel, none)}" if channel else "")
             + (
                 f"; without scaling inf/NaN first appears at "
                 f"{in_forward_order(none['e2e']['nonfinite_sites'])[0]}"
@@ -91,10 +99,11 @@ def conclusions(data: dict) -> list[str]:
             )
             + "."
         )
-    out.append("Block formats by KL: " + ranking([runs[f"{b}/block"] for b in BLOCKS], ratios,
-                                                 lambda r: f", {num(r['bits'])} bits") + ".")
-    mx8, e4 = runs["mxfp8_e4m3/block"], runs["e4m3/none"]
-    if kl_or_inf(mx8) > kl_or_inf(e4):
+    out.append("Block formats by KL: " + ranking(
+        [runs[f"{b}/block"] for b in BLOCKS if f"{b}/block" in runs], ratios,
+        lambda r: f", {num(r['bits'])} bits") + ".")
+    mx8, e4 = runs.get("mxfp8_e4m3/block"), runs.get("e4m3/none")
+    if mx8 and e4 and kl_or_inf(mx8) > kl_or_inf(e4):
         out.append(
             f"MXFP8 E4M3 (KL {num(mx8['e2e']['kl'])}) against unscaled E4M3 "
             f"({num(e4['e2e']['kl'])}): {paired(mx8, e4)}; "
@@ -107,13 +116,12 @@ def conclusions(data: dict) -> list[str]:
             f"unscaled E4M3 "
             "does not make on this model."
         )
-    mx4, nv4 = runs["mxfp4/block"], runs["nvfp4/block"]
-    out.append(
+    mx4, nv4 = runs.get("mxfp4/block"), runs.get("nvfp4/block")
+    out += [] if not (mx4 and nv4) else [
         f"At 4 bits, NVFP4 (16-element blocks, E4M3 scales) reaches KL {num(nv4['e2e']['kl'])} "
         f"and MXFP4 "
         f"(32-element blocks, power-of-two scales) {num(mx4['e2e']['kl'])}: MXFP4/NVFP4 = "
-        f"{paired(mx4, nv4)}."
-    )
+        f"{paired(mx4, nv4)}."]
     best = min(data["runs"], key=kl_or_inf)
     out.append(
         f"Lowest KL overall: {best['recipe']['name']} ({num(best['e2e']['kl'])}, top-1 "
@@ -236,4 +244,5 @@ def render(data: dict, out: Path) -> str:
             rows,
         ),
     ]
-    return page("FP8, INT8 and block formats", meta, intro, conclusions(data), body)
+    return page("FP8, INT8 and block formats", meta, intro, conclusions(data), body,
+                skipped=QUICK_SKIPS)

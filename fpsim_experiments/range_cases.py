@@ -21,7 +21,8 @@ the experiments' executor, so an interrupted run continues with ``--resume``):
   value, which nothing reaches there) only.
 
 Usage: ``fpsim experiment range-cases [--only GROUP ...] [--tokens N] [--out results]``;
-``--render`` re-renders ``range-vs-precision/REPORT.md`` from the JSON.
+``--render`` re-renders ``range-vs-precision/REPORT.md`` from the JSON; ``--quick`` without
+``--only`` or ``--cases`` runs the first case of each group.
 """
 
 from __future__ import annotations
@@ -203,6 +204,8 @@ def main(args: argparse.Namespace) -> int:
             if unknown:
                 raise SystemExit(f"fpsim experiment range-cases: no case {unknown[0]!r}")
             chosen = [by_name[n] for n in args.cases]
+        if args.quick and not (args.only or args.cases):     # a first try: one per group
+            chosen = [next(c for c in chosen if c.group == g) for g in GROUPS]
         stored = load(args.out)
         todo = [c for c in chosen if c.name not in stored]
         ctx.execution = e2e_runs.execution(args, f"{RVP}/cases")

@@ -436,6 +436,12 @@ MUTANTS = [
     Mutant("fp8-ranking-tie", "a ranking orders two formats its interval does not separate",
            'sign = "<" if bootstrap.excludes_one(q.windows) else "≈"', 'sign = "<"',
            ["tests/test_report_findings.py"]),
+    Mutant("quick-rvp-budgets", "range-vs-precision --quick runs every budget",
+           "plan = {b: splits(b) for b in (QUICK_BUDGETS if ctx.quick else BUDGETS)}",
+           "plan = {b: splits(b) for b in BUDGETS}", ["tests/test_quick.py"]),
+    Mutant("quick-fp8-recipes", "fp8 --quick runs every recipe",
+           "runs = ctx.run([r for r in recipes() if not ctx.quick or r.name in QUICK_RECIPES], "
+           "desc=NAME)", "runs = ctx.run(recipes(), desc=NAME)", ["tests/test_quick.py"]),
     Mutant("progress-tty-off", "a progress stream that is not a terminal gets tqdm's carriage "
            "returns", "if not stream.isatty():", "if False:", PROGRESS),
     Mutant("progress-every-step", "a non-terminal progress stream gets a line per step",
