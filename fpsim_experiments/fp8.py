@@ -9,6 +9,7 @@ quantized, LayerNorm inputs (the residual stream) included.
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,7 @@ def ranking(rs: list[dict], ratios: Any, extra: Any) -> str:
     cannot order), the ratio and interval shown; ``extra(run)`` adds to each run's brackets."""
     ranked = sorted(rs, key=kl_or_inf)
     text = f"{ranked[0]['recipe']['inputs']} ({num(ranked[0]['e2e']['kl'])}{extra(ranked[0])})"
-    for prev, cur in zip(ranked, ranked[1:]):
+    for prev, cur in itertools.pairwise(ranked):
         head = f"{cur['recipe']['inputs']} ({num(cur['e2e']['kl'])}{extra(cur)}"
         if not (math.isfinite(prev["e2e"]["kl"]) and math.isfinite(cur["e2e"]["kl"])):
             text += f" < {head})"

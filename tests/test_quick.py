@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
 
-from fpsim_experiments import fp8, practice, range_vs_precision, training  # noqa: E402
-from fpsim_experiments.gpt2.model import site_names  # noqa: E402
-from fpsim_experiments.sweep.runs import Run  # noqa: E402
+from fpsim_experiments import fp8, practice, range_vs_precision, training
+from fpsim_experiments.gpt2.model import site_names
+from fpsim_experiments.sweep.runs import Run
 
 
 class Planner(SimpleNamespace):
