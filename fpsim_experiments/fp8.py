@@ -118,11 +118,11 @@ def conclusions(data: dict) -> list[str]:
             "does not make on this model."
         )
     mx4, nv4 = runs.get("mxfp4/block"), runs.get("nvfp4/block")
-    out += [] if not (mx4 and nv4) else [
-        f"At 4 bits, NVFP4 (16-element blocks, E4M3 scales) reaches KL {num(nv4['e2e']['kl'])} "
-        f"and MXFP4 "
-        f"(32-element blocks, power-of-two scales) {num(mx4['e2e']['kl'])}: MXFP4/NVFP4 = "
-        f"{paired(mx4, nv4)}."]
+    if mx4 and nv4:
+        out.append(
+            f"At 4 bits, NVFP4 (16-element blocks, E4M3 scales) reaches KL "
+            f"{num(nv4['e2e']['kl'])} and MXFP4 (32-element blocks, power-of-two scales) "
+            f"{num(mx4['e2e']['kl'])}: MXFP4/NVFP4 = {paired(mx4, nv4)}.")
     best = min(data["runs"], key=kl_or_inf)
     out.append(
         f"Lowest KL overall: {best['recipe']['name']} ({num(best['e2e']['kl'])}, top-1 "
