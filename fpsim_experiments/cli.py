@@ -25,7 +25,7 @@ from . import (accumulation, activations, anymodel, context, deepseek, fp8, fp16
                training)
 from fpsim.cliparse import OneLineParser
 
-from .report import IEEE_NAMES, load_json, write_json
+from .report import IEEE_NAMES, load_json, quick_note, write_json
 from .sweep import executors, runner, runs as e2e_runs
 
 EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (
@@ -173,6 +173,9 @@ def _render(module: ModuleType, out: Path) -> None:
 def index(out: Path, names: list[str]) -> str:
     """``OUT/REPORT.md`` for ``all``: every experiment's conclusions, linked to its report."""
     lines = ["# Experiment results", ""]
+    if names:
+        lines += quick_note(_load(EXPERIMENTS[names[0]], out / names[0])["meta"],
+                            "each report below says what its experiment left out")
     if range_vs_precision.NAME in names:
         rvp = _load(range_vs_precision, out / range_vs_precision.NAME)
         lines += [

@@ -52,3 +52,22 @@ def test_quick_training_is_a_few_short_runs() -> None:
     q = training.QUICK
     assert set(q.recipes) <= {r.name for r in training.RECIPES} and len(q.recipes) <= 8
     assert q.steps * q.seeds * len(q.recipes) <= 200 < training.FULL.steps * training.FULL.seeds
+
+
+def test_the_docs_quick_times_are_the_measured_ones() -> None:
+    """docs/experiments.md shows the table benchmarks/quick_times.py makes from its JSON."""
+    import importlib.util
+    import json
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("quick_times",
+                                                  root / "benchmarks" / "quick_times.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    data = json.loads((root / "benchmarks" / "results" / "quick_times.json").read_text())
+    doc = (root / "docs" / "experiments.md").read_text()
+    shown = re.search(r"<!-- quick times -->\n(.*?)\n<!-- /quick times -->", doc, re.S)
+    assert shown and shown.group(1) == module.markdown(data)
+    assert {r["experiment"] for r in data["rows"]} >= {"all", "range-vs-precision", "fp8"}
