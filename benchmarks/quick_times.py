@@ -33,16 +33,16 @@ TINY = REPO / "fpsim_experiments" / "gpt2" / "tiny"
 
 
 def markdown(data: dict) -> str:
-    """The docs' table: per experiment wall and CPU seconds, with the load they ran under."""
+    """The docs' table: per experiment wall and CPU seconds, with the load it ran under."""
     meta = data["meta"]
-    rows = ["| `--quick` run | wall s | CPU s | peak GiB |", "|---|---|---|---|"]
-    rows += [f"| `{r['experiment']}` | {r['wall_s']} | {r['cpu_s']} | {r['peak_rss_gib']} |"
-             for r in data["rows"]]
-    before, after = meta["load_average_1_5_15"][0], meta["load_average_after"][0]
+    rows = ["| `--quick` run | wall s | CPU s | peak GiB | load average before, after |",
+            "|---|---|---|---|---|"]
+    rows += [f"| `{r['experiment']}` | {r['wall_s']} | {r['cpu_s']} | {r['peak_rss_gib']} | "
+             f"{r['load'][0]:.1f}, {r['load'][1]:.1f} |" for r in data["rows"]]
     return "\n".join(rows) + (
-        f"\n\n{meta['cpu']}, {meta['cores']} cores, {meta['threads']} threads, load average "
-        f"{before:.1f} before and {after:.1f} after ({meta['date']}; "
-        "`python benchmarks/quick_times.py`, `benchmarks/results/quick_times.json`).")
+        f"\n\n{meta['cpu']}, {meta['cores']} cores shared with other jobs, {meta['threads']} "
+        f"threads ({meta['date']}; `python benchmarks/quick_times.py`, "
+        "`benchmarks/results/quick_times.json`).")
 
 
 def main() -> int:
@@ -60,16 +60,16 @@ def main() -> int:
     meta = machine()
     settings = argparse.Namespace(quick=True, tokens=None, threads=args.threads,
                                   limit=args.limit)
-    with tempfile.TemporaryDirectory() as tmp:
-        rows = []
-        for name in args.only:
-            rows.append(run(name, TINY, settings, Path(tmp) / name))
-            print(rows[-1], flush=True)
-    meta.update({"load_average_after": os.getloadavg(), "threads": args.threads,
-                 "model": "fpsim_experiments/gpt2/tiny"})
-    data = {"meta": meta, "rows": rows}
+    meta.update({"threads": args.threads, "model": "fpsim_experiments/gpt2/tiny"})
+    data = {"meta": meta, "rows": []}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.only:                     # written after each: a partial run is kept
+            before = os.getloadavg()[0]
+            row = run(name, TINY, settings, Path(tmp) / name)
+            data["rows"].append({**row, "load": [before, os.getloadavg()[0]]})
+            Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
+            print(data["rows"][-1], flush=True)
     print(markdown(data))
     return 0 if all(r["status"] == 0 for r in rows) else 1
 

@@ -104,7 +104,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--quick", action="store_true",
         help=f"a first try, not a result: {context.QUICK.tokens} held-out tokens (2 windows of one "
              "topic), subsampled sites and fewer runs (range-vs-precision B=8 only; fp8 9 of 19 "
-             "recipes; practice no MXFP8; training 10 steps, 2 seeds, 7 recipes; range-cases one "
+             "recipes; practice no MXFP8; training 6 steps, 2 seeds, 5 recipes; range-cases one "
              "case per group); its intervals resample those windows only and say nothing beyond "
              "them; each report says what it left out")
     p.add_argument("--device", choices=["cpu", "cuda"],
