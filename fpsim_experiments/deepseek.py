@@ -43,6 +43,7 @@ import torch
 import fpsim
 from fpsim.arith import TENSOR_CORES, TensorCoreModel
 
+from .bootstrap import digits_apart
 from .context import Captured, Context
 from .report import figure, num, pct, quick_note, save, table
 
@@ -355,9 +356,10 @@ def _pick(rows: list[dict], **where: Any) -> dict:
 
 def ci(m: dict, percent: bool = True) -> str:
     """``value [lo, hi]`` of a metric, as percentages or in 3 significant digits."""
+    d = digits_apart(m["lo"], m["hi"])
     if percent:
-        return f"{pct(m['value'])} [{pct(m['lo'])}, {pct(m['hi'])}]"
-    return f"{num(m['value'])} [{num(m['lo'])}, {num(m['hi'])}]"
+        return f"{pct(m['value'], d)} [{pct(m['lo'], d)}, {pct(m['hi'], d)}]"
+    return f"{num(m['value'], d)} [{num(m['lo'], d)}, {num(m['hi'], d)}]"
 
 
 def verdict(m: dict) -> str:

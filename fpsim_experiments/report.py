@@ -120,9 +120,9 @@ def num(v: float | None, digits: int = 3) -> str:
     return f"{v:.{digits}g}"
 
 
-def pct(v: float) -> str:
-    """A share as a percentage with 3 significant digits (``0`` stays ``0``)."""
-    return "0" if v == 0 else f"{100 * v:.3g}%"
+def pct(v: float, digits: int = 3) -> str:
+    """A share as a percentage with ``digits`` significant digits (``0`` stays ``0``)."""
+    return "0" if v == 0 else f"{100 * v:.{digits}g}%"
 
 
 def ratio(a: float, b: float) -> str:

@@ -442,6 +442,9 @@ MUTANTS = [
     Mutant("quick-fp8-recipes", "fp8 --quick runs every recipe",
            "runs = ctx.run([r for r in recipes() if not ctx.quick or r.name in QUICK_RECIPES], "
            "desc=NAME)", "runs = ctx.run(recipes(), desc=NAME)", ["tests/test_quick.py"]),
+    Mutant("ci-digits-apart", "a narrow interval prints as a point",
+           'while lo != hi and digits < 6 and f"{lo:.{digits}g}" == f"{hi:.{digits}g}":',
+           "while False:", ["tests/test_report_findings.py"]),
     Mutant("progress-tty-off", "a progress stream that is not a terminal gets tqdm's carriage "
            "returns", "if not stream.isatty():", "if False:", PROGRESS),
     Mutant("progress-every-step", "a non-terminal progress stream gets a line per step",

@@ -45,3 +45,12 @@ def test_fp16_flushes_are_priced_only_by_their_ablation() -> None:
         fp16_vs_bf16.flush_price(runs)
     assert fp16_vs_bf16.flushed(runs["fp16 in/out, fp32 acc"]["e2e"]) == "0.5% (5)"
     assert fp16_vs_bf16.flushed(runs[fp16_vs_bf16.NO_FLUSH]["e2e"]) == "none"
+
+
+def test_a_narrow_interval_is_never_printed_as_a_point() -> None:
+    from fpsim_experiments.bootstrap import fmt_ci
+    from fpsim_experiments.deepseek import ci
+
+    assert fmt_ci([15.06, 15.14]) == "[15.06, 15.14]" and fmt_ci([1.0, 1.0]) == "[1, 1]"
+    assert fmt_ci([0.5, 0.6]) == "[0.5, 0.6]"
+    assert ci({"value": 0.151, "lo": 0.1506, "hi": 0.1514}) == "15.1% [15.06%, 15.14%]"
