@@ -9,7 +9,9 @@ torch keeps busy.  ``model-seeds`` trains its two quick models on its first run 
     python benchmarks/quick_times.py --out benchmarks/results/quick_times.json
     python benchmarks/quick_times.py --markdown benchmarks/results/quick_times.json
 
-``--markdown`` prints the table docs/experiments.md shows (tests/test_quick.py checks it).
+``--markdown`` prints the table docs/experiments.md shows (tests/test_quick.py checks it).  A
+row whose ``load_of`` is ``batch`` ran in a batch of rows whose load was recorded at its start
+and end only.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ def markdown(data: dict) -> str:
     rows = ["| `--quick` run | wall s | CPU s | peak GiB | load average before, after |",
             "|---|---|---|---|---|"]
     rows += [f"| `{r['experiment']}` | {r['wall_s']} | {r['cpu_s']} | {r['peak_rss_gib']} | "
-             f"{r['load'][0]:.1f}, {r['load'][1]:.1f} |" for r in data["rows"]]
+             f"{r['load'][0]:.1f}, {r['load'][1]:.1f}"
+             + (" (of its batch)" if r.get("load_of") == "batch" else "") + " |"
+             for r in data["rows"]]
     return "\n".join(rows) + (
         f"\n\n{meta['cpu']}, {meta['cores']} cores shared with other jobs, {meta['threads']} "
         f"threads ({meta['date']}; `python benchmarks/quick_times.py`, "
@@ -71,7 +75,7 @@ def main() -> int:
             Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
             print(data["rows"][-1], flush=True)
     print(markdown(data))
-    return 0 if all(r["status"] == 0 for r in rows) else 1
+    return 0 if all(r["status"] == 0 for r in data["rows"]) else 1
 
 
 if __name__ == "__main__":
