@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
 from . import replay
 from .capture import Site
 from .context import Captured, Context
+from .progress import bar as progress_bar
 from .recipes import Recipe
 from .report import figure, median_finite, num, page, save, snr_per_site, table
 
@@ -66,7 +66,7 @@ def run(ctx: Context) -> dict[str, Any]:
     rs = recipes()
     stats: list[dict[str, dict]] = [{} for _ in rs]
     floor: dict[str, dict] = {}
-    bar = tqdm(total=len(ctx.site_names), desc=NAME, unit="site")
+    bar = progress_bar(len(ctx.site_names), NAME, "site")
 
     def each(c: Captured) -> None:
         ref = quantized_reference(c.emulation)

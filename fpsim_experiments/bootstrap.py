@@ -87,11 +87,25 @@ def verdict(ci: Sequence[float], above: str, below: str,
     return above if ci[0] > 1 else below
 
 
+def digits_apart(lo: float, hi: float, digits: int = 3) -> int:
+    """Significant digits that print ``lo`` and ``hi`` apart when they differ (``digits`` at
+    least, 6 at most): a narrow interval is not printed as a degenerate ``[x, x]``.
+
+    >>> digits_apart(1.2201, 1.2249), digits_apart(1.0, 1.0)
+    (4, 3)
+    """
+    while lo != hi and digits < 6 and f"{lo:.{digits}g}" == f"{hi:.{digits}g}":
+        digits += 1
+    return digits
+
+
 def fmt_ci(ci: Sequence[float], digits: int = 3) -> str:
-    """``[lo, hi]`` with ``digits`` significant digits (``[NaN]`` when undefined)."""
+    """``[lo, hi]`` with ``digits`` significant digits, more where they would print alike
+    (``digits_apart``; ``[CI undefined]`` when not finite)."""
     if not all(math.isfinite(c) for c in ci):
         return "[CI undefined]"
-    return f"[{ci[0]:.{digits}g}, {ci[1]:.{digits}g}]"
+    d = digits_apart(ci[0], ci[1], digits)
+    return f"[{ci[0]:.{d}g}, {ci[1]:.{d}g}]"
 
 
 # --------------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 Each experiment writes ``results.json`` (every number, with what it was measured on and how
 long it took), PNG figures and ``REPORT.md`` generated from the JSON.  ``all`` runs every
 experiment on one shared capture and writes ``OUT/REPORT.md`` with every conclusion.
-``--quick`` uses few tokens and subsampled sites.  ``--device cuda`` (the default when torch
+``--quick`` is a first try (about a minute per experiment on 2 idle cores; docs/experiments.md
+says what each leaves out).  ``--device cuda`` (the default when torch
 sees a GPU) runs the model and the emulation on the GPU.
 """
 
@@ -24,7 +25,7 @@ from . import (accumulation, activations, anymodel, context, deepseek, fp8, fp16
                training)
 from fpsim.cliparse import OneLineParser
 
-from .report import load_json, write_json
+from .report import IEEE_NAMES, load_json, quick_note, write_json
 from .sweep import executors, runner, runs as e2e_runs
 
 EXPERIMENTS: dict[str, ModuleType] = {m.NAME: m for m in (
@@ -107,8 +108,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
              "results/ is rewritten only when named here: --out results)"
     )
     p.add_argument(
-        "--quick", action="store_true", help="few tokens and subsampled sites: a smoke run"
-    )
+        "--quick", action="store_true",
+        help=f"a first try, not a result: {context.QUICK.tokens} held-out tokens (2 windows of one "
+             "topic), subsampled sites and fewer runs (range-vs-precision B=8 only; fp8 9 of 19 "
+             "recipes; practice no MXFP8; training 6 steps, 2 seeds, 5 recipes; range-cases one "
+             "case per group); its intervals resample those windows only and say nothing beyond "
+             "them; each report says what it left out")
     p.add_argument("--device", choices=["cpu", "cuda"],
                    help="where the model, the captured sites and the emulation run (default: "
                         "cuda when torch sees a GPU, else cpu); the emulation gives the same "
@@ -175,13 +180,16 @@ def _render(module: ModuleType, out: Path) -> None:
 def index(out: Path, names: list[str]) -> str:
     """``OUT/REPORT.md`` for ``all``: every experiment's conclusions, linked to its report."""
     lines = ["# Experiment results", ""]
+    if names:
+        lines += quick_note(_load(EXPERIMENTS[names[0]], out / names[0])["meta"],
+                            "each report below says what its experiment left out")
     if range_vs_precision.NAME in names:
         rvp = _load(range_vs_precision, out / range_vs_precision.NAME)
         lines += [
             f"![range vs precision]({range_vs_precision.NAME}/range_vs_precision.png)",
             "",
             "End-to-end KL(FP32 ‖ format) in nats/token of every IEEE-style eXmY split of B bits "
-            "(inf/NaN in the all-ones exponent: e4m3 here has max 240, not OCP E4M3FN's 448) "
+            f"(**{IEEE_NAMES}**) "
             f"(`{rvp['meta']['model']}`: {range_findings.scope(rvp, range_findings.ratios_for(rvp))}"
             f"; {rvp['meta']['tokens']} held-out tokens; NaN: inf/NaN logits):",
             "",

@@ -34,7 +34,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
 from . import bootstrap, endtoend, replay
 from .capture import Site, stream
@@ -42,6 +41,7 @@ from .gpt2.checkpoint import SYNTHETIC_KEY, load_gpt2, resolve_checkpoint
 from .gpt2.data import heldout_bytes, heldout_text, windows
 from .gpt2.model import GPT2, site_names, site_order
 from .gpt2.tokenizer import load_bpe
+from .progress import bar as progress_bar
 from .recipes import FP32, FP64, Recipe
 from .report import versions
 from .sweep import runs as e2e_runs
@@ -204,7 +204,7 @@ class Context:
         accumulator is emulated), from one capture pass: each site is replayed under every
         recipe, then dropped.  ``where``: which site names to replay (default: all)."""
         out: list[dict[str, dict]] = [{} for _ in recipes]
-        bar = tqdm(total=len(self.site_names), desc=desc, unit="site", disable=desc is None)
+        bar = progress_bar(len(self.site_names), desc, "site")
 
         def each(c: Captured) -> None:
             if where is None or where(c.name):

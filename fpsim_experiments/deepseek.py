@@ -1,4 +1,4 @@
-"""Experiment ``deepseek-accumulation``: DeepSeek-V3's "nearly 2%" for Hopper FP8 sums, explained.
+"""Experiment ``deepseek-accumulation``: can modelled Hopper FP8 sums give DeepSeek-V3's "nearly 2%"?
 
 DeepSeek-V3 (arXiv 2412.19437, §3.3.2) reports that Hopper's FP8 tensor cores keep about 14 bits
 when they accumulate, so that a GEMM of two random matrices with K = 4096 has a maximum relative
@@ -43,8 +43,9 @@ import torch
 import fpsim
 from fpsim.arith import TENSOR_CORES, TensorCoreModel
 
+from .bootstrap import digits_apart
 from .context import Captured, Context
-from .report import figure, num, pct, save, table
+from .report import figure, num, pct, quick_note, save, table
 
 NAME = "deepseek-accumulation"
 PRESET = TENSOR_CORES["hopper_fp8"]
@@ -355,9 +356,10 @@ def _pick(rows: list[dict], **where: Any) -> dict:
 
 def ci(m: dict, percent: bool = True) -> str:
     """``value [lo, hi]`` of a metric, as percentages or in 3 significant digits."""
+    d = digits_apart(m["lo"], m["hi"])
     if percent:
-        return f"{pct(m['value'])} [{pct(m['lo'])}, {pct(m['hi'])}]"
-    return f"{num(m['value'])} [{num(m['lo'])}, {num(m['hi'])}]"
+        return f"{pct(m['value'], d)} [{pct(m['lo'], d)}, {pct(m['hi'], d)}]"
+    return f"{num(m['value'], d)} [{num(m['lo'], d)}, {num(m['hi'], d)}]"
 
 
 def verdict(m: dict) -> str:
@@ -453,6 +455,20 @@ def conclusions(data: dict) -> list[str]:
     return out
 
 
+def covers(data: dict) -> str:
+    """What the GPT-2 intervals resample: token rows of the captured windows only."""
+    from .range_findings import heldout_topics
+
+    g, meta = data["gpt2"], data["meta"]
+    n = max(1, g["tokens"] // meta["window"])
+    topics = heldout_topics(meta, n)
+    where = ("" if topics is None else f", all of held-out topic `{topics[0]}`"
+             if len(set(topics)) == 1 else f", from {len(set(topics))} held-out topics")
+    return (f"the intervals resample the {g['rows']} token rows, drawn from the {g['tokens']} "
+            f"captured tokens of the first {n} held-out windows{where}: they cover the choice "
+            "of rows there, not other windows or topics")
+
+
 def gpt2_conclusions(data: dict) -> list[str]:
     """DeepSeek-V3's recipe on the tiny GPT-2's linear layers, with and without promotion."""
     g, hw = data["gpt2"], PRESET.frac_bits
@@ -478,7 +494,8 @@ def gpt2_conclusions(data: dict) -> list[str]:
         f"Tiny GPT-2, {len(g['sites'])} linear sites (K = "
         f"{', '.join(str(kk) for kk in sorted(set(g['sites'].values())))}), {g['rows']} token rows "
         f"× {g['cols']} columns each, DeepSeek-V3's scaling and promotion at {hw} bits: normwise "
-        f"error {ci(ds['normwise'])}, signed {ci(ds['signed'])} (all sites pooled).",
+        f"error {ci(ds['normwise'])}, signed {ci(ds['signed'])} (all sites pooled; "
+        f"{covers(data)}).",
         f"The same operands with power-of-two scales: promoted {ci(e8['normwise'])}, without "
         f"promotion {ci(np_['normwise'])} normwise"
         + (" (the intervals do not overlap)" if _disjoint(e8["normwise"], np_["normwise"])
@@ -612,7 +629,10 @@ def render(data: dict, out: Path) -> str:
                  cell(DEEPSEEK, n, "signed"), cell(DEEPSEEK, n, "max")]
                 for n, kk in [*g["sites"].items(), ("all", None)]]) if hw in s["frac_bits"] else ""
     meta = data["meta"]
-    lines = [f"# DeepSeek-V3's FP8 accumulation error, explained ({meta['model']})", "",
+    lines = [f"# Can modelled Hopper FP8 sums give DeepSeek-V3's 'nearly 2%'? ({meta['model']})", "",
+             *quick_note(meta, size=(
+                 f"{QUICK.trials} trials per setting, bits {list(QUICK.frac_bits)}, K "
+                 f"{list(QUICK.ks)}, {QUICK.rows} GPT-2 token rows")),
              f"`{PRESET.name}` model: groups of {PRESET.group} exact products and the running sum "
              "aligned to the largest exponent, truncated to the given number of fraction bits, "
              f"summed, truncated to E8M<bits> (the preset keeps {hw}). Synthetic inputs: "

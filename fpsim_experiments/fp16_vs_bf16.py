@@ -22,6 +22,7 @@ from .report import (figure, in_forward_order, median_finite, num, page, pct, sa
 
 NAME = "fp16-vs-bf16"
 FORMATS = ("fp16", "bf16")
+NO_FLUSH = "fp16 in/out, fp32 acc, no flush"
 
 
 def recipes() -> list[Recipe]:
@@ -34,6 +35,8 @@ def recipes() -> list[Recipe]:
                           name=f"{f} in/out, fp32 acc (sequential)"))
         out.append(Recipe(f, accum=f, order="sequential", output=f,
                           name=f"{f} in/out, {f} acc (sequential)"))
+    # what FP16's flushed operands cost: the same run with them kept at their FP32 value
+    out.append(Recipe("fp16", output="fp16", flush=False, name=NO_FLUSH))
     return out
 
 
@@ -58,8 +61,10 @@ def headline(data: dict) -> str:
         f"FP16 and {num(b['kl'])} {fmt_ci(b['ci']['kl'])} for BF16: BF16/FP16 = {num(q)}× "
         f"{fmt_ci(ci)}, {side}; top-1 agreement {pct(h['top1'])} vs {pct(b['top1'])}."
         + (
-            " Neither gives inf/NaN anywhere end to end: BF16's wider range buys nothing on "
-            "this model and FP16's 3 extra mantissa bits win (precision is the limit)."
+            " Neither gives inf/NaN anywhere end to end, and FP16's 3 extra mantissa bits win "
+            f"overall; its narrower range still shows at the bottom: FP16 flushes "
+            f"{flushed(h)} of the operand elements end to end, BF16 {flushed(b)}. "
+            + flush_price(r)
             if bootstrap.excludes_one(ci)
             and ci[0] > 1
             and not h["nonfinite_sites"]
@@ -67,6 +72,27 @@ def headline(data: dict) -> str:
             else ""
         )
     )
+
+
+def flush_price(runs: dict[str, dict]) -> str:
+    """What FP16's flushed operands cost: its KL over the same run without flush (paired)."""
+    if NO_FLUSH not in runs or "e2e" not in runs[NO_FLUSH]:
+        return ("No ablation in this run prices those flushes (how much of FP16's KL they cause "
+                f"is not measured; a rerun adds '{NO_FLUSH}').")
+    q, ci = bootstrap.ratio(runs["fp16 in/out, fp32 acc"]["e2e"], runs[NO_FLUSH]["e2e"])
+    return (f"Keeping them at their FP32 value, FP16's KL / its KL without flush = {num(q)}× "
+            f"{fmt_ci(ci)}: "
+            + bootstrap.verdict(ci, "the flushes cost", "the flushes help",
+                                "no measurable cost of the flushes") + ".")
+
+
+def flushed(e2e: dict) -> str:
+    """Operand elements flushed to zero end to end: share and count (``-`` when not counted)."""
+    ev = e2e.get("events")
+    if not ev:
+        return "-"
+    n = sum(e["flushed"] for e in ev.values())
+    return f"{pct(n / sum(e['elements'] for e in ev.values()))} ({n:,})" if n else "none"
 
 
 def conclusions(data: dict) -> list[str]:

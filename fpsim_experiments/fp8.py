@@ -9,6 +9,7 @@ quantized, LayerNorm inputs (the residual stream) included.
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -16,14 +17,22 @@ from typing import Any
 
 from fpsim import get_format, mx
 
+from . import bootstrap
+from .bootstrap import fmt_ci
 from .context import Context
 from .recipes import Recipe
-from .report import figure, in_forward_order, kl_or_inf, num, page, pct, ratio, save, table
+from .report import (OCP_NAMES, figure, in_forward_order, kl_or_inf, num, page, pct, ratio,
+                     save, table)
 
 NAME = "fp8"
 SCALARS = ("e5m2", "e4m3", "e3m4", "int8")
 SCALAR_SCALINGS = ("none", "tensor", "channel")
 BLOCKS = ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp4", "mxint8", "nvfp4")
+#: ``--quick``: 9 of the 19 recipes (no INT8, no per-channel scaling, three block formats)
+QUICK_RECIPES = ("e5m2/none", "e4m3/none", "e3m4/none", "e5m2/tensor", "e4m3/tensor",
+                 "e3m4/tensor", "mxfp8_e4m3/block", "mxfp4/block", "nvfp4/block")
+QUICK_SKIPS = ("9 of the 19 recipes: no INT8, no per-channel scaling, of the block formats "
+               "MXFP8 E4M3, MXFP4 and NVFP4 only")
 
 
 def recipes() -> list[Recipe]:
@@ -43,7 +52,7 @@ def bits_per_element(recipe: dict) -> float:
 
 def run(ctx: Context) -> dict[str, Any]:
     """End-to-end and per-site results of every recipe."""
-    runs = ctx.run(recipes(), desc=NAME)
+    runs = ctx.run([r for r in recipes() if not ctx.quick or r.name in QUICK_RECIPES], desc=NAME)
     for r in runs:
         r["bits"] = bits_per_element(r["recipe"])
     return {"runs": runs, "baseline": ctx.baseline}
@@ -51,18 +60,17 @@ def run(ctx: Context) -> dict[str, Any]:
 
 def conclusions(data: dict) -> list[str]:
     """Best format per scaling, what scaling does to each format, and the block formats by size."""
-    runs = {r["recipe"]["name"]: r for r in data["runs"]}
-    out = []
-    for s in SCALAR_SCALINGS:
-        ranked = sorted((runs[f"{f}/{s}"] for f in SCALARS), key=kl_or_inf)
-        out.append(
-            f"{s} scaling: "
-            + " < ".join(f"{r['recipe']['inputs']} ({num(r['e2e']['kl'])})" for r in ranked)
-            + " (end-to-end KL)."
-        )
     from .range_findings import ratios_for
 
+    runs = {r["recipe"]["name"]: r for r in data["runs"]}
     ratios = ratios_for(data)
+    out = []
+    for s in SCALAR_SCALINGS:
+        ran = [runs[f"{f}/{s}"] for f in SCALARS if f"{f}/{s}" in runs]
+        if ran:
+            out.append(f"{s} scaling: " + ranking(ran, ratios, lambda r: "")
+                       + " (end-to-end KL; each × is KL over the one before, with its window "
+                       "interval; ≈ where that interval holds 1).")
 
     def paired(a: dict, b: dict) -> str:
         """KL(a) / KL(b) with its window and topic intervals (or the non-finite side named)."""
@@ -72,10 +80,12 @@ def conclusions(data: dict) -> list[str]:
         return f"{r.text()} ({r.side('worse', 'better')})"
 
     for f in SCALARS:
-        none, tensor, channel = (runs[f"{f}/{s}"] for s in SCALAR_SCALINGS)
+        none, tensor, channel = (runs.get(f"{f}/{s}") for s in SCALAR_SCALINGS)
+        if none is None or tensor is None:
+            continue
         out.append(
-            f"{f}: KL with per-tensor scaling / without: {paired(tensor, none)}; "
-            f"per-channel / without: {paired(channel, none)}"
+            f"{f}: KL with per-tensor scaling / without: {paired(tensor, none)}"
+            + (f"; per-channel / without: {paired(channel, none)}" if channel else "")
             + (
                 f"; without scaling inf/NaN first appears at "
                 f"{in_forward_order(none['e2e']['nonfinite_sites'])[0]}"
@@ -90,17 +100,11 @@ def conclusions(data: dict) -> list[str]:
             )
             + "."
         )
-    blocks = sorted((runs[f"{b}/block"] for b in BLOCKS), key=kl_or_inf)
-    out.append(
-        "Block formats by KL: "
-        + " < ".join(
-            f"{r['recipe']['inputs']} ({num(r['e2e']['kl'])}, {num(r['bits'])} bits)"
-            for r in blocks
-        )
-        + "."
-    )
-    mx8, e4 = runs["mxfp8_e4m3/block"], runs["e4m3/none"]
-    if kl_or_inf(mx8) > kl_or_inf(e4):
+    out.append("Block formats by KL: " + ranking(
+        [runs[f"{b}/block"] for b in BLOCKS if f"{b}/block" in runs], ratios,
+        lambda r: f", {num(r['bits'])} bits") + ".")
+    mx8, e4 = runs.get("mxfp8_e4m3/block"), runs.get("e4m3/none")
+    if mx8 and e4 and kl_or_inf(mx8) > kl_or_inf(e4):
         out.append(
             f"MXFP8 E4M3 (KL {num(mx8['e2e']['kl'])}) against unscaled E4M3 "
             f"({num(e4['e2e']['kl'])}): {paired(mx8, e4)}; "
@@ -113,19 +117,35 @@ def conclusions(data: dict) -> list[str]:
             f"unscaled E4M3 "
             "does not make on this model."
         )
-    mx4, nv4 = runs["mxfp4/block"], runs["nvfp4/block"]
-    out.append(
-        f"At 4 bits, NVFP4 (16-element blocks, E4M3 scales) reaches KL {num(nv4['e2e']['kl'])} "
-        f"and MXFP4 "
-        f"(32-element blocks, power-of-two scales) {num(mx4['e2e']['kl'])}: MXFP4/NVFP4 = "
-        f"{paired(mx4, nv4)}."
-    )
+    mx4, nv4 = runs.get("mxfp4/block"), runs.get("nvfp4/block")
+    if mx4 and nv4:
+        out.append(
+            f"At 4 bits, NVFP4 (16-element blocks, E4M3 scales) reaches KL "
+            f"{num(nv4['e2e']['kl'])} and MXFP4 (32-element blocks, power-of-two scales) "
+            f"{num(mx4['e2e']['kl'])}: MXFP4/NVFP4 = {paired(mx4, nv4)}.")
     best = min(data["runs"], key=kl_or_inf)
     out.append(
         f"Lowest KL overall: {best['recipe']['name']} ({num(best['e2e']['kl'])}, top-1 "
         f"{pct(best['e2e']['top1'])})."
     )
     return out
+
+
+def ranking(rs: list[dict], ratios: Any, extra: Any) -> str:
+    """``rs`` by end-to-end KL, lowest first: ``<`` between neighbours whose paired window
+    interval of KL(next) / KL(previous) excludes 1, ``≈`` where it holds 1 (a tie the data
+    cannot order), the ratio and interval shown; ``extra(run)`` adds to each run's brackets."""
+    ranked = sorted(rs, key=kl_or_inf)
+    text = f"{ranked[0]['recipe']['inputs']} ({num(ranked[0]['e2e']['kl'])}{extra(ranked[0])})"
+    for prev, cur in itertools.pairwise(ranked):
+        head = f"{cur['recipe']['inputs']} ({num(cur['e2e']['kl'])}{extra(cur)}"
+        if not (math.isfinite(prev["e2e"]["kl"]) and math.isfinite(cur["e2e"]["kl"])):
+            text += f" < {head})"
+            continue
+        q = ratios.combine([cur, prev], lambda x, y: x / y, "")
+        sign = "<" if bootstrap.excludes_one(q.windows) else "≈"
+        text += f" {sign} {head}; {q.point:.3g}× {fmt_ci(q.windows)})"
+    return text
 
 
 def figures(data: dict, out: Path) -> list[str]:
@@ -191,8 +211,7 @@ def render(data: dict, out: Path) -> str:
         f"{num(data['baseline']['fp32']['loss'], 4)}); "
         f"per-site replay on {meta['replay_rows']} rows per site against FP64 on the same "
         f"operands. "
-        "E4M3 is OCP E4M3FN (max 448, NaN, no inf); E5M2 and E3M4 are IEEE-style. Per-tensor and "
-        "per-channel "
+        f"{OCP_NAMES} E5M2 and E3M4 are IEEE-style. Per-tensor and per-channel "
         "scales are amax / format max in FP32 (fpsim.scaled_quantize); per-channel means one "
         "scale per "
         "row of the left operand (per token for activations) and per column of the right one "
@@ -226,4 +245,5 @@ def render(data: dict, out: Path) -> str:
             rows,
         ),
     ]
-    return page("FP8, INT8 and block formats", meta, intro, conclusions(data), body)
+    return page("FP8, INT8 and block formats", meta, intro, conclusions(data), body,
+                skipped=QUICK_SKIPS)

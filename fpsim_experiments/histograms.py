@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from .context import Captured, Context
+from .progress import bar as progress_bar
 from .recipes import Recipe
 from .replay import site_output, used
 from .report import figure, num, page, save, table
@@ -63,7 +63,7 @@ def histogram(y: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
 def run(ctx: Context) -> dict[str, Any]:
     """Histograms of every recipe at every site."""
     out: dict[str, dict] = {recipe.name: {} for recipe in RECIPES}
-    bar = tqdm(total=len(ctx.site_names), desc=NAME, unit="site")
+    bar = progress_bar(len(ctx.site_names), NAME, "site")
 
     def each(c: Captured) -> None:
         for recipe in RECIPES:

@@ -19,9 +19,12 @@ says it is exploratory.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from . import bootstrap
 from .bootstrap import fmt_ci
@@ -104,6 +107,7 @@ class Ratio:
     holm: bool | None = None
     n: int | None = None
     full: int | None = None
+    per_topic: list[float] | None = None      # the ratio on each topic's windows alone
 
     def text(self) -> str:
         """``1.23× [1.21, 1.26] (topics [1.1, 1.4])``, and the windows when a subset."""
@@ -140,11 +144,25 @@ class Ratios:
 
     def _weights(self, n: int) -> tuple[Any, Any]:
         """Window and topic bootstrap counts for the first ``n`` windows."""
-        w = bootstrap.window_weights(n)
-        if self.topics is None:
+        w, labels = bootstrap.window_weights(n), self._labels(n)
+        if labels is None:
             return w, None
-        labels = list(self.topics[:n])
         return w, bootstrap.cluster_weights([sorted(set(labels)).index(t) for t in labels])
+
+    def _labels(self, n: int) -> list[str] | None:
+        """The topics of the first ``n`` windows; None without topics or with one only (a
+        cluster bootstrap of one cluster is a degenerate interval)."""
+        if self.topics is None or len(set(self.topics[:n])) < 2:
+            return None
+        return list(self.topics[:n])
+
+    def _members(self, n: int) -> Any:
+        """One row per topic of the first ``n`` windows: 1 on its windows (None: no topics)."""
+        labels = self._labels(n)
+        if labels is None:
+            return None
+        a = np.asarray(labels)
+        return (a[None, :] == np.unique(a)[:, None]).astype(np.float64)
 
     def combine(self, runs: Sequence[dict], fn: Any, name: str,
                 decides: bool = False) -> Ratio:
@@ -159,6 +177,9 @@ class Ratios:
         point, ci, samples = bootstrap.combine(e2e, fn, w)
         topics = None if t is None else bootstrap.combine(e2e, fn, t)[1]
         r = Ratio(name, point, ci, topics, bootstrap.p_value(samples, point), decides, n=n)
+        members = self._members(n)
+        if members is not None:
+            r.per_topic = [float(v) for v in bootstrap.combine(e2e, fn, members)[2]]
         r.full = self.windows
         if decides:
             self.family[name] = r
@@ -179,6 +200,13 @@ class Ratios:
         self.decided = dict(zip(names, rejected))
         self.family = {}
 
+    def top_two(self) -> float:
+        """Share of the windows in the two largest topics (0 without topics)."""
+        if not self.topics:
+            return 0.0
+        sizes = sorted(Counter(self.topics).values(), reverse=True)
+        return sum(sizes[:2]) / len(self.topics)
+
     def summary(self) -> str:
         """What the family is and how many of its verdicts survive the correction."""
         if self.decided is None:
@@ -192,7 +220,12 @@ class Ratios:
             and r.windows[1] > r.windows[0] and r.topics[0] > 0)
         spread = "" if not widths else (
             f" Interval widths (log scale), topic bootstrap / window bootstrap, over the family: "
-            f"median {widths[len(widths) // 2]:.2f}, range {widths[0]:.2f}–{widths[-1]:.2f}.")
+            f"median {widths[len(widths) // 2]:.2f}, range {widths[0]:.2f}–{widths[-1]:.2f}; "
+            f"the topic interval is the narrower for {sum(x < 1 for x in widths)} of "
+            f"{len(widths)} ratios. With {len(set(self.topics or ()))} topics, two of which hold "
+            f"{self.top_two():.0%} of the windows, the topic bootstrap has too few clusters "
+            "to be trusted and is no check on the window interval: the ratio on one topic's "
+            "windows alone often lies outside both (per topic, in the conclusions).")
         return (f"Multiple comparisons: the family is the {n} ratios of this report that decide a "
                 f"verdict (a side called worse or better); Holm's step-down correction at a "
                 f"family-wise 5% (p-values from the normal approximation of each ratio's "

@@ -14,10 +14,15 @@ the experiments' executor, so an interrupted run continues with ``--resume``):
   (the baselines of the finite-encoding comparisons), and e3 saturating with its bias moved
   up by one (bias 4, P3109 k8p5's);
 - ``deployed``: weights scaled per output channel with activations unscaled, and activations
-  scaled per tensor with weights unscaled, every split whose FP32 scales are not all clamped.
+  scaled per tensor with weights unscaled, every split whose FP32 scales are not all clamped;
+- ``mantissa``: e3mY and e4mY with their exponent range unbounded below
+  (``unbounded_below``), LayerNorms in FP32: every operand rounded at the format's mantissa
+  width, none flushed or kept exact, so the pair differs in the mantissa bit (and the largest
+  value, which nothing reaches there) only.
 
 Usage: ``fpsim experiment range-cases [--only GROUP ...] [--tokens N] [--out results]``;
-``--render`` re-renders ``range-vs-precision/REPORT.md`` from the JSON.
+``--render`` re-renders ``range-vs-precision/REPORT.md`` from the JSON; ``--quick`` without
+``--only`` or ``--cases`` runs the first case of each group.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from .report import load_json, write_json
 from .sweep import runs as e2e_runs
 
 NAME = "range-cases"
-GROUPS = ("attention", "like", "finite", "deployed")
+GROUPS = ("attention", "like", "finite", "deployed", "mantissa")
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,20 @@ def _e(budget: int, ebits: int) -> Format:
     return split_format(ebits, budget - 1 - ebits)
 
 
+def unbounded_below(f: Format) -> Format:
+    """``f`` with 8 exponent bits and the same largest value: its range goes on downwards past
+    FP32's smallest subnormal, so every FP32 operand rounds at ``f``'s mantissa width and none
+    is subnormal or flushes (IEEE-style, as the splits).
+
+    >>> from fpsim_experiments.range_vs_precision import split_format
+    >>> g = unbounded_below(split_format(3, 4))
+    >>> g.name, g.max, g.min_normal < 2.0 ** -149
+    ('e3m4_unbounded_below', 15.5, True)
+    """
+    emax = 2 ** f.ebits - 2 - f.bias
+    return Format(f"{f.name}_unbounded_below", 8, f.mbits, bias=254 - emax)
+
+
 def cases() -> Iterator[Case]:
     """Every case, in the order they run (most needed first)."""
     for b in BUDGETS:
@@ -121,6 +140,11 @@ def cases() -> Iterator[Case]:
                 continue
             yield Case("deployed", f"{f.name} W/channel", b, f, weights="channel")
             yield Case("deployed", f"{f.name} A/tensor", b, f, act="tensor", weights="none")
+    for b in BUDGETS:
+        for x in (3, 4):
+            f = _e(b, x)
+            yield Case("mantissa", f"{f.name} LN FP32, unbounded below", b, unbounded_below(f),
+                       ln_fp32=True)
 
 
 def case_run(ctx: context.Context, case: Case) -> e2e_runs.Run:
@@ -180,6 +204,8 @@ def main(args: argparse.Namespace) -> int:
             if unknown:
                 raise SystemExit(f"fpsim experiment range-cases: no case {unknown[0]!r}")
             chosen = [by_name[n] for n in args.cases]
+        if args.quick and not (args.only or args.cases):     # a first try: one per group
+            chosen = [next(c for c in chosen if c.group == g) for g in GROUPS]
         stored = load(args.out)
         todo = [c for c in chosen if c.name not in stored]
         ctx.execution = e2e_runs.execution(args, f"{RVP}/cases")

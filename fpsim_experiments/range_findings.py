@@ -20,29 +20,37 @@ from .endtoend import compact
 from .likewise import Ratios, attribution, finite, label
 from .report import in_forward_order, num, pct
 
-BUDGETS = (8, 12, 16)
 INTERACT_ABOVE = ("removing both gains more than removing each alone multiplied: each loss hides "
                   "part of the other's cost")
 INTERACT_BELOW = "removing both gains less than removing each alone multiplied: they overlap"
+
+
+def budgets(data: dict) -> tuple[int, ...]:
+    """The bit budgets the run covered (``--quick``: 8 only)."""
+    return tuple(int(b) for b in data["budgets"])
 
 
 def _e(budget: int, ebits: int) -> str:
     return f"e{ebits}m{budget - 1 - ebits}"
 
 
-def ratios_for(data: dict) -> Ratios:
-    """The report's ``Ratios``: topics known when the windows are the byte-level held-out
-    text of this Python (the topics' text ships with CPython and changes between versions)."""
+def heldout_topics(meta: dict, n: int) -> list[str] | None:
+    """The held-out topic of each of the first ``n`` windows, when the windows are the
+    byte-level held-out text of this Python (the topics' text ships with CPython and changes
+    between versions); else None."""
     import platform
 
-    meta = data["meta"]
-    n = len(data["baseline"]["fp32"]["windows"]["kl"])
-    topics = None
-    if meta["config"].get("vocab_size") == 256 and meta.get("python") == \
+    if meta["config"].get("vocab_size") != 256 or meta.get("python") != \
             platform.python_version():
-        found = window_topics(meta["window"], n)
-        topics = found if len(found) == n else None
-    return Ratios(n, topics)
+        return None
+    found = window_topics(meta["window"], n)
+    return found if len(found) == n else None
+
+
+def ratios_for(data: dict) -> Ratios:
+    """The report's ``Ratios``: windows, and their topics where known."""
+    n = len(data["baseline"]["fp32"]["windows"]["kl"])
+    return Ratios(n, heldout_topics(data["meta"], n))
 
 
 def scope(data: dict, ratios: Ratios) -> str:
@@ -94,7 +102,8 @@ def _missing(what: str, names: list[str]) -> str:
 
 
 def weights_line(data: dict) -> list[str]:
-    """The bottom of the range is the weights: their amax against the smallest normals."""
+    """Where the weights sit against the smallest normals (they are not what mostly flushes:
+    ``flushed_by_operand``)."""
     w = data.get("weights")
     if not w:
         return []
@@ -108,7 +117,7 @@ def weights_line(data: dict) -> list[str]:
         return ("all" if lo == "100%" else lo) if lo == hi else f"{lo}–{hi}"
 
     return [
-        f"The bottom of the range is the weights: every linear (Conv1D) weight's largest "
+        f"The weights sit below e3m4's normal range: every linear (Conv1D) weight's largest "
         f"magnitude is {num(min(amax))}–{num(max(amax))}, below e3m4's smallest normal "
         f"{num(e3.min_normal)}, so without scaling {span(below('e3m4', 'below_normal'))} of "
         f"each weight's non-zero elements are subnormal or zero in e3m4 and "
@@ -117,14 +126,80 @@ def weights_line(data: dict) -> list[str]:
         f"{span(below('e4m3', 'flushed'))} flush"
         + (f" (the tied embedding / lm_head: amax {num(lm['amax'])}, "
            f"{pct(lm['e3m4']['below_normal'])} below e3m4's normal range)" if lm else "")
-        + ". Scaling the weights per output channel moves them into the normal range (below)."]
+        + ". They are not most of what flushes (next conclusion)."]
+
+
+#: (rows, columns) of each linear site's weight in units of the width C, the MLP's inner
+#: width I and the vocabulary V, as GPT-2's Conv1D stores them (inputs first)
+_WEIGHT_SHAPE = {"attn.c_attn": ("C", "3C"), "attn.c_proj": ("C", "C"),
+                 "mlp.c_fc": ("C", "I"), "mlp.c_proj": ("I", "C"), "lm_head": ("C", "V")}
+
+
+def flushed_by_operand(data: dict, run: dict, fmt: str) -> dict[str, int] | None:
+    """``run``'s flushed operand elements end to end split into weights, attention's Q·K and
+    P·V operands and the linear layers' activations (None when it cannot be told).
+
+    The events count both operands of a site together; the weights' part is their own flushed
+    count (``weights``, per forward pass) times the passes, which a linear site's element count
+    gives: tokens x inputs for the activations plus passes x the weight's size."""
+    w, c, ev = data.get("weights"), data["meta"]["config"], run["e2e"].get("events")
+    if not w or not ev:
+        return None
+    width = {"C": c["n_embd"], "3C": 3 * c["n_embd"], "I": c.get("n_inner") or 4 * c["n_embd"],
+             "V": c["vocab_size"]}
+    tokens = len(run["e2e"]["windows"]["kl"]) * data["meta"]["window"]
+    out = {"weights": 0, "attention": 0, "activations": 0}
+    for site, e in ev.items():
+        kind = site.split(".", 1)[-1]
+        if kind in ("attn.qk", "attn.av"):
+            out["attention"] += e["flushed"]
+            continue
+        if kind not in _WEIGHT_SHAPE or site not in w:
+            return None
+        k, n = (width[d] for d in _WEIGHT_SHAPE[kind])
+        passes, rest = divmod(e["elements"] - tokens * k, k * n)
+        if rest or passes < 1:
+            return None
+        mine = round(passes * w[site][fmt]["flushed"] * w[site]["elements"])
+        out["weights"] += mine
+        out["activations"] += e["flushed"] - mine
+    return out
+
+
+def bottom_lines(data: dict, ratios: Ratios) -> list[str]:
+    """What flushes at the bottom of e3m4's range (with the LayerNorms in FP32, nothing
+    overflows), and what scaling the weights alone buys."""
+    out = []
+    run = _ln(data, 8, 3)
+    split = None if run is None else flushed_by_operand(data, run, "e3m4")
+    if split:
+        total = sum(split.values())
+        shares = operand_shares(run)
+        out.append(
+            f"B=8, e3m4 without scaling, LayerNorms in FP32: {pct(shares[1])} of all operand "
+            f"elements flush to zero end to end; of those, {pct(split['weights'] / total)} are "
+            f"weights, {pct(split['attention'] / total)} attention's Q·K and P·V operands "
+            f"({shares[2]} alone flushes {pct(shares[3])} of its elements) and "
+            f"{pct(split['activations'] / total)} the linear layers' activations (the weights' "
+            "part is their flushed elements per forward pass times the passes).")
+    parts = []
+    for f in ("e3m4", "e4m3"):
+        a = _case(data, f"{f} A/tensor")
+        b = _run(data, 8, int(f[1]), "tensor")
+        if a is None or b is None or not finite(a, b):
+            continue
+        parts.append(f"{f} {ratios.ratio(a, b, 'weights', decides=False).text()}")
+    if parts:
+        out.append("B=8, activations per tensor in both runs, what scaling the weights per tensor "
+                   "too does (KL with weights unscaled / scaled): " + "; ".join(parts) + ".")
+    return out
 
 
 def attribution_lines(data: dict, ratios: Ratios) -> list[str]:
     """Flush and subnormal width, order-free, on the LayerNorm-in-FP32 runs (nothing overflows
     there), for e3 and, where run, e4; then the formats compared with both removed."""
     out = []
-    for budget in BUDGETS:
+    for budget in budgets(data):
         e3, e4 = _e(budget, 3), _e(budget, 4)
         corners = {
             3: (_ln(data, budget, 3), _abl(data, budget, "LN FP32, no flush"),
@@ -151,6 +226,7 @@ def attribution_lines(data: dict, ratios: Ratios) -> list[str]:
                 f"({a['interaction'].side(INTERACT_ABOVE, INTERACT_BELOW, 'no measurable interaction')})")
         out.append(f"B={budget}, no scaling, LayerNorms in FP32 (no operand overflows), what "
                    f"the bottom of the range costs, as KL factors: " + "; ".join(parts) + ".")
+        wide = f"{e3} LN FP32, unbounded below", f"{e4} LN FP32, unbounded below"
         pairs = [("LayerNorms in FP32", _ln(data, budget, 3), _ln(data, budget, 4)),
                  ("LayerNorms in FP32, no flush", corners[3][1], corners[4][1]),
                  ("LayerNorms in FP32, no flush, full subnormals", corners[3][3], corners[4][3])]
@@ -161,6 +237,20 @@ def attribution_lines(data: dict, ratios: Ratios) -> list[str]:
                 continue
             r = ratios.ratio(a, b, "format")
             bits.append(f"{what} in both: {r.text()}, {r.side('e3 worse', 'e3 better')}")
+            if "no flush" in what:
+                bits[-1] += (f" (without flush the values that would flush keep their FP32 value: "
+                             f"{pct(operand_shares(a)[1])} of {e3}'s operand elements, "
+                             f"{pct(operand_shares(b)[1])} of {e4}'s, so this pair differs in "
+                             "more than the mantissa bit)")
+        a, b = (_case(data, n) for n in wide)
+        what = ("exponent range unbounded below in both, LayerNorms in FP32 (every operand "
+                "rounded at the format's mantissa width, none flushed or kept exact: the "
+                "mantissa bit alone)")
+        if a is None or b is None:
+            bits.append(f"{what}: not run yet (`fpsim experiment range-cases --only mantissa`)")
+        elif finite(a, b):
+            r = ratios.ratio(a, b, "format")
+            bits.append(f"{what}: {r.text()}, {r.side('e3 worse', 'e3 better')}")
         out.append(f"B={budget}, {e3} / {e4}, each pair differing in the format only: "
                    + "; ".join(bits) + ".")
     return out
@@ -170,7 +260,7 @@ def encoding_lines(data: dict, ratios: Ratios) -> list[str]:
     """One exponent bit fewer vs one mantissa bit fewer when overflow is finite (saturation,
     the fn encoding), beside the IEEE-encoding result, and e3 saturating with bias moved up."""
     out = []
-    for budget in BUDGETS:
+    for budget in budgets(data):
         e3, e4, e5 = (_e(budget, x) for x in (3, 4, 5))
         plain = _run(data, budget, 3)
         variants = [("saturating", "saturate", f"{e4} saturating", f"{e5} saturating"),
@@ -185,7 +275,9 @@ def encoding_lines(data: dict, ratios: Ratios) -> list[str]:
                 continue
             steep = ratios.ratio(a, c, "format")
             vs4 = ratios.ratio(a, b, "format", decides=False)
-            parts.append(f"{what}: {label(a)} / {label(c)} {steep.text()} "
+            held = sum(e["saturated"] for e in a["e2e"]["events"].values())
+            parts.append(f"{what} ({label(a)}: max {num(a['max'])}, {held} operand elements "
+                         f"saturated): {label(a)} / {label(c)} {steep.text()} "
                          f"({steep.side('range is the steeper side', 'precision is the steeper side')}); "
                          f"{label(a)} / {label(b)} {vs4.text()}")
         ieee = "inf/NaN logits" if plain is None or not math.isfinite(plain["e2e"]["kl"]) \
@@ -193,7 +285,9 @@ def encoding_lines(data: dict, ratios: Ratios) -> list[str]:
         if missing:
             parts.append("not run yet: " + ", ".join(missing))
         text = (f"B={budget}, no scaling, with overflow made finite (beside the IEEE encoding, "
-                f"where {e3} gives {ieee}): " + "; ".join(parts))
+                f"where {e3} gives {ieee}; saturating keeps the IEEE codes and clamps, the fn "
+                "encoding's top binade holds finite values, so its largest value is about twice "
+                "as large and they are different formats): " + "; ".join(parts))
         moved, sat4, sat3 = (_case(data, f"e3m{budget - 4}b4 saturating"),
                              _case(data, f"{e4} saturating"), _abl(data, budget, "saturate"))
         if moved and sat4 and sat3 and finite(moved, sat4, sat3):
@@ -212,7 +306,7 @@ def attention_lines(data: dict) -> list[str]:
     """The finite share of the runs that give inf/NaN, under both attention semantics."""
     rows = []
     for eager, causal in [(_case(data, f"{_e(b, 3)} eager"), _case(data, f"{_e(b, 3)} causal"))
-                          for b in BUDGETS] + [
+                          for b in budgets(data)] + [
             (_abl(data, 8, "no flush"), _case(data, "e3m4 no flush causal")),
             (_abl(data, 8, "bias 4"), _case(data, "e3m4b4 causal"))] + [
             (next((r for r in data.get("p3109_runs", []) if r["format"] == f), None),
@@ -236,7 +330,7 @@ def overflow_lines(data: dict) -> list[str]:
     """Where the unscaled e3 splits overflow: every element, window and channel, and the other
     training seeds."""
     out = []
-    for budget in BUDGETS:
+    for budget in budgets(data):
         run = _case(data, f"{_e(budget, 3)} eager")
         if run is None:
             continue
@@ -279,7 +373,7 @@ def deployed_lines(data: dict, ratios: Ratios) -> list[str]:
     out = []
     for tag, what in (("W/channel", "weights per output channel, activations unscaled"),
                       ("A/tensor", "activations per tensor, weights unscaled")):
-        for budget in BUDGETS:
+        for budget in budgets(data):
             series = [r for r in data.get("cases", {}).values()
                       if r["budget"] == budget and r["name"].endswith(tag)]
             series.sort(key=lambda r: r["ebits"])
@@ -342,7 +436,8 @@ def same_mantissa_lines(data: dict, ratios: Ratios) -> list[str]:
 
 def extra(data: dict, ratios: Ratios) -> list[str]:
     """All of the above, in report order."""
-    return (weights_line(data) + overflow_lines(data) + attention_lines(data)
+    return (weights_line(data) + bottom_lines(data, ratios) + overflow_lines(data)
+            + attention_lines(data)
             + attribution_lines(data, ratios) + encoding_lines(data, ratios)
             + deployed_lines(data, ratios) + same_mantissa_lines(data, ratios))
 

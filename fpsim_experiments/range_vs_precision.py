@@ -28,12 +28,17 @@ from .recipes import Recipe, rounding_limit
 from . import bootstrap, replay
 from .bootstrap import fmt_ci
 from .likewise import Ratios
-from .range_findings import cases_table, extra, operand_shares, ratios_for, scope
-from .report import figure, in_forward_order, load_json, num, page, pct, save, table
+from .range_findings import budgets, cases_table, extra, operand_shares, ratios_for, scope
+from .report import (IEEE_NAMES, figure, in_forward_order, load_json, num, page, pct,
+                     save, table)
 from .sweep import runs as e2e_runs
 
 NAME = "range-vs-precision"
 BUDGETS = (8, 12, 16)
+#: ``--quick`` runs B=8 only, without the bias sweep and P3109 (25 end-to-end runs, not 108)
+QUICK_BUDGETS = (8,)
+QUICK_SKIPS = ("B=8 only (no 12- or 16-bit splits), without the exponent-bias sweep and "
+               "IEEE P3109's formats (25 end-to-end runs, not 108)")
 SCALINGS = ("none", "tensor")
 LN_FP32 = "none-ln-fp32"  # no scaling, LayerNorm inputs in FP32 (end to end only)
 VARIANTS = ("none", LN_FP32, "tensor")
@@ -78,14 +83,14 @@ def fn_format(ebits: int, mbits: int) -> Format:
     return Format(f"e{ebits}m{mbits}fn", ebits, mbits, inf=False, nan="fn")
 
 
-def ablations(budget: int) -> list[tuple[str, Recipe, bool]]:
+def ablations(budget: int, sweep: bool = True) -> list[tuple[str, Recipe, bool]]:
     """Attribution runs of the 3-exponent-bit split of ``budget`` (end to end only).
 
     (name, recipe, LayerNorm inputs in FP32): saturate instead of overflowing, keep values
     below the smallest subnormal (no flush), both, the OCP-style ``fn`` encoding, LayerNorm in
     FP32 without flush, with subnormals at full mantissa width, and both (which leaves only
     overflow and the mantissa width); at B=8 also a bias sweep of e3m4 (IEEE-style, default
-    bias 3).
+    bias 3; ``sweep`` False leaves it out).
     """
     m = budget - 4
     f = split_format(3, m)
@@ -111,7 +116,7 @@ def ablations(budget: int) -> list[tuple[str, Recipe, bool]]:
             True,
         ),
     ]
-    if budget == 8:
+    if budget == 8 and sweep:
         for bias in BIASES:
             g = Format(f"e3m{m}b{bias}", 3, m, bias=bias)
             out.append((f"bias {bias}", Recipe(g, name=g.name), False))
@@ -169,7 +174,7 @@ def _head(budget: int, fmt: Format, scaling: str) -> dict[str, Any]:
 def run(ctx: Context) -> dict[str, Any]:
     """End-to-end and per-site results of every split, budget and scaling, the LayerNorm-in-FP32
     variant and the attribution ablations of the 3-exponent-bit splits."""
-    plan = {b: splits(b) for b in BUDGETS}
+    plan = {b: splits(b) for b in (QUICK_BUDGETS if ctx.quick else BUDGETS)}
     scaled = [(b, f, s) for b, (formats, _) in plan.items() for f in formats for s in SCALINGS]
     # a per-tensor run whose every FP32 scale is the clamp 2^-126 (9+ exponent bits) is the
     # unscaled run: that power of two lies far inside the format's range and changes no rounding
@@ -181,8 +186,9 @@ def run(ctx: Context) -> dict[str, Any]:
     stats = ctx.replay(recipes, desc=f"{NAME} replay")
     ln = [(b, f, Recipe(f, name=f"{f.name}/none, LayerNorm FP32"))
           for b, (formats, _) in plan.items() for f in formats]
-    abl = [(b, *a) for b in BUDGETS for a in ablations(b)]
-    p3109 = [f for x in P3109_SPLITS for f in p3109_formats(x)] + [p3109_bias_ablation()]
+    abl = [(b, *a) for b in plan for a in ablations(b, sweep=not ctx.quick)]
+    p3109 = [] if ctx.quick else (
+        [f for x in P3109_SPLITS for f in p3109_formats(x)] + [p3109_bias_ablation()])
     # every end-to-end run at once: the executor may run them side by side
     e2e = iter(r["e2e"] for r in ctx.end_to_end_runs(
         [e2e_runs.recipe_run(r.name, r) for r in recipes]
@@ -206,7 +212,7 @@ def run(ctx: Context) -> dict[str, Any]:
     return {
         "ablation_runs": ablation_runs,
         "p3109_runs": p3109_runs[:-1],
-        "p3109_bias_ablation": p3109_runs[-1],
+        **({"p3109_bias_ablation": p3109_runs[-1]} if p3109_runs else {}),
         "budgets": {
             str(b): {"formats": [f.name for f in fs], "skipped": sk} for b, (fs, sk) in plan.items()
         },
@@ -325,7 +331,9 @@ def _steeper(less: dict, more: dict, ratios: Ratios) -> str:
         "the steeper side is precision (fewer mantissa bits)",
         "no measurable difference between one exponent bit and one mantissa bit fewer",
     )
-    return f"KL ratio exponent-bit-fewer / mantissa-bit-fewer {r.text()}: {side}"
+    topics = "" if not r.per_topic else (
+        f", on each topic's windows alone {num(min(r.per_topic))}–{num(max(r.per_topic))}")
+    return f"KL ratio exponent-bit-fewer / mantissa-bit-fewer {r.text()}{topics}: {side}"
 
 
 def p3109_lines(data: dict, ratios: Ratios) -> list[str]:
@@ -389,7 +397,7 @@ def _plot_metric(ax: Any, data: dict, scaling: str, metric: str, log: bool) -> N
     """``metric`` vs exponent bits with bootstrap error bars; inf/NaN runs as markers in a band
     above the axes' data (labelled with their finite share), never at a made-up value."""
     band = ax.get_xaxis_transform()  # x in data, y in axes coordinates
-    for k, budget in enumerate(BUDGETS):
+    for k, budget in enumerate(budgets(data)):
         s = _series(data, budget, scaling)
         ok = [r for r in s if math.isfinite(r["e2e"][metric])]
         y = [r["e2e"][metric] for r in ok]
@@ -454,7 +462,7 @@ def figures(data: dict, out: Path) -> list[str]:
     fig, axes = figure(1, 1, width=7.5, height=4.5)
     ax = axes[0, 0]
     for scaling, marker in zip(variants, "os^"):
-        for budget, ls in zip(BUDGETS, ("-", "--", ":")):
+        for budget, ls in zip(budgets(data), ("-", "--", ":")):
             ok = [r for r in _series(data, budget, scaling) if math.isfinite(r["e2e"]["kl"])]
             ax.plot(
                 [r["mbits"] for r in ok],
@@ -475,7 +483,7 @@ def figures(data: dict, out: Path) -> list[str]:
     _legend_outside(ax)
     names.append(save(fig, out / "kl_vs_mantissa_bits.png"))
     fig, axes = figure(1, 2, width=6.5, height=4.2)
-    for budget in BUDGETS:
+    for budget in budgets(data):
         for scaling, ls in zip(VARIANTS, ("-", ":", "--")):
             s = [r for r in _series(data, budget, scaling) if r["e2e"].get("events")]
             if not s:
@@ -520,7 +528,7 @@ def conclusions(data: dict) -> list[str]:
 def _conclusions(data: dict, ratios: Ratios) -> list[str]:
 
     out = []
-    for budget in BUDGETS:
+    for budget in budgets(data):
         for scaling in _variants(data):
             s = _series(data, budget, scaling)
             best = _best(s)
@@ -575,7 +583,7 @@ def _conclusions(data: dict, ratios: Ratios) -> list[str]:
         )
     out += p3109_lines(data, ratios)
     out += extra(data, ratios)
-    for budget in BUDGETS:
+    for budget in budgets(data):
         if LN_FP32 not in _variants(data):
             break
         none = {r["ebits"]: r for r in _series(data, budget, "none")}
@@ -601,7 +609,7 @@ def _conclusions(data: dict, ratios: Ratios) -> list[str]:
                 f"site "
                 "quantized): " + "; ".join(parts) + "."
             )
-    for budget in BUDGETS:
+    for budget in budgets(data):
         none, tensor = _best(_series(data, budget, "none")), _best(_series(data, budget, "tensor"))
         if none and tensor:
             out.append(
@@ -628,13 +636,13 @@ def headline(data: dict) -> str:
     rows = []
     for x in widths:
         row: list[Any] = [x]
-        for b in BUDGETS:
+        for b in budgets(data):
             if (b, x, "none") in runs:
                 row += [runs[b, x, "none"]["format"]] + [kl_cell(runs[b, x, s]) for s in variants]
             else:
                 row += ["-"] * (1 + len(variants))
         rows.append(row)
-    header = ["X"] + [h for b in BUDGETS for h in (f"B={b}", *(HEADER[v] for v in variants))]
+    header = ["X"] + [h for b in budgets(data) for h in (f"B={b}", *(HEADER[v] for v in variants))]
     notes = [
         "",
         "NaN: some positions have inf/NaN logits (the share of positions whose logits are "
@@ -667,8 +675,8 @@ def render(data: dict, out: Path) -> str:
         f"{meta['tokens']} held-out tokens end to end "
         f"({len(data['baseline']['fp32']['windows']['kl'])} windows); per-site replay on "
         f"{meta['replay_rows']} rows per site. Operands of every site (both sides of every "
-        "matmul, LayerNorm inputs) in IEEE-style eXmY (inf/NaN, subnormals; note e4m3 here has "
-        "max 240, unlike OCP E4M3FN), FP32 accumulation, FP32 outputs. LayerNorm inputs are the "
+        f"matmul, LayerNorm inputs) in IEEE-style eXmY, FP32 accumulation, FP32 outputs. "
+        f"**{IEEE_NAMES}** LayerNorm inputs are the "
         'residual stream, so without scaling they are quantized too; the "LN FP32" variant '
         "(end to end only) keeps them in FP32. KL is KL(P_FP32 ‖ P_format) of the next-token "
         "distribution, nats/token, over all positions (including any with inf/NaN logits); loss "
@@ -688,7 +696,7 @@ def render(data: dict, out: Path) -> str:
     )
     lead = [f"![KL and loss vs exponent bits]({names[0]})", "", headline(data)]
     lines: list[str] = []
-    for budget in BUDGETS:
+    for budget in budgets(data):
         b = data["budgets"][str(budget)]
         lines += ["", f"## B = {budget} bits", ""]
         if b["skipped"]:
@@ -815,5 +823,6 @@ def render(data: dict, out: Path) -> str:
         "error median/p99/max, SNR) are in `results.json` under `runs[].sites`.",
     ]
     return page(
-        "Range vs precision at a fixed bit budget", meta, intro, conclusions(data), lines[1:], lead
+        "Range vs precision at a fixed bit budget", meta, intro, conclusions(data), lines[1:], lead,
+        skipped=QUICK_SKIPS,
     )

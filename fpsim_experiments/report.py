@@ -23,6 +23,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 _SPECIAL = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
+#: How the reports name E4M3: range-vs-precision's splits are IEEE-style, fpsim's ``e4m3`` is
+#: OCP's; one name, two formats (e5m2 and e3m4 are the same format in both).
+IEEE_NAMES = ("Format names: every eXmY here is IEEE-style (inf/NaN in the all-ones exponent, "
+              "subnormals; `fpsim.get_format('e4m3_ieee')`), so its e4m3 is IEEE-style E4M3 "
+              "(max 240; ml_dtypes' float8_e4m3, fpsim's `fp8_e4m3`), NOT fpsim's `e4m3`, which "
+              "is OCP E4M3FN (max 448, no inf) as in the fp8, practice and training experiments; "
+              "e5m2 and e3m4 name the same formats in both.")
+OCP_NAMES = ("E4M3 here is fpsim's `e4m3`, OCP E4M3FN (max 448, NaN, no inf), not "
+             "range-vs-precision's IEEE-style e4m3 (max 240).")
+
 
 def _strict(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):
@@ -120,9 +130,9 @@ def num(v: float | None, digits: int = 3) -> str:
     return f"{v:.{digits}g}"
 
 
-def pct(v: float) -> str:
-    """A share as a percentage with 3 significant digits (``0`` stays ``0``)."""
-    return "0" if v == 0 else f"{100 * v:.3g}%"
+def pct(v: float, digits: int = 3) -> str:
+    """A share as a percentage with ``digits`` significant digits (``0`` stays ``0``)."""
+    return "0" if v == 0 else f"{100 * v:.{digits}g}%"
 
 
 def ratio(a: float, b: float) -> str:
@@ -159,6 +169,28 @@ def save(fig: Any, path: Path) -> str:
     return path.name
 
 
+def quick_note(meta: dict, skipped: str = "", size: str | None = None) -> list[str]:
+    """What a ``--quick`` report cannot tell (nothing when the run was not quick); ``skipped``:
+    what this experiment's quick run leaves out; ``size``: how much it ran (default: its
+    held-out tokens and windows, sites subsampled).
+
+    >>> quick_note({"quick": True, "tokens": 512, "window": 256})[0][:60]
+    '**Quick run (`--quick`): a first try, not a result.** 512 he'
+    """
+    if not meta.get("quick"):
+        return []
+    if size is None:
+        windows = max(1, meta["tokens"] // meta["window"]) if meta.get("window") else None
+        size = f"{meta['tokens']} held-out tokens" + (
+            f" ({windows} window{'s' if windows > 1 else ''})" if windows else "") \
+            + ", sites subsampled"
+    return [f"**Quick run (`--quick`): a first try, not a result.** {size}"
+            + (f"; {skipped}" if skipped else "")
+            + ". Its intervals resample those few windows or seeds only, so they say nothing "
+            "beyond them (a topic interval appears only where the windows span two topics); "
+            "quote none of its verdicts. Run without `--quick` for the study.", ""]
+
+
 def page(
     title: str,
     meta: dict,
@@ -166,14 +198,17 @@ def page(
     conclusions: Sequence[str],
     body: Sequence[str],
     lead: Sequence[str] = (),
+    skipped: str = "",
 ) -> str:
     """A report page as every experiment writes it: title naming the model, a line saying so
-    when the model is synthetic (``meta["synthetic"]``), intro paragraph,
-    ``lead`` (e.g. a headline figure and table), the conclusions as bullets, then ``body``
-    (figures, tables), one line per item."""
+    when the model is synthetic (``meta["synthetic"]``), what a quick run cannot tell
+    (``quick_note``, ``skipped``: what it leaves out), intro paragraph, ``lead`` (e.g. a
+    headline figure and table), the conclusions as bullets, then ``body`` (figures, tables),
+    one line per item."""
     lines = [f"# {title} ({meta['model']})", ""]
     if meta.get("synthetic"):
         lines += [f"**Synthetic model:** {meta['synthetic']}.", ""]
+    lines += quick_note(meta, skipped)
     lines += [intro, ""]
     lines += [*lead, ""] if lead else []
     lines += ["## Conclusions", ""]

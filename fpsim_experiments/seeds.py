@@ -30,7 +30,7 @@ from .bootstrap import fmt_ci
 from .gpt2.model import site_kind
 from .range_vs_precision import split_format
 from .recipes import Recipe
-from .report import figure, finish, num, save, table, versions
+from .report import IEEE_NAMES, figure, finish, num, quick_note, save, table, versions
 from .sweep import runs as e2e_runs
 
 NAME = "model-seeds"
@@ -167,14 +167,23 @@ def render(data: dict, out: Path) -> str:
     fig, axes = figure(1, 1, 8.0, 0.9 + 0.55 * len(rs))
     ax = axes[0, 0]
     colors = ("tab:blue", "tab:orange", "tab:green")
+    for j, s in enumerate(data["seeds"]):          # every seed in the legend, plotted or not
+        ax.plot([], [], "o", color=colors[j % 3], label=f"seed {s['seed']}")
+    edge = ax.get_yaxis_transform()            # x in axes fractions, y in data: the right edge
     for i, r in enumerate(rs):
         for j, p in enumerate(r["seeds"]):
-            if p["nonfinite"]:
-                continue
             y = i + (j - 1) * 0.2
+            if p["nonfinite"]:              # no ratio: marked at the right edge, side named
+                ax.plot([0.97], [y], "x", color=colors[j % 3], ms=8, mew=2, transform=edge)
+                ax.text(0.95, y, f"seed {p['seed']}: {' and '.join(p['nonfinite'])} inf/NaN",
+                        transform=edge, ha="right", va="center", fontsize=7,
+                        color=colors[j % 3])
+                continue
             lo, hi = p["ci"]
             ax.errorbar([p["ratio"]], [y], xerr=[[p["ratio"] - lo], [hi - p["ratio"]]],
-                        fmt="o", color=colors[j % 3], label=f"seed {p['seed']}" if i == 0 else None)
+                        fmt="o", color=colors[j % 3])
+    if any(p["nonfinite"] for r in rs for p in r["seeds"]):
+        ax.plot([], [], "x", color="black", ms=8, mew=2, label="inf/NaN logits: no ratio")
     ax.axvline(1.0, color="grey", lw=0.8)
     ax.set_xscale("log")
     ax.set_yticks(range(len(rs)), [r["comparison"] for r in rs], fontsize=8)
@@ -188,6 +197,8 @@ def render(data: dict, out: Path) -> str:
     meta = data["meta"]
     return "\n".join([
         f"# {NAME}", "",
+        *quick_note(meta, size=f"seeds 1 and 2 trained {meta['steps']} steps only, "
+                    f"{meta['tokens']} held-out tokens per seed"),
         f"Tiny byte-level GPT-2 (4 layers, width 256) trained from seeds {list(SEEDS)}: seed 0 is "
         f"the embedded model, the others {meta['steps']} steps of the same recipe. "
         f"{meta['seconds']} s. The CIs are paired 95% percentile bootstrap intervals over "
@@ -197,7 +208,7 @@ def render(data: dict, out: Path) -> str:
         "FP32, no flush, full subnormals / e4m3\" ratio divided a run with the LayerNorms in "
         "FP32 by one that quantizes them and is no longer reported (its like-with-like form is "
         "in range-vs-precision, seed 0 only). Three seeds of one tiny model say nothing "
-        "about GPT-2 124M.", "",
+        "about GPT-2 124M.", "", f"**{IEEE_NAMES}**", "",
         "## Conclusions", "",
         *[f"- {c}" for c in conclusions(data)], "",
         f"![ratios per seed]({name})", "",

@@ -44,7 +44,7 @@ from fpsim.nn import LossScaler
 from .gpt2.data import heldout_bytes, random_windows, train_bytes, windows
 from .gpt2.model import GPT2, GPT2Config
 from .gpt2.train_tiny import learning_rate, make_optimizer
-from .report import figure, finish, num, pct, save, table, versions
+from .report import OCP_NAMES, figure, finish, num, pct, quick_note, save, table, versions
 
 NAME = "training"
 MODEL = GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=64, vocab_size=256)
@@ -70,7 +70,10 @@ class Plan:
 
 
 FULL = Plan(steps=150, seeds=10, batch=8)
-QUICK = Plan(steps=20, seeds=3, batch=8, heldout_windows=16)
+#: ``--quick``: a first try, not a result: 6 steps, 2 seeds (a t-interval on 1 degree of
+#: freedom), the 5 recipes of the FP16/BF16 headline.
+QUICK = Plan(steps=6, seeds=2, batch=4, warmup=2, heldout_windows=8, recipes=(
+    "fp32", "bf16", "fp16", "fp16, GPT-2 batch", "fp16 dynamic loss scale, GPT-2 batch"))
 #: What one session could run on a shared 2-core machine (load average about 20; a step of
 #: an emulated recipe costs about 1 s there): 10 seeds of 16 steps of 4 sequences, eleven
 #: recipes.  Too short for loss differences of a few hundredths; enough for underflow.
@@ -157,11 +160,17 @@ def _scaler(recipe: Recipe) -> LossScaler | None:
     return None
 
 
-def gradient_counts(em: fpsim.emulate) -> dict[str, int]:
-    """Elements, flushed and overflowed of the gradient operand over the captured dgrad
-    GEMMs (the wgrad GEMMs reuse or re-cast the same gradient)."""
-    rows = [r for r in em.table() if r["kind"] == "dgrad"]
-    return {k: int(sum(r[k] for r in rows)) for k in ("elements", "flushed", "overflow")}
+COUNTS = ("elements", "nonzero", "flushed", "overflow")
+
+
+def gradient_counts(em: fpsim.emulate) -> dict[str, Any]:
+    """Elements, nonzero elements, flushed and overflowed of the gradient operand over the
+    captured dgrad GEMMs (the wgrad GEMMs reuse or re-cast the same gradient), in all and per
+    GEMM (``gemms``, by site)."""
+    rows = {n: st for n, st in em.sites.items() if st.kind == "dgrad"}
+    gemms = {n.removesuffix("/dgrad"): {k: int(getattr(st, k)) for k in COUNTS}
+             for n, st in rows.items()}
+    return {**{k: sum(g[k] for g in gemms.values()) for k in COUNTS}, "gemms": gemms}
 
 
 def train_one(recipe: Recipe, seed: int, plan: Plan, init: dict, data: Tensor, held: Tensor,
@@ -199,7 +208,7 @@ def train_one(recipe: Recipe, seed: int, plan: Plan, init: dict, data: Tensor, h
             if ctx is not None:
                 ctx.__exit__(None, None, None)
         if ctx is not None and ctx is not em:
-            grads[step] = gradient_counts(ctx)
+            grads[str(step)] = gradient_counts(ctx)     # as JSON keys it
         if scaler is not None:
             scaler.unscale_(opt)
         if recipe.accumulate != 1:
@@ -278,6 +287,58 @@ def shares(run: dict) -> dict[str, float]:
             "elements": tot["elements"]}
 
 
+def step_shares(run: dict) -> list[tuple[int, float]]:
+    """Per captured step, the share of the gradient operand's elements (zeros included, all
+    seeds) flushed to zero: a share pooled over steps hides that one step holds them all."""
+    steps = sorted({int(k) for s in run["seeds"] for k in s["grads"]})
+    out = []
+    for step in steps:
+        cs = [s["grads"][str(step)] for s in run["seeds"] if str(step) in s["grads"]]
+        out.append((step, sum(c["flushed"] for c in cs) / max(sum(c["elements"] for c in cs), 1)))
+    return out
+
+
+def gemm_shares(run: dict) -> dict[str, float | None] | None:
+    """Per backward (dgrad) GEMM, over captured steps and seeds, the share of its gradient
+    operand's *nonzero* elements flushed to zero (None: the gradient was all zeros, as below a
+    GEMM that flushed its whole gradient); None when the run did not record GEMMs."""
+    if not all("gemms" in c for s in run["seeds"] for c in s["grads"].values()):
+        return None
+    tot: dict[str, list[int]] = {}
+    for s in run["seeds"]:
+        for c in s["grads"].values():
+            for site, g in c["gemms"].items():
+                t = tot.setdefault(site, [0, 0])
+                t[0] += g["nonzero"]
+                t[1] += g["flushed"]
+    return {site: (f / nz if nz else None) for site, (nz, f) in tot.items()}
+
+
+def flush_text(run: dict) -> str:
+    """What flushed: per captured step, and per GEMM of the nonzero elements when recorded."""
+    steps = step_shares(run)
+    text = ("gradient elements flushed to zero at steps "
+            f"{', '.join(str(k) for k, _ in steps)}: {', '.join(pct(v) for _, v in steps)} "
+            "(of all elements, zeros included)")
+    per = gemm_shares(run)
+    if per is None:
+        return text
+    live = {k: v for k, v in per.items() if v is not None}
+    if not live:
+        return text + f"; every one of the {len(per)} GEMMs' gradients was all zeros"
+    worst = max(live, key=live.get)
+    text += (f"; of the nonzero gradient elements per GEMM, at most {pct(live[worst])} "
+             f"({worst}), median {pct(float(np.median(list(live.values()))))}")
+    dead = len(per) - len(live)
+    return text + (f"; {dead} of {len(per)} GEMMs had an all-zero gradient" if dead else "")
+
+
+def stuck(run: dict) -> bool:
+    """Whether every seed ends at the very same held-out loss: the seeds draw different
+    batches, so a run that learns from them ends apart."""
+    return len(run["seeds"]) > 1 and len({s["heldout_loss"] for s in run["seeds"]}) == 1
+
+
 def verdict(data: dict, run: dict) -> dict[str, Any]:
     """Held-out loss gap to FP32 (paired by seed) with its t-interval, and what it says: an
     interval above 0 is worse, below 0 better, else no difference resolved."""
@@ -330,8 +391,8 @@ def headline(data: dict) -> str | None:
     return (f"With GPT-2's 2^19-token batch emulated (each 2^9-token micro-batch's loss divided "
             f"by 2^10), FP16 without loss scaling ends {gap(names[0])} nats/byte from FP32 on "
             f"held-out text (mean [95% t-interval] over seeds; {v[names[0]]['state']}, cause: "
-            f"{v[names[0]]['cause']}: {pct(lost)} of its output-gradient elements flushed to "
-            f"zero). BF16 (whose range holds those gradients, so its GPT-2-batch run is its "
+            f"{v[names[0]]['cause']}: {pct(lost)} of its output-gradient elements at the "
+            f"captured steps flushed to zero). BF16 (whose range holds those gradients, so its GPT-2-batch run is its "
             f"plain run up to the exact power-of-two scaling) ends {gap(names[1])} "
             f"({v[names[1]]['state']}) and FP16 with dynamic loss scaling {gap(names[2])} "
             f"({v[names[2]]['state']}): "
@@ -352,8 +413,11 @@ def conclusions(data: dict) -> list[str]:
                 f"{num(v['lo'])} to {num(v['hi'])} over {n} seeds): {v['state']}")
         sh = shares(run)
         if sh["elements"]:
-            line += (f"; {pct(sh['flushed'])} of the gradient operand's elements flushed to zero, "
-                     f"{pct(sh['overflow'])} overflowed")
+            line += f"; {flush_text(run)}; {pct(sh['overflow'])} overflowed"
+        if stuck(run):
+            line += (f"; held-out loss {num(run['seeds'][0]['heldout_loss'], 7)} on every seed "
+                     f"(at initialisation {num(data['initial_heldout_loss'], 7)}): the batches, "
+                     "which differ by seed, changed nothing, so it did not learn from them")
         if v["nonfinite_steps"] or v["skipped"]:
             line += (f"; {v['nonfinite_steps']} steps had inf/NaN gradients, "
                      f"{v['skipped']} were skipped")
@@ -422,11 +486,15 @@ def render(data: dict, out: Path) -> str:
                      r["loss_scale"] or "-", num(float(np.mean(finals)), 4),
                      f"{num(v['gap'])} [{num(v['lo'])}, {num(v['hi'])}]", v["state"], v["cause"],
                      v["skipped"], v["nonfinite_steps"],
-                     pct(sh["flushed"]) if sh["elements"] else "-",
+                     " / ".join(pct(v) for _, v in step_shares(run)) if sh["elements"] else "-",
                      pct(sh["overflow"]) if sh["elements"] else "-", run["seconds"]])
     ran = [r["recipe"]["name"] for r in data["runs"]]
     missing = [r.name for r in RECIPES if r.name not in ran]
     lines = [f"# Training under emulated formats ({meta['model']})", "",
+             *quick_note(meta, size=(
+                 f"{plan['steps']} steps, {plan['seeds']} seeds (a t-interval on "
+                 f"{plan['seeds'] - 1} degree(s) of freedom), {len(data['runs'])} of the "
+                 f"{len(RECIPES)} recipes, {plan['heldout_windows']} held-out windows")),
              f"{plan['steps']} AdamW steps of {plan['batch']}×{MODEL.n_positions} bytes (lr "
              f"{plan['lr']}, {plan['warmup']} warm-up steps, cosine decay, gradient clipping at "
              f"1), {plan['seeds']} seeds per recipe from one initialisation (held-out loss at "
@@ -434,6 +502,7 @@ def render(data: dict, out: Path) -> str:
              f"{plan['heldout_windows']} windows of unseen text, evaluated in FP32 with the master "
              "weights. Every recipe runs through `fpsim.emulate` with its backward pass "
              "(forward and both backward GEMMs of every emulated site quantized; sums FP32). "
+             f"{OCP_NAMES} "
              "Gap: held-out loss minus FP32's, paired by seed; mean and 95% Student-t interval "
              f"over the {plan['seeds']} seeds (what is resampled: the seed, which draws the "
              "batches and stochastic rounding's bits; the initialisation and held-out text are "
@@ -451,6 +520,14 @@ def render(data: dict, out: Path) -> str:
              f"{len(data['runs']) - 1} recipes compared and no multiple-comparison correction, "
              "one interval excluding 0 by chance alone is likely; read a verdict backed by a "
              "mechanism (flushed or overflowed gradients), not a lone small gap.", "",
+             "Flushed gradients are counted at the captured steps, each step apart (a share "
+             "pooled over steps would hide that one step holds them all). A share of all "
+             "elements counts as unflushed the zeros that a GEMM whose gradient flushed leaves "
+             "to every GEMM before it; the share of each GEMM's *nonzero* gradient elements "
+             "flushed says which GEMM lost its gradient"
+             + ("." if all(gemm_shares(r) is not None for r in data["runs"][1:]) else
+                " (this run did not record the GEMMs; a rerun of the current code does)."),
+             "",
              "The \"GPT-2 batch\" runs divide one 512-token micro-batch's loss by 2^10 and "
              "multiply the FP32 gradients back: they emulate the gradient magnitudes of a "
              "2^19-token step made of 2^10 accumulated micro-batches (what the backward pass "
@@ -465,7 +542,7 @@ def render(data: dict, out: Path) -> str:
     lines += ["", f"![loss curves]({curves})", "",
               table(["recipe", "forward / gradients", "scaling", "loss scaling", "held-out loss",
                      "gap to FP32 [95% t-interval]", "verdict", "cause", "skipped steps",
-                     "inf/NaN gradient steps", "gradient elements flushed",
+                     "inf/NaN gradient steps", "gradient elements flushed (per captured step)",
                      "gradient elements overflowed", "seconds"], rows)]
     return "\n".join(lines) + "\n"
 

@@ -56,6 +56,7 @@ SWEEP_JOIN = ["tests/test_sweep.py::test_combined_numbers_are_one_pass_over_all_
 SWEEP_RESUME = ["tests/test_sweep.py::test_pool_gives_the_same_bytes_and_resume_computes_nothing"]
 SWEEP_RETRY = ["tests/test_sweep.py::test_attempts_count_retries"]
 SWEEP_ORDER = ["tests/test_sweep.py::test_failures_are_listed_in_plan_order"]
+PROGRESS = ["tests/test_progress.py"]
 SWEEP_RUNS = ["tests/test_sweep.py::test_experiment_runs_are_their_direct_computation",
               "tests/test_sweep.py::test_experiment_run_specs_name_everything_their_numbers_depend_on",
               "tests/test_sweep.py::test_experiment_runs_resume_and_compute_only_the_missing"]
@@ -445,6 +446,42 @@ MUTANTS = [
            "(each executor computes them again)",
            "refs={REFERENCE: ctx.ref_logits}, desc=desc or label)",
            "refs=None, desc=desc or label)", SWEEP_RUNS),
+    Mutant("sitestats-nonzero", "a site's nonzero count counts every element",
+           "st.nonzero += int(torch.count_nonzero(x))", "st.nonzero += x.numel()",
+           ["tests/test_emulate_nonzero.py"]),
+    Mutant("training-step-shares", "the flushed share of a step pools every step",
+           'cs = [s["grads"][str(step)] for s in run["seeds"] if str(step) in s["grads"]]',
+           'cs = [c for s in run["seeds"] for c in s["grads"].values()]',
+           ["tests/test_training.py::test_flushes_are_told_per_step_and_per_gemm_of_the_nonzero_elements"]),
+    Mutant("training-gemm-nonzero", "a GEMM's flushed share is of all its elements",
+           't[0] += g["nonzero"]', 't[0] += g["elements"]',
+           ["tests/test_training.py::test_flushes_are_told_per_step_and_per_gemm_of_the_nonzero_elements"]),
+    Mutant("range-weights-part", "the weights' flushed elements are not told apart",
+           'mine = round(passes * w[site][fmt]["flushed"] * w[site]["elements"])', "mine = 0",
+           ["tests/test_range_findings.py"]),
+    Mutant("range-unbounded-bias", "the counterpart without a bottom keeps the real format's "
+           "bias (its largest value moves)", "return Format(f\"{f.name}_unbounded_below\", 8, "
+           "f.mbits, bias=254 - emax)", "return Format(f\"{f.name}_unbounded_below\", 8, "
+           "f.mbits, bias=f.bias)", ["tests/test_range_findings.py"]),
+    Mutant("likewise-one-topic", "one topic still gets a (degenerate) topic interval",
+           "if self.topics is None or len(set(self.topics[:n])) < 2:",
+           "if self.topics is None:", ["tests/test_likewise.py"]),
+    Mutant("fp8-ranking-tie", "a ranking orders two formats its interval does not separate",
+           'sign = "<" if bootstrap.excludes_one(q.windows) else "≈"', 'sign = "<"',
+           ["tests/test_report_findings.py"]),
+    Mutant("quick-rvp-budgets", "range-vs-precision --quick runs every budget",
+           "plan = {b: splits(b) for b in (QUICK_BUDGETS if ctx.quick else BUDGETS)}",
+           "plan = {b: splits(b) for b in BUDGETS}", ["tests/test_quick.py"]),
+    Mutant("quick-fp8-recipes", "fp8 --quick runs every recipe",
+           "runs = ctx.run([r for r in recipes() if not ctx.quick or r.name in QUICK_RECIPES], "
+           "desc=NAME)", "runs = ctx.run(recipes(), desc=NAME)", ["tests/test_quick.py"]),
+    Mutant("ci-digits-apart", "a narrow interval prints as a point",
+           'while lo != hi and digits < 6 and f"{lo:.{digits}g}" == f"{hi:.{digits}g}":',
+           "while False:", ["tests/test_report_findings.py"]),
+    Mutant("progress-tty-off", "a progress stream that is not a terminal gets tqdm's carriage "
+           "returns", "if not stream.isatty():", "if False:", PROGRESS),
+    Mutant("progress-every-step", "a non-terminal progress stream gets a line per step",
+           "self.step = max(1, math.ceil(total / 10))", "self.step = 1", PROGRESS),
     # first hour (issue 29): bridges, the CLI's names and blocks, small things users trip on
     Mutant("bridge-fp4-nibbles", "float4_e2m1fn_x2 packs the first element in the high nibble",
            "return codes[..., 0::2] | (codes[..., 1::2] << 4)",

@@ -106,3 +106,14 @@ def test_topic_bootstrap_resamples_whole_topics():
         cols = w[:, [i for i, x in enumerate(labels) if x == t]]
         assert (cols == cols[:, :1]).all()
     assert (bootstrap.window_weights(125, 50).sum(1) == 125).all()
+
+
+def test_one_topic_gives_no_topic_interval_and_each_topic_its_own_ratio():
+    """A quick run's windows come from one topic: a cluster bootstrap of one cluster is a
+    degenerate interval ([x, x]), so none is printed; with two topics each gets its ratio."""
+    a = run("e3m4", [1.0, 1.0, 2.0, 2.0])
+    b = run("e4m3", [1.0, 1.0, 1.0, 1.0])
+    one = Ratios(4, ["t"] * 4).ratio(a, b, "format")
+    assert one.topics is None and one.per_topic is None and "topics" not in one.text()
+    two = Ratios(4, ["s", "s", "t", "t"]).ratio(a, b, "format")
+    assert two.per_topic == [1.0, 2.0] and two.topics is not None

@@ -87,6 +87,32 @@ def test_headline_says_range_only_when_the_runs_show_it():
     assert T.headline({"initial_heldout_loss": 5.0, "runs": runs[:2]}) is None
 
 
+def test_flushes_are_told_per_step_and_per_gemm_of_the_nonzero_elements():
+    """A share pooled over steps would hide that one step holds every flush; a share of all
+    elements counts the zeros below a GEMM that flushed its whole gradient as unflushed."""
+    def seed(steps):
+        return {"seed": 0, "heldout_loss": 5.0, "nonfinite_steps": 0, "skipped": 0,
+                "loss": [5.0], "scale": [], "grads": steps}
+
+    early = _run("te-delayed", [3.0, 3.1])
+    early["seeds"] = [seed({"0": {"elements": 100, "flushed": 40, "overflow": 0},
+                            "5": {"elements": 100, "flushed": 0, "overflow": 0}})] * 2
+    assert T.step_shares(early) == [(0, 0.4), (5, 0.0)] and T.gemm_shares(early) is None
+    assert "at steps 0, 5: 40%, 0 (of all elements" in T.flush_text(early)
+    gemms = {"head": {"elements": 60, "nonzero": 60, "flushed": 60, "overflow": 0},
+             "mlp": {"elements": 40, "nonzero": 0, "flushed": 0, "overflow": 0}}
+    dead = _run("fp8 e3m4 gradients unscaled", [5.0, 5.0])
+    dead["seeds"] = [{**seed({"0": {"elements": 100, "flushed": 60, "overflow": 0,
+                                    "gemms": gemms}}), "seed": i} for i in range(2)]
+    assert T.gemm_shares(dead) == {"head": 1.0, "mlp": None}
+    text = T.flush_text(dead)
+    assert "60% (of all" in text and "at most 100% (head)" in text and "1 of 2 GEMMs" in text
+    data = {"initial_heldout_loss": 5.01, "plan": {"seeds": 2},
+            "runs": [_run("fp32", [3.0, 3.1]), dead]}
+    assert T.stuck(dead) and not T.stuck(data["runs"][0])
+    assert "did not learn" in T.conclusions(data)[-1]
+
+
 def test_tiny_run_through_the_cli(tmp_path, monkeypatch):
     names = ("fp32", "fp16 dynamic loss scale", "fp8 e4m3 gradients unscaled", "nvfp4")
     monkeypatch.setattr(T, "FULL", T.Plan(steps=3, seeds=2, batch=2, heldout_windows=2,
@@ -100,6 +126,9 @@ def test_tiny_run_through_the_cli(tmp_path, monkeypatch):
     run = data["runs"][1]["seeds"][0]
     assert len(run["loss"]) == 3 and len(run["scale"]) == 3 and set(run["grads"]) == {"0", "1", "2"}
     assert run["grads"]["0"]["elements"] > 0
+    gemms = run["grads"]["0"]["gemms"]                    # per dgrad GEMM, nonzero counted
+    assert sum(g["elements"] for g in gemms.values()) == run["grads"]["0"]["elements"]
+    assert all(g["flushed"] <= g["nonzero"] <= g["elements"] for g in gemms.values())
     assert (out / "loss_curves.png").stat().st_size > 10_000
     report = (out / "REPORT.md").read_text()
     assert "## Conclusions" in report and "Student-t" in report and "Not run" in report

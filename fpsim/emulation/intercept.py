@@ -593,6 +593,7 @@ class Interceptor(TorchFunctionMode):
             x = x.detach()
             fin = x[torch.isfinite(x)]
             st.amax = max(st.amax, float(fin.abs().max()) if fin.numel() else 0.0)
+            st.nonzero += int(torch.count_nonzero(x))
         counted = [events[r]["elements"] for r in ("a", "b") if events.get(r)]
         st.elements += sum(counted) if len(counted) == len(operands) \
             else sum(x.numel() for x in operands)        # a convolution counts its patches

@@ -20,7 +20,10 @@ class SiteStats:
     ``rule``: which rule of the ``fpsim.Rules`` chose it (``"rule 2"``, ``"default"``).
     ``elements``: operand elements (both operands, every call); ``amax``: the largest finite
     operand magnitude; ``overflow`` / ``saturated`` / ``flushed``: operand elements the recipe
-    sent to inf/NaN, clamped at the format's largest value, or flushed to zero; ``outputs``:
+    sent to inf/NaN, clamped at the format's largest value, or flushed to zero; ``nonzero``:
+    operand elements that are not zero (as passed: a convolution's input, not its patches; not
+    a column of ``fpsim.emulation.Emulation.table``), of which ``flushed`` is a part;
+    ``outputs``:
     results, ``nonfinite`` those inf/NaN where the FP64 reference is finite; ``signal`` /
     ``noise``: energy of the FP64 reference and of the error, over results finite in both;
     ``swamped``: additions an emulated accumulator left unchanged although the addend was
@@ -37,6 +40,7 @@ class SiteStats:
     overflow: int = 0
     saturated: int = 0
     flushed: int = 0
+    nonzero: int = 0
     outputs: int = 0
     nonfinite: int = 0
     signal: float = 0.0

@@ -25,6 +25,7 @@ from typing import Any
 
 from .. import bootstrap
 from ..endtoend import means
+from ..progress import bar as progress_bar
 from ..report import load_json, versions, write_json
 from . import executors, render, work
 from .config import Sweep, digest, display, rules_json
@@ -248,7 +249,7 @@ def execute(job: Any, tasks: list, specs: dict, folder: Path | None, executor: s
         results = {}
     outcome = Outcome(folder, skipped=[t.name for t in results], results=results)
     todo = [t for t in tasks if t not in results]
-    bar = _bar(len(tasks), len(results), progress, desc)
+    bar = progress_bar(len(tasks), desc, "task", initial=len(results), enabled=progress)
     state, here = {"running": 0}, versions()
 
     def done(t: Any, result: dict) -> None:
@@ -285,13 +286,6 @@ def execute(job: Any, tasks: list, specs: dict, folder: Path | None, executor: s
         if own_ray:
             executors.import_ray().shutdown()
     return outcome
-
-
-def _bar(total: int, initial: int, enabled: bool, desc: str) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, unit="task", desc=desc, disable=not enabled,
-                dynamic_ncols=True)
 
 
 def _postfix(bar: Any, running: int, failed: int) -> None:
