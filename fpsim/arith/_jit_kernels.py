@@ -298,3 +298,287 @@ def pairwise(a3, b3, ia, ib, c, has_init, out, identity, finite, fast1, fast, rd
                     if has_init:
                         s = _add(c[bi, i0 + r, j0 + j], s, False, rdown, magic, f)
                     Ob[i0 + r, j0 + j] = s
+
+
+# ----------------------------------------------------------------------------------------------
+# tensor-core models (fpsim.arith.tensor_core's GroupStep, scalar by scalar)
+# ----------------------------------------------------------------------------------------------
+TC_COLS = 512       # output columns of a tensor-core block
+FUSED, CDNA3, TREE = 0, 1, 2          # GroupStep's structures the kernel runs
+_LOW = -(1 << 40)   # below every exponent
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _pow2(n):
+    """2**n for integer n in [-1022, 1023] (tensor_core._pow2)."""
+    return _float((n + 1023) << 52)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _exponent(x, emin):
+    """tensor_core.exponents of one float64: the exponent field clamped at ``emin``; zeros
+    count as -126."""
+    e = max(((_bits(x) >> 52) & 0x7FF) - 1023, emin)
+    return -126 if x == 0 else e
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _cut(x, mode):
+    """An aligned term cut to an integer: 0 toward zero, 1 toward -inf, 2 to nearest even."""
+    if mode == 0:
+        return np.trunc(x)
+    if mode == 1:
+        return np.floor(x)
+    return np.rint(x)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _floor_to(x, top, bits):
+    """``x`` cut toward -inf to ``bits`` fraction bits below exponent ``top`` (GroupStep._floor)."""
+    return np.floor(x * _pow2(bits - top)) * _pow2(top - bits)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _align(acc, EA, EB, k0, k1, step, j0, n, tops, emin, align):
+    """The group's largest exponent per column (the accumulator's too with ``align``);
+    ``step`` RUN: one exponent per run of products (block scales)."""
+    if align:
+        for j in range(n):
+            tops[j] = _exponent(acc[j], emin)
+    else:
+        for j in range(n):
+            tops[j] = _LOW
+    for k in range(k0, k1, step):
+        e = EA[k]
+        erow = EB[k, j0:j0 + n]
+        for j in range(n):
+            tops[j] = max(tops[j], e + erow[j])
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _cut_sum(A, Bm, k0, k1, run, j0, n, up, cut, s, ps, finite):
+    """s = sum of the products (runs of ``run`` summed exactly first) times ``up``, each cut
+    to an integer; ps = their float64 sum when NaN or inf may occur (else left alone)."""
+    for j in range(n):
+        s[j] = 0.0
+    if not finite:
+        for j in range(n):
+            ps[j] = 0.0
+    for k in range(k0, k1, run):
+        if run == 1:
+            x = A[k]
+            brow = Bm[k, j0:j0 + n]
+            if finite:
+                for j in range(n):
+                    s[j] += _cut(x * brow[j] * up[j], cut)
+            else:
+                for j in range(n):
+                    p = _product(x, brow[j], True)
+                    s[j] += _cut(p * up[j], cut)
+                    ps[j] += p
+        else:
+            for j in range(n):
+                p = 0.0
+                for q in range(k, k + run):
+                    p += A[q] * Bm[q, j0 + j]
+                s[j] += _cut(p * up[j], cut)
+                if not finite:
+                    ps[j] += p
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _fused_group(acc, A, EA, Bm, EB, k0, k1, j0, n, tops, up, s, ps, finite, f, run, cut,
+                 align, emin, beyond, spec, rdown):
+    """GroupStep._step: products and (``align``) C aligned to the largest exponent, cut, summed
+    exactly, rounded to the result (or, unaligned, added to C with one rounding)."""
+    _align(acc, EA, EB, k0, k1, run, j0, n, tops, emin, align)
+    for j in range(n):
+        up[j] = _pow2(f - tops[j])
+    _cut_sum(A, Bm, k0, k1, run, j0, n, up, cut, s, ps, finite)
+    for j in range(n):
+        c = acc[j]
+        t = s[j]
+        if align:
+            t += _cut(c * up[j], cut)
+        t *= _pow2(tops[j] - f)
+        if not finite:                         # inf and NaN propagate
+            raw = ps[j] + c if align else ps[j]
+            if not np.isfinite(raw):
+                t = raw
+        elif align and not np.isfinite(c):      # an overflowed C: psum + C is C
+            t = c
+        if align:
+            v = _rounded(t, spec)
+            if abs(t) >= beyond:
+                v = t * np.inf
+            acc[j] = v + 0.0
+        else:
+            acc[j] = _rounded(_sum(c, t, False, rdown, True), spec)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _half(A, EA, Bm, EB, k0, k1, step, j0, n, tops, v, f, cut):
+    """GroupStep._fused over products k0, k0 + step, ... < k1: their largest exponent
+    (``tops``) and the cut sum's value (``v``)."""
+    for j in range(n):
+        tops[j] = _LOW
+    for k in range(k0, k1, step):
+        e = EA[k]
+        erow = EB[k, j0:j0 + n]
+        for j in range(n):
+            tops[j] = max(tops[j], e + erow[j])
+    for j in range(n):
+        v[j] = 0.0
+    for k in range(k0, k1, step):
+        x = A[k]
+        brow = Bm[k, j0:j0 + n]
+        for j in range(n):
+            v[j] += _cut(_product(x, brow[j], True) * _pow2(f - tops[j]), cut)
+    for j in range(n):
+        v[j] *= _pow2(tops[j] - f)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _cdna3_group(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, ps, f, cut, halves,
+                 sum_bits, c_bits, emin, spec):
+    """GroupStep._cdna3_step: the products fused (with ``halves``: even and odd apart), their
+    sum and C cut toward -inf below the larger exponent, added, rounded."""
+    big = 2.0 ** 128
+    lone = halves and k1 - k0 == 1
+    if halves:
+        _half(A, EA, Bm, EB, k0, k1, 2, j0, n, t0, v0, f, cut)
+        if lone:                                   # an empty odd half: 0 at the same exponent
+            for j in range(n):
+                t1[j] = t0[j]
+                v1[j] = 0.0
+        else:
+            _half(A, EA, Bm, EB, k0 + 1, k1, 2, j0, n, t1, v1, f, cut)
+        for j in range(n):
+            top = max(t0[j], t1[j])
+            t0[j] = top
+            v0[j] = _floor_to(v0[j], top, f) + _floor_to(v1[j], top, f)
+    else:
+        _half(A, EA, Bm, EB, k0, k1, 1, j0, n, t0, v0, f, cut)
+    for j in range(n):              # the products' sum; flags: a product >= 2^128 (1), <= (2)
+        ps[j] = 0.0
+        t1[j] = 0
+    for k in range(k0, k1):
+        x = A[k]
+        brow = Bm[k, j0:j0 + n]
+        for j in range(n):
+            p = _product(x, brow[j], True)
+            ps[j] += p
+            if p >= big:
+                t1[j] |= 1
+            elif p <= -big:
+                t1[j] |= 2
+    if lone:
+        for j in range(n):
+            ps[j] += _product(A[k0], Bm[k0, j0 + j], True) * 0
+    for j in range(n):
+        c = acc[j]
+        ec = _exponent(c, emin)
+        top = max(t0[j], ec)
+        cc = _floor_to(c, top, c_bits)
+        if halves and ec < top - 25:
+            cc = 0.0
+        t = (_floor_to(v0[j], top, sum_bits) + cc) + 0.0
+        flags = t1[j]
+        if flags == 3:
+            t = np.nan
+        elif flags == 1:
+            t = np.inf
+        elif flags == 2:
+            t = -np.inf
+        raw = ps[j] + c
+        if not np.isfinite(raw):
+            t = raw
+        acc[j] = _rounded(t, spec)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _flushed(x, flush, tiny, spec):
+    """GroupStep._tree_step's ``rounded``: to the result format, subnormals to ±0 (CDNA2)."""
+    x = _rounded(x, spec)
+    return x * 0.0 if flush and abs(x) < tiny else x
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _tree_group(acc, A, Bm, k0, k1, j0, n, tree, buf, flush, tiny, spec):
+    """GroupStep._tree_step: products rounded (``tree`` rows (leaf, slot, other): a leaf puts
+    product slot + k0 in ``buf[slot]``; else buf[slot] = round(buf[slot] + buf[other])), the
+    group's sum added to C (flushed first) with one more rounding."""
+    for t in range(tree.shape[0]):
+        leaf, d, o = tree[t, 0], tree[t, 1], tree[t, 2]
+        dst = buf[d]
+        if leaf:
+            x = A[k0 + d]
+            brow = Bm[k0 + d, j0:j0 + n]
+            for j in range(n):
+                dst[j] = _flushed(_product(x, brow[j], True) + 0.0, flush, tiny, spec)
+        else:
+            src = buf[o]
+            for j in range(n):
+                dst[j] = _flushed(_sum(dst[j], src[j], True, False, True), flush, tiny, spec)
+    g = buf[0]
+    for j in range(n):
+        c = acc[j]
+        if flush and abs(c) < tiny:
+            c = 0.0
+        acc[j] = _flushed(_sum(c, g[j], True, False, True), flush, tiny, spec)
+
+
+@njit(**JIT_OPTIONS)
+def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk, kind, group, f,
+                run, cut, align, emin, beyond, spec, rdown, halves, sum_bits, c_bits, tree, tail,
+                flush, tiny, f32, first, last):
+    """tensor_core.run for blocks of ROWS x TC_COLS outputs: groups of ``group`` products (a
+    GroupStep of structure ``kind``), C (``c``) starting the sum or, with ``chunk``, the FP32
+    outer sum the accumulator is promoted into every ``chunk`` products; ``tree`` / ``tail``:
+    the FMA tree of a full and of the last group; ``finite``: no NaN or inf among the
+    operands.  Blocks of rows first..last-1 as in
+    :func:`sequential`."""
+    M, K, N = a3.shape[1], a3.shape[2], b3.shape[2]
+    nrb = (M + ROWS - 1) // ROWS
+    for task in range(first, last):
+        bi = task // nrb
+        i0 = (task - bi * nrb) * ROWS
+        rows = min(ROWS, M - i0)
+        A, Bm, Ob = a3[ia[bi]], b3[ib[bi]], out[bi]
+        EA, EB = ea3[ia[bi]], eb3[ib[bi]]
+        acc = np.empty((ROWS, TC_COLS))
+        tot = np.empty((ROWS, TC_COLS))
+        t0 = np.empty(TC_COLS, np.int64)
+        t1 = np.empty(TC_COLS, np.int64)
+        v0 = np.empty(TC_COLS)
+        v1 = np.empty(TC_COLS)
+        ps = np.empty(TC_COLS)
+        buf = np.empty((max(group, 1), TC_COLS))
+        for j0 in range(0, N, TC_COLS):
+            n = min(TC_COLS, N - j0)
+            for r in range(rows):
+                for j in range(n):
+                    start = c[bi, i0 + r, j0 + j] if has_init else 0.0
+                    acc[r, j] = 0.0 if chunk else start
+                    tot[r, j] = start if has_init else -0.0
+            for k0 in range(0, K, group):
+                if chunk > 0 and k0 > 0 and k0 % chunk == 0:
+                    _promote(tot, acc, rows, n, 0.0, False, f32)
+                k1 = min(K, k0 + group)
+                for r in range(rows):
+                    i = i0 + r
+                    if kind == FUSED:
+                        _fused_group(acc[r], A[i], EA[i], Bm, EB, k0, k1, j0, n, t0, v1, v0,
+                                     ps, finite, f, run, cut, align, emin, beyond, spec, rdown)
+                    elif kind == CDNA3:
+                        _cdna3_group(acc[r], A[i], EA[i], Bm, EB, k0, k1, j0, n, t0, t1, v0,
+                                     v1, ps, f, cut, halves, sum_bits, c_bits, emin, spec)
+                    else:
+                        _tree_group(acc[r], A[i], Bm, k0, k1, j0, n,
+                                    tree if k1 - k0 == group else tail, buf, flush, tiny, spec)
+            if chunk:
+                _promote(tot, acc, rows, n, 0.0, False, f32)
+            res = tot if chunk else acc
+            for r in range(rows):
+                for j in range(n):
+                    Ob[i0 + r, j0 + j] = res[r, j]

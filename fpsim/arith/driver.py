@@ -147,10 +147,15 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     pa, pb = profile(ops.a), profile(ops.b)
     prod = pa.times(pb)
     lanes = _lanes_for(plan, prod, pa.fits(F32) and pb.fits(F32), ops.a if use_torch else None)
-    if _compiled_engine(plan, prod, use_torch, return_stats, scaled is not None, keyword):
+    if _compiled_engine(plan, prod, use_torch, return_stats, keyword):
         a3, idx_a = batched(ops.a, ops.batch)
         b3, idx_b = batched(ops.b, ops.batch)
-        out, stats = jit.run(plan, prod, a3, b3, idx_a, idx_b, init), ()
+        exps3 = None
+        if plan.model is not None:
+            exps3 = ((batched(exps.a, ops.batch)[0], batched(exps.b, ops.batch)[0]) if exps
+                     else (exponents(Lanes(F64), np.asarray(a3, np.float64), emins[0]),
+                           exponents(Lanes(F64), np.asarray(b3, np.float64), emins[1])))
+        out, stats = jit.run(plan, prod, a3, b3, idx_a, idx_b, init, exps3), ()
     else:
         with np.errstate(invalid="ignore", over="ignore"):      # inf - inf inside TwoSum
             out, stats = _run(plan, lanes, prod, ops, emins, seed, return_stats, init, exps,
@@ -186,7 +191,7 @@ def dot(a: Any, b: Any, **options: Any) -> Any:
 
 
 def _compiled_engine(plan: Plan, prod: Profile, use_torch: bool, want_stats: bool,
-                     scaled: bool, keyword: str) -> bool:
+                     keyword: str) -> bool:
     """Whether the Numba engine (:mod:`fpsim.arith.jit`) runs this product: always with
     backend="numba" (or a ValueError saying why it cannot), with "auto" for operands read as
     NumPy arrays (NumPy operands, and CPU tensors as zero-copy views: ``not use_torch``) when
@@ -194,8 +199,6 @@ def _compiled_engine(plan: Plan, prod: Profile, use_torch: bool, want_stats: boo
     why = jit.reason(plan, prod)
     if why is None and want_stats:
         why = "return_stats=True"
-    if why is None and scaled:
-        why = "block-scaled operands"
     if plan.backend == "numba":
         if why is not None:
             raise ValueError(f"{keyword}='numba' does not run {why}: use {keyword}='numpy' "

@@ -25,6 +25,7 @@ numba is optional (``pip install fpsim[fast]``) and imported only when this engi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any
@@ -36,10 +37,13 @@ from ..formats import Format
 from ..rounding import F64
 from .lanes import Profile, guarded, lane_max
 from .plan import FP32, Plan
+from .tc_models import RUN, TensorCoreModel
 
 #: ``rounding=`` modes the kernels implement (stochastic rounding stays with NumPy/torch).
 MODES = {"rne": 0, "rna": 1, "rtz": 2, "rup": 3, "rdown": 4, "rto": 5}
 ORDERS = ("sequential", "fma", "chunked", "pairwise")
+#: a tensor-core model's ``sum_rounding`` as the kernel's cut of aligned terms
+CUTS = {"rtz": 0, "rdown": 1, "rne": 2}
 
 _MAG = (1 << 63) - 1
 _NAN = 0x7FF8 << 48
@@ -59,9 +63,17 @@ def available() -> bool:
 def reason(plan: Plan, prod: Profile) -> str | None:
     """Why the compiled engine cannot compute ``plan`` on products of profile ``prod``, or None
     when it can."""
-    acc = plan.accum
-    if plan.model is not None or plan.order not in ORDERS:
-        return f"order={plan.order!r} (it runs {', '.join(ORDERS)})"
+    acc, model = plan.accum, plan.model
+    if model is not None:
+        fmt = model.accum_format
+        if model.structure == "fma" and fmt.name == "fp64":
+            return f"tensor_core={model.name!r} (FP64 fused multiply-adds)"
+        if model.rounding not in MODES:
+            return f"tensor_core={model.name!r} with rounding={model.rounding!r}"
+        if not (fmt.signed and fmt.zero and not fmt.p3109) or not guarded(F64, fmt):
+            return f"tensor_core={model.name!r} with accum={fmt.name!r}"
+    elif plan.order not in ORDERS:
+        return f"order={plan.order!r} (it runs {', '.join(ORDERS)}, tensor_core)"
     if plan.product is not None or plan.native_product:
         return "rounded products (it runs product='exact')"
     if plan.rounding not in MODES:
@@ -102,9 +114,11 @@ def _spec(fmt: Format, rounding: str) -> tuple:
 
 
 def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.ndarray,
-        idx_b: np.ndarray, init: np.ndarray | None) -> np.ndarray:
+        idx_b: np.ndarray, init: np.ndarray | None,
+        exps: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """The sums of ``a3[idx_a] @ b3[idx_b]`` (float64 (batch, M, K) and (batch, K, N)), starting
-    from ``init`` (batch, M, N) when given, as float64 (batch, M, N)."""
+    from ``init`` (batch, M, N) when given, as float64 (batch, M, N); ``exps``: the operands'
+    exponents as a tensor-core model reads them (integers shaped like ``a3`` and ``b3``)."""
     kern = _kernels()
     a3 = np.ascontiguousarray(a3, dtype=np.float64)
     b3 = np.ascontiguousarray(b3, dtype=np.float64)
@@ -118,10 +132,19 @@ def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.nda
     if K == 0:
         out[...] = c if has_init else 0.0
         return out
+    model = plan.model
+    if model is not None and model.structure != "fma":
+        args = _tensor_core_args(model, plan.chunk, a3, b3, exps, ia, ib, c, has_init, out)
+        kern_tc = kern.tensor_core
+        parallel.run(lambda lo, hi: kern_tc(*args, lo, hi), B * -(-M // kern.ROWS), grain=1)
+        return finish(out, plan.sum_format)
+    if model is not None:               # FP32 fma chains: sequential sums starting from +0
+        plan = dataclasses.replace(plan, accum=model.accum_format, rounding=model.rounding,
+                                   order="sequential")
     acc, mode = plan.accum, plan.rounding
     spec = _spec(acc, mode)
     magic = mode == "rne" and acc.subnormals
-    identity = 0.0 if mode == "rdown" else -0.0
+    identity = 0.0 if mode == "rdown" or model is not None else -0.0
     finite = bool(np.isfinite(a3).all() and np.isfinite(b3).all())
     acc_prod = _fast(plan, prod.sig <= 51 - acc.mbits)
     if plan.order == "pairwise":
@@ -139,7 +162,50 @@ def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.nda
     # blocks of rows over the cores (the kernels release the GIL): fpsim's thread pool, not
     # numba's OpenMP layer, whose spinning threads starve other OpenMP pools such as torch's
     parallel.run(lambda lo, hi: kernel(*args, lo, hi), B * -(-M // kern.ROWS), grain=1)
-    return finish(out, FP32 if plan.chunk else acc)
+    return finish(out, plan.sum_format)
+
+
+def _tree(n: int) -> np.ndarray:
+    """GroupStep._tree_step's pairwise tree of ``n`` products as rows (leaf, slot, other), in
+    the order they run: a leaf rounds product ``slot`` into buffer row ``slot``; else row
+    ``slot`` (a left subtree's) += row ``other`` (its right neighbour's), rounded."""
+    rows: list[tuple[int, int, int]] = []
+
+    def walk(lo: int, hi: int) -> int:
+        if hi - lo == 1:
+            rows.append((1, lo, 0))
+        else:
+            mid = lo + (hi - lo) // 2
+            rows.append((0, walk(lo, mid), walk(mid, hi)))
+        return lo
+
+    walk(0, n)
+    return np.array(rows, np.int64).reshape(-1, 3)
+
+
+def _tensor_core_args(model: TensorCoreModel, chunk: int | None, a3: np.ndarray,
+                      b3: np.ndarray, exps: tuple[np.ndarray, np.ndarray], ia: np.ndarray,
+                      ib: np.ndarray, c: np.ndarray, has_init: bool, out: np.ndarray) -> tuple:
+    """The arguments of ``_jit_kernels.tensor_core`` for ``model`` (less the row blocks)."""
+    kern = _kernels()
+    fmt, K = model.accum_format, a3.shape[2]
+    ea3, eb3 = (np.ascontiguousarray(e, dtype=np.int64) for e in exps)
+    kind = {"fma_tree": kern.TREE}.get(model.structure,
+                                      kern.FUSED if model.sum_bits is None else kern.CDNA3)
+    flush = model.flush_subnormals
+    if flush:                            # CDNA2: subnormal operands are +0
+        a3 = np.where(abs(a3) < np.ldexp(1.0, ea3), 0.0, a3)
+        b3 = np.where(abs(b3) < np.ldexp(1.0, eb3), 0.0, b3)
+    tree = _tree(model.group) if kind == kern.TREE else np.zeros((0, 3), np.int64)
+    tail = _tree(K % model.group) if kind == kern.TREE and K % model.group else tree
+    beyond = math.ldexp(1.0, fmt.emax + 1)
+    finite = bool(np.isfinite(a3).all() and np.isfinite(b3).all())
+    return (a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk or 0, kind, model.group,
+            model.frac_bits, RUN if model.scaled == "runs" else 1,
+            CUTS[model.sum_rounding], model.align_accumulator, fmt.emin, beyond,
+            _spec(fmt, model.rounding), model.rounding == "rdown", model.halves,
+            model.sum_bits or 0, model.c_bits or 0, tree, tail, flush,
+            math.ldexp(1.0, fmt.emin), _spec(FP32, "rne"))
 
 
 def finish(out: np.ndarray, fmt: Format) -> np.ndarray:
