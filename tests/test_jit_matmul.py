@@ -326,7 +326,7 @@ def test_auto_picks_numba_for_numpy_operands_and_cpu_tensors_and_falls_back(monk
     fpsim.matmul(a, b, accum="fp16", rounding="stochastic", seed=0)
     fpsim.matmul(a, b, accum="fp16", product="bf16")
     fpsim.matmul(a, b, accum="fp64")
-    fpsim.matmul(a, b, order="tensor_core", tensor_core="hopper_fp8", inputs="e4m3")
+    fpsim.matmul(a, b, order="tensor_core", tensor_core="hopper_fp64")
     fpsim.matmul(a, b, accum="fp16", backend="numpy")
     torch = pytest.importorskip("torch")
     out = fpsim.matmul(torch.ones(3, 4), torch.ones(4, 2), accum="fp16")  # zero-copy views
@@ -341,7 +341,9 @@ def test_auto_picks_numba_for_numpy_operands_and_cpu_tensors_and_falls_back(monk
 @pytest.mark.parametrize("kw, match", [
     (dict(rounding="stochastic"), "stochastic"), (dict(return_stats=True), "return_stats"),
     (dict(product="bf16"), "rounded products"), (dict(accum="fp64"), "fp64"),
-    (dict(accum="e8m0"), "accumulator")])
+    (dict(accum="e8m0"), "accumulator"),
+    (dict(order="tensor_core", tensor_core="cdna3_fp64", accum="fp32"),
+     "FP64 fused multiply-adds")])
 def test_explicit_numba_names_what_it_lacks(kw, match):
     a, b = np.ones((3, 4)), np.ones((4, 2))
     with pytest.raises(ValueError, match=match):
@@ -384,3 +386,81 @@ def test_without_numba_auto_takes_numpy(monkeypatch):
     monkeypatch.setattr(jit, "run", lambda *x: calls.append(1))
     out = fpsim.matmul(np.ones((3, 4), np.float16), np.ones((4, 2), np.float16), accum="fp16")
     assert calls == [] and np.all(out == 4)
+
+
+# ----------------------------------------------------------------------------------------------
+# tensor-core models
+# ----------------------------------------------------------------------------------------------
+def _tc_inputs(model) -> list[str]:
+    """The operand formats a preset takes (FP32 ones for the TF32/XF32 truncation)."""
+    name = model.name
+    for key, fmts in (("fp8", ["e4m3", "e5m2"]), ("bf16", ["bf16"]), ("fp16", ["fp16"]),
+                      ("f32", ["fp32"]), ("fp32", ["fp32"])):
+        if key in name:
+            return fmts
+    return ["fp16"]
+
+
+def _tc_edges(fmt: str) -> np.ndarray:
+    """Values where the models' rules show: signed zeros, inf, NaN, the least subnormal and
+    normal, the largest finite, and neighbours of 1 that alignment cuts or ties."""
+    f = get_format(fmt)
+    tiny, least = 2.0 ** f.emin, 2.0 ** (f.emin - f.mbits)
+    ulp = 2.0 ** -f.mbits
+    v = [0.0, 1.0, 1 + ulp, 1 - ulp / 2, 1.5, 3 * ulp, tiny, least, 3 * least, f.max, 2.0 ** 20]
+    v += [np.inf, np.nan] if f.inf else [np.nan]
+    v = np.array(v)
+    return fpsim.quantize(np.concatenate([v, -v]), fmt)
+
+
+#: one preset of each structure runs in the fast suite, the others with the slow tests
+TC_FAST = ("hopper_fp8", "volta_fp16_f16", "ampere_tf32", "cdna3_fp8", "cdna3_xf32",
+           "cdna2_bf16", "cdna1_fp32")
+TC_MODELS = [m if m.name in TC_FAST else pytest.param(m, marks=pytest.mark.slow)
+             for m in fpsim.arith.TENSOR_CORES.values()
+             if m.scaled is None and m.accum_format.name != "fp64"] + [
+    fpsim.arith.TensorCoreModel(8, 20, "fp16", "rtz", align_accumulator=False,
+                                sum_rounding="rne", name="custom_unaligned"),
+    fpsim.arith.TensorCoreModel(4, 10, "bf16", "rdown", sum_rounding="rdown",
+                                name="custom_rdown"),
+    fpsim.arith.TensorCoreModel(6, 16, "fp32", "rup", align_accumulator=False,
+                                sum_rounding="rdown", name="custom_rup_unaligned")]
+
+
+@pytest.mark.parametrize("model", TC_MODELS, ids=lambda m: getattr(m, "name", None))
+def test_tensor_core_models_random_and_edge_operands(model):
+    """Every preset (FP64 ones and block scales aside: NumPy, and MMA-Sim's fixture), with and
+    without promotion every two instructions, with C, forward (a @ b) and backward-like
+    (transposed, broadcast batch) shapes: the compiled engine gives the NumPy engine's codes
+    on random operands and on operands full of zeros, inf, NaN, subnormals and extremes."""
+    g = model.group
+    K = 3 * g + 1 if model.structure != "fma" else 7      # a last, partial instruction
+    for fmt in _tc_inputs(model):
+        rng = np.random.default_rng(len(model.name) + g)
+        a = operands(fmt, (2, 5, K), rng, spread=4)
+        b = operands(fmt, (K, 7), rng, spread=4)
+        c = operands(fmt, (5, 7), rng)
+        edges = _tc_edges(fmt)
+        ea, eb = a.copy(), b.copy()
+        ea = np.where(rng.random(ea.shape) < 0.25, rng.choice(edges, ea.shape), ea)
+        eb.flat[::3] = rng.choice(edges, eb.size)[::3]
+        nan_sign = model.canonical_nan
+        for chunk in (None, 2 * g):
+            kw = dict(order="tensor_core", tensor_core=model, chunk=chunk)
+            assert_same(a, b, **kw)
+            assert_same(a, b, c=c, **kw)
+            assert_same(ea, eb, c=c, nan_sign=nan_sign, **kw)
+            assert_same(eb.T, ea[0].T, nan_sign=nan_sign, **kw)        # the backward's layouts
+            assert_same(ea[:, :, ::-1].copy(), eb[::-1], nan_sign=nan_sign, **kw)
+
+
+def test_tensor_core_accumulator_overflow_with_finite_operands():
+    """FP32 operands near the top: the FP32 (or FP16) result overflows to inf, which later
+    instructions keep, without an inf or NaN operand."""
+    a = np.full((3, 40), 2.0 ** 127, np.float32)
+    b = np.full((40, 4), 1.5, np.float32)
+    b[::2] *= -1
+    b[:8] = 1.75
+    for name in ("hopper_tf32", "cdna3_xf32", "cdna1_fp32", "ampere_fp16_f16"):
+        got = assert_same(a, b, order="tensor_core", tensor_core=name)
+        assert np.isinf(got).all() or name == "ampere_fp16_f16"

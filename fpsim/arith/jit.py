@@ -35,9 +35,10 @@ import numpy as np
 from .. import parallel
 from ..formats import Format
 from ..rounding import F64
-from .lanes import Profile, guarded, lane_max
+from .lanes import Lanes, Profile, guarded, lane_max
 from .plan import FP32, Plan
 from .tc_models import RUN, TensorCoreModel
+from .tensor_core import _pow2
 
 #: ``rounding=`` modes the kernels implement (stochastic rounding stays with NumPy/torch).
 MODES = {"rne": 0, "rna": 1, "rtz": 2, "rup": 3, "rdown": 4, "rto": 5}
@@ -194,8 +195,8 @@ def _tensor_core_args(model: TensorCoreModel, chunk: int | None, a3: np.ndarray,
                                       kern.FUSED if model.sum_bits is None else kern.CDNA3)
     flush = model.flush_subnormals
     if flush:                            # CDNA2: subnormal operands are +0
-        a3 = np.where(abs(a3) < np.ldexp(1.0, ea3), 0.0, a3)
-        b3 = np.where(abs(b3) < np.ldexp(1.0, eb3), 0.0, b3)
+        a3, b3 = (np.where(abs(x) < _pow2(Lanes(F64), e), 0.0, x) for x, e in ((a3, ea3),
+                                                                               (b3, eb3)))
     tree = _tree(model.group) if kind == kern.TREE else np.zeros((0, 3), np.int64)
     tail = _tree(K % model.group) if kind == kern.TREE and K % model.group else tree
     beyond = math.ldexp(1.0, fmt.emax + 1)
