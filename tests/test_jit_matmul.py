@@ -4,7 +4,11 @@ included, for every order, mode and accumulator it covers; what it does not cove
 
 from __future__ import annotations
 
+import json
+import math
+import warnings
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -380,12 +384,27 @@ def test_kernels_compile_without_fma_contraction():
 
 
 def test_without_numba_auto_takes_numpy(monkeypatch):
-    """numba is optional: when it cannot be imported, "auto" runs the NumPy engine."""
+    """numba is optional: when it cannot be imported, "auto" runs the NumPy engine, and says
+    so once: how much slower, what to install."""
     calls = []
     monkeypatch.setattr(jit, "available", lambda: False)
     monkeypatch.setattr(jit, "run", lambda *x: calls.append(1))
-    out = fpsim.matmul(np.ones((3, 4), np.float16), np.ones((4, 2), np.float16), accum="fp16")
+    monkeypatch.setattr(jit, "_warned", [])
+    a, b = np.ones((3, 4), np.float16), np.ones((4, 2), np.float16)
+    with pytest.warns(RuntimeWarning, match=r"NumPy engine, 14–32× slower .*fpsim\[fast\]"):
+        out = fpsim.matmul(a, b, accum="fp16")
     assert calls == [] and np.all(out == 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fpsim.matmul(a, b, accum="fp16")                        # once per process
+        fpsim.matmul(a, b, accum="fp16", backend="numpy")       # asked for: no warning
+
+
+def test_numpy_slowdown_quotes_the_benchmark():
+    rows = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" /
+                       "matmul_bench.json").read_text())["against_naive_loop"]
+    ratios = [r["numba_mac_per_s"] / r["numpy_mac_per_s"] for r in rows]
+    assert jit.NUMPY_SLOWDOWN == f"{math.floor(min(ratios))}–{math.ceil(max(ratios))}×"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -303,9 +303,9 @@ def pairwise(a3, b3, ia, ib, c, has_init, out, identity, finite, fast1, fast, rd
 # ----------------------------------------------------------------------------------------------
 # tensor-core models (fpsim.arith.tensor_core's GroupStep, scalar by scalar)
 # ----------------------------------------------------------------------------------------------
-TC_COLS = 512       # output columns of a tensor-core block
+TC_COLS = 256       # output columns of a tensor-core block: a group of b rows stays in L1
 FUSED, CDNA3, TREE = 0, 1, 2          # GroupStep's structures the kernel runs
-_LOW = -(1 << 40)   # below every exponent
+_LOW = -(1 << 30)   # below every exponent
 
 
 @njit(inline="always", **JIT_OPTIONS)
@@ -320,6 +320,38 @@ def _exponent(x, emin):
     count as -126."""
     e = max(((_bits(x) >> 52) & 0x7FF) - 1023, emin)
     return -126 if x == 0 else e
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _truncated(s, f):
+    """``s`` cut toward zero to the format of ``f`` (no overflow: the caller's), by clearing
+    the bits below its precision (below emin: below its subnormal spacing)."""
+    b = _bits(s)
+    drop = (52 - f[6]) + max((f[0] - (b & _EXP)) >> 52, 0)
+    if drop > 52:
+        return _float(b & _SIGN)
+    return _float(b & ~((1 << drop) - 1))
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _result(s, f, to):
+    """``s`` rounded to the format of ``f``: ``to`` 1 to nearest even by the magic constant
+    (formats with subnormals), 2 toward zero below the overflow threshold, 0 in f's mode."""
+    if to == 1:
+        return _nearest(s, f)
+    if to == 2:
+        return _truncated(s, f)
+    return _rounded(s, f)
+
+
+@njit(**JIT_OPTIONS)
+def exponents(x, emin):
+    """:func:`_exponent` of every element of a float64 array, as int64."""
+    flat = x.reshape(-1)
+    out = np.empty(flat.size, np.int64)
+    for i in range(flat.size):
+        out[i] = _exponent(flat[i], emin)
+    return out.reshape(x.shape)
 
 
 @njit(inline="always", **JIT_OPTIONS)
@@ -358,7 +390,8 @@ def _align(acc, EA, EB, k0, k1, step, j0, n, tops, emin, align):
 @njit(inline="always", **JIT_OPTIONS)
 def _cut_sum(A, Bm, k0, k1, run, j0, n, up, cut, s, ps, finite):
     """s = sum of the products (runs of ``run`` summed exactly first) times ``up``, each cut
-    to an integer; ps = their float64 sum when NaN or inf may occur (else left alone)."""
+    to an integer; ps = their float64 sum when NaN or inf may occur (else left alone).  The
+    common cases have loops of their own (a branch inside a loop keeps it from vectorising)."""
     for j in range(n):
         s[j] = 0.0
     if not finite:
@@ -368,7 +401,10 @@ def _cut_sum(A, Bm, k0, k1, run, j0, n, up, cut, s, ps, finite):
         if run == 1:
             x = A[k]
             brow = Bm[k, j0:j0 + n]
-            if finite:
+            if finite and cut == 0:
+                for j in range(n):
+                    s[j] += np.trunc(x * brow[j] * up[j])
+            elif finite:
                 for j in range(n):
                     s[j] += _cut(x * brow[j] * up[j], cut)
             else:
@@ -387,14 +423,35 @@ def _cut_sum(A, Bm, k0, k1, run, j0, n, up, cut, s, ps, finite):
 
 
 @njit(inline="always", **JIT_OPTIONS)
+def _nv_result(c, s, up, top, f, beyond, spec, to):
+    """NVIDIA's D from finite operands: C aligned and truncated beside the products' cut sum
+    ``s``, rounded to the result (``to`` as in :func:`_result`); inf beyond its exponents."""
+    t = (s + np.trunc(c * up)) * _pow2(top - f)
+    if not np.isfinite(c):                     # an overflowed C: psum + C is C
+        t = c
+    v = _result(t, spec, to)
+    if abs(t) >= beyond:
+        v = t * np.inf
+    return v + 0.0                             # a zero result is +0
+
+
+@njit(inline="always", **JIT_OPTIONS)
 def _fused_group(acc, A, EA, Bm, EB, k0, k1, j0, n, tops, up, s, ps, finite, f, run, cut,
-                 align, emin, beyond, spec, rdown):
+                 align, emin, beyond, spec, rdown, to):
     """GroupStep._step: products and (``align``) C aligned to the largest exponent, cut, summed
     exactly, rounded to the result (or, unaligned, added to C with one rounding)."""
     _align(acc, EA, EB, k0, k1, run, j0, n, tops, emin, align)
     for j in range(n):
         up[j] = _pow2(f - tops[j])
     _cut_sum(A, Bm, k0, k1, run, j0, n, up, cut, s, ps, finite)
+    if finite and align and cut == 0 and to == 2:          # NVIDIA's FP32 and E8M13 results
+        for j in range(n):
+            acc[j] = _nv_result(acc[j], s[j], up[j], tops[j], f, beyond, spec, 2)
+        return
+    if finite and align and cut == 0 and to == 1:          # and its FP16 results
+        for j in range(n):
+            acc[j] = _nv_result(acc[j], s[j], up[j], tops[j], f, beyond, spec, 1)
+        return
     for j in range(n):
         c = acc[j]
         t = s[j]
@@ -408,12 +465,12 @@ def _fused_group(acc, A, EA, Bm, EB, k0, k1, j0, n, tops, up, s, ps, finite, f, 
         elif align and not np.isfinite(c):      # an overflowed C: psum + C is C
             t = c
         if align:
-            v = _rounded(t, spec)
+            v = _result(t, spec, to)
             if abs(t) >= beyond:
                 v = t * np.inf
             acc[j] = v + 0.0
         else:
-            acc[j] = _rounded(_sum(c, t, False, rdown, True), spec)
+            acc[j] = _result(_sum(c, t, False, rdown, True), spec, to & 1)
 
 
 @njit(inline="always", **JIT_OPTIONS)
@@ -440,9 +497,22 @@ def _half(A, EA, Bm, EB, k0, k1, step, j0, n, tops, v, f, cut):
 
 @njit(inline="always", **JIT_OPTIONS)
 def _cdna3_group(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, ps, f, cut, halves,
-                 sum_bits, c_bits, emin, spec):
+                 sum_bits, c_bits, emin, spec, to):
     """GroupStep._cdna3_step: the products fused (with ``halves``: even and odd apart), their
-    sum and C cut toward -inf below the larger exponent, added, rounded."""
+    sum and C cut toward -inf below the larger exponent, added, rounded (the presets' cut and
+    rounding as constants, so that the loops compile without a branch)."""
+    if cut == 0 and to & 1:
+        _cdna3_sums(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, ps, f, 0, halves,
+                    sum_bits, c_bits, emin, spec, 1)
+    else:
+        _cdna3_sums(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, ps, f, cut, halves,
+                    sum_bits, c_bits, emin, spec, to & 1)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _cdna3_sums(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, ps, f, cut, halves,
+                sum_bits, c_bits, emin, spec, to):
+    """:func:`_cdna3_group` for one cut and rounding."""
     big = 2.0 ** 128
     lone = halves and k1 - k0 == 1
     if halves:
@@ -493,21 +563,21 @@ def _cdna3_group(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, ps, f, cut, 
         raw = ps[j] + c
         if not np.isfinite(raw):
             t = raw
-        acc[j] = _rounded(t, spec)
+        acc[j] = _result(t, spec, to)
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _flushed(x, flush, tiny, spec):
-    """GroupStep._tree_step's ``rounded``: to the result format, subnormals to ±0 (CDNA2)."""
-    x = _rounded(x, spec)
-    return x * 0.0 if flush and abs(x) < tiny else x
+def _flushed(x, tiny, spec, to):
+    """GroupStep._tree_step's ``rounded``: to the result format, results below ``tiny`` to ±0
+    (CDNA2's subnormals; 0 where they stay)."""
+    x = _result(x, spec, to)
+    return x * 0.0 if abs(x) < tiny else x
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _tree_group(acc, A, Bm, k0, k1, j0, n, tree, buf, flush, tiny, spec):
-    """GroupStep._tree_step: products rounded (``tree`` rows (leaf, slot, other): a leaf puts
-    product slot + k0 in ``buf[slot]``; else buf[slot] = round(buf[slot] + buf[other])), the
-    group's sum added to C (flushed first) with one more rounding."""
+def _tree_sums(acc, A, Bm, k0, j0, n, tree, buf, tiny, flush, spec, to):
+    """:func:`_tree_group` for one rounding ``to`` (a constant where it is called, so that
+    each loop compiles without a branch)."""
     for t in range(tree.shape[0]):
         leaf, d, o = tree[t, 0], tree[t, 1], tree[t, 2]
         dst = buf[d]
@@ -515,23 +585,36 @@ def _tree_group(acc, A, Bm, k0, k1, j0, n, tree, buf, flush, tiny, spec):
             x = A[k0 + d]
             brow = Bm[k0 + d, j0:j0 + n]
             for j in range(n):
-                dst[j] = _flushed(_product(x, brow[j], True) + 0.0, flush, tiny, spec)
+                dst[j] = _flushed(_product(x, brow[j], True) + 0.0, tiny, spec, to)
         else:
             src = buf[o]
             for j in range(n):
-                dst[j] = _flushed(_sum(dst[j], src[j], True, False, True), flush, tiny, spec)
+                dst[j] = _flushed(_sum(dst[j], src[j], True, False, True), tiny, spec, to)
     g = buf[0]
     for j in range(n):
         c = acc[j]
         if flush and abs(c) < tiny:
             c = 0.0
-        acc[j] = _flushed(_sum(c, g[j], True, False, True), flush, tiny, spec)
+        acc[j] = _flushed(_sum(c, g[j], True, False, True), tiny, spec, to)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _tree_group(acc, A, Bm, k0, j0, n, tree, buf, flush, tiny, spec, to):
+    """GroupStep._tree_step: products rounded (``tree`` rows (leaf, slot, other): a leaf puts
+    product slot + k0 in ``buf[slot]``; else buf[slot] = round(buf[slot] + buf[other])), the
+    group's sum added to C (flushed first) with one more rounding.  ``to``: as in
+    :func:`_result` (its bit 0: to nearest by the magic constant)."""
+    low = tiny if flush else 0.0
+    if to & 1:
+        _tree_sums(acc, A, Bm, k0, j0, n, tree, buf, low, flush, spec, 1)
+    else:
+        _tree_sums(acc, A, Bm, k0, j0, n, tree, buf, low, flush, spec, 0)
 
 
 @njit(**JIT_OPTIONS)
 def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk, kind, group, f,
-                run, cut, align, emin, beyond, spec, rdown, halves, sum_bits, c_bits, tree, tail,
-                flush, tiny, f32, first, last):
+                run, cut, align, emin, beyond, spec, to, rdown, halves, sum_bits, c_bits, tree,
+                tail, flush, tiny, f32, first, last):
     """tensor_core.run for blocks of ROWS x TC_COLS outputs: groups of ``group`` products (a
     GroupStep of structure ``kind``), C (``c``) starting the sum or, with ``chunk``, the FP32
     outer sum the accumulator is promoted into every ``chunk`` products; ``tree`` / ``tail``:
@@ -569,13 +652,15 @@ def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk, kind,
                     i = i0 + r
                     if kind == FUSED:
                         _fused_group(acc[r], A[i], EA[i], Bm, EB, k0, k1, j0, n, t0, v1, v0,
-                                     ps, finite, f, run, cut, align, emin, beyond, spec, rdown)
+                                     ps, finite, f, run, cut, align, emin, beyond, spec, rdown,
+                                     to)
                     elif kind == CDNA3:
                         _cdna3_group(acc[r], A[i], EA[i], Bm, EB, k0, k1, j0, n, t0, t1, v0,
-                                     v1, ps, f, cut, halves, sum_bits, c_bits, emin, spec)
+                                     v1, ps, f, cut, halves, sum_bits, c_bits, emin, spec, to)
                     else:
-                        _tree_group(acc[r], A[i], Bm, k0, k1, j0, n,
-                                    tree if k1 - k0 == group else tail, buf, flush, tiny, spec)
+                        _tree_group(acc[r], A[i], Bm, k0, j0, n,
+                                    tree if k1 - k0 == group else tail, buf, flush, tiny, spec,
+                                    to)
             if chunk:
                 _promote(tot, acc, rows, n, 0.0, False, f32)
             res = tot if chunk else acc

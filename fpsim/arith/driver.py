@@ -150,12 +150,8 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     if _compiled_engine(plan, prod, use_torch, return_stats, keyword):
         a3, idx_a = batched(ops.a, ops.batch)
         b3, idx_b = batched(ops.b, ops.batch)
-        exps3 = None
-        if plan.model is not None:
-            exps3 = ((batched(exps.a, ops.batch)[0], batched(exps.b, ops.batch)[0]) if exps
-                     else (exponents(Lanes(F64), np.asarray(a3, np.float64), emins[0]),
-                           exponents(Lanes(F64), np.asarray(b3, np.float64), emins[1])))
-        out, stats = jit.run(plan, prod, a3, b3, idx_a, idx_b, init, exps3), ()
+        exps3 = exps and (batched(exps.a, ops.batch)[0], batched(exps.b, ops.batch)[0])
+        out, stats = jit.run(plan, prod, a3, b3, idx_a, idx_b, init, emins, exps3), ()
     else:
         with np.errstate(invalid="ignore", over="ignore"):      # inf - inf inside TwoSum
             out, stats = _run(plan, lanes, prod, ops, emins, seed, return_stats, init, exps,
@@ -204,7 +200,12 @@ def _compiled_engine(plan: Plan, prod: Profile, use_torch: bool, want_stats: boo
             raise ValueError(f"{keyword}='numba' does not run {why}: use {keyword}='numpy' "
                              f"(or 'auto', which picks the engine)")
         return True
-    return plan.backend == "auto" and why is None and not use_torch and jit.available()
+    if plan.backend != "auto" or why is not None or use_torch:
+        return False
+    if not jit.available():
+        jit.warn_missing()
+        return False
+    return True
 
 
 def _lanes_for(plan: Plan, prod: Profile, operands_fit_f32: bool, like: Any) -> Lanes:

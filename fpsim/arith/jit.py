@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,28 @@ CUTS = {"rtz": 0, "rdown": 1, "rne": 2}
 _MAG = (1 << 63) - 1
 _NAN = 0x7FF8 << 48
 _INF = 0x7FF << 52
+
+
+#: how much slower the NumPy engine is than this one: the range of numba / numpy over the rows
+#: of benchmarks/results/matmul_bench.json (sequential, chunked and pairwise FP16 sums;
+#: tests/test_jit_matmul.py checks it)
+NUMPY_SLOWDOWN = "14–32×"
+_warned: list[bool] = []
+
+
+def warn_missing() -> None:
+    """Say once per process that numba is missing, so that the NumPy engine runs instead.
+
+    >>> import fpsim.arith.jit as jit
+    >>> jit.NUMPY_SLOWDOWN
+    '14–32×'
+    """
+    if not _warned:
+        _warned.append(True)
+        warnings.warn("numba is not installed, so fpsim.matmul (and fpsim.emulate's exact sums "
+                      f"and tensor-core models) runs its NumPy engine, {NUMPY_SLOWDOWN} slower "
+                      "than the compiled one: pip install \"fpsim[fast]\" (or numba)",
+                      RuntimeWarning, stacklevel=4)
 
 
 @functools.cache
@@ -115,11 +138,12 @@ def _spec(fmt: Format, rounding: str) -> tuple:
 
 
 def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.ndarray,
-        idx_b: np.ndarray, init: np.ndarray | None,
+        idx_b: np.ndarray, init: np.ndarray | None, emins: tuple[int, int] = (-1022, -1022),
         exps: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """The sums of ``a3[idx_a] @ b3[idx_b]`` (float64 (batch, M, K) and (batch, K, N)), starting
-    from ``init`` (batch, M, N) when given, as float64 (batch, M, N); ``exps``: the operands'
-    exponents as a tensor-core model reads them (integers shaped like ``a3`` and ``b3``)."""
+    from ``init`` (batch, M, N) when given, as float64 (batch, M, N).  A tensor-core model
+    reads the operands' exponents clamped at ``emins`` (tensor_core.exponents), or ``exps``
+    when given (block scales: integers shaped like ``a3`` and ``b3``)."""
     kern = _kernels()
     a3 = np.ascontiguousarray(a3, dtype=np.float64)
     b3 = np.ascontiguousarray(b3, dtype=np.float64)
@@ -135,6 +159,8 @@ def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.nda
         return out
     model = plan.model
     if model is not None and model.structure != "fma":
+        if exps is None:
+            exps = kern.exponents(a3, emins[0]), kern.exponents(b3, emins[1])
         args = _tensor_core_args(model, plan.chunk, a3, b3, exps, ia, ib, c, has_init, out)
         kern_tc = kern.tensor_core
         parallel.run(lambda lo, hi: kern_tc(*args, lo, hi), B * -(-M // kern.ROWS), grain=1)
@@ -184,6 +210,14 @@ def _tree(n: int) -> np.ndarray:
     return np.array(rows, np.int64).reshape(-1, 3)
 
 
+def _to(fmt: Format, rounding: str) -> int:
+    """How the tensor-core kernel rounds to the result ``fmt`` (``_jit_kernels._result``): 1 to
+    nearest even by the magic constant, 2 by clearing bits (toward zero), 0 the general way."""
+    if not fmt.subnormals:
+        return 0
+    return {"rne": 1, "rtz": 2}.get(rounding, 0)
+
+
 def _tensor_core_args(model: TensorCoreModel, chunk: int | None, a3: np.ndarray,
                       b3: np.ndarray, exps: tuple[np.ndarray, np.ndarray], ia: np.ndarray,
                       ib: np.ndarray, c: np.ndarray, has_init: bool, out: np.ndarray) -> tuple:
@@ -204,7 +238,8 @@ def _tensor_core_args(model: TensorCoreModel, chunk: int | None, a3: np.ndarray,
     return (a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk or 0, kind, model.group,
             model.frac_bits, RUN if model.scaled == "runs" else 1,
             CUTS[model.sum_rounding], model.align_accumulator, fmt.emin, beyond,
-            _spec(fmt, model.rounding), model.rounding == "rdown", model.halves,
+            _spec(fmt, model.rounding), _to(fmt, model.rounding), model.rounding == "rdown",
+            model.halves,
             model.sum_bits or 0, model.c_bits or 0, tree, tail, flush,
             math.ldexp(1.0, fmt.emin), _spec(FP32, "rne"))
 
