@@ -41,6 +41,12 @@ def assert_same(a, b, nan_sign: bool = True, **kw) -> np.ndarray:
     loops differ, so the NumPy engine's answer depends on the tile's shape)."""
     got = fpsim.matmul(a, b, backend="numba", **kw)
     want = fpsim.matmul(a, b, backend="numpy", **kw)
+    same_codes(got, want, nan_sign)
+    return got
+
+
+def same_codes(got: np.ndarray, want: np.ndarray, nan_sign: bool = True) -> None:
+    """The same dtype, shape and codes (with ``nan_sign=False``: NaNs of either sign alike)."""
     assert got.dtype == want.dtype and got.shape == want.shape
     cg, cw = codes(got), codes(want)
     if not nan_sign:
@@ -50,7 +56,6 @@ def assert_same(a, b, nan_sign: bool = True, **kw) -> np.ndarray:
     bad = cg != cw
     assert not bad.any(), (f"{int(bad.sum())} of {bad.size} differ, e.g. "
                            f"{got[bad][:4]} vs {want[bad][:4]}")
-    return got
 
 
 def operands(fmt: str, shape: tuple, rng: np.random.Generator, spread: int = 6) -> np.ndarray:
@@ -326,7 +331,7 @@ def test_auto_picks_numba_for_numpy_operands_and_cpu_tensors_and_falls_back(monk
     a, b = np.ones((3, 4), np.float16), np.ones((4, 2), np.float16)
     fpsim.matmul(a, b, accum="fp16")
     assert calls == [1]
-    fpsim.matmul(a, b, accum="fp16", return_stats=True)
+    fpsim.matmul(a, b, accum="fp16", order="pairwise", return_stats=True)
     fpsim.matmul(a, b, accum="fp16", rounding="stochastic", seed=0)
     fpsim.matmul(a, b, accum="fp16", product="bf16")
     fpsim.matmul(a, b, accum="fp64")
@@ -343,7 +348,7 @@ def test_auto_picks_numba_for_numpy_operands_and_cpu_tensors_and_falls_back(monk
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(rounding="stochastic"), "stochastic"), (dict(return_stats=True), "return_stats"),
+    (dict(rounding="stochastic"), "stochastic"), (dict(return_stats=True, order="pairwise"), "return_stats"),
     (dict(product="bf16"), "rounded products"), (dict(accum="fp64"), "fp64"),
     (dict(accum="e8m0"), "accumulator"),
     (dict(order="tensor_core", tensor_core="cdna3_fp64", accum="fp32"),
@@ -471,6 +476,37 @@ def test_tensor_core_models_random_and_edge_operands(model):
             assert_same(ea, eb, c=c, nan_sign=nan_sign, **kw)
             assert_same(eb.T, ea[0].T, nan_sign=nan_sign, **kw)        # the backward's layouts
             assert_same(ea[:, :, ::-1].copy(), eb[::-1], nan_sign=nan_sign, **kw)
+
+
+def assert_same_stats(a, b, **kw) -> None:
+    """The compiled engine's statistics are the NumPy engine's, output by output."""
+    got = fpsim.matmul(a, b, backend="numba", return_stats=True, **kw)
+    want = fpsim.matmul(a, b, backend="numpy", return_stats=True, **kw)
+    same_codes(got[0], want[0], nan_sign=False)      # NaNs of both signs meet here
+    for field in ("overflow", "swamped", "underflow", "max_partial"):
+        g, w = getattr(got[1], field), getattr(want[1], field)
+        assert g.dtype == w.dtype and np.array_equal(g, w), field
+
+
+@pytest.mark.parametrize("kw", [
+    dict(accum="fp16"), dict(accum="bf16", rounding="rtz"), dict(accum="fp8_e4m3fnuz"),
+    dict(accum="fp16", order="chunked", chunk=8), dict(accum="fp8_e5m2", order="fma"),
+    dict(order="tensor_core", tensor_core="hopper_fp8", chunk=64),
+    dict(order="tensor_core", tensor_core="volta_fp16_f16"),
+    dict(order="tensor_core", tensor_core="cdna3_fp8"),
+    dict(order="tensor_core", tensor_core="cdna2_bf16"),
+    dict(order="tensor_core", tensor_core="cdna1_fp32", chunk=8)], ids=str)
+def test_statistics_of_the_compiled_engine(kw):
+    """return_stats (capture=True under fpsim.emulate) in the compiled engine: swamped
+    additions and largest partial sums as the NumPy engine counts them, edge operands too."""
+    rng = np.random.default_rng(3)
+    a = operands("e4m3", (2, 5, 70), rng, spread=8)
+    b = operands("e4m3", (70, 9), rng, spread=8)
+    b[:, 0] = 2.0 ** -9                      # small terms swamped by a large first one
+    a[..., 0] = 448.0
+    assert_same_stats(a, b, **kw)
+    a.flat[::17] = rng.choice(_tc_edges("e4m3"), a.size)[::17]
+    assert_same_stats(a, b, **kw)
 
 
 def test_tensor_core_accumulator_overflow_with_finite_operands():

@@ -185,24 +185,59 @@ def _pair(dst, x, y, n, finite, fast, rdown, magic, f):
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _promote(tot, acc, rows, n, identity, fnuz, f32):
+def _count(sw, pk, j, y, old, new):
+    """accumulate.counted for one output: a non-zero ``y`` swallowed (``new == old``, ``old``
+    finite) adds one to ``sw[j]``; ``pk[j]`` keeps the largest ``|new|`` (NaN aside)."""
+    if y != 0 and new == old and np.isfinite(old):
+        sw[j] += 1
+    a = abs(new)
+    if a > pk[j]:
+        pk[j] = a
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _promote(tot, acc, rows, n, identity, fnuz, f32, sw, pk, stats):
     """tot = RN_fp32(tot + acc) (the chunk's sum into the FP32 outer sum); acc restarts.
     ``fnuz``: the chunk's zeros and NaNs are unsigned (the accumulator has no -0 and one NaN;
-    :func:`_nearest` leaves that to the end, which comes here)."""
+    :func:`_nearest` leaves that to the end, which comes here).  ``stats``: counted in the
+    blocks ``sw`` / ``pk`` (:func:`_count`)."""
     for r in range(rows):
         for j in range(n):
             v = acc[r, j] * 1.0
             if fnuz and (v == 0 or v != v):
                 v = abs(v)
-            tot[r, j] = _nearest(_sum(tot[r, j], v, False, False, True), f32)
+            old = tot[r, j]
+            tot[r, j] = _nearest(_sum(old, v, False, False, True), f32)
+            if stats:
+                _count(sw[r], pk[r], j, v, old, tot[r, j])
             acc[r, j] = identity
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _step_counted(row, x, brow, n, fast, rdown, magic, f, sw, pk):
+    """:func:`_step` (its general form: the same bits) with the statistics of each addition."""
+    for j in range(n):
+        old = row[j]
+        p = _product(x, brow[j], True)
+        row[j] = _add(old, p, fast, rdown, magic, f)
+        _count(sw, pk, j, p, old, row[j])
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _stats_out(bsw, bpk, sw, pk, bi, i0, j0, rows, n):
+    """A block's statistics into the result's arrays."""
+    for r in range(rows):
+        for j in range(n):
+            sw[bi, i0 + r, j0 + j] = bsw[r, j]
+            pk[bi, i0 + r, j0 + j] = bpk[r, j]
 
 
 @njit(**JIT_OPTIONS)
 def sequential(a3, b3, ia, ib, c, has_init, out, chunk, identity, finite, fast, rdown, magic,
-               f, f32, first, last):
+               f, f32, sw, pk, stats, first, last):
     """Sequential (and fma, chunked) sums: blocks of ROWS x COLS outputs, over K; the blocks
-    of rows first..last-1 (counted over the batch), so that threads share the work."""
+    of rows first..last-1 (counted over the batch), so that threads share the work; with
+    ``stats``, accumulate.counted's swamped additions and largest sums in ``sw`` and ``pk``."""
     M, K, N = a3.shape[1], a3.shape[2], b3.shape[2]
     nrb = (M + ROWS - 1) // ROWS
     for task in range(first, last):
@@ -212,6 +247,8 @@ def sequential(a3, b3, ia, ib, c, has_init, out, chunk, identity, finite, fast, 
         A, Bm, Ob = a3[ia[bi]], b3[ib[bi]], out[bi]
         acc = np.empty((ROWS, COLS))
         tot = np.empty((ROWS, COLS))
+        bsw = np.zeros((ROWS, COLS), np.int64)
+        bpk = np.zeros((ROWS, COLS))
         for j0 in range(0, N, COLS):
             n = min(COLS, N - j0)
             for r in range(rows):
@@ -219,18 +256,27 @@ def sequential(a3, b3, ia, ib, c, has_init, out, chunk, identity, finite, fast, 
                     start = c[bi, i0 + r, j0 + j] if has_init else identity
                     acc[r, j] = identity if chunk else start
                     tot[r, j] = start if has_init else -0.0
+                    bsw[r, j] = 0
+                    bpk[r, j] = 0.0
             for k in range(K):
                 if chunk > 0 and k > 0 and k % chunk == 0:
-                    _promote(tot, acc, rows, n, identity, f[5] != 0, f32)
+                    _promote(tot, acc, rows, n, identity, f[5] != 0, f32, bsw, bpk, stats)
                 brow = Bm[k, j0:j0 + n]
-                for r in range(rows):
-                    _step(acc[r], A[i0 + r, k], brow, n, finite, fast, rdown, magic, f)
+                if stats:
+                    for r in range(rows):
+                        _step_counted(acc[r], A[i0 + r, k], brow, n, fast, rdown, magic, f,
+                                      bsw[r], bpk[r])
+                else:
+                    for r in range(rows):
+                        _step(acc[r], A[i0 + r, k], brow, n, finite, fast, rdown, magic, f)
             if chunk:
-                _promote(tot, acc, rows, n, identity, f[5] != 0, f32)
+                _promote(tot, acc, rows, n, identity, f[5] != 0, f32, bsw, bpk, stats)
             res = tot if chunk else acc
             for r in range(rows):
                 for j in range(n):
                     Ob[i0 + r, j0 + j] = res[r, j]
+            if stats:
+                _stats_out(bsw, bpk, sw, pk, bi, i0, j0, rows, n)
 
 
 @njit(**JIT_OPTIONS)
@@ -614,12 +660,13 @@ def _tree_group(acc, A, Bm, k0, j0, n, tree, buf, flush, tiny, spec, to):
 @njit(**JIT_OPTIONS)
 def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk, kind, group, f,
                 run, cut, align, emin, beyond, spec, to, rdown, halves, sum_bits, c_bits, tree,
-                tail, flush, tiny, f32, first, last):
+                tail, flush, tiny, f32, sw, pk, stats, first, last):
     """tensor_core.run for blocks of ROWS x TC_COLS outputs: groups of ``group`` products (a
     GroupStep of structure ``kind``), C (``c``) starting the sum or, with ``chunk``, the FP32
     outer sum the accumulator is promoted into every ``chunk`` products; ``tree`` / ``tail``:
     the FMA tree of a full and of the last group; ``finite``: no NaN or inf among the
-    operands.  Blocks of rows first..last-1 as in
+    operands; ``stats``: GroupStep's counted statistics in ``sw`` and ``pk`` (C against the
+    products' float64 sum; a tree's flushed C against its group's sum).  Blocks of rows first..last-1 as in
     :func:`sequential`."""
     M, K, N = a3.shape[1], a3.shape[2], b3.shape[2]
     nrb = (M + ROWS - 1) // ROWS
@@ -637,6 +684,9 @@ def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk, kind,
         v1 = np.empty(TC_COLS)
         ps = np.empty(TC_COLS)
         buf = np.empty((max(group, 1), TC_COLS))
+        old = np.empty(TC_COLS)
+        bsw = np.zeros((ROWS, TC_COLS), np.int64)
+        bpk = np.zeros((ROWS, TC_COLS))
         for j0 in range(0, N, TC_COLS):
             n = min(TC_COLS, N - j0)
             for r in range(rows):
@@ -644,16 +694,21 @@ def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk, kind,
                     start = c[bi, i0 + r, j0 + j] if has_init else 0.0
                     acc[r, j] = 0.0 if chunk else start
                     tot[r, j] = start if has_init else -0.0
+                    bsw[r, j] = 0
+                    bpk[r, j] = 0.0
             for k0 in range(0, K, group):
                 if chunk > 0 and k0 > 0 and k0 % chunk == 0:
-                    _promote(tot, acc, rows, n, 0.0, False, f32)
+                    _promote(tot, acc, rows, n, 0.0, False, f32, bsw, bpk, stats)
                 k1 = min(K, k0 + group)
                 for r in range(rows):
                     i = i0 + r
-                    if kind == FUSED:
+                    if stats:
+                        for j in range(n):
+                            old[j] = acc[r, j]
+                    if kind == FUSED:                   # statistics need the products' sum
                         _fused_group(acc[r], A[i], EA[i], Bm, EB, k0, k1, j0, n, t0, v1, v0,
-                                     ps, finite, f, run, cut, align, emin, beyond, spec, rdown,
-                                     to)
+                                     ps, finite and not stats, f, run, cut, align, emin, beyond,
+                                     spec, rdown, to)
                     elif kind == CDNA3:
                         _cdna3_group(acc[r], A[i], EA[i], Bm, EB, k0, k1, j0, n, t0, t1, v0,
                                      v1, ps, f, cut, halves, sum_bits, c_bits, emin, spec, to)
@@ -661,9 +716,16 @@ def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk, kind,
                         _tree_group(acc[r], A[i], Bm, k0, j0, n,
                                     tree if k1 - k0 == group else tail, buf, flush, tiny, spec,
                                     to)
+                    if stats:
+                        y = buf[0] if kind == TREE else ps
+                        for j in range(n):
+                            o = 0.0 if kind == TREE and flush and abs(old[j]) < tiny else old[j]
+                            _count(bsw[r], bpk[r], j, y[j], o, acc[r, j])
             if chunk:
-                _promote(tot, acc, rows, n, 0.0, False, f32)
+                _promote(tot, acc, rows, n, 0.0, False, f32, bsw, bpk, stats)
             res = tot if chunk else acc
             for r in range(rows):
                 for j in range(n):
                     Ob[i0 + r, j0 + j] = res[r, j]
+            if stats:
+                _stats_out(bsw, bpk, sw, pk, bi, i0, j0, rows, n)

@@ -151,7 +151,8 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
         a3, idx_a = batched(ops.a, ops.batch)
         b3, idx_b = batched(ops.b, ops.batch)
         exps3 = exps and (batched(exps.a, ops.batch)[0], batched(exps.b, ops.batch)[0])
-        out, stats = jit.run(plan, prod, a3, b3, idx_a, idx_b, init, emins, exps3), ()
+        out, stats = jit.run(plan, prod, a3, b3, idx_a, idx_b, init, emins, exps3,
+                             return_stats)
     else:
         with np.errstate(invalid="ignore", over="ignore"):      # inf - inf inside TwoSum
             out, stats = _run(plan, lanes, prod, ops, emins, seed, return_stats, init, exps,
@@ -193,8 +194,8 @@ def _compiled_engine(plan: Plan, prod: Profile, use_torch: bool, want_stats: boo
     NumPy arrays (NumPy operands, and CPU tensors as zero-copy views: ``not use_torch``) when
     numba is installed and the plan is one it covers."""
     why = jit.reason(plan, prod)
-    if why is None and want_stats:
-        why = "return_stats=True"
+    if why is None and want_stats and plan.order == "pairwise":
+        why = "return_stats=True with order='pairwise'"
     if plan.backend == "numba":
         if why is not None:
             raise ValueError(f"{keyword}='numba' does not run {why}: use {keyword}='numpy' "

@@ -139,11 +139,14 @@ def _spec(fmt: Format, rounding: str) -> tuple:
 
 def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.ndarray,
         idx_b: np.ndarray, init: np.ndarray | None, emins: tuple[int, int] = (-1022, -1022),
-        exps: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        exps: tuple[np.ndarray, np.ndarray] | None = None,
+        want_stats: bool = False) -> tuple[np.ndarray, tuple]:
     """The sums of ``a3[idx_a] @ b3[idx_b]`` (float64 (batch, M, K) and (batch, K, N)), starting
-    from ``init`` (batch, M, N) when given, as float64 (batch, M, N).  A tensor-core model
-    reads the operands' exponents clamped at ``emins`` (tensor_core.exponents), or ``exps``
-    when given (block scales: integers shaped like ``a3`` and ``b3``)."""
+    from ``init`` (batch, M, N) when given, as float64 (batch, M, N), and with ``want_stats``
+    the NumPy engine's statistics (swamped additions, underflowed products: none, they are
+    exact, and the largest partial sums; else ()).  A tensor-core model reads the operands'
+    exponents clamped at ``emins`` (tensor_core.exponents), or ``exps`` when given (block
+    scales: integers shaped like ``a3`` and ``b3``)."""
     kern = _kernels()
     a3 = np.ascontiguousarray(a3, dtype=np.float64)
     b3 = np.ascontiguousarray(b3, dtype=np.float64)
@@ -152,19 +155,23 @@ def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.nda
     out = np.empty((B, M, N))
     has_init = init is not None
     c = (np.ascontiguousarray(init, dtype=np.float64) if has_init else np.zeros((1, 1, 1)))
+    shape = (B, M, N) if want_stats else (1, 1, 1)
+    sw, pk = np.zeros(shape, np.int64), np.zeros(shape)
+    stats = (sw, np.zeros(shape, np.int64), pk) if want_stats else ()
     if B * M * N == 0:
-        return out
+        return out, stats
     if K == 0:
         out[...] = c if has_init else 0.0
-        return out
+        return out, stats
     model = plan.model
     if model is not None and model.structure != "fma":
         if exps is None:
             exps = kern.exponents(a3, emins[0]), kern.exponents(b3, emins[1])
         args = _tensor_core_args(model, plan.chunk, a3, b3, exps, ia, ib, c, has_init, out)
+        args += (sw, pk, want_stats)
         kern_tc = kern.tensor_core
         parallel.run(lambda lo, hi: kern_tc(*args, lo, hi), B * -(-M // kern.ROWS), grain=1)
-        return finish(out, plan.sum_format)
+        return finish(out, plan.sum_format), stats
     if model is not None:               # FP32 fma chains: sequential sums starting from +0
         plan = dataclasses.replace(plan, accum=model.accum_format, rounding=model.rounding,
                                    order="sequential")
@@ -184,12 +191,12 @@ def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.nda
         kernel = kern.pairwise
     else:
         args = (a3, b3, ia, ib, c, has_init, out, plan.chunk or 0, identity, finite, acc_prod,
-                mode == "rdown", magic, spec, _spec(FP32, "rne"))
+                mode == "rdown", magic, spec, _spec(FP32, "rne"), sw, pk, want_stats)
         kernel = kern.sequential
     # blocks of rows over the cores (the kernels release the GIL): fpsim's thread pool, not
     # numba's OpenMP layer, whose spinning threads starve other OpenMP pools such as torch's
     parallel.run(lambda lo, hi: kernel(*args, lo, hi), B * -(-M // kern.ROWS), grain=1)
-    return finish(out, plan.sum_format)
+    return finish(out, plan.sum_format), stats
 
 
 def _tree(n: int) -> np.ndarray:
