@@ -163,6 +163,23 @@ def model_rows(repeat: int) -> dict:
             "load_average_before": load0, "load_average_after": os.getloadavg(), "rows": rows}
 
 
+def markdown(result: dict) -> str:
+    """The tables of docs/speed.md (model) and docs/speed-tables.md (engine), from the JSON."""
+    lines = ["| preset | promote every | M MAC/s | ÷ sequential FP16 | ÷ sequential FP32 |",
+             "|---|---|---|---|---|"]
+    for r in result["engine"]["rows"]:
+        name = f"`{r['model']}`" if r["order"] == "tensor_core" else f"sequential {r['model']}"
+        lines.append(f"| {name} | {r['promote_every'] or '–'} | {r['mac_per_s'] / 1e6:,.0f} | "
+                     f"{r['over_sequential_fp16']:.2f}× | {r['over_sequential_fp32']:.2f}× |")
+    if "model" in result:
+        lines += ["", "| linear layers under | capture | time per forward | ÷ native |",
+                  "|---|---|---|---|"]
+        for r in result["model"]["rows"]:
+            lines.append(f"| {r['recipe']} | {'yes' if r['capture'] else 'no'} | "
+                         f"{r['forward_s'] * 1e3:,.0f} ms | {r['ratio']:.2f}× |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3, help="rounds of the engine table")
@@ -171,9 +188,14 @@ def main() -> None:
                     help="torch threads, and FPSIM_THREADS unless set (default 1: on a shared "
                          "machine a second thread mostly waits)")
     ap.add_argument("--skip-model", action="store_true")
+    ap.add_argument("--markdown", action="store_true",
+                    help="print the tables of the JSON at --json and exit")
     ap.add_argument("--json", default=str(Path(__file__).parent / "results" /
                                           "accumulation_bench.json"))
     args = ap.parse_args()
+    if args.markdown:
+        print(markdown(json.loads(Path(args.json).read_text())))
+        return
     import torch
 
     torch.set_num_threads(args.threads)
@@ -200,6 +222,7 @@ def main() -> None:
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
+    print(markdown(result))
     print(f"wrote {out}")
 
 

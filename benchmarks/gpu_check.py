@@ -21,7 +21,7 @@ Sections (each one's failure is recorded and the others still run):
    ``emulate_bench.MODEL_RECIPES`` (operand-only FP8/MXFP8/NVFP4 with deterministic and host
    FP32 sums, exact FP16 sums), best of 3, ratios to the native forward (the CPU table's rows).
 5. ``tensor_core_speed``: the tensor-core emulation on the device (``fpsim.matmul`` with
-   ``order="tensor_core"``, backends "torch" and "compiled") beside the native
+   ``order="tensor_core"``, backend "torch", and "compiled" for the first) beside the native
    ``torch.matmul`` on the same operands, multiply-adds per second, best of 3 interleaved;
    and a Llama-shaped model's forward natively and with its linear layers under the
    ``deepseek-v3`` preset (Hopper FP8 tensor-core model, promotion every 128).
@@ -226,14 +226,13 @@ def tensor_core_speed(device: str, dry: bool) -> dict:
     import emulate_bench
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    m, k, n = (8, 96, 16) if dry else (1024, 4096, 4096)
+    m, k, n = (8, 96, 16) if dry else (512, 2048, 2048)
     rng = np.random.default_rng(4)
     ta = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(device)
     tb = torch.from_numpy((rng.standard_normal((k, n)) * 0.05).astype(np.float32)).to(device)
     fns: dict[Any, Callable[[], Any]] = {"native": lambda: (ta @ tb, sync())}
-    backends = ("torch",) if dry else ("torch", "compiled")
-    for cfg in TC_SPEED:
-        for backend in backends:
+    for i, cfg in enumerate(TC_SPEED):             # compiling takes a minute: the first only
+        for backend in ("torch",) if dry or i else ("torch", "compiled"):
             key = (backend, ",".join(f"{k_}={v}" for k_, v in cfg.items()))
             fns[key] = lambda cfg=cfg, backend=backend: (
                 fpsim.matmul(ta, tb, order="tensor_core", backend=backend, **cfg), sync())
@@ -249,35 +248,13 @@ def tensor_core_speed(device: str, dry: bool) -> dict:
                   f"{t / best['native']:9.1f}x native", flush=True)
     config, tokens = (emulate_bench.DRY_LLAMA, 16) if dry else (emulate_bench.LLAMA, 256)
     net, ids = emulate_bench.llama(config, tokens, device)
-    rules = Rules([Rule(get_preset("deepseek-v3").recipe, kind="linear")], default=None)
-
-    def forward(emulated: bool) -> float:
-        with torch.no_grad():
-            if not emulated:
-                net(ids)
-                sync()
-                t0 = time.perf_counter()
-                net(ids)
-                sync()
-                return time.perf_counter() - t0
-            with fpsim.emulate(rules):
-                net(ids)                            # fills the weight cache
-                sync()
-                t0 = time.perf_counter()
-                net(ids)
-                sync()
-                return time.perf_counter() - t0
-
-    times = {"native": [], "deepseek-v3": []}
-    for _ in range(1 if dry else 3):
-        times["native"].append(forward(False))
-        times["deepseek-v3"].append(forward(True))
-    native_s, deepseek_s = min(times["native"]), min(times["deepseek-v3"])
-    print(f"tensor_core_speed model: native {native_s:.3f} s, deepseek-v3 linear layers "
-          f"{deepseek_s:.3f} s ({deepseek_s / native_s:.1f}x)", flush=True)
-    return {"shape": [m, k, n], "rows": rows,
-            "model": {"config": config, "tokens": tokens, "native_s": native_s,
-                      "deepseek_v3_s": deepseek_s, "ratio": deepseek_s / native_s}}
+    deepseek = Rules([Rule(get_preset("deepseek-v3").recipe, kind="linear")], default=None)
+    table = emulate_bench.forward_rows(
+        net, ids, emulate_bench.forward_macs(config, tokens), 1 if dry else 3, device,
+        {"native FP32 (no emulation)": None, "deepseek-v3 preset, linear layers": deepseek})
+    print(f"tensor_core_speed model: deepseek-v3 linear layers {table[1]['ratio']:.1f}x native",
+          flush=True)
+    return {"shape": [m, k, n], "rows": rows, "model": table}
 
 
 def adversarial(k: int, rng: np.random.Generator) -> dict[str, np.ndarray]:

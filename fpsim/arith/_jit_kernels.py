@@ -426,6 +426,12 @@ def _align(acc, EA, EB, k0, k1, step, j0, n, tops, emin, align):
     else:
         for j in range(n):
             tops[j] = _LOW
+    _raise_to(EA, EB, k0, k1, step, j0, n, tops)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _raise_to(EA, EB, k0, k1, step, j0, n, tops):
+    """tops[j] = max(tops[j], EA[k] + EB[k, j0 + j]) over products k0, k0 + step, ... < k1."""
     for k in range(k0, k1, step):
         e = EA[k]
         erow = EB[k, j0:j0 + n]
@@ -525,11 +531,7 @@ def _half(A, EA, Bm, EB, k0, k1, step, j0, n, tops, v, f, cut):
     (``tops``) and the cut sum's value (``v``)."""
     for j in range(n):
         tops[j] = _LOW
-    for k in range(k0, k1, step):
-        e = EA[k]
-        erow = EB[k, j0:j0 + n]
-        for j in range(n):
-            tops[j] = max(tops[j], e + erow[j])
+    _raise_to(EA, EB, k0, k1, step, j0, n, tops)
     for j in range(n):
         v[j] = 0.0
     for k in range(k0, k1, step):
