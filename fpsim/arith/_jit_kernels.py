@@ -187,12 +187,11 @@ def _pair(dst, x, y, n, finite, fast, rdown, magic, f):
 @njit(inline="always", **JIT_OPTIONS)
 def _count(sw, pk, j, y, old, new):
     """accumulate.counted for one output: a non-zero ``y`` swallowed (``new == old``, ``old``
-    finite) adds one to ``sw[j]``; ``pk[j]`` keeps the largest ``|new|`` (NaN aside)."""
-    if y != 0 and new == old and np.isfinite(old):
-        sw[j] += 1
+    finite) adds one to ``sw[j]``; ``pk[j]`` keeps the largest ``|new|`` (NaN aside).  Without
+    a branch, so that the loops around it vectorise."""
+    sw[j] += (y != 0) & (new == old) & (abs(old) < np.inf)
     a = abs(new)
-    if a > pk[j]:
-        pk[j] = a
+    pk[j] = a if a > pk[j] else pk[j]
 
 
 @njit(inline="always", **JIT_OPTIONS)
@@ -214,8 +213,16 @@ def _promote(tot, acc, rows, n, identity, fnuz, f32, sw, pk, stats):
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _step_counted(row, x, brow, n, fast, rdown, magic, f, sw, pk):
-    """:func:`_step` (its general form: the same bits) with the statistics of each addition."""
+def _step_counted(row, x, brow, n, finite, fast, rdown, magic, f, sw, pk):
+    """:func:`_step` (its common case, else its general form: the same bits) with the
+    statistics of each addition."""
+    if finite and fast and magic and not rdown:
+        for j in range(n):
+            old = row[j]
+            p = x * brow[j]
+            row[j] = _nearest(old + p, f)
+            _count(sw, pk, j, p, old, row[j])
+        return
     for j in range(n):
         old = row[j]
         p = _product(x, brow[j], True)
@@ -264,8 +271,8 @@ def sequential(a3, b3, ia, ib, c, has_init, out, chunk, identity, finite, fast, 
                 brow = Bm[k, j0:j0 + n]
                 if stats:
                     for r in range(rows):
-                        _step_counted(acc[r], A[i0 + r, k], brow, n, fast, rdown, magic, f,
-                                      bsw[r], bpk[r])
+                        _step_counted(acc[r], A[i0 + r, k], brow, n, finite, fast, rdown,
+                                      magic, f, bsw[r], bpk[r])
                 else:
                     for r in range(rows):
                         _step(acc[r], A[i0 + r, k], brow, n, finite, fast, rdown, magic, f)
