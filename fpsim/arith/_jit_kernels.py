@@ -231,12 +231,40 @@ def _step_counted(row, x, brow, n, finite, fast, rdown, magic, f, sw, pk):
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _stats_out(bsw, bpk, sw, pk, bi, i0, j0, rows, n):
-    """A block's statistics into the result's arrays."""
+def _block_out(tot, acc, bsw, bpk, Ob, sw, pk, bi, i0, j0, rows, n, identity, fnuz, f32,
+               chunk, stats):
+    """A block's results (with ``chunk``: its last chunk promoted, the outer sums) and
+    statistics into the result's arrays."""
+    if chunk:
+        _promote(tot, acc, rows, n, identity, fnuz, f32, bsw, bpk, stats)
+    res = tot if chunk else acc
     for r in range(rows):
         for j in range(n):
-            sw[bi, i0 + r, j0 + j] = bsw[r, j]
-            pk[bi, i0 + r, j0 + j] = bpk[r, j]
+            Ob[i0 + r, j0 + j] = res[r, j]
+            if stats:
+                sw[bi, i0 + r, j0 + j] = bsw[r, j]
+                pk[bi, i0 + r, j0 + j] = bpk[r, j]
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _task(task, nrb, M):
+    """Batch entry, first row and row count of block ``task`` (``nrb`` blocks per entry)."""
+    bi = task // nrb
+    i0 = (task - bi * nrb) * ROWS
+    return bi, i0, min(ROWS, M - i0)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _start(acc, tot, bsw, bpk, c, has_init, bi, i0, j0, rows, n, identity, chunk):
+    """A block's sums at their start: C (else ``identity``) in ``acc``, or with ``chunk`` in
+    the outer sum ``tot`` (else -0); statistics zero."""
+    for r in range(rows):
+        for j in range(n):
+            start = c[bi, i0 + r, j0 + j] if has_init else identity
+            acc[r, j] = identity if chunk else start
+            tot[r, j] = start if has_init else -0.0
+            bsw[r, j] = 0
+            bpk[r, j] = 0.0
 
 
 @njit(**JIT_OPTIONS)
@@ -248,9 +276,7 @@ def sequential(a3, b3, ia, ib, c, has_init, out, chunk, identity, finite, fast, 
     M, K, N = a3.shape[1], a3.shape[2], b3.shape[2]
     nrb = (M + ROWS - 1) // ROWS
     for task in range(first, last):
-        bi = task // nrb
-        i0 = (task - bi * nrb) * ROWS
-        rows = min(ROWS, M - i0)
+        bi, i0, rows = _task(task, nrb, M)
         A, Bm, Ob = a3[ia[bi]], b3[ib[bi]], out[bi]
         acc = np.empty((ROWS, COLS))
         tot = np.empty((ROWS, COLS))
@@ -258,13 +284,7 @@ def sequential(a3, b3, ia, ib, c, has_init, out, chunk, identity, finite, fast, 
         bpk = np.zeros((ROWS, COLS))
         for j0 in range(0, N, COLS):
             n = min(COLS, N - j0)
-            for r in range(rows):
-                for j in range(n):
-                    start = c[bi, i0 + r, j0 + j] if has_init else identity
-                    acc[r, j] = identity if chunk else start
-                    tot[r, j] = start if has_init else -0.0
-                    bsw[r, j] = 0
-                    bpk[r, j] = 0.0
+            _start(acc, tot, bsw, bpk, c, has_init, bi, i0, j0, rows, n, identity, chunk)
             for k in range(K):
                 if chunk > 0 and k > 0 and k % chunk == 0:
                     _promote(tot, acc, rows, n, identity, f[5] != 0, f32, bsw, bpk, stats)
@@ -276,14 +296,8 @@ def sequential(a3, b3, ia, ib, c, has_init, out, chunk, identity, finite, fast, 
                 else:
                     for r in range(rows):
                         _step(acc[r], A[i0 + r, k], brow, n, finite, fast, rdown, magic, f)
-            if chunk:
-                _promote(tot, acc, rows, n, identity, f[5] != 0, f32, bsw, bpk, stats)
-            res = tot if chunk else acc
-            for r in range(rows):
-                for j in range(n):
-                    Ob[i0 + r, j0 + j] = res[r, j]
-            if stats:
-                _stats_out(bsw, bpk, sw, pk, bi, i0, j0, rows, n)
+            _block_out(tot, acc, bsw, bpk, Ob, sw, pk, bi, i0, j0, rows, n, identity,
+                       f[5] != 0, f32, chunk, stats)
 
 
 @njit(**JIT_OPTIONS)
@@ -675,14 +689,12 @@ def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk, kind,
     outer sum the accumulator is promoted into every ``chunk`` products; ``tree`` / ``tail``:
     the FMA tree of a full and of the last group; ``finite``: no NaN or inf among the
     operands; ``stats``: GroupStep's counted statistics in ``sw`` and ``pk`` (C against the
-    products' float64 sum; a tree's flushed C against its group's sum).  Blocks of rows first..last-1 as in
-    :func:`sequential`."""
+    products' float64 sum; a tree's flushed C against its group's sum).  Blocks of rows
+    first..last-1 as in :func:`sequential`."""
     M, K, N = a3.shape[1], a3.shape[2], b3.shape[2]
     nrb = (M + ROWS - 1) // ROWS
     for task in range(first, last):
-        bi = task // nrb
-        i0 = (task - bi * nrb) * ROWS
-        rows = min(ROWS, M - i0)
+        bi, i0, rows = _task(task, nrb, M)
         A, Bm, Ob = a3[ia[bi]], b3[ib[bi]], out[bi]
         EA, EB = ea3[ia[bi]], eb3[ib[bi]]
         acc = np.empty((ROWS, TC_COLS))
@@ -698,13 +710,7 @@ def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk, kind,
         bpk = np.zeros((ROWS, TC_COLS))
         for j0 in range(0, N, TC_COLS):
             n = min(TC_COLS, N - j0)
-            for r in range(rows):
-                for j in range(n):
-                    start = c[bi, i0 + r, j0 + j] if has_init else 0.0
-                    acc[r, j] = 0.0 if chunk else start
-                    tot[r, j] = start if has_init else -0.0
-                    bsw[r, j] = 0
-                    bpk[r, j] = 0.0
+            _start(acc, tot, bsw, bpk, c, has_init, bi, i0, j0, rows, n, 0.0, chunk)
             for k0 in range(0, K, group):
                 if chunk > 0 and k0 > 0 and k0 % chunk == 0:
                     _promote(tot, acc, rows, n, 0.0, False, f32, bsw, bpk, stats)
@@ -730,11 +736,5 @@ def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk, kind,
                         for j in range(n):
                             o = 0.0 if kind == TREE and flush and abs(old[j]) < tiny else old[j]
                             _count(bsw[r], bpk[r], j, y[j], o, acc[r, j])
-            if chunk:
-                _promote(tot, acc, rows, n, 0.0, False, f32, bsw, bpk, stats)
-            res = tot if chunk else acc
-            for r in range(rows):
-                for j in range(n):
-                    Ob[i0 + r, j0 + j] = res[r, j]
-            if stats:
-                _stats_out(bsw, bpk, sw, pk, bi, i0, j0, rows, n)
+            _block_out(tot, acc, bsw, bpk, Ob, sw, pk, bi, i0, j0, rows, n, 0.0, False, f32,
+                       chunk, stats)
