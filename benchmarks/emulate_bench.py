@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 
 import fpsim
-from fpsim import Recipe
+from fpsim import Recipe, Rules
 
 from timing import best_times, machine
 
@@ -140,9 +140,11 @@ def model_rows(repeat: int, device: str = "cpu", config: dict = LLAMA,
 
 
 def forward_rows(model: torch.nn.Module, inputs: torch.Tensor, macs: int, repeat: int,
-                 device: str = "cpu") -> list[dict]:
-    """Best time of ``model(inputs)`` natively and under each of ``MODEL_RECIPES`` (each timed
-    forward in a context whose weights are already quantized), rounds interleaved."""
+                 device: str = "cpu", recipes: dict | None = None) -> list[dict]:
+    """Best time of ``model(inputs)`` natively and under each of ``recipes`` (Recipe arguments
+    or a Rules; default ``MODEL_RECIPES``; each timed forward in a context whose weights are
+    already quantized), rounds interleaved."""
+    recipes = MODEL_RECIPES if recipes is None else recipes
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
     def once() -> float:
@@ -154,19 +156,20 @@ def forward_rows(model: torch.nn.Module, inputs: torch.Tensor, macs: int, repeat
         return time.perf_counter() - t
 
     def timed(name: str) -> float:
-        spec = MODEL_RECIPES[name]
+        spec = recipes[name]
         with torch.no_grad():
             if spec is None:
                 return once()
-            with fpsim.emulate(Recipe(name=name, **spec)):
+            with fpsim.emulate(spec if isinstance(spec, Rules) else Recipe(name=name, **spec)):
                 return once()                   # the first call fills the weight cache
 
-    best = {name: float("inf") for name in MODEL_RECIPES}
+    best = {name: float("inf") for name in recipes}
     for _ in range(repeat):
-        for name in MODEL_RECIPES:
+        for name in recipes:
             best[name] = min(best[name], timed(name))
     native = best["native FP32 (no emulation)"]
-    return [{"recipe": name, "spec": MODEL_RECIPES[name], "forward_s": round(t, 5),
+    return [{"recipe": name, "spec": recipes[name] if isinstance(recipes[name], dict | None)
+             else str(recipes[name]), "forward_s": round(t, 5),
              "ratio": round(t / native, 2), "mac_per_s": round(macs / t)}
             for name, t in best.items()]
 

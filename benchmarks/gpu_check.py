@@ -20,7 +20,12 @@ Sections (each one's failure is recorded and the others still run):
 4. ``model``: a Llama-shaped model's forward natively and under each recipe of
    ``emulate_bench.MODEL_RECIPES`` (operand-only FP8/MXFP8/NVFP4 with deterministic and host
    FP32 sums, exact FP16 sums), best of 3, ratios to the native forward (the CPU table's rows).
-5. ``tensor_cores``: real tensor-core outputs on adversarial inputs (``torch.matmul`` in FP16 and
+5. ``tensor_core_speed``: the tensor-core emulation on the device (``fpsim.matmul`` with
+   ``order="tensor_core"``, backend "torch", and "compiled" for the first) beside the native
+   ``torch.matmul`` on the same operands, multiply-adds per second, best of 3 interleaved;
+   and a Llama-shaped model's forward natively and with its linear layers under the
+   ``deepseek-v3`` preset (Hopper FP8 tensor-core model, promotion every 128).
+6. ``tensor_cores``: real tensor-core outputs on adversarial inputs (``torch.matmul`` in FP16 and
    BF16 with FP32 accumulation, ``torch._scaled_mm`` in FP8) saved as a small fixture
    (``tests/fixtures/tensor_cores_<gpu>.npz``) so that fpsim's ``tensor_core`` presets can be
    checked against hardware on any CPU afterwards; the presets' agreement is printed too.
@@ -196,6 +201,62 @@ def model(device: str, dry: bool) -> list[dict]:
     return emulate_bench.model_rows(3, device)
 
 
+#: the tensor-core emulation rows: fpsim.matmul options (operands rounded to ``inputs``)
+TC_SPEED: tuple[dict, ...] = (
+    {"inputs": "fp8_e4m3fn", "tensor_core": "hopper_fp8", "chunk": 128},
+    {"inputs": "fp8_e4m3fn", "tensor_core": "hopper_fp8"},
+    {"inputs": "fp16", "tensor_core": "hopper_fp16"},
+    {"inputs": "fp8_e4m3fn", "tensor_core": "blackwell_fp8"},
+    {"inputs": "fp8_e4m3fn", "tensor_core": "cdna3_fp8"},
+)
+
+
+def tensor_core_speed(device: str, dry: bool) -> dict:
+    """The tensor-core models emulated on ``device`` beside the native GEMM, and a model's
+    forward under the ``deepseek-v3`` preset beside its native forward (dry: tiny, torch
+    backend only, untimed in meaning)."""
+    import torch
+
+    import fpsim
+    from fpsim import Rule, Rules
+    from fpsim.emulation.presets import get_preset
+
+    from timing import best_times
+
+    import emulate_bench
+
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    m, k, n = (8, 96, 16) if dry else (512, 2048, 2048)
+    rng = np.random.default_rng(4)
+    ta = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(device)
+    tb = torch.from_numpy((rng.standard_normal((k, n)) * 0.05).astype(np.float32)).to(device)
+    fns: dict[Any, Callable[[], Any]] = {"native": lambda: (ta @ tb, sync())}
+    for i, cfg in enumerate(TC_SPEED):             # compiling takes a minute: the first only
+        for backend in ("torch",) if dry or i else ("torch", "compiled"):
+            key = (backend, ",".join(f"{k_}={v}" for k_, v in cfg.items()))
+            fns[key] = lambda cfg=cfg, backend=backend: (
+                fpsim.matmul(ta, tb, order="tensor_core", backend=backend, **cfg), sync())
+    best = best_times(fns, 1 if dry else 3)
+    macs = m * k * n
+    rows = [{"engine": "native torch.matmul float32", "seconds": best["native"],
+             "mac_per_s": macs / best["native"], "over_native": 1.0}]
+    for key, t in best.items():
+        if key != "native":
+            rows.append({"engine": f"fpsim {key[0]}", "options": key[1], "seconds": t,
+                         "mac_per_s": macs / t, "over_native": t / best["native"]})
+            print(f"tensor_core_speed {key[0]:9}{key[1]:60}{macs / t / 1e6:10.0f} M MAC/s "
+                  f"{t / best['native']:9.1f}x native", flush=True)
+    config, tokens = (emulate_bench.DRY_LLAMA, 16) if dry else (emulate_bench.LLAMA, 256)
+    net, ids = emulate_bench.llama(config, tokens, device)
+    deepseek = Rules([Rule(get_preset("deepseek-v3").recipe, kind="linear")], default=None)
+    table = emulate_bench.forward_rows(
+        net, ids, emulate_bench.forward_macs(config, tokens), 1 if dry else 3, device,
+        {"native FP32 (no emulation)": None, "deepseek-v3 preset, linear layers": deepseek})
+    print(f"tensor_core_speed model: deepseek-v3 linear layers {table[1]['ratio']:.1f}x native",
+          flush=True)
+    return {"shape": [m, k, n], "rows": rows, "model": table}
+
+
 def adversarial(k: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Operand pairs (a: 16 x k, b: k x 8) where accumulation order and width show: long sums of
     equal terms, cancellation around large values, terms differing only in their low bits,
@@ -323,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU tensors in the Triton interpreter, tiny sizes (checks the script)")
     ap.add_argument("--only", nargs="*", choices=["bitexact", "bandwidth", "emulation",
-                                                  "model", "tensor_cores"],
+                                                  "model", "tensor_core_speed",
+                                                  "tensor_cores"],
                     help="run these sections")
     ap.add_argument("--out-dir", type=Path, default=RESULTS, help="where the JSON report goes")
     ap.add_argument("--fixture-dir", type=Path, default=FIXTURES,
@@ -346,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         "bandwidth": lambda: bandwidth(device, args.dry_run),
         "emulation": lambda: emulation(device, args.dry_run),
         "model": lambda: model(device, args.dry_run),
+        "tensor_core_speed": lambda: tensor_core_speed(device, args.dry_run),
         "tensor_cores": lambda: tensor_cores(device, args.dry_run, gpu, args.fixture_dir)}
     report: dict[str, Any] = {"machine": machine(), "dry_run": args.dry_run}
     failed = False

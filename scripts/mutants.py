@@ -45,6 +45,9 @@ MX_CHUNKS = ["tests/test_mx_chunks.py"]
 TENSOR_CORE = ["tests/test_arith_tensor_core.py"]
 FMA = ["tests/test_fma.py"]
 JIT = ["tests/test_jit_matmul.py"]
+JIT_TC = ["tests/test_jit_matmul.py::test_tensor_core_models_random_and_edge_operands",
+          "tests/test_jit_matmul.py::test_statistics_of_the_compiled_engine",
+          "tests/test_jit_matmul.py::test_tensor_core_accumulator_overflow_with_finite_operands"]
 SR_BITS = ["tests/test_stochastic_bits.py"]
 SR_MATMUL = ["tests/test_matmul_random_bits.py"]
 COVERAGE = ["tests/test_emulate_coverage.py"]
@@ -243,6 +246,17 @@ MUTANTS = [
            "fused.py's bound (51 - mbits product bits)",
            "acc_prod = _fast(plan, prod.sig <= 51 - acc.mbits)",
            "acc_prod = _fast(plan, prod.sig <= 54 - acc.mbits)", JIT),
+    Mutant("jit-tc-subnormal-cut", "the compiled tensor-core kernel cuts results below the "
+           "format's least normal exponent to its normal precision",
+           "drop = (52 - f[6]) + max((f[0] - (b & _EXP)) >> 52, 0)", "drop = 52 - f[6]", JIT_TC),
+    Mutant("jit-tc-unaligned-c", "the compiled tensor-core kernel leaves C out of the alignment",
+           "tops[j] = _exponent(acc[j], emin)", "tops[j] = _LOW", JIT_TC),
+    Mutant("jit-tc-zero-exponent", "the compiled tensor-core kernel gives a zero operand its "
+           "format's least exponent instead of -126", "return -126 if x == 0 else e",
+           "return e", JIT_TC),
+    Mutant("jit-tc-swamped-zero", "the compiled statistics count a zero addend as swamped",
+           "if y != 0 and new == old and np.isfinite(old):",
+           "if new == old and np.isfinite(old):", JIT_TC),
     Mutant("jit-pairwise-carry", "the compiled pairwise tree drops an odd last term (K >= 3)",
            "if K % 2:", "if K % 2 and K < 3:", JIT),
     Mutant("jit-pairwise-merge", "the compiled pairwise tree merges its last partial sums left "

@@ -78,8 +78,8 @@ def test_compiled_engine_gives_the_other_engines_bits(accum, order, mode, monkey
 
 @pytest.mark.parametrize("recipe, dtype, why", [
     (Recipe("e4m3", accum="fp16", rounding="stochastic"), torch.float32, "stochastic"),
-    (Recipe("e4m3", order="tensor_core", tensor_core="hopper_fp8"), torch.float32,
-     "tensor-core model"),
+    (Recipe("e4m3", order="tensor_core", tensor_core="hopper_fp64"), torch.float32,
+     "FP64 tensor-core model"),
     (Recipe("e4m3", accum="fp16"), torch.float64, "float64 products (product='fp64')"),
 ])
 def test_fallback_where_the_compiled_engine_does_not_apply(recipe, dtype, why, monkeypatch):
@@ -92,15 +92,26 @@ def test_fallback_where_the_compiled_engine_does_not_apply(recipe, dtype, why, m
     assert torch.isfinite(y).all()
 
 
-def test_capture_takes_the_engine_with_statistics(monkeypatch):
-    """capture=True asks fpsim.matmul for statistics, which the compiled engine does not keep."""
+@pytest.mark.parametrize("recipe", [
+    Recipe("e4m3", accum="fp16"),
+    Recipe("e4m3", order="tensor_core", tensor_core="hopper_fp8", chunk=128)], ids=str)
+def test_capture_keeps_the_compiled_engine(recipe, monkeypatch):
+    """capture=True asks fpsim.matmul for statistics, which the compiled engine keeps: the same
+    outputs and site table as the NumPy engine's."""
     layer, x = layer_and_input(False)
     calls = []
     real = jit.run
     monkeypatch.setattr(jit, "run", lambda *a: calls.append(1) or real(*a))
-    with torch.no_grad(), fpsim.emulate(Recipe("e4m3", accum="fp16"), capture=True) as em:
-        layer(x)
-    assert calls == [] and em.table()[0]["swamped"] is not None
+    with torch.no_grad(), fpsim.emulate(recipe, capture=True) as em:
+        y = layer(x)
+    assert calls == [1] and em.table()[0]["swamped"] is not None
+    monkeypatch.setattr(jit, "available", lambda: False)
+    monkeypatch.setattr(jit, "_warned", [True])
+    with torch.no_grad(), fpsim.emulate(recipe, capture=True) as em_numpy:
+        y_numpy = layer(x)
+    assert calls == [1]
+    np.testing.assert_array_equal(codes(y), codes(y_numpy))
+    assert em.table() == em_numpy.table()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -36,6 +36,12 @@ def test_dry_run_checks_every_section(tmp_path):
     rows = {r["recipe"]: r for r in report["model"]}
     assert len(rows) == 7 and rows["native FP32 (no emulation)"]["ratio"] == 1
     assert all(r["forward_s"] > 0 for r in rows.values())
+    speed = report["tensor_core_speed"]
+    assert [r["engine"] for r in speed["rows"]] == (["native torch.matmul float32"]
+                                                   + ["fpsim torch"] * 5)
+    assert all(r["mac_per_s"] > 0 for r in speed["rows"])
+    assert [r["recipe"] for r in speed["model"]] == ["native FP32 (no emulation)",
+                                                     "deepseek-v3 preset, linear layers"]
     capture = np.load(tmp_path / "tensor_cores_dry_run.npz")
     # the dry run's "device" is CPU torch, whose FP32 GEMM of exact products the fp32 sequential
     # model reproduces here: the fixture's layout round-trips through the comparison

@@ -4,7 +4,11 @@ included, for every order, mode and accumulator it covers; what it does not cove
 
 from __future__ import annotations
 
+import json
+import math
+import warnings
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,6 +41,12 @@ def assert_same(a, b, nan_sign: bool = True, **kw) -> np.ndarray:
     loops differ, so the NumPy engine's answer depends on the tile's shape)."""
     got = fpsim.matmul(a, b, backend="numba", **kw)
     want = fpsim.matmul(a, b, backend="numpy", **kw)
+    same_codes(got, want, nan_sign)
+    return got
+
+
+def same_codes(got: np.ndarray, want: np.ndarray, nan_sign: bool = True) -> None:
+    """The same dtype, shape and codes (with ``nan_sign=False``: NaNs of either sign alike)."""
     assert got.dtype == want.dtype and got.shape == want.shape
     cg, cw = codes(got), codes(want)
     if not nan_sign:
@@ -46,7 +56,6 @@ def assert_same(a, b, nan_sign: bool = True, **kw) -> np.ndarray:
     bad = cg != cw
     assert not bad.any(), (f"{int(bad.sum())} of {bad.size} differ, e.g. "
                            f"{got[bad][:4]} vs {want[bad][:4]}")
-    return got
 
 
 def operands(fmt: str, shape: tuple, rng: np.random.Generator, spread: int = 6) -> np.ndarray:
@@ -322,11 +331,11 @@ def test_auto_picks_numba_for_numpy_operands_and_cpu_tensors_and_falls_back(monk
     a, b = np.ones((3, 4), np.float16), np.ones((4, 2), np.float16)
     fpsim.matmul(a, b, accum="fp16")
     assert calls == [1]
-    fpsim.matmul(a, b, accum="fp16", return_stats=True)
+    fpsim.matmul(a, b, accum="fp16", order="pairwise", return_stats=True)
     fpsim.matmul(a, b, accum="fp16", rounding="stochastic", seed=0)
     fpsim.matmul(a, b, accum="fp16", product="bf16")
     fpsim.matmul(a, b, accum="fp64")
-    fpsim.matmul(a, b, order="tensor_core", tensor_core="hopper_fp8", inputs="e4m3")
+    fpsim.matmul(a, b, order="tensor_core", tensor_core="hopper_fp64")
     fpsim.matmul(a, b, accum="fp16", backend="numpy")
     torch = pytest.importorskip("torch")
     out = fpsim.matmul(torch.ones(3, 4), torch.ones(4, 2), accum="fp16")  # zero-copy views
@@ -339,9 +348,11 @@ def test_auto_picks_numba_for_numpy_operands_and_cpu_tensors_and_falls_back(monk
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(rounding="stochastic"), "stochastic"), (dict(return_stats=True), "return_stats"),
+    (dict(rounding="stochastic"), "stochastic"), (dict(return_stats=True, order="pairwise"), "return_stats"),
     (dict(product="bf16"), "rounded products"), (dict(accum="fp64"), "fp64"),
-    (dict(accum="e8m0"), "accumulator")])
+    (dict(accum="e8m0"), "accumulator"),
+    (dict(order="tensor_core", tensor_core="cdna3_fp64", accum="fp32"),
+     "FP64 fused multiply-adds")])
 def test_explicit_numba_names_what_it_lacks(kw, match):
     a, b = np.ones((3, 4)), np.ones((4, 2))
     with pytest.raises(ValueError, match=match):
@@ -378,9 +389,133 @@ def test_kernels_compile_without_fma_contraction():
 
 
 def test_without_numba_auto_takes_numpy(monkeypatch):
-    """numba is optional: when it cannot be imported, "auto" runs the NumPy engine."""
+    """numba is optional: when it cannot be imported, "auto" runs the NumPy engine, and says
+    so once: how much slower, what to install."""
     calls = []
     monkeypatch.setattr(jit, "available", lambda: False)
     monkeypatch.setattr(jit, "run", lambda *x: calls.append(1))
-    out = fpsim.matmul(np.ones((3, 4), np.float16), np.ones((4, 2), np.float16), accum="fp16")
+    monkeypatch.setattr(jit, "_warned", [])
+    a, b = np.ones((3, 4), np.float16), np.ones((4, 2), np.float16)
+    with pytest.warns(RuntimeWarning, match=r"NumPy engine, 14–32× slower .*fpsim\[fast\]"):
+        out = fpsim.matmul(a, b, accum="fp16")
     assert calls == [] and np.all(out == 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fpsim.matmul(a, b, accum="fp16")                        # once per process
+        fpsim.matmul(a, b, accum="fp16", backend="numpy")       # asked for: no warning
+
+
+def test_numpy_slowdown_quotes_the_benchmark():
+    rows = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" /
+                       "matmul_bench.json").read_text())["against_naive_loop"]
+    ratios = [r["numba_mac_per_s"] / r["numpy_mac_per_s"] for r in rows]
+    assert jit.NUMPY_SLOWDOWN == f"{math.floor(min(ratios))}–{math.ceil(max(ratios))}×"
+
+
+# ----------------------------------------------------------------------------------------------
+# tensor-core models
+# ----------------------------------------------------------------------------------------------
+def _tc_inputs(model) -> list[str]:
+    """The operand formats a preset takes (FP32 ones for the TF32/XF32 truncation)."""
+    name = model.name
+    for key, fmts in (("fp8", ["e4m3", "e5m2"]), ("bf16", ["bf16"]), ("fp16", ["fp16"]),
+                      ("f32", ["fp32"]), ("fp32", ["fp32"])):
+        if key in name:
+            return fmts
+    return ["fp16"]
+
+
+def _tc_edges(fmt: str) -> np.ndarray:
+    """Values where the models' rules show: signed zeros, inf, NaN, the least subnormal and
+    normal, the largest finite, and neighbours of 1 that alignment cuts or ties."""
+    f = get_format(fmt)
+    tiny, least = 2.0 ** f.emin, 2.0 ** (f.emin - f.mbits)
+    ulp = 2.0 ** -f.mbits
+    v = [0.0, 1.0, 1 + ulp, 1 - ulp / 2, 1.5, 3 * ulp, tiny, least, 3 * least, f.max, 2.0 ** 20]
+    v += [np.inf, np.nan] if f.inf else [np.nan]
+    v = np.array(v)
+    return fpsim.quantize(np.concatenate([v, -v]), fmt)
+
+
+#: one preset of each structure runs in the fast suite, the others with the slow tests
+TC_FAST = ("hopper_fp8", "volta_fp16_f16", "ampere_tf32", "cdna3_fp8", "cdna3_xf32",
+           "cdna2_bf16", "cdna1_fp32")
+TC_MODELS = [m if m.name in TC_FAST else pytest.param(m, marks=pytest.mark.slow)
+             for m in fpsim.arith.TENSOR_CORES.values()
+             if m.scaled is None and m.accum_format.name != "fp64"] + [
+    fpsim.arith.TensorCoreModel(8, 20, "fp16", "rtz", align_accumulator=False,
+                                sum_rounding="rne", name="custom_unaligned"),
+    fpsim.arith.TensorCoreModel(4, 10, "bf16", "rdown", sum_rounding="rdown",
+                                name="custom_rdown"),
+    fpsim.arith.TensorCoreModel(6, 16, "fp32", "rup", align_accumulator=False,
+                                sum_rounding="rdown", name="custom_rup_unaligned")]
+
+
+@pytest.mark.parametrize("model", TC_MODELS, ids=lambda m: getattr(m, "name", None))
+def test_tensor_core_models_random_and_edge_operands(model):
+    """Every preset (FP64 ones and block scales aside: NumPy, and MMA-Sim's fixture), with and
+    without promotion every two instructions, with C, forward (a @ b) and backward-like
+    (transposed, broadcast batch) shapes: the compiled engine gives the NumPy engine's codes
+    on random operands and on operands full of zeros, inf, NaN, subnormals and extremes."""
+    g = model.group
+    K = 3 * g + 1 if model.structure != "fma" else 7      # a last, partial instruction
+    for fmt in _tc_inputs(model):
+        rng = np.random.default_rng(len(model.name) + g)
+        a = operands(fmt, (2, 5, K), rng, spread=4)
+        b = operands(fmt, (K, 7), rng, spread=4)
+        c = operands(fmt, (5, 7), rng)
+        edges = _tc_edges(fmt)
+        ea, eb = a.copy(), b.copy()
+        ea = np.where(rng.random(ea.shape) < 0.25, rng.choice(edges, ea.shape), ea)
+        eb.flat[::3] = rng.choice(edges, eb.size)[::3]
+        nan_sign = model.canonical_nan
+        for chunk in (None, 2 * g):
+            kw = dict(order="tensor_core", tensor_core=model, chunk=chunk)
+            assert_same(a, b, **kw)
+            assert_same(a, b, c=c, **kw)
+            assert_same(ea, eb, c=c, nan_sign=nan_sign, **kw)
+            assert_same(eb.T, ea[0].T, nan_sign=nan_sign, **kw)        # the backward's layouts
+            assert_same(ea[:, :, ::-1].copy(), eb[::-1], nan_sign=nan_sign, **kw)
+
+
+def assert_same_stats(a, b, **kw) -> None:
+    """The compiled engine's statistics are the NumPy engine's, output by output."""
+    got = fpsim.matmul(a, b, backend="numba", return_stats=True, **kw)
+    want = fpsim.matmul(a, b, backend="numpy", return_stats=True, **kw)
+    same_codes(got[0], want[0], nan_sign=False)      # NaNs of both signs meet here
+    for field in ("overflow", "swamped", "underflow", "max_partial"):
+        g, w = getattr(got[1], field), getattr(want[1], field)
+        assert g.dtype == w.dtype and np.array_equal(g, w), field
+
+
+@pytest.mark.parametrize("kw", [
+    dict(accum="fp16"), dict(accum="bf16", rounding="rtz"), dict(accum="fp8_e4m3fnuz"),
+    dict(accum="fp16", order="chunked", chunk=8), dict(accum="fp8_e5m2", order="fma"),
+    dict(order="tensor_core", tensor_core="hopper_fp8", chunk=64),
+    dict(order="tensor_core", tensor_core="volta_fp16_f16"),
+    dict(order="tensor_core", tensor_core="cdna3_fp8"),
+    dict(order="tensor_core", tensor_core="cdna2_bf16"),
+    dict(order="tensor_core", tensor_core="cdna1_fp32", chunk=8)], ids=str)
+def test_statistics_of_the_compiled_engine(kw):
+    """return_stats (capture=True under fpsim.emulate) in the compiled engine: swamped
+    additions and largest partial sums as the NumPy engine counts them, edge operands too."""
+    rng = np.random.default_rng(3)
+    a = operands("e4m3", (2, 5, 70), rng, spread=8)
+    b = operands("e4m3", (70, 9), rng, spread=8)
+    b[:, 0] = 2.0 ** -9                      # small terms swamped by a large first one
+    a[..., 0] = 448.0
+    assert_same_stats(a, b, **kw)
+    a.flat[::17] = rng.choice(_tc_edges("e4m3"), a.size)[::17]
+    assert_same_stats(a, b, **kw)
+
+
+def test_tensor_core_accumulator_overflow_with_finite_operands():
+    """FP32 operands near the top: the FP32 (or FP16) result overflows to inf, which later
+    instructions keep, without an inf or NaN operand."""
+    a = np.full((3, 40), 2.0 ** 127, np.float32)
+    b = np.full((40, 4), 1.5, np.float32)
+    b[::2] *= -1
+    b[:8] = 1.75
+    for name in ("hopper_tf32", "cdna3_xf32", "cdna1_fp32", "ampere_fp16_f16"):
+        got = assert_same(a, b, order="tensor_core", tensor_core=name)
+        assert np.isinf(got).all() or name == "ampere_fp16_f16"

@@ -78,3 +78,39 @@ def test_docs_speed_backward_table_quotes_the_benchmark():
         assert quoted == [f"{c['native_s'] * 1e3:.2f}", f"{c['emulated_s'] * 1e3:.2f}",
                           f"{c['ratio']:.2f}", f"{c['host_s'] * 1e3:.2f}",
                           f"{c['ratio_host']:.2f}"]
+
+
+def test_docs_accumulation_tables_quote_the_benchmark():
+    """The tensor-core engine table (docs/speed-tables.md) and the MiniLM table and sentences
+    (docs/speed.md) are those of benchmarks/results/accumulation_bench.json."""
+    bench = load("accumulation_bench.json")
+    tables = (ROOT / "docs" / "speed-tables.md").read_text()
+    rows = re.findall(r"^\| (`\w+`|sequential \w+) \| (\d+|–) \| ([\d,]+) \| ([\d.]+)× \| "
+                      r"([\d.]+)× \|$", tables, re.M)
+    want = [(f"`{r['model']}`" if r["order"] == "tensor_core" else f"sequential {r['model']}",
+             str(r["promote_every"] or "–"), f"{r['mac_per_s'] / 1e6:,.0f}",
+             f"{r['over_sequential_fp16']:.2f}", f"{r['over_sequential_fp32']:.2f}")
+            for r in bench["engine"]["rows"]]
+    assert rows == want
+    assert all(r["same_bits_as_numpy"] for r in bench["engine"]["rows"])
+    doc = (ROOT / "docs" / "speed.md").read_text()
+    model = re.findall(r"^\| ([^|]+?) \| (yes|no) \| ([\d,]+) ms \| ([\d.]+)× \|$", doc, re.M)
+    assert model == [(r["recipe"], "yes" if r["capture"] else "no",
+                      f"{r['forward_s'] * 1e3:,.0f}", f"{r['ratio']:.2f}")
+                     for r in bench["model"]["rows"]]
+    text = " ".join(doc.split())
+    tc = [r for r in bench["engine"]["rows"] if r["order"] == "tensor_core"]
+    lo16, hi16 = (f(r["over_sequential_fp16"] for r in tc) for f in (min, max))
+    lo32, hi32 = (f(r["over_sequential_fp32"] for r in tc) for f in (min, max))
+    assert (f"{lo16:.2f}–{hi16:.2f}× the sequential engine's rate with FP16 sums and "
+            f"{lo32:.2f}–{hi32:.2f}× with FP32 sums") in text
+    numpy_rate = bench["engine"]["numpy_hopper_fp8_mac_per_s"] / 1e6
+    hopper = next(r for r in tc if r["model"] == "hopper_fp8" and not r["promote_every"])
+    faster = hopper["mac_per_s"] / bench["engine"]["numpy_hopper_fp8_mac_per_s"]
+    assert (f"NumPy engine ran `hopper_fp8` at {numpy_rate:.1f} M multiply-adds/s, "
+            f"{faster:.0f}× slower") in text
+    assert f"and {faster:.0f}× for `hopper_fp8`" in text
+    captured = {r["recipe"]: r["capture_over_without"] for r in bench["model"]["rows"]
+                if r["capture"]}
+    assert "capture=True` costs " + ", ".join(
+        f"{v:.2f}×" for v in captured.values()) in text

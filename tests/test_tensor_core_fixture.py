@@ -52,13 +52,19 @@ def _inputs(name: str) -> tuple[np.ndarray, ...]:
                  for k in "abc")
 
 
-@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("backend", ["numpy", "torch", "numba"])
 @pytest.mark.parametrize("name", PLAIN)
 def test_preset_matches_mma_sim(name, backend):
     a, b, c = _inputs(name)
     preset = META[name]["preset"]
     options = dict(c=c, inputs=tuple(META[name]["inputs"]), order="tensor_core",
                    tensor_core=preset, backend=backend)
+    if backend == "numba":
+        pytest.importorskip("numba")
+        if TENSOR_CORES[preset].accum_format.name == "fp64":
+            with pytest.raises(ValueError, match="FP64 fused multiply-adds"):
+                fpsim.matmul(a, b, **options)
+            return
     if backend == "torch":
         torch = pytest.importorskip("torch")
         a, b, options["c"] = (torch.from_numpy(x) for x in (a, b, c))
@@ -70,9 +76,12 @@ def test_preset_matches_mma_sim(name, backend):
     _compare(np.asarray(got), FIXTURE[f"{name}.d"], not TENSOR_CORES[preset].canonical_nan)
 
 
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
 @pytest.mark.parametrize("entry", SCALED)
-def test_block_scaled_preset_matches_mma_sim(entry):
+def test_block_scaled_preset_matches_mma_sim(entry, backend):
     """MXFP8/MXFP4/NVFP4 operands as fpsim MXArrays through the block-scaled instructions."""
+    if backend == "numba":
+        pytest.importorskip("numba")
     meta = META[entry]
     (fa, fb), bs = meta["mx"], meta["block_size"]
     x = {k: FIXTURE[f"{entry}.{k}"] for k in ("a", "b", "sa", "sb")}
@@ -80,7 +89,8 @@ def test_block_scaled_preset_matches_mma_sim(entry):
     a = fpsim.mx.MXArray(x["sa"], x["a"], fpsim.mx.get_mx_format(fa), 2, bs, x["a"].shape, ts)
     b = fpsim.mx.MXArray(x["sb"], x["b"], fpsim.mx.get_mx_format(fb), 1, bs, x["b"].shape, ts)
     c = FIXTURE[f"{entry}.c"].view(np.float32)
-    got = fpsim.matmul(a, b, c=c, order="tensor_core", tensor_core=meta["preset"])
+    got = fpsim.matmul(a, b, c=c, order="tensor_core", tensor_core=meta["preset"],
+                       backend=backend)
     _compare(np.asarray(got), FIXTURE[f"{entry}.d"])
 
 

@@ -185,52 +185,119 @@ def _pair(dst, x, y, n, finite, fast, rdown, magic, f):
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _promote(tot, acc, rows, n, identity, fnuz, f32):
+def _count(sw, pk, j, y, old, new):
+    """accumulate.counted for one output: a non-zero ``y`` swallowed (``new == old``, ``old``
+    finite) adds one to ``sw[j]``; ``pk[j]`` keeps the largest ``|new|`` (NaN aside).  Without
+    a branch, so that the loops around it vectorise."""
+    sw[j] += (y != 0) & (new == old) & (abs(old) < np.inf)
+    a = abs(new)
+    pk[j] = a if a > pk[j] else pk[j]
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _promote(tot, acc, rows, n, identity, fnuz, f32, sw, pk, stats):
     """tot = RN_fp32(tot + acc) (the chunk's sum into the FP32 outer sum); acc restarts.
     ``fnuz``: the chunk's zeros and NaNs are unsigned (the accumulator has no -0 and one NaN;
-    ``_nearest`` leaves that to the end, which comes here)."""
+    ``_nearest`` leaves that to the end, which comes here).  ``stats``: counted in the
+    blocks ``sw`` / ``pk`` (``_count``)."""
     for r in range(rows):
         for j in range(n):
             v = acc[r, j] * 1.0
             if fnuz and (v == 0 or v != v):
                 v = abs(v)
-            tot[r, j] = _nearest(_sum(tot[r, j], v, False, False, True), f32)
+            old = tot[r, j]
+            tot[r, j] = _nearest(_sum(old, v, False, False, True), f32)
+            if stats:
+                _count(sw[r], pk[r], j, v, old, tot[r, j])
             acc[r, j] = identity
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _step_counted(row, x, brow, n, finite, fast, rdown, magic, f, sw, pk):
+    """``_step`` (its common case, else its general form: the same bits) with the
+    statistics of each addition."""
+    if finite and fast and magic and not rdown:
+        for j in range(n):
+            old = row[j]
+            p = x * brow[j]
+            row[j] = _nearest(old + p, f)
+            _count(sw, pk, j, p, old, row[j])
+        return
+    for j in range(n):
+        old = row[j]
+        p = _product(x, brow[j], True)
+        row[j] = _add(old, p, fast, rdown, magic, f)
+        _count(sw, pk, j, p, old, row[j])
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _block_out(tot, acc, bsw, bpk, Ob, sw, pk, bi, i0, j0, rows, n, identity, fnuz, f32,
+               chunk, stats):
+    """A block's results (with ``chunk``: its last chunk promoted, the outer sums) and
+    statistics into the result's arrays."""
+    if chunk:
+        _promote(tot, acc, rows, n, identity, fnuz, f32, bsw, bpk, stats)
+    res = tot if chunk else acc
+    for r in range(rows):
+        for j in range(n):
+            Ob[i0 + r, j0 + j] = res[r, j]
+            if stats:
+                sw[bi, i0 + r, j0 + j] = bsw[r, j]
+                pk[bi, i0 + r, j0 + j] = bpk[r, j]
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _task(task, nrb, M):
+    """Batch entry, first row and row count of block ``task`` (``nrb`` blocks per entry)."""
+    bi = task // nrb
+    i0 = (task - bi * nrb) * ROWS
+    return bi, i0, min(ROWS, M - i0)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _start(acc, tot, bsw, bpk, c, has_init, bi, i0, j0, rows, n, identity, chunk):
+    """A block's sums at their start: C (else ``identity``) in ``acc``, or with ``chunk`` in
+    the outer sum ``tot`` (else -0); statistics zero."""
+    for r in range(rows):
+        for j in range(n):
+            start = c[bi, i0 + r, j0 + j] if has_init else identity
+            acc[r, j] = identity if chunk else start
+            tot[r, j] = start if has_init else -0.0
+            bsw[r, j] = 0
+            bpk[r, j] = 0.0
 
 
 @njit(**JIT_OPTIONS)
 def sequential(a3, b3, ia, ib, c, has_init, out, chunk, identity, finite, fast, rdown, magic,
-               f, f32, first, last):
+               f, f32, sw, pk, stats, first, last):
     """Sequential (and fma, chunked) sums: blocks of ROWS x COLS outputs, over K; the blocks
-    of rows first..last-1 (counted over the batch), so that threads share the work."""
+    of rows first..last-1 (counted over the batch), so that threads share the work; with
+    ``stats``, accumulate.counted's swamped additions and largest sums in ``sw`` and ``pk``."""
     M, K, N = a3.shape[1], a3.shape[2], b3.shape[2]
     nrb = (M + ROWS - 1) // ROWS
     for task in range(first, last):
-        bi = task // nrb
-        i0 = (task - bi * nrb) * ROWS
-        rows = min(ROWS, M - i0)
+        bi, i0, rows = _task(task, nrb, M)
         A, Bm, Ob = a3[ia[bi]], b3[ib[bi]], out[bi]
         acc = np.empty((ROWS, COLS))
         tot = np.empty((ROWS, COLS))
+        bsw = np.zeros((ROWS, COLS), np.int64)
+        bpk = np.zeros((ROWS, COLS))
         for j0 in range(0, N, COLS):
             n = min(COLS, N - j0)
-            for r in range(rows):
-                for j in range(n):
-                    start = c[bi, i0 + r, j0 + j] if has_init else identity
-                    acc[r, j] = identity if chunk else start
-                    tot[r, j] = start if has_init else -0.0
+            _start(acc, tot, bsw, bpk, c, has_init, bi, i0, j0, rows, n, identity, chunk)
             for k in range(K):
                 if chunk > 0 and k > 0 and k % chunk == 0:
-                    _promote(tot, acc, rows, n, identity, f[5] != 0, f32)
+                    _promote(tot, acc, rows, n, identity, f[5] != 0, f32, bsw, bpk, stats)
                 brow = Bm[k, j0:j0 + n]
-                for r in range(rows):
-                    _step(acc[r], A[i0 + r, k], brow, n, finite, fast, rdown, magic, f)
-            if chunk:
-                _promote(tot, acc, rows, n, identity, f[5] != 0, f32)
-            res = tot if chunk else acc
-            for r in range(rows):
-                for j in range(n):
-                    Ob[i0 + r, j0 + j] = res[r, j]
+                if stats:
+                    for r in range(rows):
+                        _step_counted(acc[r], A[i0 + r, k], brow, n, finite, fast, rdown,
+                                      magic, f, bsw[r], bpk[r])
+                else:
+                    for r in range(rows):
+                        _step(acc[r], A[i0 + r, k], brow, n, finite, fast, rdown, magic, f)
+            _block_out(tot, acc, bsw, bpk, Ob, sw, pk, bi, i0, j0, rows, n, identity,
+                       f[5] != 0, f32, chunk, stats)
 
 
 @njit(**JIT_OPTIONS)
@@ -298,3 +365,376 @@ def pairwise(a3, b3, ia, ib, c, has_init, out, identity, finite, fast1, fast, rd
                     if has_init:
                         s = _add(c[bi, i0 + r, j0 + j], s, False, rdown, magic, f)
                     Ob[i0 + r, j0 + j] = s
+
+
+# ----------------------------------------------------------------------------------------------
+# tensor-core models (fpsim.arith.tensor_core's GroupStep, scalar by scalar)
+# ----------------------------------------------------------------------------------------------
+TC_COLS = 256       # output columns of a tensor-core block: a group of b rows stays in L1
+FUSED, CDNA3, TREE = 0, 1, 2          # GroupStep's structures the kernel runs
+_LOW = -(1 << 30)   # below every exponent
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _pow2(n):
+    """2**n for integer n in [-1022, 1023] (tensor_core._pow2)."""
+    return _float((n + 1023) << 52)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _exponent(x, emin):
+    """tensor_core.exponents of one float64: the exponent field clamped at ``emin``; zeros
+    count as -126."""
+    e = max(((_bits(x) >> 52) & 0x7FF) - 1023, emin)
+    return -126 if x == 0 else e
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _truncated(s, f):
+    """``s`` cut toward zero to the format of ``f`` (no overflow: the caller's), by clearing
+    the bits below its precision (below emin: below its subnormal spacing)."""
+    b = _bits(s)
+    drop = (52 - f[6]) + max((f[0] - (b & _EXP)) >> 52, 0)
+    if drop > 52:
+        return _float(b & _SIGN)
+    return _float(b & ~((1 << drop) - 1))
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _result(s, f, to):
+    """``s`` rounded to the format of ``f``: ``to`` 1 to nearest even by the magic constant
+    (formats with subnormals), 2 toward zero below the overflow threshold, 0 in f's mode."""
+    if to == 1:
+        return _nearest(s, f)
+    if to == 2:
+        return _truncated(s, f)
+    return _rounded(s, f)
+
+
+@njit(**JIT_OPTIONS)
+def exponents(x, emin):
+    """``_exponent`` of every element of a float64 array, as int64."""
+    flat = x.reshape(-1)
+    out = np.empty(flat.size, np.int64)
+    for i in range(flat.size):
+        out[i] = _exponent(flat[i], emin)
+    return out.reshape(x.shape)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _cut(x, mode):
+    """An aligned term cut to an integer: 0 toward zero, 1 toward -inf, 2 to nearest even."""
+    if mode == 0:
+        return np.trunc(x)
+    if mode == 1:
+        return np.floor(x)
+    return np.rint(x)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _floor_to(x, top, bits):
+    """``x`` cut toward -inf to ``bits`` fraction bits below exponent ``top`` (GroupStep._floor)."""
+    return np.floor(x * _pow2(bits - top)) * _pow2(top - bits)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _align(acc, EA, EB, k0, k1, step, j0, n, tops, emin, align):
+    """The group's largest exponent per column (the accumulator's too with ``align``);
+    ``step`` RUN: one exponent per run of products (block scales)."""
+    if align:
+        for j in range(n):
+            tops[j] = _exponent(acc[j], emin)
+    else:
+        for j in range(n):
+            tops[j] = _LOW
+    _raise_to(EA, EB, k0, k1, step, j0, n, tops)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _raise_to(EA, EB, k0, k1, step, j0, n, tops):
+    """tops[j] = max(tops[j], EA[k] + EB[k, j0 + j]) over products k0, k0 + step, ... < k1."""
+    for k in range(k0, k1, step):
+        e = EA[k]
+        erow = EB[k, j0:j0 + n]
+        for j in range(n):
+            tops[j] = max(tops[j], e + erow[j])
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _cut_sum(A, Bm, k0, k1, run, j0, n, up, cut, s, ps, finite):
+    """s = sum of the products (runs of ``run`` summed exactly first) times ``up``, each cut
+    to an integer; ps = their float64 sum when NaN or inf may occur (else left alone).  The
+    common cases have loops of their own (a branch inside a loop keeps it from vectorising)."""
+    for j in range(n):
+        s[j] = 0.0
+    if not finite:
+        for j in range(n):
+            ps[j] = 0.0
+    for k in range(k0, k1, run):
+        if run == 1:
+            x = A[k]
+            brow = Bm[k, j0:j0 + n]
+            if finite and cut == 0:
+                for j in range(n):
+                    s[j] += np.trunc(x * brow[j] * up[j])
+            elif finite:
+                for j in range(n):
+                    s[j] += _cut(x * brow[j] * up[j], cut)
+            else:
+                for j in range(n):
+                    p = _product(x, brow[j], True)
+                    s[j] += _cut(p * up[j], cut)
+                    ps[j] += p
+        else:
+            for j in range(n):
+                p = 0.0
+                for q in range(k, k + run):
+                    p += A[q] * Bm[q, j0 + j]
+                s[j] += _cut(p * up[j], cut)
+                if not finite:
+                    ps[j] += p
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _nv_result(c, s, up, top, f, beyond, spec, to):
+    """NVIDIA's D from finite operands: C aligned and truncated beside the products' cut sum
+    ``s``, rounded to the result (``to`` as in ``_result``); inf beyond its exponents."""
+    t = (s + np.trunc(c * up)) * _pow2(top - f)
+    if not np.isfinite(c):                     # an overflowed C: psum + C is C
+        t = c
+    v = _result(t, spec, to)
+    if abs(t) >= beyond:
+        v = t * np.inf
+    return v + 0.0                             # a zero result is +0
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _fused_group(acc, A, EA, Bm, EB, k0, k1, j0, n, tops, up, s, ps, finite, f, run, cut,
+                 align, emin, beyond, spec, rdown, to):
+    """GroupStep._step: products and (``align``) C aligned to the largest exponent, cut, summed
+    exactly, rounded to the result (or, unaligned, added to C with one rounding)."""
+    _align(acc, EA, EB, k0, k1, run, j0, n, tops, emin, align)
+    for j in range(n):
+        up[j] = _pow2(f - tops[j])
+    _cut_sum(A, Bm, k0, k1, run, j0, n, up, cut, s, ps, finite)
+    if finite and align and cut == 0 and to == 2:          # NVIDIA's FP32 and E8M13 results
+        for j in range(n):
+            acc[j] = _nv_result(acc[j], s[j], up[j], tops[j], f, beyond, spec, 2)
+        return
+    if finite and align and cut == 0 and to == 1:          # and its FP16 results
+        for j in range(n):
+            acc[j] = _nv_result(acc[j], s[j], up[j], tops[j], f, beyond, spec, 1)
+        return
+    for j in range(n):
+        c = acc[j]
+        t = s[j]
+        if align:
+            t += _cut(c * up[j], cut)
+        t *= _pow2(tops[j] - f)
+        if not finite:                         # inf and NaN propagate
+            raw = ps[j] + c if align else ps[j]
+            if not np.isfinite(raw):
+                t = raw
+        elif align and not np.isfinite(c):      # an overflowed C: psum + C is C
+            t = c
+        if align:
+            v = _result(t, spec, to)
+            if abs(t) >= beyond:
+                v = t * np.inf
+            acc[j] = v + 0.0
+        else:
+            acc[j] = _result(_sum(c, t, False, rdown, True), spec, to & 1)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _half(A, EA, Bm, EB, k0, k1, step, j0, n, tops, v, f, cut):
+    """GroupStep._fused over products k0, k0 + step, ... < k1: their largest exponent
+    (``tops``) and the cut sum's value (``v``)."""
+    for j in range(n):
+        tops[j] = _LOW
+    _raise_to(EA, EB, k0, k1, step, j0, n, tops)
+    for j in range(n):
+        v[j] = 0.0
+    for k in range(k0, k1, step):
+        x = A[k]
+        brow = Bm[k, j0:j0 + n]
+        for j in range(n):
+            v[j] += _cut(_product(x, brow[j], True) * _pow2(f - tops[j]), cut)
+    for j in range(n):
+        v[j] *= _pow2(tops[j] - f)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _cdna3_group(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, ps, f, cut, halves,
+                 sum_bits, c_bits, emin, spec, to):
+    """GroupStep._cdna3_step: the products fused (with ``halves``: even and odd apart), their
+    sum and C cut toward -inf below the larger exponent, added, rounded (the presets' cut and
+    rounding as constants, so that the loops compile without a branch)."""
+    if cut == 0 and to & 1:
+        _cdna3_sums(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, ps, f, 0, halves,
+                    sum_bits, c_bits, emin, spec, 1)
+    else:
+        _cdna3_sums(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, ps, f, cut, halves,
+                    sum_bits, c_bits, emin, spec, to & 1)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _cdna3_sums(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, ps, f, cut, halves,
+                sum_bits, c_bits, emin, spec, to):
+    """``_cdna3_group`` for one cut and rounding."""
+    big = 2.0 ** 128
+    lone = halves and k1 - k0 == 1
+    if halves:
+        _half(A, EA, Bm, EB, k0, k1, 2, j0, n, t0, v0, f, cut)
+        if lone:                                   # an empty odd half: 0 at the same exponent
+            for j in range(n):
+                t1[j] = t0[j]
+                v1[j] = 0.0
+        else:
+            _half(A, EA, Bm, EB, k0 + 1, k1, 2, j0, n, t1, v1, f, cut)
+        for j in range(n):
+            top = max(t0[j], t1[j])
+            t0[j] = top
+            v0[j] = _floor_to(v0[j], top, f) + _floor_to(v1[j], top, f)
+    else:
+        _half(A, EA, Bm, EB, k0, k1, 1, j0, n, t0, v0, f, cut)
+    for j in range(n):              # the products' sum; flags: a product >= 2^128 (1), <= (2)
+        ps[j] = 0.0
+        t1[j] = 0
+    for k in range(k0, k1):
+        x = A[k]
+        brow = Bm[k, j0:j0 + n]
+        for j in range(n):
+            p = _product(x, brow[j], True)
+            ps[j] += p
+            if p >= big:
+                t1[j] |= 1
+            elif p <= -big:
+                t1[j] |= 2
+    if lone:
+        for j in range(n):
+            ps[j] += _product(A[k0], Bm[k0, j0 + j], True) * 0
+    for j in range(n):
+        c = acc[j]
+        ec = _exponent(c, emin)
+        top = max(t0[j], ec)
+        cc = _floor_to(c, top, c_bits)
+        if halves and ec < top - 25:
+            cc = 0.0
+        t = (_floor_to(v0[j], top, sum_bits) + cc) + 0.0
+        flags = t1[j]
+        if flags == 3:
+            t = np.nan
+        elif flags == 1:
+            t = np.inf
+        elif flags == 2:
+            t = -np.inf
+        raw = ps[j] + c
+        if not np.isfinite(raw):
+            t = raw
+        acc[j] = _result(t, spec, to)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _flushed(x, tiny, spec, to):
+    """GroupStep._tree_step's ``rounded``: to the result format, results below ``tiny`` to ±0
+    (CDNA2's subnormals; 0 where they stay)."""
+    x = _result(x, spec, to)
+    return x * 0.0 if abs(x) < tiny else x
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _tree_sums(acc, A, Bm, k0, j0, n, tree, buf, tiny, flush, spec, to):
+    """``_tree_group`` for one rounding ``to`` (a constant where it is called, so that
+    each loop compiles without a branch)."""
+    for t in range(tree.shape[0]):
+        leaf, d, o = tree[t, 0], tree[t, 1], tree[t, 2]
+        dst = buf[d]
+        if leaf:
+            x = A[k0 + d]
+            brow = Bm[k0 + d, j0:j0 + n]
+            for j in range(n):
+                dst[j] = _flushed(_product(x, brow[j], True) + 0.0, tiny, spec, to)
+        else:
+            src = buf[o]
+            for j in range(n):
+                dst[j] = _flushed(_sum(dst[j], src[j], True, False, True), tiny, spec, to)
+    g = buf[0]
+    for j in range(n):
+        c = acc[j]
+        if flush and abs(c) < tiny:
+            c = 0.0
+        acc[j] = _flushed(_sum(c, g[j], True, False, True), tiny, spec, to)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _tree_group(acc, A, Bm, k0, j0, n, tree, buf, flush, tiny, spec, to):
+    """GroupStep._tree_step: products rounded (``tree`` rows (leaf, slot, other): a leaf puts
+    product slot + k0 in ``buf[slot]``; else buf[slot] = round(buf[slot] + buf[other])), the
+    group's sum added to C (flushed first) with one more rounding.  ``to``: as in
+    ``_result`` (its bit 0: to nearest by the magic constant)."""
+    low = tiny if flush else 0.0
+    if to & 1:
+        _tree_sums(acc, A, Bm, k0, j0, n, tree, buf, low, flush, spec, 1)
+    else:
+        _tree_sums(acc, A, Bm, k0, j0, n, tree, buf, low, flush, spec, 0)
+
+
+@njit(**JIT_OPTIONS)
+def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk, kind, group, f,
+                run, cut, align, emin, beyond, spec, to, rdown, halves, sum_bits, c_bits, tree,
+                tail, flush, tiny, f32, sw, pk, stats, first, last):
+    """tensor_core.run for blocks of ROWS x TC_COLS outputs: groups of ``group`` products (a
+    GroupStep of structure ``kind``), C (``c``) starting the sum or, with ``chunk``, the FP32
+    outer sum the accumulator is promoted into every ``chunk`` products; ``tree`` / ``tail``:
+    the FMA tree of a full and of the last group; ``finite``: no NaN or inf among the
+    operands; ``stats``: GroupStep's counted statistics in ``sw`` and ``pk`` (C against the
+    products' float64 sum; a tree's flushed C against its group's sum).  Blocks of rows
+    first..last-1 as in ``sequential``."""
+    M, K, N = a3.shape[1], a3.shape[2], b3.shape[2]
+    nrb = (M + ROWS - 1) // ROWS
+    for task in range(first, last):
+        bi, i0, rows = _task(task, nrb, M)
+        A, Bm, Ob = a3[ia[bi]], b3[ib[bi]], out[bi]
+        EA, EB = ea3[ia[bi]], eb3[ib[bi]]
+        acc = np.empty((ROWS, TC_COLS))
+        tot = np.empty((ROWS, TC_COLS))
+        t0 = np.empty(TC_COLS, np.int64)
+        t1 = np.empty(TC_COLS, np.int64)
+        v0 = np.empty(TC_COLS)
+        v1 = np.empty(TC_COLS)
+        ps = np.empty(TC_COLS)
+        buf = np.empty((max(group, 1), TC_COLS))
+        old = np.empty(TC_COLS)
+        bsw = np.zeros((ROWS, TC_COLS), np.int64)
+        bpk = np.zeros((ROWS, TC_COLS))
+        for j0 in range(0, N, TC_COLS):
+            n = min(TC_COLS, N - j0)
+            _start(acc, tot, bsw, bpk, c, has_init, bi, i0, j0, rows, n, 0.0, chunk)
+            for k0 in range(0, K, group):
+                if chunk > 0 and k0 > 0 and k0 % chunk == 0:
+                    _promote(tot, acc, rows, n, 0.0, False, f32, bsw, bpk, stats)
+                k1 = min(K, k0 + group)
+                for r in range(rows):
+                    i = i0 + r
+                    if stats:
+                        for j in range(n):
+                            old[j] = acc[r, j]
+                    if kind == FUSED:                   # statistics need the products' sum
+                        _fused_group(acc[r], A[i], EA[i], Bm, EB, k0, k1, j0, n, t0, v1, v0,
+                                     ps, finite and not stats, f, run, cut, align, emin, beyond,
+                                     spec, rdown, to)
+                    elif kind == CDNA3:
+                        _cdna3_group(acc[r], A[i], EA[i], Bm, EB, k0, k1, j0, n, t0, t1, v0,
+                                     v1, ps, f, cut, halves, sum_bits, c_bits, emin, spec, to)
+                    else:
+                        _tree_group(acc[r], A[i], Bm, k0, j0, n,
+                                    tree if k1 - k0 == group else tail, buf, flush, tiny, spec,
+                                    to)
+                    if stats:
+                        y = buf[0] if kind == TREE else ps
+                        for j in range(n):
+                            o = 0.0 if kind == TREE and flush and abs(old[j]) < tiny else old[j]
+                            _count(bsw[r], bpk[r], j, y[j], o, acc[r, j])
+            _block_out(tot, acc, bsw, bpk, Ob, sw, pk, bi, i0, j0, rows, n, 0.0, False, f32,
+                       chunk, stats)

@@ -147,10 +147,12 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     pa, pb = profile(ops.a), profile(ops.b)
     prod = pa.times(pb)
     lanes = _lanes_for(plan, prod, pa.fits(F32) and pb.fits(F32), ops.a if use_torch else None)
-    if _compiled_engine(plan, prod, use_torch, return_stats, scaled is not None, keyword):
+    if _compiled_engine(plan, prod, use_torch, return_stats, keyword):
         a3, idx_a = batched(ops.a, ops.batch)
         b3, idx_b = batched(ops.b, ops.batch)
-        out, stats = jit.run(plan, prod, a3, b3, idx_a, idx_b, init), ()
+        exps3 = exps and (batched(exps.a, ops.batch)[0], batched(exps.b, ops.batch)[0])
+        out, stats = jit.run(plan, prod, a3, b3, idx_a, idx_b, init, emins, exps3,
+                             return_stats)
     else:
         with np.errstate(invalid="ignore", over="ignore"):      # inf - inf inside TwoSum
             out, stats = _run(plan, lanes, prod, ops, emins, seed, return_stats, init, exps,
@@ -186,22 +188,25 @@ def dot(a: Any, b: Any, **options: Any) -> Any:
 
 
 def _compiled_engine(plan: Plan, prod: Profile, use_torch: bool, want_stats: bool,
-                     scaled: bool, keyword: str) -> bool:
+                     keyword: str) -> bool:
     """Whether the Numba engine (``fpsim.arith.jit``) runs this product: always with
     backend="numba" (or a ValueError saying why it cannot), with "auto" for operands read as
     NumPy arrays (NumPy operands, and CPU tensors as zero-copy views: ``not use_torch``) when
     numba is installed and the plan is one it covers."""
     why = jit.reason(plan, prod)
-    if why is None and want_stats:
-        why = "return_stats=True"
-    if why is None and scaled:
-        why = "block-scaled operands"
+    if why is None and want_stats and plan.order == "pairwise":
+        why = "return_stats=True with order='pairwise'"
     if plan.backend == "numba":
         if why is not None:
             raise ValueError(f"{keyword}='numba' does not run {why}: use {keyword}='numpy' "
                              f"(or 'auto', which picks the engine)")
         return True
-    return plan.backend == "auto" and why is None and not use_torch and jit.available()
+    if plan.backend != "auto" or why is not None or use_torch:
+        return False
+    if not jit.available():
+        jit.warn_missing()
+        return False
+    return True
 
 
 def _lanes_for(plan: Plan, prod: Profile, operands_fit_f32: bool, like: Any) -> Lanes:

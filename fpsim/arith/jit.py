@@ -25,8 +25,10 @@ numba is optional (``pip install fpsim[fast]``) and imported only when this engi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -34,16 +36,42 @@ import numpy as np
 from .. import parallel
 from ..formats import Format
 from ..rounding import F64
-from .lanes import Profile, guarded, lane_max
+from .lanes import Lanes, Profile, guarded, lane_max
 from .plan import FP32, Plan
+from .tc_models import RUN, TensorCoreModel
+from .tensor_core import _pow2
 
 #: ``rounding=`` modes the kernels implement (stochastic rounding stays with NumPy/torch).
 MODES = {"rne": 0, "rna": 1, "rtz": 2, "rup": 3, "rdown": 4, "rto": 5}
 ORDERS = ("sequential", "fma", "chunked", "pairwise")
+#: a tensor-core model's ``sum_rounding`` as the kernel's cut of aligned terms
+CUTS = {"rtz": 0, "rdown": 1, "rne": 2}
 
 _MAG = (1 << 63) - 1
 _NAN = 0x7FF8 << 48
 _INF = 0x7FF << 52
+
+
+#: how much slower the NumPy engine is than this one: the range of numba / numpy over the rows
+#: of benchmarks/results/matmul_bench.json (sequential, chunked and pairwise FP16 sums;
+#: tests/test_jit_matmul.py checks it)
+NUMPY_SLOWDOWN = "14–32×"
+_warned: list[bool] = []
+
+
+def warn_missing() -> None:
+    """Say once per process that numba is missing, so that the NumPy engine runs instead.
+
+    >>> import fpsim.arith.jit as jit
+    >>> jit.NUMPY_SLOWDOWN
+    '14–32×'
+    """
+    if not _warned:
+        _warned.append(True)
+        warnings.warn("numba is not installed, so fpsim.matmul (and fpsim.emulate's exact sums "
+                      f"and tensor-core models) runs its NumPy engine, {NUMPY_SLOWDOWN} slower "
+                      "than the compiled one: pip install \"fpsim[fast]\" (or numba)",
+                      RuntimeWarning, stacklevel=4)
 
 
 @functools.cache
@@ -59,9 +87,17 @@ def available() -> bool:
 def reason(plan: Plan, prod: Profile) -> str | None:
     """Why the compiled engine cannot compute ``plan`` on products of profile ``prod``, or None
     when it can."""
-    acc = plan.accum
-    if plan.model is not None or plan.order not in ORDERS:
-        return f"order={plan.order!r} (it runs {', '.join(ORDERS)})"
+    acc, model = plan.accum, plan.model
+    if model is not None:
+        fmt = model.accum_format
+        if model.structure == "fma" and fmt.name == "fp64":
+            return f"tensor_core={model.name!r} (FP64 fused multiply-adds)"
+        if model.rounding not in MODES:
+            return f"tensor_core={model.name!r} with rounding={model.rounding!r}"
+        if not (fmt.signed and fmt.zero and not fmt.p3109) or not guarded(F64, fmt):
+            return f"tensor_core={model.name!r} with accum={fmt.name!r}"
+    elif plan.order not in ORDERS:
+        return f"order={plan.order!r} (it runs {', '.join(ORDERS)}, tensor_core)"
     if plan.product is not None or plan.native_product:
         return "rounded products (it runs product='exact')"
     if plan.rounding not in MODES:
@@ -102,9 +138,15 @@ def _spec(fmt: Format, rounding: str) -> tuple:
 
 
 def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.ndarray,
-        idx_b: np.ndarray, init: np.ndarray | None) -> np.ndarray:
+        idx_b: np.ndarray, init: np.ndarray | None, emins: tuple[int, int] = (-1022, -1022),
+        exps: tuple[np.ndarray, np.ndarray] | None = None,
+        want_stats: bool = False) -> tuple[np.ndarray, tuple]:
     """The sums of ``a3[idx_a] @ b3[idx_b]`` (float64 (batch, M, K) and (batch, K, N)), starting
-    from ``init`` (batch, M, N) when given, as float64 (batch, M, N)."""
+    from ``init`` (batch, M, N) when given, as float64 (batch, M, N), and with ``want_stats``
+    the NumPy engine's statistics (swamped additions, underflowed products: none, they are
+    exact, and the largest partial sums; else ()).  A tensor-core model reads the operands'
+    exponents clamped at ``emins`` (tensor_core.exponents), or ``exps`` when given (block
+    scales: integers shaped like ``a3`` and ``b3``)."""
     kern = _kernels()
     a3 = np.ascontiguousarray(a3, dtype=np.float64)
     b3 = np.ascontiguousarray(b3, dtype=np.float64)
@@ -113,15 +155,30 @@ def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.nda
     out = np.empty((B, M, N))
     has_init = init is not None
     c = (np.ascontiguousarray(init, dtype=np.float64) if has_init else np.zeros((1, 1, 1)))
+    shape = (B, M, N) if want_stats else (1, 1, 1)
+    sw, pk = np.zeros(shape, np.int64), np.zeros(shape)
+    stats = (sw, np.zeros(shape, np.int64), pk) if want_stats else ()
     if B * M * N == 0:
-        return out
+        return out, stats
     if K == 0:
         out[...] = c if has_init else 0.0
-        return out
+        return out, stats
+    model = plan.model
+    if model is not None and model.structure != "fma":
+        if exps is None:
+            exps = kern.exponents(a3, emins[0]), kern.exponents(b3, emins[1])
+        args = _tensor_core_args(model, plan.chunk, a3, b3, exps, ia, ib, c, has_init, out)
+        args += (sw, pk, want_stats)
+        kern_tc = kern.tensor_core
+        parallel.run(lambda lo, hi: kern_tc(*args, lo, hi), B * -(-M // kern.ROWS), grain=1)
+        return finish(out, plan.sum_format), stats
+    if model is not None:               # FP32 fma chains: sequential sums starting from +0
+        plan = dataclasses.replace(plan, accum=model.accum_format, rounding=model.rounding,
+                                   order="sequential")
     acc, mode = plan.accum, plan.rounding
     spec = _spec(acc, mode)
     magic = mode == "rne" and acc.subnormals
-    identity = 0.0 if mode == "rdown" else -0.0
+    identity = 0.0 if mode == "rdown" or model is not None else -0.0
     finite = bool(np.isfinite(a3).all() and np.isfinite(b3).all())
     acc_prod = _fast(plan, prod.sig <= 51 - acc.mbits)
     if plan.order == "pairwise":
@@ -134,12 +191,64 @@ def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.nda
         kernel = kern.pairwise
     else:
         args = (a3, b3, ia, ib, c, has_init, out, plan.chunk or 0, identity, finite, acc_prod,
-                mode == "rdown", magic, spec, _spec(FP32, "rne"))
+                mode == "rdown", magic, spec, _spec(FP32, "rne"), sw, pk, want_stats)
         kernel = kern.sequential
     # blocks of rows over the cores (the kernels release the GIL): fpsim's thread pool, not
     # numba's OpenMP layer, whose spinning threads starve other OpenMP pools such as torch's
     parallel.run(lambda lo, hi: kernel(*args, lo, hi), B * -(-M // kern.ROWS), grain=1)
-    return finish(out, FP32 if plan.chunk else acc)
+    return finish(out, plan.sum_format), stats
+
+
+def _tree(n: int) -> np.ndarray:
+    """GroupStep._tree_step's pairwise tree of ``n`` products as rows (leaf, slot, other), in
+    the order they run: a leaf rounds product ``slot`` into buffer row ``slot``; else row
+    ``slot`` (a left subtree's) += row ``other`` (its right neighbour's), rounded."""
+    rows: list[tuple[int, int, int]] = []
+
+    def walk(lo: int, hi: int) -> int:
+        if hi - lo == 1:
+            rows.append((1, lo, 0))
+        else:
+            mid = lo + (hi - lo) // 2
+            rows.append((0, walk(lo, mid), walk(mid, hi)))
+        return lo
+
+    walk(0, n)
+    return np.array(rows, np.int64).reshape(-1, 3)
+
+
+def _to(fmt: Format, rounding: str) -> int:
+    """How the tensor-core kernel rounds to the result ``fmt`` (``_jit_kernels._result``): 1 to
+    nearest even by the magic constant, 2 by clearing bits (toward zero), 0 the general way."""
+    if not fmt.subnormals:
+        return 0
+    return {"rne": 1, "rtz": 2}.get(rounding, 0)
+
+
+def _tensor_core_args(model: TensorCoreModel, chunk: int | None, a3: np.ndarray,
+                      b3: np.ndarray, exps: tuple[np.ndarray, np.ndarray], ia: np.ndarray,
+                      ib: np.ndarray, c: np.ndarray, has_init: bool, out: np.ndarray) -> tuple:
+    """The arguments of ``_jit_kernels.tensor_core`` for ``model`` (less the row blocks)."""
+    kern = _kernels()
+    fmt, K = model.accum_format, a3.shape[2]
+    ea3, eb3 = (np.ascontiguousarray(e, dtype=np.int64) for e in exps)
+    kind = {"fma_tree": kern.TREE}.get(model.structure,
+                                      kern.FUSED if model.sum_bits is None else kern.CDNA3)
+    flush = model.flush_subnormals
+    if flush:                            # CDNA2: subnormal operands are +0
+        a3, b3 = (np.where(abs(x) < _pow2(Lanes(F64), e), 0.0, x) for x, e in ((a3, ea3),
+                                                                               (b3, eb3)))
+    tree = _tree(model.group) if kind == kern.TREE else np.zeros((0, 3), np.int64)
+    tail = _tree(K % model.group) if kind == kern.TREE and K % model.group else tree
+    beyond = math.ldexp(1.0, fmt.emax + 1)
+    finite = bool(np.isfinite(a3).all() and np.isfinite(b3).all())
+    return (a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk or 0, kind, model.group,
+            model.frac_bits, RUN if model.scaled == "runs" else 1,
+            CUTS[model.sum_rounding], model.align_accumulator, fmt.emin, beyond,
+            _spec(fmt, model.rounding), _to(fmt, model.rounding), model.rounding == "rdown",
+            model.halves,
+            model.sum_bits or 0, model.c_bits or 0, tree, tail, flush,
+            math.ldexp(1.0, fmt.emin), _spec(FP32, "rne"))
 
 
 def finish(out: np.ndarray, fmt: Format) -> np.ndarray:
