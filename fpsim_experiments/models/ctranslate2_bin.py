@@ -38,16 +38,19 @@ class _Cursor:
     def __init__(self, data: bytes, path: Path) -> None:
         self.data, self.pos, self.path = data, 0, path
 
-    def take(self, fmt: str) -> tuple:
-        size = struct.calcsize(fmt)
+    def need(self, size: int) -> None:
         if self.pos + size > len(self.data):
             raise ValueError(f"{self.path}: truncated at byte {self.pos} (CTranslate2 model.bin)")
+
+    def take(self, fmt: str) -> tuple:
+        self.need(struct.calcsize(fmt))
         out = struct.unpack_from(fmt, self.data, self.pos)
-        self.pos += size
+        self.pos += struct.calcsize(fmt)
         return out
 
     def string(self) -> str:
         (n,) = self.take("<H")
+        self.need(n)
         raw = self.data[self.pos:self.pos + n]
         self.pos += n
         return raw.rstrip(b"\0").decode("utf-8")
@@ -75,6 +78,7 @@ def read(path: str | Path) -> Spec:
         dtype = np.dtype(DTYPES[dtype_id])
         if nbytes != dtype.itemsize * int(np.prod(dims, dtype=np.int64)):
             raise ValueError(f"{path}: variable {var}: {nbytes} bytes for dims {dims}")
+        cur.need(nbytes)
         variables[var] = np.frombuffer(cur.data, dtype, count=nbytes // dtype.itemsize,
                                        offset=cur.pos).reshape(dims)
         cur.pos += nbytes
@@ -82,6 +86,8 @@ def read(path: str | Path) -> Spec:
     aliases = {}
     for _ in range(n_alias):
         alias, target = cur.string(), cur.string()
+        if target not in variables:
+            raise ValueError(f"{path}: alias {alias} names {target}, which is not a variable")
         aliases[alias] = target
         variables[alias] = variables[target]
     if cur.pos != len(cur.data):
