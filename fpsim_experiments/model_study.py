@@ -190,7 +190,7 @@ def run_arm(adapter: models.Adapter, model: Any, units: list, ref: list, arm_: A
         out = adapter.run(model, units, ref)
     seconds = time.perf_counter() - start
     with fpsim.emulate(arm_.rules(), capture=True) as cap:
-        adapter.run(model, units[:capture], ref[:capture])
+        adapter.trace(model, units[:capture], ref[:capture])
     return {"name": arm_.name, "factors": arm_.factors, "recipe": arm_.recipe.to_json(),
             "metrics": summarize(adapter.score(units, ref, out)),
             "sites": _sites(cap.table()), "missed": {site: stats.calls for site, stats in em.missed.items()},

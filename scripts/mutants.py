@@ -55,6 +55,7 @@ SWEEP_JOIN = ["tests/test_sweep.py::test_combined_numbers_are_one_pass_over_all_
 SWEEP_RESUME = ["tests/test_sweep.py::test_pool_gives_the_same_bytes_and_resume_computes_nothing"]
 SWEEP_RETRY = ["tests/test_sweep.py::test_attempts_count_retries"]
 SWEEP_ORDER = ["tests/test_sweep.py::test_failures_are_listed_in_plan_order"]
+MODEL_STUDY = ["tests/test_model_study.py"]
 SWEEP_RUNS = ["tests/test_sweep.py::test_experiment_runs_are_their_direct_computation",
               "tests/test_sweep.py::test_experiment_run_specs_name_everything_their_numbers_depend_on",
               "tests/test_sweep.py::test_experiment_runs_resume_and_compute_only_the_missing"]
@@ -491,6 +492,27 @@ MUTANTS = [
            "v = np.float32(x[r, j] / f if div else x[r, j] * f).view(np.uint32)",
            "v = np.float32(x[r, j] * f if div else x[r, j] / f).view(np.uint32)",
            ["tests/test_emulate_onepass.py"]),
+    # the range-vs-precision study on any model
+    Mutant("study-unpaired", "a ratio's two arms resampled on different units",
+           'weights = bootstrap.window_weights(len(a["num"]))',
+           'weights = bootstrap.window_weights(len(a["num"]), seed=1)', MODEL_STUDY),
+    Mutant("study-adjacent", "the range comparison skips a split",
+           'if nxt := other(ebits=f["ebits"] + 1):', 'if nxt := other(ebits=f["ebits"] + 2):',
+           MODEL_STUDY),
+    Mutant("study-norms-fp32", "the norms-in-FP32 ablation leaves the norms in the format",
+           'norms = FP32 if self.factors["norms"] == "fp32" else self.recipe',
+           "norms = self.recipe", MODEL_STUDY),
+    Mutant("ct2-float16", "the CTranslate2 reader reads float16 as int16",
+           "DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16, "
+           "5: np.uint16}",
+           "DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.int16, "
+           "5: np.uint16}", MODEL_STUDY),
+    Mutant("wer-substitution", "a word substitution costs nothing",
+           "prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))",
+           "prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev)", MODEL_STUDY),
+    Mutant("sentences-spread", "the sentences are the first n, not spread over the prose",
+           "return [pool[(i * len(pool)) // n] for i in range(n)]",
+           "return [pool[i] for i in range(n)]", MODEL_STUDY),
 ]
 
 

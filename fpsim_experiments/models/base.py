@@ -56,6 +56,10 @@ class Adapter:
         """Every metric of :attr:`metrics`, per unit, of ``out`` against ``ref``."""
         raise NotImplementedError
 
+    def trace(self, model: Any, units: list[Any], ref: list[Any]) -> None:
+        """What the study's capture pass runs (default: :meth:`run`)."""
+        self.run(model, units, ref)
+
 
 LOGIT_METRICS = {"kl": "KL(FP32 ‖ format) of the next-token distribution, nats per position",
                  "top1_changed": "share of positions whose top-1 token differs from FP32's"}

@@ -3,7 +3,8 @@ into clips; metrics against the FP32 run on each clip: teacher-forced next-token
 on the FP32 transcript, and the greedy transcript's word error rate against the FP32
 transcript and against the spoken text.
 
-A run under a format decodes at most ``2 x`` the FP32 transcript's tokens + 10 (a format that
+The capture pass (:meth:`WhisperTinyEn.trace`) runs the encoder and the teacher-forced
+decoder, not the greedy decoding.  A run under a format decodes at most ``2 x`` the FP32 transcript's tokens + 10 (a format that
 loops would otherwise decode :data:`.whisper.MAX_TOKENS`); the extra words count as insertions.
 
 >>> a = WhisperTinyEn(); clips = a.inputs(3); ref = a.run(a.model(), clips)
@@ -24,7 +25,7 @@ from .. import texts
 from . import whisper
 from .base import LOGIT_METRICS, Adapter, Scores, batches, logit_scores
 
-BATCH = 4
+BATCH = 8
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class WhisperTinyEn(Adapter):
     metrics = {**LOGIT_METRICS,
                "wer_fp32": "greedy word error rate against the FP32 transcript",
                "wer_text": "greedy word error rate against the spoken text"}
-    sizes = {"quick": 6, "full": 300}
+    sizes = {"quick": 3, "full": 300}
 
     def build(self) -> Any:
         return whisper.build()
@@ -96,6 +97,14 @@ class WhisperTinyEn(Adapter):
             logits = whisper.teacher_forced(model, enc, forced)
             out += [Output(t, z) for t, z in zip(tokens, logits)]
         return out
+
+    @torch.no_grad()
+    def trace(self, model: Any, units: list[Unit], ref: list[Output]) -> None:
+        """The encoder and the teacher-forced decoder on the FP32 transcript, without greedy
+        decoding (whose steps would repeat the decoder's sites token by token)."""
+        for k, chunk in enumerate(batches(units, BATCH)):
+            enc = whisper.encode(model, torch.stack([u.features for u in chunk]))
+            whisper.teacher_forced(model, enc, [r.tokens for r in ref[k * BATCH:][:len(chunk)]])
 
     def score(self, units: list[Unit], ref: list[Output], out: list[Output]) -> Scores:
         scores = logit_scores([r.logits for r in ref], [o.logits for o in out])
