@@ -72,7 +72,8 @@ def logit_scores(ref: list[Tensor], out: list[Tensor]) -> Scores:
     for r, z in zip(ref, out, strict=True):
         r, z = r.double().reshape(-1, r.shape[-1]), z.double().reshape(-1, z.shape[-1])
         logp, logq = F.log_softmax(r, -1), F.log_softmax(z, -1)
-        kl.append(float((logp.exp() * (logp - logq)).sum()))
+        # per position, then over the unit: the order of endtoend's per-window sums
+        kl.append(float((logp.exp() * (logp - logq)).sum(-1).sum(-1)))
         miss.append(float((z.argmax(-1) != r.argmax(-1)).sum()))
         pos.append(float(r.shape[0]))
     return {"kl": (kl, pos), "top1_changed": (miss, pos)}
