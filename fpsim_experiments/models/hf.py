@@ -12,15 +12,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from .. import texts
 from ..anymodel import context_length
-from .base import (EMBEDDING_METRICS, LOGIT_METRICS, Adapter, Scores, batches,
-                   embedding_scores, logit_scores, mean_pool)
+from .base import (
+    EMBEDDING_METRICS,
+    LOGIT_METRICS,
+    Adapter,
+    Scores,
+    batches,
+    embedding_scores,
+    logit_scores,
+    mean_pool,
+)
 from .lm import WindowLM
 
 BATCH = 16
@@ -89,7 +97,7 @@ class Sentences(HFModel):
     """A model run on sentences, padded per batch with an attention mask."""
 
     unit = "sentence"
-    sizes = {"quick": 8, "full": 256}
+    sizes: ClassVar[dict[str, int]] = {"quick": 8, "full": 256}
 
     def limit(self) -> int:
         positions = self.config.get("max_position_embeddings") or MAX_TOKENS
@@ -115,7 +123,7 @@ class Encoder(Sentences):
     """An encoder: sentence embeddings by sentence-transformers' mean pooling."""
 
     kind, auto = "encoder", "AutoModel"
-    metrics = EMBEDDING_METRICS
+    metrics: ClassVar[dict[str, str]] = EMBEDDING_METRICS
 
     @torch.no_grad()
     def run(self, model: Any, units: list[Any], ref: list[Any] | None = None) -> list[Tensor]:
@@ -134,7 +142,7 @@ class Seq2Seq(Sentences):
     """An encoder-decoder, teacher-forced on each sentence itself."""
 
     kind, auto = "seq2seq", "AutoModelForSeq2SeqLM"
-    metrics = LOGIT_METRICS
+    metrics: ClassVar[dict[str, str]] = LOGIT_METRICS
 
     @torch.no_grad()
     def run(self, model: Any, units: list[Any], ref: list[Any] | None = None) -> list[Tensor]:

@@ -12,7 +12,7 @@ tokenizer.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -29,8 +29,8 @@ class WindowLM(Adapter):
     """A causal LM on windows of token ids ``[T + 1]`` (inputs, then the next token)."""
 
     unit = "window"
-    metrics = LOGIT_METRICS
-    sizes = {"quick": 4, "full": 64}
+    metrics: ClassVar[dict[str, str]] = LOGIT_METRICS
+    sizes: ClassVar[dict[str, int]] = {"quick": 4, "full": 64}
     block = context.BLOCK
 
     def token_ids(self, model: Any) -> Tensor:
@@ -65,7 +65,7 @@ class TinyGPT2(WindowLM):
     """The tiny byte-level GPT-2 the project trained, on its held-out windows."""
 
     name = "tiny"
-    sizes = {"quick": 4, "full": 125}
+    sizes: ClassVar[dict[str, int]] = {"quick": 4, "full": 125}
 
     def __init__(self, checkpoint: str | Path = context.DEFAULT_MODEL) -> None:
         self.checkpoint = Path(checkpoint)

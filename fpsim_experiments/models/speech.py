@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -64,10 +64,10 @@ class WhisperTinyEn(Adapter):
 
     name = "whisper-tiny.en"
     unit = "clip"
-    metrics = {**LOGIT_METRICS,
+    metrics: ClassVar[dict[str, str]] = {**LOGIT_METRICS,
                "wer_fp32": "greedy word error rate against the FP32 transcript",
                "wer_text": "greedy word error rate against the spoken text"}
-    sizes = {"quick": 3, "full": 300}
+    sizes: ClassVar[dict[str, int]] = {"quick": 3, "full": 300}
 
     def build(self) -> Any:
         return whisper.build()
