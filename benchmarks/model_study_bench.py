@@ -91,6 +91,13 @@ def table(data: dict) -> str:
                      + " | ".join(f"{r['seconds_per_unit'][k]:.3g} s" for k in COLUMNS)
                      + f" | {f['units']} {r['unit']}s × {f['arms']} arms | "
                      f"{f['estimated_seconds'] / 3600:.1f} h |")
+    loads = [x for r in data["rows"] for x in (r["machine"]["load_average_1_5_15"][0],
+                                              r["machine"]["load_average_after"][0])]
+    cores = {r["machine"]["cores"] for r in data["rows"]}
+    threads = {r["threads"] for r in data["rows"]}
+    lines += ["", f"Measured at one-minute load averages {min(loads):.1f}–{max(loads):.1f} on "
+              f"{'/'.join(map(str, sorted(cores)))} cores, "
+              f"{'/'.join(map(str, sorted(threads)))} threads."]
     return "\n".join(lines)
 
 

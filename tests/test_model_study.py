@@ -245,3 +245,18 @@ def test_tiny_model_through_fpsim_emulate_gives_the_committed_study() -> None:
     today = endtoend.compare(model, wins, old_ref, endtoend.RecipeOps(
         Recipe(model_study.split(3, 8), scaling="tensor")))["windows"]["kl"]
     assert scores(model_study.arm(8, 3, scaling="tensor"))["kl"][0] == today
+
+
+def test_speed_page_is_the_benchmarks_table() -> None:
+    """docs/speed.md's table of the study's cost is benchmarks/model_study_bench.py's table of
+    the committed JSON."""
+    import importlib.util as iu
+
+    root = Path(__file__).resolve().parents[1]
+    spec = iu.spec_from_file_location("model_study_bench",
+                                      root / "benchmarks" / "model_study_bench.py")
+    bench = iu.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    data = json.loads((root / "benchmarks" / "results" / "model_study_bench.json").read_text())
+    assert bench.table(data) in (root / "docs" / "speed.md").read_text()
+    assert {r["model"] for r in data["rows"]} == {"whisper-tiny.en", "minilm", "tiny"}

@@ -42,7 +42,7 @@ def model_dir() -> Path:
 class MiniLM(Encoder):
     """sentence-transformers' all-MiniLM-L6-v2 (BERT, 6 layers, width 384)."""
 
-    sizes: ClassVar[dict[str, int]] = {"quick": 16, "full": 1000}
+    sizes: ClassVar[dict[str, int]] = {"quick": 8, "full": 1000}
 
     def __init__(self) -> None:
         super().__init__(model_dir(), "minilm")
