@@ -67,7 +67,7 @@ class WhisperTinyEn(Adapter):
     metrics: ClassVar[dict[str, str]] = {**LOGIT_METRICS,
                "wer_fp32": "greedy word error rate against the FP32 transcript",
                "wer_text": "greedy word error rate against the spoken text"}
-    sizes: ClassVar[dict[str, int]] = {"quick": 3, "full": 300}
+    sizes: ClassVar[dict[str, int]] = {"quick": 2, "full": 300}
 
     def build(self) -> Any:
         return whisper.build()
