@@ -494,8 +494,9 @@ MUTANTS = [
            ["tests/test_emulate_onepass.py"]),
     # the range-vs-precision study on any model
     Mutant("study-unpaired", "a ratio's two arms resampled on different units",
-           'weights = bootstrap.window_weights(len(a["num"]))',
-           'weights = bootstrap.window_weights(len(a["num"]), seed=1)', MODEL_STUDY),
+           'samples = bootstrap.sums_ratio(a["num"], a["den"], weights) / bootstrap.sums_ratio(',
+           'samples = bootstrap.sums_ratio(a["num"], a["den"], weights[::-1]) / '
+           "bootstrap.sums_ratio(", MODEL_STUDY),
     Mutant("study-adjacent", "the range comparison skips a split",
            'if nxt := other(f, ebits=f["ebits"] + 1):', 'if nxt := other(f, ebits=f["ebits"] + 2):',
            MODEL_STUDY),

@@ -100,6 +100,8 @@ def test_metric_and_paired_ratio_resample_units() -> None:
     w = bootstrap.window_weights(3)
     expected = (w @ [1.0, 2.0, 6.0]) / (w @ [1.0, 1.0, 1.0])          # paired: b's sums cancel
     assert r["ci"] == bootstrap.percentile_interval(expected)
+    half = model_study.summarize({"m": ([0.5, 1.0, 3.0], [2.0, 2.0, 2.0])})["m"]
+    assert model_study.ratio(a, half)["ci"] == [2.0, 2.0]     # paired: every resample is 2
 
 
 @pytest.fixture(scope="module")
