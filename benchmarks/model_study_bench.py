@@ -95,9 +95,9 @@ def table(data: dict) -> str:
                                               r["machine"]["load_average_after"][0])]
     cores = {r["machine"]["cores"] for r in data["rows"]}
     threads = {r["threads"] for r in data["rows"]}
-    lines += ["", f"Measured at one-minute load averages {min(loads):.1f}–{max(loads):.1f} on "
-              f"{'/'.join(map(str, sorted(cores)))} cores, "
-              f"{'/'.join(map(str, sorted(threads)))} threads."]
+    lines += ["", (f"Measured at one-minute load averages {min(loads):.1f}–{max(loads):.1f} on "
+                   f"{'/'.join(map(str, sorted(cores)))} cores, "
+                   f"{'/'.join(map(str, sorted(threads)))} threads.")]
     return "\n".join(lines)
 
 
