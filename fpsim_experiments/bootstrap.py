@@ -37,7 +37,8 @@ def _sums(windows: dict, key: str) -> np.ndarray:
     return np.asarray(windows[key], dtype=np.float64)
 
 
-def _interval(samples: np.ndarray) -> list[float]:
+def percentile_interval(samples: np.ndarray) -> list[float]:
+    """The 95% percentile interval of bootstrap ``samples`` (NaN bounds when one is NaN)."""
     if np.isnan(samples).any():
         return [math.nan, math.nan]
     lo, hi = np.percentile(samples, [50 * (1 - LEVEL), 50 * (1 + LEVEL)])
@@ -53,7 +54,7 @@ def resampled(windows: dict, key: str, idx: np.ndarray) -> np.ndarray:
 
 def interval(windows: dict, key: str) -> list[float]:
     """95% bootstrap interval of metric ``key`` from a run's per-window sums."""
-    return _interval(resampled(windows, key, draws(len(windows["loss"]))))
+    return percentile_interval(resampled(windows, key, draws(len(windows["loss"]))))
 
 
 def intervals(windows: dict, keys: Sequence[str] = ("loss", "kl", "top1", "kl_finite")) -> dict:
@@ -70,7 +71,7 @@ def ratio(a: dict, b: dict, key: str = "kl") -> tuple[float, list[float]]:
     with np.errstate(invalid="ignore", divide="ignore"):
         samples = resampled(wa, key, idx) / resampled(wb, key, idx)
         point = a[key] / b[key] if b[key] else math.nan
-    return float(point), _interval(samples)
+    return float(point), percentile_interval(samples)
 
 
 def excludes_one(ci: Sequence[float]) -> bool:
@@ -142,6 +143,13 @@ def weighted(windows: dict, key: str, weights: np.ndarray) -> np.ndarray:
         return (weights @ num) / (weights @ den)
 
 
+def sums_ratio(num: Sequence[float], den: Sequence[float], weights: np.ndarray) -> np.ndarray:
+    """A metric ``sum(num) / sum(den)`` over independent units (clips, sentences, windows) on
+    each resample given as unit counts ``weights`` (:func:`window_weights`)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (weights @ np.asarray(num, np.float64)) / (weights @ np.asarray(den, np.float64))
+
+
 def combine(runs: Sequence[dict], fn, weights: np.ndarray,
             key: str = "kl") -> tuple[float, list[float], np.ndarray]:
     """``fn`` of several runs' metric ``key`` (e.g. a ratio, or a product of ratios), its
@@ -153,7 +161,7 @@ def combine(runs: Sequence[dict], fn, weights: np.ndarray,
         samples = np.asarray(fn(*[weighted(r["windows"], key, weights) for r in runs]),
                              dtype=np.float64)
         point = float(fn(*[np.float64(r[key]) for r in runs]))
-    return point, _interval(samples), samples
+    return point, percentile_interval(samples), samples
 
 
 def p_value(samples: np.ndarray, point: float) -> float:

@@ -21,8 +21,8 @@ from types import ModuleType
 import torch
 
 from . import (accumulation, activations, anymodel, context, deepseek, fp8, fp16_vs_bf16,
-               histograms, practice, range_cases, range_findings, range_vs_precision, seeds,
-               training)
+               histograms, model_study, practice, range_cases, range_findings, range_vs_precision,
+               seeds, training)
 from fpsim.cliparse import OneLineParser
 
 from .report import IEEE_NAMES, load_json, quick_note, write_json
@@ -93,7 +93,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=str(context.DEFAULT_MODEL),
         help="checkpoint directory or Hugging Face name in the offline cache "
         f"(default: the tiny byte-level model); {anymodel.NAME} takes any local Hugging Face "
-        "causal-LM directory",
+        f"causal-LM directory; {range_vs_precision.NAME} also takes "
+        f"{'|'.join(model_study.models.NAMES)} or any Hugging Face directory (the study "
+        "through fpsim.emulate, into OUT/range-vs-precision-MODEL)",
     )
     p.add_argument(
         "--tokens",
@@ -155,6 +157,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         runner.check_executor(args.executor)           # Ray installed, before the model loads
     except ValueError as exc:
         p.error(str(exc))
+    # --- range-vs-precision --model tiny|whisper-tiny.en|minilm|DIR: model_study ---
+    if args.name == range_vs_precision.NAME and model_study.selected(args.model):
+        if args.executor != "inprocess" or args.resume or args.tokens:
+            p.error(f"{args.name} --model {args.model} runs in this process on its own inputs "
+                    "(--quick for a few): drop --executor, --resume and --tokens")
+        return args
+    # ---
     kind = anymodel.model_type(args.model)
     if args.name != anymodel.NAME and kind not in (None, "gpt2"):
         p.error(f"--model {args.model}: a {kind} model; {args.name} studies GPT-2's sites, "
@@ -245,6 +254,8 @@ def main(argv: list[str]) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.name == range_vs_precision.NAME and model_study.selected(args.model):
+        return model_study.main(args)
     if args.name in STANDALONE:
         return STANDALONE[args.name].main(args)
     names = list(EXPERIMENTS) if args.name == "all" else [args.name]

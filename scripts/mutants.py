@@ -60,6 +60,7 @@ SWEEP_RESUME = ["tests/test_sweep.py::test_pool_gives_the_same_bytes_and_resume_
 SWEEP_RETRY = ["tests/test_sweep.py::test_attempts_count_retries"]
 SWEEP_ORDER = ["tests/test_sweep.py::test_failures_are_listed_in_plan_order"]
 PROGRESS = ["tests/test_progress.py"]
+MODEL_STUDY = ["tests/test_model_study.py"]
 SWEEP_RUNS = ["tests/test_sweep.py::test_experiment_runs_are_their_direct_computation",
               "tests/test_sweep.py::test_experiment_run_specs_name_everything_their_numbers_depend_on",
               "tests/test_sweep.py::test_experiment_runs_resume_and_compute_only_the_missing"]
@@ -255,8 +256,8 @@ MUTANTS = [
            "format's least exponent instead of -126", "return -126 if x == 0 else e",
            "return e", JIT_TC),
     Mutant("jit-tc-swamped-zero", "the compiled statistics count a zero addend as swamped",
-           "if y != 0 and new == old and np.isfinite(old):",
-           "if new == old and np.isfinite(old):", JIT_TC),
+           "sw[j] += (y != 0) & (new == old) & (abs(old) < np.inf)",
+           "sw[j] += (new == old) & (abs(old) < np.inf)", JIT_TC),
     Mutant("jit-pairwise-carry", "the compiled pairwise tree drops an odd last term (K >= 3)",
            "if K % 2:", "if K % 2 and K < 3:", JIT),
     Mutant("jit-pairwise-merge", "the compiled pairwise tree merges its last partial sums left "
@@ -299,8 +300,8 @@ MUTANTS = [
            SR_BITS),
     # speed: the compiled engine under emulate, host sums, small calls
     Mutant("cpu-tensors-numpy", "CPU tensors never take the compiled engine",
-           'return plan.backend == "auto" and why is None and not use_torch and jit.available()',
-           'return plan.backend == "auto" and why is None and use_torch and jit.available()',
+           'if plan.backend != "auto" or why is not None or use_torch:',
+           'if plan.backend != "auto" or why is not None or not use_torch:',
            ["tests/test_emulate_compiled.py"]),
     Mutant("host-sums-order", "native_sums='host' is accepted with an explicit order",
            'if self.native_sums == "host" and (self.accum != "fp32" or self.order is not None):',
@@ -620,6 +621,28 @@ MUTANTS = [
     Mutant("plot-extra", "fpsim.plot without matplotlib: a bare ModuleNotFoundError",
            'if not (exc.name or "").startswith("matplotlib"):', "if True:",
            ["tests/test_plot.py"]),
+    # the range-vs-precision study on any model
+    Mutant("study-unpaired", "a ratio's two arms resampled on different units",
+           'samples = bootstrap.sums_ratio(a["num"], a["den"], weights) / bootstrap.sums_ratio(',
+           'samples = bootstrap.sums_ratio(a["num"], a["den"], weights[::-1]) / '
+           "bootstrap.sums_ratio(", MODEL_STUDY),
+    Mutant("study-adjacent", "the range comparison skips a split",
+           'if nxt := other(f, ebits=f["ebits"] + 1):', 'if nxt := other(f, ebits=f["ebits"] + 2):',
+           MODEL_STUDY),
+    Mutant("study-norms-fp32", "the norms-in-FP32 ablation leaves the norms in the format",
+           'norms = FP32 if self.factors["norms"] == "fp32" else self.recipe',
+           "norms = self.recipe", MODEL_STUDY),
+    Mutant("ct2-float16", "the CTranslate2 reader reads float16 as int16",
+           "DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16, "
+           "5: np.uint16}",
+           "DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.int16, "
+           "5: np.uint16}", MODEL_STUDY),
+    Mutant("wer-substitution", "a word substitution costs nothing",
+           "prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))",
+           "prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev)", MODEL_STUDY),
+    Mutant("sentences-spread", "the sentences are the first n, not spread over the prose",
+           "return [pool[(i * len(pool)) // n] for i in range(n)]",
+           "return [pool[i] for i in range(n)]", MODEL_STUDY),
 ]
 
 

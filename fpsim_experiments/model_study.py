@@ -1,0 +1,353 @@
+"""``fpsim experiment range-vs-precision --model tiny|whisper-tiny.en|minilm|DIR``: at a fixed
+bit budget, does running out of range hurt more than losing precision, on any model?
+
+The study of :mod:`.range_vs_precision` as a function of (model, inputs, metric), computed
+through :func:`fpsim.emulate` alone: each arm is a :class:`fpsim.Recipe` at every dot-product
+site and every norm's statistics (or the norms in FP32), against the FP32 reference (every
+site's sums in FP64 rounded once to FP32).  The arms (:func:`arms`):
+
+- the IEEE-style splits ``eXmY_ieee`` of 8 bits (e2m5, e3m4, e4m3, e5m2), 12 bits (e3m8 ...
+  e6m5) and 16 bits (e4m11, e5m10, e6m9, e8m7), unscaled and with per-tensor scaling (scale =
+  amax / format max from the tensor itself, every call), at 8 bits also per channel (one scale
+  per row of the activations and per output channel of the weights: a Recipe scales both
+  operands alike, so "per-tensor activations with per-channel weights" is not an arm);
+- the encodings at 8 bits, unscaled: OCP-style ``eXmYfn`` (no inf, the top binade finite) and
+  saturating (overflow clamped to the largest finite value);
+- ablations at 8 bits, unscaled, of e3m4 and e4m3: no flush (values that round to zero keep
+  their FP32 value), full-width subnormals, the norms in FP32.
+
+Every metric is scored unit by unit (windows, sentences or clips: :mod:`.models`) and its 95%
+interval resamples units (:func:`.bootstrap.sums_ratio`).  A comparison is a paired ratio of
+the model's first metric between two arms that differ in one named factor only; its p-value
+(:func:`.bootstrap.p_value`) joins one Holm family per model, and a side is called only when
+the interval excludes 1 and the ratio survives Holm.  A capture pass on the first units
+(:data:`CAPTURE_UNITS`) records per site the operand amax and the elements that overflowed,
+saturated or flushed (:meth:`fpsim.emulation.Emulation.table`).  Runs in this process only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import fpsim
+from fpsim import Recipe, Rule, Rules
+from fpsim.emulation.recipe import FP32
+
+from . import bootstrap, models
+from .bootstrap import fmt_ci
+from .report import finish, num, page, pct, table, versions
+
+NAME = "range-vs-precision"
+SPLITS = {8: (2, 3, 4, 5), 12: (3, 4, 5, 6), 16: (4, 5, 6, 8)}    # exponent bits per budget
+QUICK_SPLITS = {8: (3, 4, 5)}
+ABLATED = (3, 4)                    # exponent bits of the 8-bit splits the ablations run on
+CAPTURE_UNITS = {"quick": 1, "full": 8}
+#: what an arm is, factor by factor (a comparison names the one factor its arms differ in)
+FACTORS = ("budget", "ebits", "encoding", "scaling", "flush", "subnormals", "norms")
+#: the reference: FP32 at every product and every norm's statistics, named for each kind
+REFERENCE = Rules([Rule(FP32, kind="norm")], default=FP32)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One run of the study: a recipe at every site, the norms under it or in FP32."""
+
+    recipe: Recipe
+    factors: dict[str, Any] = field(hash=False)
+
+    @property
+    def name(self) -> str:
+        return self.recipe.name
+
+    def rules(self) -> Rules:
+        """The rules of :func:`fpsim.emulate`: norms named first (FP32 or the recipe), then
+        every other site."""
+        norms = FP32 if self.factors["norms"] == "fp32" else self.recipe
+        return Rules([Rule(norms, kind="norm"), Rule(self.recipe)], default=FP32)
+
+
+def split(ebits: int, budget: int, encoding: str = "ieee") -> str:
+    """The format name of a split: ``e4m3_ieee`` (IEEE-style: inf/NaN in the all-ones
+    exponent) or ``e4m3fn`` (OCP-style: no inf, one NaN)."""
+    m = budget - 1 - ebits
+    return f"e{ebits}m{m}_ieee" if encoding in ("ieee", "saturating") else f"e{ebits}m{m}fn"
+
+
+def arm(budget: int, ebits: int, *, encoding: str = "ieee", scaling: str = "none",
+        flush: bool = True, subnormals: str = "format", norms: str = "format") -> Arm:
+    """The arm of a split with the given factors (its recipe named after what differs)."""
+    fmt = split(ebits, budget, encoding)
+    words = [fmt]
+    words += [] if scaling == "none" else [f"per-{scaling}"]
+    words += ["saturating"] if encoding == "saturating" else []
+    words += [] if flush else ["no flush"]
+    words += ["full subnormals"] if subnormals == "full" else []
+    words += ["norms FP32"] if norms == "fp32" else []
+    recipe = Recipe(fmt, scaling=scaling, saturate=encoding == "saturating", flush=flush,
+                    full_subnormals=subnormals == "full", name=" ".join(words))
+    return Arm(recipe, {"budget": budget, "ebits": ebits, "encoding": encoding,
+                        "scaling": scaling, "flush": flush, "subnormals": subnormals,
+                        "norms": norms})
+
+
+def arms(quick: bool) -> list[Arm]:
+    """Every arm of the study (``quick``: the 8-bit splits e3m4, e4m3, e5m2 unscaled and per
+    tensor, e4m3 per channel, fn, saturating and with the norms in FP32)."""
+    if quick:
+        out = [arm(8, e, scaling=s) for e in QUICK_SPLITS[8] for s in ("none", "tensor")]
+        return out + [arm(8, 4, scaling="channel"), arm(8, 4, encoding="fn"),
+                      arm(8, 4, encoding="saturating"), arm(8, 4, norms="fp32")]
+    out = [arm(b, e, scaling=s) for b, es in SPLITS.items() for e in es
+           for s in (("none", "tensor", "channel") if b == 8 else ("none", "tensor"))]
+    out += [arm(8, e, encoding=c) for e in SPLITS[8][1:] for c in ("fn", "saturating")]
+    out += [a for e in ABLATED for a in (arm(8, e, flush=False), arm(8, e, subnormals="full"),
+                                         arm(8, e, norms="fp32"))]
+    return out
+
+
+def comparisons(planned: list[Arm]) -> list[tuple[str, str, str, str]]:
+    """(question, arm a, arm b, factor) of every like-with-like ratio among ``planned``: a
+    metric(a) / metric(b) above 1 means a is worse."""
+    by = {tuple(a.factors[k] for k in FACTORS): a.name for a in planned}
+
+    def other(f: dict[str, Any], **change: Any) -> str | None:
+        """The planned arm with factors ``f`` but for ``change``."""
+        return by.get(tuple({**f, **change}[k] for k in FACTORS))
+
+    out = []
+    for a in planned:
+        f = a.factors
+        base = f["encoding"] == "ieee" and f["flush"] and f["subnormals"] == "format" \
+            and f["norms"] == "format"
+        if base:
+            if nxt := other(f, ebits=f["ebits"] + 1):
+                out.append(("range: one exponent bit fewer / one mantissa bit fewer", a.name,
+                            nxt, "ebits"))
+            if f["scaling"] == "tensor" and (b := other(f, scaling="none")):
+                out.append(("per-tensor scaling / unscaled", a.name, b, "scaling"))
+            if f["scaling"] == "channel" and (b := other(f, scaling="tensor")):
+                out.append(("per-channel / per-tensor scaling", a.name, b, "scaling"))
+            continue
+        ieee = other(f, encoding="ieee", flush=True, subnormals="format", norms="format")
+        if ieee is None:
+            continue
+        what = {"fn": "fn encoding / IEEE-style", "saturating": "saturating / IEEE-style"}
+        if f["encoding"] != "ieee":
+            out.append((what[f["encoding"]], a.name, ieee, "encoding"))
+        elif not f["flush"]:
+            out.append(("no flush / flush", a.name, ieee, "flush"))
+        elif f["subnormals"] == "full":
+            out.append(("full-width subnormals / the format's", a.name, ieee, "subnormals"))
+        elif f["norms"] == "fp32":
+            out.append(("norms in FP32 / norms in the format", a.name, ieee, "norms"))
+    return out
+
+
+def _value(scores: tuple[list[float], list[float]]) -> float:
+    n, d = math.fsum(scores[0]), math.fsum(scores[1])
+    return n / d if d else math.nan
+
+
+def summarize(scores: dict[str, tuple[list[float], list[float]]]) -> dict[str, Any]:
+    """Each metric's value (sum of numerators / sum of denominators) and 95% interval over
+    units, with the per-unit sums kept for paired ratios."""
+    weights = bootstrap.window_weights(len(next(iter(scores.values()))[0]))
+    return {k: {"value": _value(v), "ci": bootstrap.percentile_interval(
+        bootstrap.sums_ratio(v[0], v[1], weights)), "num": list(v[0]), "den": list(v[1])}
+        for k, v in scores.items()}
+
+
+def ratio(a: dict, b: dict) -> dict[str, Any]:
+    """metric(a) / metric(b) with its paired interval over units and two-sided p-value."""
+    weights = bootstrap.window_weights(len(a["num"]))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        samples = bootstrap.sums_ratio(a["num"], a["den"], weights) / bootstrap.sums_ratio(
+            b["num"], b["den"], weights)
+        point = a["value"] / b["value"] if b["value"] else math.nan
+    return {"ratio": point, "ci": bootstrap.percentile_interval(samples),
+            "p": bootstrap.p_value(samples, point)}
+
+
+def _sites(table_rows: list[dict]) -> list[dict]:
+    keep = ("site", "kind", "recipe", "calls", "elements", "amax", "overflow", "saturated",
+            "flushed", "nonfinite", "snr_db")
+    return [{k: r[k] for k in keep} for r in table_rows]
+
+
+def run_arm(adapter: models.Adapter, model: Any, units: list, ref: list, arm_: Arm,
+            capture: int) -> dict[str, Any]:
+    """One arm: its metrics on every unit, then its sites captured on the first ``capture``."""
+    start = time.perf_counter()
+    with fpsim.emulate(arm_.rules()) as em:
+        out = adapter.run(model, units, ref)
+    seconds = time.perf_counter() - start
+    with fpsim.emulate(arm_.rules(), capture=True) as cap:
+        adapter.trace(model, units[:capture], ref[:capture])
+    return {"name": arm_.name, "factors": arm_.factors, "recipe": arm_.recipe.to_json(),
+            "metrics": summarize(adapter.score(units, ref, out)),
+            "sites": _sites(cap.table()), "missed": {site: stats.calls for site, stats in em.missed.items()},
+            "seconds": round(seconds, 2)}
+
+
+def study(adapter: models.Adapter, quick: bool, units: int | None = None,
+          planned: list[Arm] | None = None) -> dict[str, Any]:
+    """The whole study of one model: reference, every arm (default :func:`arms`), every
+    comparison with Holm; ``units``: inputs (default the adapter's quick or full size)."""
+    size = "quick" if quick else "full"
+    model = adapter.model()
+    inputs = adapter.inputs(units or adapter.sizes[size])
+    start = time.perf_counter()
+    with torch.no_grad(), fpsim.emulate(REFERENCE):
+        ref = adapter.run(model, inputs)
+    ref_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    with torch.no_grad():
+        adapter.run(model, inputs)
+    native = time.perf_counter() - start
+    capture = min(len(inputs), CAPTURE_UNITS[size])
+    planned = arms(quick) if planned is None else planned
+    runs = [run_arm(adapter, model, inputs, ref, a, capture) for a in planned]
+    baseline = summarize(adapter.score(inputs, ref, ref))
+    by = {r["name"]: r for r in runs}
+    primary = next(iter(adapter.metrics))
+    comps = []
+    for question, a, b, factor in comparisons(planned):
+        ma, mb = by[a]["metrics"][primary], by[b]["metrics"][primary]
+        comps.append({"question": question, "a": a, "b": b, "factor": factor,
+                      "metric": primary, "a_finite": math.isfinite(ma["value"]),
+                      "b_finite": math.isfinite(mb["value"]), **ratio(ma, mb)})
+    for c, kept in zip(comps, bootstrap.holm([c["p"] for c in comps])):
+        c["holm"] = kept
+    return {"model": {"name": adapter.name, "unit": adapter.unit,
+                      "parameters": sum(p.numel() for p in model.parameters()),
+                      **adapter.describe(inputs)},
+            "metrics": dict(adapter.metrics), "primary": primary, "baseline": baseline,
+            "capture_units": capture, "runs": runs, "comparisons": comps,
+            "seconds": {"native": round(native, 2), "reference": round(ref_seconds, 2)}}
+
+
+# --------------------------------------------------------------------------------------------
+# The report
+# --------------------------------------------------------------------------------------------
+def _cell(m: dict) -> str:
+    return f"{num(m['value'])} {fmt_ci(m['ci'])}" if math.isfinite(m["value"]) else "NaN"
+
+
+def _trouble(run: dict) -> tuple[list[dict], int, int, int]:
+    """The sites that overflowed (most first), and the operand elements flushed, saturated and
+    in all, in the capture pass."""
+    rows = [s for s in run["sites"] if s["recipe"] != "not emulated"]
+    over = sorted((s for s in rows if s["overflow"]), key=lambda s: -s["overflow"])
+    return (over, sum(s["flushed"] for s in rows), sum(s["saturated"] for s in rows),
+            sum(s["elements"] for s in rows) or 1)
+
+
+def verdict(c: dict) -> str:
+    """A comparison in words: its ratio, interval and the side it calls (Holm-corrected)."""
+    if not math.isfinite(c["ratio"]) or not all(map(math.isfinite, c["ci"])):
+        bad = [n for n, ok in ((c["a"], c["a_finite"]), (c["b"], c["b_finite"])) if not ok]
+        return (f"{c['a']} / {c['b']}: " + (f"inf/NaN at {' and '.join(bad)}" if bad else
+                                           "undefined (a zero metric)"))
+    side = bootstrap.verdict(c["ci"], f"{c['a']} worse", f"{c['a']} better")
+    if side != "no measurable difference" and not c["holm"]:
+        side += " by its interval, exploratory: not significant after Holm"
+    return f"{c['a']} / {c['b']}: {c['ratio']:.3g}× {fmt_ci(c['ci'])}, {side}"
+
+
+def conclusions(data: dict) -> list[str]:
+    """Per budget and scaling the best split; where the 8-bit unscaled splits overflow; every
+    comparison's verdict."""
+    p = data["primary"]
+    out = []
+    runs = [r for r in data["runs"] if r["factors"]["encoding"] == "ieee"
+            and r["factors"]["flush"] and r["factors"]["subnormals"] == "format"
+            and r["factors"]["norms"] == "format"]
+    for b in sorted({r["factors"]["budget"] for r in runs}):
+        for s in ("none", "tensor", "channel"):
+            series = [r for r in runs if r["factors"]["budget"] == b and r["factors"]["scaling"] == s]
+            finite = [r for r in series if math.isfinite(r["metrics"][p]["value"])]
+            if not series:
+                continue
+            text = f"B={b}, {'unscaled' if s == 'none' else 'per-' + s}: "
+            if finite:
+                best = min(finite, key=lambda r: r["metrics"][p]["value"])
+                text += f"lowest {p} {_cell(best['metrics'][p])} at {best['name']}"
+            bad = [r["name"] for r in series if r not in finite]
+            out.append(text + (f"; inf/NaN at {', '.join(bad)}" if bad else "") + ".")
+    for r in runs:
+        if r["factors"]["budget"] == 8 and r["factors"]["scaling"] == "none":
+            over, flushed, _, elements = _trouble(r)
+            where = ", ".join(f"{s['site']} ({s['overflow']} elements, amax {num(s['amax'])})"
+                              for s in over[:3])
+            out.append(f"{r['name']}: {pct(flushed / elements)} of operand elements flushed; "
+                       + (f"overflow at {where}" if over else "nothing overflowed")
+                       + f" (capture of {data['capture_units']} {data['model']['unit']}s).")
+    kept = sum(bool(c["holm"]) for c in data["comparisons"])
+    out += [verdict(c) + "." for c in data["comparisons"]]
+    out.append(f"{kept} of {len(data['comparisons'])} comparisons of {p} survive Holm's "
+               "correction at 5% family-wise.")
+    return out
+
+
+def render(data: dict, out: Path) -> str:
+    """REPORT.md: conclusions, the table of every arm, and the sites that overflowed."""
+    meta, model = data["meta"], data["model"]
+    names = list(data["metrics"])
+    rows = [["FP32 (reference)", "-", *[_cell(data["baseline"][k]) for k in names], "-", "-"]]
+    for r in data["runs"]:
+        over, flushed, saturated, elements = _trouble(r)
+        rows.append([r["name"], r["seconds"], *[_cell(r["metrics"][k]) for k in names],
+                     ", ".join(s["site"] for s in over[:2]) or "-",
+                     f"{pct(flushed / elements)} / {pct(saturated / elements)}"])
+    body = ["## Every arm", "", "Metrics: " + "; ".join(f"`{k}`: {v}" for k, v in
+                                                       data["metrics"].items()) + ".", "",
+            table(["arm", "s", *names, "overflow at (capture)", "flushed / saturated"], rows),
+            ""]
+    missed = sorted({m for r in data["runs"] for m in r["missed"]})
+    if missed:
+        body += [f"Not emulated (computed by torch in FP32): {', '.join(missed)}.", ""]
+    unit = model["unit"]
+    intro = (f"`{model['name']}`, {model['parameters']:,} parameters; inputs: "
+             + ", ".join(f"{v} {k}" for k, v in model.items()
+                         if k not in ("name", "unit", "parameters"))
+             + f" ({unit}s are the bootstrap's independent unit); {meta['seconds']} s. Every "
+             "dot product and norm statistic runs through fpsim.emulate under each arm's "
+             "recipe; the reference is FP32 (sums in FP64, rounded once). Formats: `eXmY` is "
+             "IEEE-style (inf/NaN in the all-ones exponent: e4m3 has max 240), `fn` OCP-style.")
+    return page(f"{NAME}: {model['name']}", meta, intro, conclusions(data), body)
+
+
+def slug(name: str) -> str:
+    """A folder name for a model: its name, or a directory's last part."""
+    return Path(name).name if "/" in name else name
+
+
+def selected(model: str) -> bool:
+    """Whether ``--model`` asks for this study: a name of :data:`models.NAMES`, or a
+    directory that is not a GPT-2 checkpoint (those keep the tiny model's study)."""
+    from .anymodel import model_type
+
+    return model in models.NAMES or model_type(model) not in (None, "gpt2")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run (or ``--render``) the study of ``args.model`` into ``OUT/range-vs-precision-<model>``."""
+    out = args.out / f"{NAME}-{slug(args.model)}"
+    data = None
+    if not args.render:
+        torch.set_num_threads(args.threads)
+        start = time.perf_counter()
+        adapter = models.get(args.model)
+        data = study(adapter, args.quick)
+        data["meta"] = {"model": adapter.name, "quick": args.quick, "threads": args.threads,
+                        **versions(), "seconds": round(time.perf_counter() - start, 1)}
+    finish(NAME, out, data, render)
+    return 0
