@@ -253,3 +253,13 @@ def test_a_recipe_takes_the_common_block_names() -> None:
     assert torch.equal(outs[0].view(torch.int32), outs[1].view(torch.int32))
     with pytest.raises(ValueError, match="mxfp6_e2m3"):
         fpsim.Recipe("mxfp6")
+
+
+def test_a_block_format_given_as_a_preset_lists_the_presets() -> None:
+    from fpsim.emulation import presets
+
+    with pytest.raises(ValueError, match=r"not a training preset; the presets are te-mxfp8, "):
+        presets.rules("mxfp8")
+    with pytest.raises(ValueError, match=r"Recipe\('mxfp4'\)"):
+        presets.get_preset("mxfp4")
+    assert presets.get_preset("nvfp4").name == "nvfp4"      # a preset of that name stays one

@@ -46,6 +46,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import mx
+from ..blockrules import is_block_format_name
 from ..formats import get_format
 from ..names import normalize, resolve
 from .casts import Backward, Cast
@@ -116,7 +117,16 @@ BF16 = Recipe(name="bf16", inputs="bf16", backward=Backward(grad=Cast("bf16")))
 
 def get_preset(name: str) -> Preset:
     """The preset called ``name`` (resolved like every fpsim name: case, white space and
-    ``-`` / ``_`` ignored; an unknown name lists the presets)."""
+    ``-`` / ``_`` ignored; an unknown name lists the presets; a block format's name lists
+    the presets, those of that format first)."""
+    key = normalize(name) if isinstance(name, str) else name
+    if is_block_format_name(name) and key not in {normalize(k) for k in PRESETS}:
+        fmt = key.split("_")[0]
+        first = [k for k in PRESETS if fmt in normalize(k)]
+        listed = ", ".join([*first, *(k for k in PRESETS if k not in first)])
+        raise ValueError(f"{name!r} is a block format, not a training preset; the presets "
+                         f"are {listed}. For the format itself: Recipe({name!r}) or "
+                         f"fpsim.mx.quantize(x, {name!r})")
     return resolve("training preset", name, {normalize(k): p for k, p in PRESETS.items()},
                    known=list(PRESETS))
 
