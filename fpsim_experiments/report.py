@@ -179,6 +179,8 @@ def quick_note(meta: dict, skipped: str = "", size: str | None = None) -> list[s
     """
     if not meta.get("quick"):
         return []
+    if size is None and "tokens" not in meta:
+        size = "a few units of input"
     if size is None:
         windows = max(1, meta["tokens"] // meta["window"]) if meta.get("window") else None
         size = f"{meta['tokens']} held-out tokens" + (

@@ -198,7 +198,7 @@ def render(data: dict, out: Path) -> str:
     return "\n".join([
         f"# {NAME}", "",
         *quick_note(meta, size=f"seeds 1 and 2 trained {meta['steps']} steps only, "
-                    f"{meta['tokens']} held-out tokens per seed"),
+                    f"{meta.get('tokens', data['seeds'][0]['tokens'])} held-out tokens per seed"),
         f"Tiny byte-level GPT-2 (4 layers, width 256) trained from seeds {list(SEEDS)}: seed 0 is "
         f"the embedded model, the others {meta['steps']} steps of the same recipe. "
         f"{meta['seconds']} s. The CIs are paired 95% percentile bootstrap intervals over "
