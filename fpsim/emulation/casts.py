@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import mx
+from ..arith.accumulator import Accumulator
 from ..blockrules import is_block_format_name
 from ..formats import Format, get_format
 from ..inputs import check_flag
@@ -149,8 +150,12 @@ class Backward:
     backward GEMM's reduction axis, as Transformer Engine re-quantizes a weight along the other
     axis for dgrad).  ``hadamard``: size of the random Hadamard transform applied to both
     operands of the weight-gradient GEMM along its reduction axis before they are quantized
-    (0: none; NVFP4 training uses 16), its signs drawn from ``hadamard_seed``.  ``accum``,
-    ``order``, ``chunk``, ``tensor_core``: the backward accumulator (None: the forward's).
+    (0: none; NVFP4 training uses 16), its signs drawn from ``hadamard_seed``.  ``accum``:
+    the backward GEMMs' [``fpsim.Accumulator``][] (a format name is shorthand for
+    ``Accumulator(name)``; None: the forward's), summing with round-to-nearest-even.
+
+    >>> Backward(grad=Cast("e5m2"), accum=Accumulator("bf16", "pairwise")).describe()
+    'grad=e5m2 acc=bf16 pairwise'
     """
 
     grad: Cast | None = None
@@ -158,10 +163,7 @@ class Backward:
     weights: Cast | None = None
     hadamard: int = 0
     hadamard_seed: int = 0
-    accum: str | None = None
-    order: str | None = None
-    chunk: int | None = None
-    tensor_core: str | None = None
+    accum: Accumulator | None = None
 
     def __post_init__(self) -> None:
         for role in ("grad", "inputs", "weights"):
@@ -169,6 +171,11 @@ class Backward:
             if c is not None and not isinstance(c, Cast):
                 raise TypeError(f"Backward {role}= takes a Cast (or None), not {c!r}: "
                                 f"Cast({c!r}) rounds without scaling")
+        if self.accum is not None and not isinstance(self.accum, Accumulator):
+            if not isinstance(self.accum, (str, Format)):
+                raise TypeError(f"Backward accum= takes an Accumulator (or a format name, or "
+                                f"None), not {self.accum!r}")
+            object.__setattr__(self, "accum", Accumulator(self.accum))
         h = self.hadamard
         if not (isinstance(h, int) and not isinstance(h, bool) and (h == 0 or (
                 h >= 4 and h & (h - 1) == 0 and h.bit_length() % 2 == 1))):
@@ -184,8 +191,8 @@ class Backward:
                 words.append(f"{role}={c.describe()}")
         if self.hadamard:
             words.append(f"rht{self.hadamard}")
-        if self.accum is not None or self.order is not None:
-            words.append(f"acc={self.accum or '-'} {self.order or ''}".strip())
+        if self.accum is not None:
+            words.append(f"acc={self.accum.describe()}")
         return " ".join(words) or "default"
 
 
