@@ -29,13 +29,15 @@ class Scaling:
     """One scaling of a ``Cast``: what it does (``doc``), whether a
     ``fpsim.emulation.recipe.Recipe``'s ``scaling=`` takes it (``recipe``: it needs no
     per-site state and applies to any operand), whether a quantized tensor's values are the
-    same whichever axis a GEMM reduces (``axis_free``: quantized once, reused by every GEMM)
-    and whether its format is an MX / NVFP4 block format (``block``)."""
+    same whichever axis a GEMM reduces (``axis_free``: quantized once, reused by every GEMM),
+    whether its format is an MX / NVFP4 block format (``block``) and whether ``fpsim quantize
+    --scaling`` takes it (``cli``: ``fpsim.scaled_quantize``'s, no reduction axis)."""
 
     doc: str
     recipe: bool = False
     axis_free: bool = False
     block: bool = False
+    cli: bool = False
 
 
 #: Every scaling, the one table: fpsim's own (scale = amax / format max, values = code *
@@ -44,12 +46,16 @@ class Scaling:
 #: format max / amax in FP32, codes = cast(x * scale) saturated, values = code / scale in
 #: FP32; applied by ``fpsim.emulation.quantizers.cast``).  A new scaling is an entry here
 #: and its code in one of those two functions (``tests/test_training_presets.py`` checks that
-#: every entry is applied).
+#: every entry is applied); ``fpsim quantize --scaling`` (``cli``) and the range-vs-precision
+#: study (``recipe`` and ``axis_free``) take their lists from it.
 SCALINGS: dict[str, Scaling] = {
-    "none": Scaling("values rounded to the format, no scale", recipe=True, axis_free=True),
-    "tensor": Scaling("one amax scale per tensor", recipe=True, axis_free=True),
-    "channel": Scaling("one amax scale per index beside the reduction axis", recipe=True),
-    "block": Scaling("MX / NVFP4 blocks along the reduction axis", recipe=True, block=True),
+    "none": Scaling("values rounded to the format, no scale", recipe=True, axis_free=True,
+                    cli=True),
+    "tensor": Scaling("one amax scale per tensor", recipe=True, axis_free=True, cli=True),
+    "channel": Scaling("one amax scale per index beside the reduction axis", recipe=True,
+                       cli=True),
+    "block": Scaling("MX / NVFP4 blocks along the reduction axis", recipe=True, block=True,
+                     cli=True),
     "tile": Scaling("DeepSeek-V3: amax scales per 1 x 128 tile along the reduction axis (a "
                     "Recipe's right operand: 128 x 128, tile2d)", recipe=True),
     "tile2d": Scaling("DeepSeek-V3: amax scales per 128 x 128 block"),
