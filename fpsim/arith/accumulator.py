@@ -157,11 +157,11 @@ def accumulator(accum: Any = "fp32", order: str | None = None, chunk: Any = None
     """The ``Accumulator`` of the shorthand keywords (``accum`` may be one already: then the
     others stay None).  ``where``: the caller, for the error message."""
     if isinstance(accum, Accumulator):
-        given = [k for k, v in (("order", order), ("chunk", chunk),
-                                ("tensor_core", tensor_core)) if v is not None]
-        if given:
+        beside = [k for k, v in (("order", order), ("chunk", chunk),
+                                 ("tensor_core", tensor_core)) if v is not None]
+        if beside:
             raise ValueError(f"{where}accum= is an Accumulator, which carries the order, chunk "
-                             f"and tensor core; give {', '.join(given)} inside it "
-                             f"(Accumulator(..., {given[0]}=...)), not beside it")
+                             f"and tensor core; give {', '.join(beside)} inside it "
+                             f"(Accumulator(..., {beside[0]}=...)), not beside it")
         return accum
     return Accumulator(accum, order, chunk, tensor_core)
