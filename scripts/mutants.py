@@ -627,7 +627,7 @@ MUTANTS = [
            'order = "native" if fmt in (FP32, FP64) else "sequential"', 'order = "sequential"',
            ACCUMULATOR),
     Mutant("accum-name-kept", "an accumulator keeps its format's name as spelled",
-           "if isinstance(self.fmt, str) or fmt in (FP32, FP64):", "if False:", ACCUMULATOR),
+           "if isinstance(self.fmt, str) or _registered(fmt):", "if False:", ACCUMULATOR),
     Mutant("accum-chunk-default", "order='chunked' without a chunk is not 128",
            "return _CHUNK", "return None", ACCUMULATOR),
     Mutant("accum-host-format", "order='host' takes any accumulator format",

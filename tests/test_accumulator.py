@@ -30,7 +30,7 @@ def bits(x):
 
 def test_equal_descriptions_are_equal_and_hash_alike():
     same = [(Accumulator("FP32"), Accumulator("fp32", "native")),
-            (Accumulator("float16"), Accumulator("fp16", "sequential")),
+            (Accumulator("float16"), Accumulator(fpsim.get_format("fp16"), "sequential")),
             (Accumulator(order="chunked"), Accumulator("fp32", "chunked", 128)),
             (Accumulator(order="tensor_core", tensor_core="Hopper-FP8"),
              Accumulator(fpsim.get_format("fp32"), "tensor_core", None, "hopper_fp8"))]

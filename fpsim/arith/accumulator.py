@@ -64,7 +64,7 @@ class Accumulator:
         if fmt != FP64 and fmt.mbits > 50:
             raise ValueError(f"accum {fmt.name!r} has {fmt.mbits} mantissa bits; at most 50 (or "
                              "exactly 'fp64') can be emulated")
-        if isinstance(self.fmt, str) or fmt in (FP32, FP64):
+        if isinstance(self.fmt, str) or _registered(fmt):
             object.__setattr__(self, "fmt", fmt.name)
         order = self.order
         if order is None:
@@ -150,6 +150,14 @@ class Accumulator:
         if self.tensor_core is not None:
             label += f"={self.model.name}"
         return label if self.chunk is None else f"{label}/{self.chunk}"
+
+
+def _registered(fmt: Format) -> bool:
+    """True when ``fmt`` is the format its name gives (stored by name, so it compares equal)."""
+    try:
+        return get_format(fmt.name) == fmt
+    except ValueError:
+        return False
 
 
 def accumulator(accum: Any = "fp32", order: str | None = None, chunk: Any = None,
