@@ -15,6 +15,7 @@ from importlib import resources
 from typing import Any, Sequence
 
 from .cliparse import CliError, OneLineParser
+from .emulation.casts import SCALINGS as CAST_SCALINGS
 from .formats import FORMATS, Format, get_format
 from .rounding import MODES
 
@@ -342,8 +343,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
-#: ``--scaling`` values: how ``fpsim quantize`` groups values under one scale.
-SCALINGS = ("none", "tensor", "channel", "block")
+#: ``--scaling`` values: how ``fpsim quantize`` groups values under one scale (the entries of
+#: the one table of scalings, ``fpsim.emulation.casts.SCALINGS``, marked ``cli``).
+SCALINGS = tuple(name for name, s in CAST_SCALINGS.items() if s.cli)
 
 
 def _scaling(args: argparse.Namespace, fmt: Any) -> str:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fpsim import Format, get_format
+from fpsim.emulation.casts import SCALINGS as CAST_SCALINGS
 
 from .context import Context
 from .endtoend import compact
@@ -39,7 +40,10 @@ BUDGETS = (8, 12, 16)
 QUICK_BUDGETS = (8,)
 QUICK_SKIPS = ("B=8 only (no 12- or 16-bit splits), without the exponent-bias sweep and "
                "IEEE P3109's formats (25 end-to-end runs, not 108)")
-SCALINGS = ("none", "tensor")
+#: The study's scalings: a format's range against its precision, with one scale per tensor or
+#: none (the Recipe scalings of the one table, ``fpsim.emulation.casts.SCALINGS``, whose
+#: values do not depend on the axis): "none" and "tensor", the names in its results.
+SCALINGS = tuple(n for n, s in CAST_SCALINGS.items() if s.recipe and s.axis_free)
 LN_FP32 = "none-ln-fp32"  # no scaling, LayerNorm inputs in FP32 (end to end only)
 VARIANTS = ("none", LN_FP32, "tensor")
 SCALING_LABEL = {

@@ -53,6 +53,7 @@ SR_MATMUL = ["tests/test_matmul_random_bits.py"]
 COVERAGE = ["tests/test_emulate_coverage.py"]
 CONV_BACKWARD = ["tests/test_emulate_conv_backward.py"]
 TRAINING = ["tests/test_training_presets.py"]
+ACCUMULATOR = ["tests/test_accumulator.py"]
 WRONG_WAY = ["tests/test_wrong_way.py"]
 SWEEP_PLAN = ["tests/test_sweep.py::test_plan_shards_whole_batches_and_seeds_draw_windows"]
 SWEEP_JOIN = ["tests/test_sweep.py::test_combined_numbers_are_one_pass_over_all_windows"]
@@ -304,8 +305,8 @@ MUTANTS = [
            'if plan.backend != "auto" or why is not None or not use_torch:',
            ["tests/test_emulate_compiled.py"]),
     Mutant("host-sums-order", "native_sums='host' is accepted with an explicit order",
-           'if self.native_sums == "host" and (self.accum != "fp32" or self.order is not None):',
-           'if self.native_sums == "host" and self.accum != "fp32":',
+           'if self.native_sums == "host" and self.order is not None:',
+           'if self.native_sums == "host" and self.order == "tensor_core":',
            ["tests/test_emulate_compiled.py"]),
     Mutant("scalar-f32-sign", "the scalar path reads a float32's bits with the sign flipped",
            "v = read[bisect_right(bounds, int(x.view(np.uint32)))]",
@@ -621,6 +622,25 @@ MUTANTS = [
     Mutant("plot-extra", "fpsim.plot without matplotlib: a bare ModuleNotFoundError",
            'if not (exc.name or "").startswith("matplotlib"):', "if True:",
            ["tests/test_plot.py"]),
+    # one description of an accumulator (fpsim.Accumulator)
+    Mutant("accum-native-default", "an FP32 accumulator without an order sums sequentially",
+           'order = "native" if fmt in (FP32, FP64) else "sequential"', 'order = "sequential"',
+           ACCUMULATOR),
+    Mutant("accum-name-kept", "an accumulator keeps its format's name as spelled",
+           "if isinstance(self.fmt, str) or _registered(fmt):", "if False:", ACCUMULATOR),
+    Mutant("accum-chunk-default", "order='chunked' without a chunk is not 128",
+           "return _CHUNK", "return None", ACCUMULATOR),
+    Mutant("accum-host-format", "order='host' takes any accumulator format",
+           'if order == "host" and fmt != FP32:', "if False:", ACCUMULATOR),
+    Mutant("accum-beside", "matmul's order beside an Accumulator is ignored",
+           "if beside:", "if False:", ACCUMULATOR),
+    Mutant("accum-recipe-order", "Recipe(accum=Accumulator(...)) loses the order",
+           'fields = {"accum": acc.fmt, "order": acc.order if acc.emulated else None,',
+           'fields = {"accum": acc.fmt, "order": None,', ACCUMULATOR),
+    Mutant("accum-site", "an emulated site sums with the recipe's format only",
+           "accum=recipe.accumulator(),", "accum=recipe.accum,", ACCUMULATOR),
+    Mutant("accum-backward", "the backward GEMMs ignore Backward(accum=...)",
+           "if bw.accum is None:", "if True:", ACCUMULATOR),
     # the range-vs-precision study on any model
     Mutant("study-unpaired", "a ratio's two arms resampled on different units",
            'samples = bootstrap.sums_ratio(a["num"], a["den"], weights) / bootstrap.sums_ratio(',

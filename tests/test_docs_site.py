@@ -62,6 +62,7 @@ def test_the_api_page_has_every_public_object(site):
     api = (site / "api" / "index.html").read_text(encoding="utf-8")
     for ident in ("fpsim.emulation.recipe.Rule", "fpsim.emulation.recipe.Rules",
                   "fpsim.emulation.casts.Cast", "fpsim.emulation.casts.Backward",
+                  "fpsim.arith.accumulator.Accumulator",
                   "fpsim.emulation.presets", "fpsim.emulation.presets.rules",
                   "fpsim.emulation.presets.get_preset", "fpsim.emulation.presets.Preset",
                   "fpsim.plot", "fpsim.plot.error_histogram", "fpsim.plot.number_line",

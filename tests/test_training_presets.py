@@ -60,12 +60,12 @@ def ref_cast(x, c, axis):
 def ref_sum(recipe, a, b):
     """The accumulator: float64 matmul rounded once to float32, torch's FP32 matmul (host
     sums: the torchao presets), or fpsim.matmul's model."""
-    if recipe.native_sums == "host":
+    acc = recipe.accumulator()
+    if acc.order == "host":
         return a.float() @ b.float()
-    if recipe.order is None:
+    if acc.order == "native":
         return (a.double() @ b.double()).float()
-    return fpsim.matmul(a.double(), b.double(), accum=recipe.accum, order=recipe.order,
-                        chunk=recipe.chunk, tensor_core=recipe.tensor_core).float()
+    return fpsim.matmul(a.double(), b.double(), accum=acc).float()
 
 
 def ref_hadamard(x, axis, n=16, seed=0):
@@ -84,7 +84,7 @@ def reference(recipe, x, W, bias, G):
     cx, cw, cg = recipe.inputs, recipe.weight_format, bw.grad
     b = W.detach().t()                                # [K, N]
     qx, qb = ref_cast(x, cx, -1), ref_cast(b, cw, -2)
-    if recipe.order is None and recipe.native_sums != "host":   # the bias joins the FP64 sum
+    if recipe.accumulator().order == "native":                  # the bias joins the FP64 sum
         y = torch.addmm(bias.detach().double(), qx.double(), qb.double()).float()
     else:
         y = ref_sum(recipe, qx, qb) + bias.detach()
@@ -93,7 +93,7 @@ def reference(recipe, x, W, bias, G):
     if bw.hadamard:
         xt, g2 = ref_hadamard(xt, -1, bw.hadamard), ref_hadamard(G, -2, bw.hadamard)
     db = ref_sum(recipe, ref_cast(xt, cx, -1), ref_cast(g2, cg, -2))
-    dbias = None if bias is None else G.sum(0) if recipe.native_sums == "host" \
+    dbias = None if bias is None else G.sum(0) if recipe.accumulator().order == "host" \
         else G.double().sum(0).float()
     return y, dx, db.t(), dbias
 
@@ -106,7 +106,7 @@ def deterministic(recipe):
     g = Cast(bw.grad.fmt, bw.grad.scaling)
     return Recipe(name=recipe.name, inputs=recipe.inputs, weights=recipe.weights,
                   backward=Backward(grad=g, hadamard=bw.hadamard),
-                  native_sums=recipe.native_sums)
+                  accum=recipe.accumulator())
 
 
 BIT_EXACT = [p for p in presets.PRESETS if p not in ("te-delayed", "native")]

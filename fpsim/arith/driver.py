@@ -28,6 +28,7 @@ from . import accumulate, block_scaled, fused, given_bits, jit
 from .tensor_core import (GroupStep, TensorCoreModel, canonical_nan, exponents,
                           run as run_tensor_core)
 from .accumulate import Stats
+from .accumulator import Accumulator
 from .addend import addend
 from .lanes import Lanes, Profile, guarded, holds, lane_max, profile
 from .operands import Operands, batched, deliver, prepare
@@ -54,8 +55,8 @@ class MatmulStats:
     underflow: Any
 
 
-def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
-           order: str = "sequential", chunk: int | None = None, product: str | Format = "exact",
+def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format | Accumulator = "fp32",
+           order: str | None = None, chunk: int | None = None, product: str | Format = "exact",
            rounding: str = "rne", output: str | Format | None = None, return_stats: bool = False,
            seed: Any = None, srbits: int | None = None, random_bits: Any = None,
            tensor_core: str | TensorCoreModel | None = None, backend: str = "auto",
@@ -73,7 +74,10 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     to with ``rounding`` before it is added, or "fp64" (a float64 multiply).
     ``accum``: accumulator format; every addition is rounded to it once with ``rounding``
     (all of fpsim's modes; stochastic rounding draws its probability from the exact sum).  "fp64" means float64's own additions.
-    ``order``: "sequential" (left to right), "pairwise" (a balanced tree), "chunked" (blocks of
+    ``accum``, ``order``, ``chunk`` and ``tensor_core`` are shorthand for an
+    ``fpsim.Accumulator``, which ``accum`` may also be (the three others then stay None):
+    ``accum=Accumulator("fp16", "pairwise")`` is ``accum="fp16", order="pairwise"``.
+    ``order``: "sequential" (left to right; None means it here), "pairwise" (a balanced tree), "chunked" (blocks of
     ``chunk`` terms, default 128, summed in ``accum``, each block then added to an FP32 outer
     accumulator rounded to nearest even: DeepSeek-V3's promotion), "fma" (sequential, product
     and sum rounded once: with exact products this is "sequential" by another name), or "tensor_core" with ``tensor_core=`` a preset name from
@@ -116,6 +120,8 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format = "fp32",
     >>> y, stats = fpsim.matmul(ones, ones.T, accum="fp16", return_stats=True)
     >>> y.tolist(), stats.swamped.tolist()       # FP16 stalls at 2048: 2048 additions swamped
     ([[2048.0]], [[2048]])
+    >>> fpsim.matmul(ones, ones.T, accum=fpsim.Accumulator("fp16", "pairwise")).tolist()
+    [[4096.0]]
     """
     keyword = "backend"
     if engine is not None:

@@ -5,15 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ..formats import Format, get_format
 from ..names import resolve
 from ..rounding import STOCHASTIC, check_mode
 from ..stochastic import check_srbits
-from .tensor_core import TENSOR_CORES, TensorCoreModel, get_model
+from .accumulator import ORDERS, Accumulator, accumulator
+from .tensor_core import TensorCoreModel
 
-ORDERS = ("sequential", "pairwise", "chunked", "fma", "tensor_core")
 #: ``backend=`` values of matmul and dot.
 MATMUL_BACKENDS = ("auto", "numpy", "numba", "torch", "compiled")
 ENGINES = MATMUL_BACKENDS          # the old name
@@ -76,71 +74,42 @@ def _inputs(inputs: Any) -> tuple[Format | None, Format | None]:
     return (None, None) if inputs is None else (_fmt(inputs, "inputs"),) * 2
 
 
-def _accum(accum: Any, rounding: str) -> Format:
-    acc = _fmt(accum, "accum")
-    if acc.is_int:
-        raise ValueError(f"accum {acc.name!r} is an integer format; choose a float format")
-    if acc == FP64 and rounding != "rne":
-        raise ValueError("accum='fp64' means float64's own additions (round to nearest even); "
-                         f"rounding={rounding!r} needs a narrower accumulator")
-    if acc != FP64 and acc.mbits > 50:
-        raise ValueError(f"accum {acc.name!r} has {acc.mbits} mantissa bits; at most 50 (or "
-                         "exactly 'fp64') can be emulated")
-    return acc
-
-
-def _chunk(chunk: Any, order: str, model: TensorCoreModel | None) -> int | None:
-    if order == "chunked" and chunk is None:
-        return 128
-    if chunk is None:
-        return None
-    if order not in ("chunked", "tensor_core"):
-        raise ValueError(f"chunk applies to order='chunked' or 'tensor_core', not {order!r}")
-    if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
-        raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
-    if model is not None and model.accum_format == FP64:
-        raise ValueError(f"chunk promotes partial sums to FP32; tensor_core={model.name!r} "
-                         "accumulates in FP64 already: leave chunk=None")
-    if model is not None and chunk % model.group:
-        raise ValueError(f"chunk={chunk} must be a multiple of the tensor core's group "
-                         f"({model.group}): promotion happens between instructions")
-    return int(chunk)
-
-
-def make_plan(inputs: Any, accum: Any, order: str, chunk: Any, product: Any, rounding: str,
-              output: Any, tensor_core: Any, backend: str, keyword: str = "backend",
-              srbits: Any = None) -> Plan:
+def make_plan(inputs: Any, accum: Any, order: str | None, chunk: Any, product: Any,
+              rounding: str, output: Any, tensor_core: Any, backend: str,
+              keyword: str = "backend", srbits: Any = None) -> Plan:
     """Check every option; errors name the problem and the fix (``keyword``: the name the
-    caller used for ``backend``, "engine" being the deprecated one)."""
+    caller used for ``backend``, "engine" being the deprecated one).  The accumulator is an
+    ``Accumulator`` (``accum``), or its keywords (``order`` None: "sequential")."""
     rounding = check_mode(rounding)
     srbits = check_srbits(srbits, rounding)
-    if order not in ORDERS:
-        raise ValueError(f"unknown order {order!r}: choose one of {', '.join(ORDERS)}")
+    if not isinstance(accum, Accumulator):
+        order = "sequential" if order is None else order
+    acc = accumulator(accum, order, chunk, tensor_core, "matmul: ")
+    if not acc.emulated:
+        raise ValueError(f"order={acc.order!r} is torch's own sum, a Recipe's inside "
+                         "fpsim.emulate; fpsim.matmul emulates an order: choose one of "
+                         f"{', '.join(ORDERS)}")
     backend = resolve(keyword, backend, {b: b for b in MATMUL_BACKENDS})
     if backend == "compiled" and rounding in STOCHASTIC:
         raise ValueError(f"{keyword}='compiled' cannot draw random bits inside a compiled step; "
                          f"use {keyword}='torch' or 'numpy' for stochastic rounding")
-    acc = _accum(accum, rounding)
+    if acc.format == FP64 and rounding != "rne":
+        raise ValueError("accum='fp64' means float64's own additions (round to nearest even); "
+                         f"rounding={rounding!r} needs a narrower accumulator")
     exact = isinstance(product, str) and product == "exact"
     native = not exact and _fmt(product, "product") == FP64
     prod = None if (exact or native) else _fmt(product, "product")
-    model = None
-    if order == "tensor_core":
-        if tensor_core is None:
-            raise ValueError("order='tensor_core' needs tensor_core=: a preset name "
-                             f"({', '.join(TENSOR_CORES)}) or a TensorCoreModel")
-        model = get_model(tensor_core)
-        if acc != FP32 or rounding != "rne":
-            raise ValueError("order='tensor_core' takes its accumulator format and rounding from "
-                             "the TensorCoreModel (accum=, rounding=); leave accum and rounding "
-                             "at their defaults")
+    model = acc.model
+    if model is not None:
+        if rounding != "rne":
+            raise ValueError("order='tensor_core' takes its accumulator format and rounding "
+                             "from the TensorCoreModel (accum=, rounding=); leave accum and "
+                             "rounding at their defaults")
         if not exact:
             raise ValueError("tensor cores form products exactly: use product='exact'")
-    elif tensor_core is not None:
-        raise ValueError(f"tensor_core={tensor_core!r} needs order='tensor_core'")
-    if order == "fma" and not exact:
+    if acc.order == "fma" and not exact:
         raise ValueError("order='fma' rounds product and sum once, so the product is exact: "
                          "use product='exact', or order='sequential' to round products first")
-    return Plan(_inputs(inputs), acc, order, _chunk(chunk, order, model), prod, native,
+    return Plan(_inputs(inputs), acc.format, acc.order, acc.chunk, prod, native,
                 rounding, None if output is None else _fmt(output, "output"), model, backend,
                 srbits)

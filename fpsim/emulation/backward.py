@@ -12,7 +12,7 @@ or ``[..., K, N]`` a second activation) under a recipe runs, when a gradient is 
   both first through the random Hadamard transform when ``backward.hadamard`` is set;
 - the bias gradient: ``dy`` summed over the tokens in FP64, rounded once.
 
-Each GEMM sums as the accumulator says (``backward.accum`` and co., else the forward's:
+Each GEMM sums as the accumulator says (``backward.accum``, else the forward's:
 FP32 by default, computed in FP64 and rounded once).  A cast whose values do not depend on
 the axis (no scaling, per-tensor, delayed) is applied once and its values reused by every
 GEMM, as the hardware reuses one FP8 tensor (and its transposed copy); stochastic rounding
@@ -121,10 +121,9 @@ class Site:
     def accumulator(self) -> Recipe:
         """The recipe the backward GEMMs sum with (only its accumulator fields are used)."""
         bw, r = self.backward_recipe, self.recipe
-        if bw.accum is None and bw.order is None:
+        if bw.accum is None:
             return r
-        return Recipe(name=f"{r.name} backward", accum=bw.accum or r.accum, order=bw.order,
-                      chunk=bw.chunk, tensor_core=bw.tensor_core)
+        return Recipe(name=f"{r.name} backward", accum=bw.accum)
 
     def specs(self) -> tuple[Any, Any, Any]:
         """The casts of the backward GEMMs' operands: (``dy``, ``x`` in wgrad, ``W`` in dgrad)."""

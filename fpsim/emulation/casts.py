@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import mx
+from ..arith.accumulator import Accumulator
 from ..blockrules import is_block_format_name
 from ..formats import Format, get_format
 from ..inputs import check_flag
@@ -28,13 +29,15 @@ class Scaling:
     """One scaling of a ``Cast``: what it does (``doc``), whether a
     ``fpsim.emulation.recipe.Recipe``'s ``scaling=`` takes it (``recipe``: it needs no
     per-site state and applies to any operand), whether a quantized tensor's values are the
-    same whichever axis a GEMM reduces (``axis_free``: quantized once, reused by every GEMM)
-    and whether its format is an MX / NVFP4 block format (``block``)."""
+    same whichever axis a GEMM reduces (``axis_free``: quantized once, reused by every GEMM),
+    whether its format is an MX / NVFP4 block format (``block``) and whether ``fpsim quantize
+    --scaling`` takes it (``cli``: ``fpsim.scaled_quantize``'s, no reduction axis)."""
 
     doc: str
     recipe: bool = False
     axis_free: bool = False
     block: bool = False
+    cli: bool = False
 
 
 #: Every scaling, the one table: fpsim's own (scale = amax / format max, values = code *
@@ -43,12 +46,16 @@ class Scaling:
 #: format max / amax in FP32, codes = cast(x * scale) saturated, values = code / scale in
 #: FP32; applied by ``fpsim.emulation.quantizers.cast``).  A new scaling is an entry here
 #: and its code in one of those two functions (``tests/test_training_presets.py`` checks that
-#: every entry is applied).
+#: every entry is applied); ``fpsim quantize --scaling`` (``cli``) and the range-vs-precision
+#: study (``recipe`` and ``axis_free``) take their lists from it.
 SCALINGS: dict[str, Scaling] = {
-    "none": Scaling("values rounded to the format, no scale", recipe=True, axis_free=True),
-    "tensor": Scaling("one amax scale per tensor", recipe=True, axis_free=True),
-    "channel": Scaling("one amax scale per index beside the reduction axis", recipe=True),
-    "block": Scaling("MX / NVFP4 blocks along the reduction axis", recipe=True, block=True),
+    "none": Scaling("values rounded to the format, no scale", recipe=True, axis_free=True,
+                    cli=True),
+    "tensor": Scaling("one amax scale per tensor", recipe=True, axis_free=True, cli=True),
+    "channel": Scaling("one amax scale per index beside the reduction axis", recipe=True,
+                       cli=True),
+    "block": Scaling("MX / NVFP4 blocks along the reduction axis", recipe=True, block=True,
+                     cli=True),
     "tile": Scaling("DeepSeek-V3: amax scales per 1 x 128 tile along the reduction axis (a "
                     "Recipe's right operand: 128 x 128, tile2d)", recipe=True),
     "tile2d": Scaling("DeepSeek-V3: amax scales per 128 x 128 block"),
@@ -149,8 +156,12 @@ class Backward:
     backward GEMM's reduction axis, as Transformer Engine re-quantizes a weight along the other
     axis for dgrad).  ``hadamard``: size of the random Hadamard transform applied to both
     operands of the weight-gradient GEMM along its reduction axis before they are quantized
-    (0: none; NVFP4 training uses 16), its signs drawn from ``hadamard_seed``.  ``accum``,
-    ``order``, ``chunk``, ``tensor_core``: the backward accumulator (None: the forward's).
+    (0: none; NVFP4 training uses 16), its signs drawn from ``hadamard_seed``.  ``accum``:
+    the backward GEMMs' [``fpsim.Accumulator``][] (a format name is shorthand for
+    ``Accumulator(name)``; None: the forward's), summing with round-to-nearest-even.
+
+    >>> Backward(grad=Cast("e5m2"), accum=Accumulator("bf16", "pairwise")).describe()
+    'grad=e5m2 acc=bf16 pairwise'
     """
 
     grad: Cast | None = None
@@ -158,10 +169,7 @@ class Backward:
     weights: Cast | None = None
     hadamard: int = 0
     hadamard_seed: int = 0
-    accum: str | None = None
-    order: str | None = None
-    chunk: int | None = None
-    tensor_core: str | None = None
+    accum: Accumulator | None = None
 
     def __post_init__(self) -> None:
         for role in ("grad", "inputs", "weights"):
@@ -169,6 +177,11 @@ class Backward:
             if c is not None and not isinstance(c, Cast):
                 raise TypeError(f"Backward {role}= takes a Cast (or None), not {c!r}: "
                                 f"Cast({c!r}) rounds without scaling")
+        if self.accum is not None and not isinstance(self.accum, Accumulator):
+            if not isinstance(self.accum, (str, Format)):
+                raise TypeError(f"Backward accum= takes an Accumulator (or a format name, or "
+                                f"None), not {self.accum!r}")
+            object.__setattr__(self, "accum", Accumulator(self.accum))
         h = self.hadamard
         if not (isinstance(h, int) and not isinstance(h, bool) and (h == 0 or (
                 h >= 4 and h & (h - 1) == 0 and h.bit_length() % 2 == 1))):
@@ -184,8 +197,8 @@ class Backward:
                 words.append(f"{role}={c.describe()}")
         if self.hadamard:
             words.append(f"rht{self.hadamard}")
-        if self.accum is not None or self.order is not None:
-            words.append(f"acc={self.accum or '-'} {self.order or ''}".strip())
+        if self.accum is not None:
+            words.append(f"acc={self.accum.describe()}")
         return " ".join(words) or "default"
 
 

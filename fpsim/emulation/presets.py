@@ -46,6 +46,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import mx
+from ..arith.accumulator import Accumulator
 from ..blockrules import is_block_format_name
 from ..formats import get_format
 from ..names import normalize, resolve
@@ -74,17 +75,21 @@ def _delayed(fmt: str) -> Cast:
 _ROWWISE = Cast("e4m3", "rowwise", saturate=True, pow2=True)
 _MXFP8 = Cast("mxfp8_e4m3", "block", scale_rounding="ceil")
 _DEEPSEEK_ACT = Cast("e4m3", "tile")
+#: torchao's emulated GEMM: torch's own FP32 ``mm`` (``native_sums="host"``), then the bias.
+_TORCHAO_SUMS = Accumulator(order="host")
+#: Hopper's FP8 tensor-core accumulator, promoted to FP32 every 128 products (DeepSeek-V3).
+_HOPPER_PROMOTED = Accumulator(order="tensor_core", tensor_core="hopper_fp8", chunk=128)
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("native", None, "torch itself: every op its own FP32 arithmetic, bit for bit "
            "(capture=True records the sites without changing them)"),
     Preset("torchao-float8-tensorwise",
            Recipe(name="torchao-float8-tensorwise", inputs=_tensorwise("e4m3"),
-                  backward=Backward(grad=_tensorwise("e5m2")), native_sums="host"),
+                  backward=Backward(grad=_tensorwise("e5m2")), accum=_TORCHAO_SUMS),
            "torchao 0.18.0 torchao.float8 Float8LinearConfig() (tensorwise dynamic scaling)"),
     Preset("torchao-float8-rowwise",
            Recipe(name="torchao-float8-rowwise", inputs=_ROWWISE,
-                  backward=Backward(grad=_ROWWISE), native_sums="host"),
+                  backward=Backward(grad=_ROWWISE), accum=_TORCHAO_SUMS),
            "torchao 0.18.0 Float8LinearConfig.from_recipe_name('rowwise')"),
     Preset("te-delayed",
            Recipe(name="te-delayed", inputs=_delayed("e4m3"),
@@ -106,7 +111,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            "NVIDIA, Pretraining Large Language Models with NVFP4, arXiv 2509.25149"),
     Preset("deepseek-v3",
            Recipe(name="deepseek-v3", inputs=_DEEPSEEK_ACT, weights=Cast("e4m3", "tile2d"),
-                  order="tensor_core", tensor_core="hopper_fp8", chunk=128,
+                  accum=_HOPPER_PROMOTED,
                   backward=Backward(grad=_DEEPSEEK_ACT)),
            "DeepSeek-V3 Technical Report, arXiv 2412.19437, section 3.3"),
 )}

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .. import mx
+from ..arith.accumulator import NATIVE_ORDERS, Accumulator
 from ..blockrules import is_block_format_name
 from ..formats import Format, get_format
 from ..inputs import check_flag
@@ -72,7 +73,9 @@ class Recipe:
     ``block`` (``inputs`` is an MX / NVFP4 name of ``fpsim.mx``; ``scale_rounding`` its
     scale rule, None: the OCP floor; a block format implies it: ``Recipe("nvfp4")``) or ``tile`` (DeepSeek-V3: one scale per 1 x 128 tile of
     the left operand and per 128 x 128 block of the right one, along the reduction axis).
-    ``accum``, ``order``, ``chunk``, ``tensor_core``: the accumulator; ``order=None`` with an
+    ``accum``, ``order``, ``chunk``, ``tensor_core``, ``native_sums``: shorthand for the
+    accumulator, an [``fpsim.Accumulator``][] ([``accumulator``][] gives it; ``accum`` may be
+    one, the others then stay at their defaults); ``order=None`` with an
     FP32/FP64 accumulator is torch's native matmul, anything else goes through
     [``fpsim.matmul``][] (``tensor_core``: a preset of ``fpsim.arith.TENSOR_CORES``, with
     ``order="tensor_core"``).  ``output``: the
@@ -106,7 +109,7 @@ class Recipe:
     _: dataclasses.KW_ONLY
     name: str = ""
     scaling: str = "none"
-    accum: str = "fp32"
+    accum: str | Accumulator = "fp32"
     order: str | None = None
     chunk: int | None = None
     tensor_core: str | None = None
@@ -127,6 +130,21 @@ class Recipe:
         check_srbits(self.srbits, check_mode(self.rounding))
         for flag in ("flush", "full_subnormals"):     # "no" would count as True
             check_flag(getattr(self, flag), flag)
+        if isinstance(self.accum, Accumulator):
+            self._unpack(self.accum)
+        if self.native_sums not in NATIVE_SUMS:
+            raise ValueError(f"recipe {self.name!r}: native_sums {self.native_sums!r} is not one "
+                             f"of {NATIVE_SUMS}")
+        if self.order in NATIVE_ORDERS:
+            raise ValueError(f"recipe {self.name!r}: order={self.order!r} is spelled order=None"
+                             + (", native_sums='host'" if self.order == "host" else ""))
+        if self.native_sums == "host" and self.order is not None:
+            raise ValueError(f"recipe {self.name!r}: native_sums='host' is torch's own FP32 "
+                             "matmul: it needs accum='fp32' and order=None")
+        try:
+            self.accumulator()
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"recipe {self.name!r}: {e}") from None
         accum = get_format(self.accum).name
         if accum in NATIVE:                          # "FP32", "float32": torch's native sum too
             object.__setattr__(self, "accum", accum)
@@ -176,18 +194,37 @@ class Recipe:
                 f"recipe {self.name!r}: full_subnormals is an ablation of unscaled "
                 "floating-point operands; use scaling='none' and an eXmY format"
             )
-        if self.native_sums not in NATIVE_SUMS:
-            raise ValueError(f"recipe {self.name!r}: native_sums {self.native_sums!r} is not one "
-                             f"of {NATIVE_SUMS}")
-        if self.native_sums == "host" and (self.accum != "fp32" or self.order is not None):
-            raise ValueError(f"recipe {self.name!r}: native_sums='host' is torch's own FP32 "
-                             "matmul: it needs accum='fp32' and order=None")
-        if (self.order == "tensor_core") != (self.tensor_core is not None):
-            raise ValueError(
-                f"recipe {self.name!r}: order='tensor_core' goes with a tensor_core preset"
-            )
         if not self.name:
             object.__setattr__(self, "name", self.describe())
+
+    def _unpack(self, acc: Accumulator) -> None:
+        """The shorthand fields of ``accum=Accumulator(...)`` (the others left at defaults)."""
+        given = [f for f in ("order", "chunk", "tensor_core", "native_sums")
+                 if getattr(self, f) != _DEFAULTS[f]]
+        if given:
+            raise ValueError(f"recipe {self.name!r}: accum= is an Accumulator, which carries "
+                             f"the order, chunk, tensor core and native sums; give "
+                             f"{', '.join(given)} inside it (Accumulator(..., order=...)), "
+                             "not beside it")
+        fields = {"accum": acc.fmt, "order": acc.order if acc.emulated else None,
+                  "chunk": acc.chunk, "tensor_core": acc.tensor_core,
+                  "native_sums": "host" if acc.order == "host" else "fp64"}
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
+    def accumulator(self) -> Accumulator:
+        """The [``fpsim.Accumulator``][] the shorthand fields describe: ``order=None`` is
+        ``"native"`` for an FP32 / FP64 accumulator (``"host"`` with ``native_sums="host"``),
+        else ``"sequential"``.
+
+        >>> acc = Recipe("e4m3", accum="fp16", order="pairwise").accumulator()
+        >>> acc
+        Accumulator(fmt='fp16', order='pairwise', chunk=None, tensor_core=None)
+        >>> Recipe("e4m3", accum=acc) == Recipe("e4m3", accum="fp16", order="pairwise")
+        True
+        """
+        return _accumulator(self.accum, self.order, self.chunk, self.tensor_core,
+                            self.native_sums)
 
     def describe(self) -> str:
         """A name made of the fields that differ from plain FP32: operand formats (``"e4m3"``,
@@ -225,7 +262,7 @@ class Recipe:
     @property
     def emulated(self) -> bool:
         """True when the accumulation needs [``fpsim.matmul``][] (not torch's FP32/FP64 matmul)."""
-        return self.order is not None or self.accum not in NATIVE
+        return self.accumulator().emulated
 
     @property
     def plain(self) -> bool:
@@ -276,6 +313,14 @@ def _cast(fmt: FormatLike, scaling: str, rounding: str, saturate: bool,
                 flush=flush)
 
 
+@functools.lru_cache(maxsize=1024)
+def _accumulator(accum: Any, order: str | None, chunk: int | None, tensor_core: Any,
+                 native_sums: str) -> Accumulator:
+    """One Accumulator per distinct shorthand (checked once: a site sums at every call)."""
+    return Accumulator(accum, "host" if native_sums == "host" else order, chunk, tensor_core)
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Recipe)}
 FP32 = Recipe()
 FP64 = Recipe(accum="fp64")
 

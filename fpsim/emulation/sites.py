@@ -270,14 +270,11 @@ def _emulated_matmul(a: Tensor, b: Tensor, recipe: Recipe, events: dict | None) 
     y = emulated_matmul(
         a,
         b,
-        accum=recipe.accum,
+        accum=recipe.accumulator(),
         product="fp64" if a.dtype == torch.float64 else "exact",
-        order=recipe.order or "sequential",
-        chunk=recipe.chunk,
         rounding=recipe.rounding,
         seed=generator(a.device) if recipe.rounding in STOCHASTIC else None,
         srbits=recipe.srbits,
-        tensor_core=recipe.tensor_core,
         return_stats=events is not None,
     )
     if events is None:
