@@ -4,7 +4,7 @@ Metrics over held-out windows: loss (nats/token) and perplexity against the true
 KL divergence KL(P_fp32 || P_recipe) of the next-token distribution (nats/token) and top-1
 agreement with the FP32 model.  A recipe that produces NaN/inf logits anywhere gives NaN loss
 and KL; ``finite`` says at which share of positions the logits were all finite, ``kl_finite``
-is the KL over those positions only, and ``RecipeOps`` records at which sites inf/NaN
+is the KL over those positions only, and ``RecipeRun`` records at which sites inf/NaN
 appeared and how many operand elements overflowed, saturated or flushed to zero at each site.
 Every metric is also kept per window (``windows``) for the bootstrap of ``.bootstrap``.
 
@@ -23,11 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fpsim import get_format
+import fpsim
+from fpsim import Rule, Rules, get_format
 from fpsim.emulation.sites import finite_below
 
 from . import recipes
-from .gpt2.model import GPT2
+from .gpt2.model import GPT2, site_name, site_path
 from .gpt2.ops import forward
 from .recipes import FP32, Recipe
 
@@ -37,38 +38,57 @@ OVERFLOWS_KEPT = 2000      # overflow locations kept per run (the events count e
 OVERFLOWS_WHOLE = 40       # of those, stored whole by compact(); the rest counted by channel
 
 
-class RecipeOps:
-    """GPT-2 ``ops`` computing every site under a recipe (one for all, or per site name).
+def rules(recipe: Recipe | Mapping[str, Recipe]) -> Rules:
+    """The ``fpsim.Rules`` of a recipe at every site (LayerNorm statistics included), or of a
+    recipe per site name (``fpsim_experiments.gpt2.model.site_names``; the others FP32).  The
+    ``qk`` and ``av`` of one block are one module's matmuls: they take one recipe."""
+    if not isinstance(recipe, Mapping):
+        return Rules([Rule(recipe, kind="norm")], default=recipe)
+    by: dict[tuple[str, str], Recipe] = {}
+    for name, r in recipe.items():
+        if by.setdefault(site_path(name), r) != r:
+            raise ValueError(f"{name}: the qk and av sites of a block are one module's matmuls "
+                             "and take the same recipe; give both the same one")
+    return Rules([Rule(r, path, kind) for (path, kind), r in by.items()]
+                 + [Rule(FP32, kind="norm")], default=FP32)
 
-    Sites not named in a per-site mapping use the FP32 reference recipe.  ``cache`` holds
-    quantized weights; share one between ops of the same model only.  ``nonfinite`` counts,
-    per site, the outputs that were inf/NaN; ``events`` sums, per site, the operand elements
-    (both operands, every call) and those that overflowed, saturated or flushed to zero;
-    ``overflows`` lists, for every unscaled operand element that overflowed, its site, operand,
-    window, index and value (at most ``OVERFLOWS_KEPT``; ``overflow`` in ``events`` counts all).
 
-    ``weights``: a recipe for the weight operand of the linear sites (its format, scaling and
-    flags; e.g. per-channel scaling while ``recipe`` leaves activations unscaled); None: the
-    site's recipe quantizes both.  ``attention``: ``"eager"`` computes ``probs @ v`` over every
-    key, masked ones with probability 0 (so an inf/NaN value at a later position turns earlier
-    queries NaN through ``0 * NaN``, as an eager matmul does); ``"causal"`` skips masked keys as
-    a causal attention kernel does (``fpsim.emulation.sites.causal_matmul``).
+class RecipeRun:
+    """GPT-2 forward passes under ``fpsim.emulate`` with a recipe at every site (one for all,
+    or per site name: ``rules``), recording what the sites did through its ``watch``.  A
+    recipe with delayed scaling keeps each site's amax history from batch to batch.
+
+    ``nonfinite`` counts, per site, the outputs that were inf/NaN; ``events`` sums, per site,
+    the operand elements (both operands, every call) and those that overflowed, saturated or
+    flushed to zero; ``overflows`` lists, for every unscaled operand element that overflowed,
+    its site, operand, window, index and value (at most ``OVERFLOWS_KEPT``; ``overflow`` in
+    ``events`` counts all).  ``window0``: the index of the first window of the batch being run.
     """
 
-    def __init__(self, recipe: Recipe | Mapping[str, Recipe], cache: dict | None = None,
-                 weights: Recipe | None = None, attention: str = "eager") -> None:
-        if attention not in ATTENTION:
-            raise ValueError(f"attention {attention!r}: one of {ATTENTION}")
+    def __init__(self, recipe: Recipe | Mapping[str, Recipe]) -> None:
         self.recipe = recipe
-        self.cache = {} if cache is None else cache
-        self.weights = weights
-        self.attention = attention
+        self.rules = rules(recipe)
         self.nonfinite: dict[str, int] = {}
         self.events: dict[str, dict[str, int]] = {}
         self.overflows: list[dict] = []
-        self.window0 = 0        # index of the first window of the batch being run
+        self.window0 = 0
+        #: one context for every batch: delayed scaling's amax histories go on between them
+        self.emulation = fpsim.emulate(self.rules, watch=self.watch)
 
-    def _watch(self, name: str, y: Tensor, events: dict) -> Tensor:
+    def __call__(self, model: GPT2, idx: Tensor) -> Tensor:
+        """``model(idx)`` under the recipe."""
+        with self.emulation:
+            return model(idx)
+
+    def watch(self, site: str, kind: str, recipe: Recipe, operands: tuple, events: dict,
+              y: Tensor) -> None:
+        """Record one call of ``site`` (``fpsim.emulate``'s ``watch``)."""
+        self.record(site_name(site), y, events,
+                    tuple(zip(operands, (recipe, recipe), (recipe.inputs, recipe.weight_format))))
+
+    def record(self, name: str, y: Tensor, events: dict, operands: tuple) -> Tensor:
+        """Record one call of site ``name``: its result ``y``, its operands' ``events`` and,
+        where they overflowed, the elements (``operands``: (tensor, recipe, format) each)."""
         bad = 0
         if y.numel() and not finite_below(y, math.inf):
             nonfinite = ~torch.isfinite(y)
@@ -82,11 +102,10 @@ class RecipeOps:
         for role in ("a", "b"):
             for key in EVENTS:
                 total[key] += events.get(role, {}).get(key, 0)
+        for role, (x, recipe, fmt) in zip(("a", "b"), operands):
+            if events.get(role, {}).get("overflow"):
+                self._where(name, role, x, recipe, fmt)
         return y
-
-    def recipe_for(self, name: str) -> Recipe:
-        """The recipe of site ``name``."""
-        return self.recipe.get(name, FP32) if isinstance(self.recipe, Mapping) else self.recipe
 
     def _where(self, name: str, role: str, x: Tensor, recipe: Recipe, fmt: Any) -> None:
         """Record the elements of operand ``x`` that overflowed (unscaled, not saturating)."""
@@ -97,18 +116,41 @@ class RecipeOps:
             self.overflows.append({"site": name, "operand": role, "window": self.window0 + idx[0],
                                    "index": idx[1:], "value": float(x[tuple(idx)])})
 
-    def _located(self, name: str, ev: dict, pairs: tuple) -> None:
-        for role, (x, recipe, fmt) in zip(("a", "b"), pairs):
-            if ev.get(role, {}).get("overflow"):
-                self._where(name, role, x, recipe, fmt)
+
+class RecipeOps(RecipeRun):
+    """The runs ``fpsim.emulate`` cannot express yet, through the GPT-2 ``ops`` protocol
+    (``fpsim_experiments.gpt2.ops``): ``weights``, a recipe for the weight operand of the
+    linear sites (its format, scaling and flags; e.g. per-channel scaling while ``recipe``
+    leaves activations unscaled); ``attention``: ``"eager"`` computes ``probs @ v`` over every
+    key, masked ones with probability 0 (so an inf/NaN value at a later position turns earlier
+    queries NaN through ``0 * NaN``, as an eager matmul does); ``"causal"`` skips masked keys as
+    a causal attention kernel does (``fpsim.emulation.sites.causal_matmul``).  ``cache`` holds
+    quantized weights.
+    """
+
+    def __init__(self, recipe: Recipe | Mapping[str, Recipe], cache: dict | None = None,
+                 weights: Recipe | None = None, attention: str = "eager") -> None:
+        if attention not in ATTENTION:
+            raise ValueError(f"attention {attention!r}: one of {ATTENTION}")
+        super().__init__(recipe)
+        self.cache = {} if cache is None else cache
+        self.weights = weights
+        self.attention = attention
+
+    def __call__(self, model: GPT2, idx: Tensor) -> Tensor:
+        return forward(model, idx, self)
+
+    def recipe_for(self, name: str) -> Recipe:
+        """The recipe of site ``name``."""
+        return self.recipe.get(name, FP32) if isinstance(self.recipe, Mapping) else self.recipe
 
     def linear(self, name: str, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
         ev: dict = {}
         recipe = self.recipe_for(name)
         if self.weights is None or recipe is FP32:
             y = recipes.linear(recipe, x, W, b, events=ev, cache=self.cache)
-            self._located(name, ev, ((x, recipe, recipe.inputs), (W, recipe, recipe.weight_format)))
-            return self._watch(name, y, ev)
+            return self.record(name, y, ev, ((x, recipe, recipe.inputs),
+                                             (W, recipe, recipe.weight_format)))
         qx, limit = recipes.quantize_operand(x, recipe.inputs, recipe, -1)
         ev["a"] = recipes.operand_events(x, qx, limit)
         key = ("weights", W.data_ptr(), W._version, tuple(W.shape), self.weights)
@@ -118,9 +160,8 @@ class RecipeOps:
                                recipes.operand_events(W, qW, wlimit))
         qW, ev["b"] = self.cache[key]
         y = recipes.linear(FP32, recipes.unflush(x, qx, recipe), qW, b)
-        self._located(name, ev, ((x, recipe, recipe.inputs), (W, self.weights,
-                                                               self.weights.inputs)))
-        return self._watch(name, y, ev)
+        return self.record(name, y, ev, ((x, recipe, recipe.inputs),
+                                         (W, self.weights, self.weights.inputs)))
 
     def matmul(self, name: str, a: Tensor, b: Tensor) -> Tensor:
         ev: dict = {}
@@ -128,28 +169,27 @@ class RecipeOps:
         op = recipes.causal_matmul if (self.attention == "causal" and name.endswith(".av")) \
             else recipes.matmul
         y = op(recipe, a, b, events=ev)
-        self._located(name, ev, ((a, recipe, recipe.inputs), (b, recipe, recipe.weight_format)))
-        return self._watch(name, y, ev)
+        return self.record(name, y, ev, ((a, recipe, recipe.inputs),
+                                          (b, recipe, recipe.weight_format)))
 
     def layernorm(self, name: str, x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
         ev: dict = {}
         recipe = self.recipe_for(name)
         y = recipes.layernorm(recipe, x, weight, bias, eps, events=ev)
-        self._located(name, ev, ((x, recipe, recipe.inputs),))
-        return self._watch(name, y, ev)
+        return self.record(name, y, ev, ((x, recipe, recipe.inputs),))
 
     def softmax(self, name: str, x: Tensor) -> Tensor:
         return recipes.softmax(x)
 
 
 @torch.no_grad()
-def logits(model: GPT2, wins: Tensor, ops: object = None, batch_size: int = 8) -> list[Tensor]:
+def logits(model: GPT2, wins: Tensor, run: RecipeRun | None = None, batch_size: int = 8) -> list[Tensor]:
     """Logits of ``model`` on the inputs of windows ``[N, T+1]``, one tensor per batch.
 
-    ``ops`` defaults to the deterministic FP32 reference (``RecipeOps`` of FP32).
+    ``run`` defaults to the deterministic FP32 reference (``RecipeRun`` of FP32).
     """
-    ops = RecipeOps(FP32) if ops is None else ops
-    return [forward(model, chunk[:, :-1], ops) for chunk in wins.split(batch_size)]
+    run = RecipeRun(FP32) if run is None else run
+    return [run(model, chunk[:, :-1]) for chunk in wins.split(batch_size)]
 
 
 def _per_window(z: Tensor, r: Tensor, target: Tensor) -> dict[str, Tensor]:
@@ -164,15 +204,17 @@ def _per_window(z: Tensor, r: Tensor, target: Tensor) -> dict[str, Tensor]:
 
 
 @torch.no_grad()
-def compare(model: GPT2, wins: Tensor, ref: list[Tensor], ops: object = None,
+def compare(model: GPT2, wins: Tensor, ref: list[Tensor], run: RecipeRun | None = None,
             batch_size: int = 8) -> dict:
-    """Loss, perplexity, KL from the reference logits ``ref`` and top-1 agreement under ``ops``
-    (``compare_logits`` of ``model``'s logits on each batch)."""
+    """Loss, perplexity, KL from the reference logits ``ref`` and top-1 agreement under ``run``
+    (default: plain torch; ``compare_logits`` of ``model``'s logits on each batch)."""
     def outputs() -> Iterable[Tensor]:
         for i, chunk in enumerate(wins.split(batch_size)):
-            if isinstance(ops, RecipeOps):
-                ops.window0 = i * batch_size
-            yield forward(model, chunk[:, :-1], ops)
+            if run is None:
+                yield model(chunk[:, :-1])
+                continue
+            run.window0 = i * batch_size
+            yield run(model, chunk[:, :-1])
 
     return compare_logits(wins, ref, outputs(), batch_size)
 

@@ -252,15 +252,15 @@ def test_sites_sort_in_forward_order():
 def test_inf_in_the_masked_half_of_qk_is_not_counted():
     import torch
 
-    from fpsim_experiments.endtoend import RecipeOps
+    from fpsim_experiments.endtoend import RecipeRun
 
-    ops = RecipeOps({})
+    ops = RecipeRun({})
     y = torch.zeros(1, 1, 4, 4)
     y[0, 0, 0, 3] = float("inf")                   # above the diagonal: masked away
-    ops._watch("h0.attn.qk", y, {})
+    ops.record("h0.attn.qk", y, {}, ())
     assert ops.nonfinite == {}
     y[0, 0, 3, 0] = float("inf")                   # a position the model uses
-    ops._watch("h0.attn.qk", y, {})
+    ops.record("h0.attn.qk", y, {}, ())
     assert ops.nonfinite == {"h0.attn.qk": 1}
 
 

@@ -243,7 +243,7 @@ class Interceptor(TorchFunctionMode):
         dt = torch.promote_types(a.dtype, b.dtype)
         a, b = a.to(dt), b.to(dt)
         bias = None if bias is None else bias.to(dt)
-        events: dict | None = {} if self.em.capture else None
+        events: dict | None = {} if self.em.capture or self.em.watch else None
         cache = self.cache if _parameter(b) else None  # only parameters live long enough
         if recipe is None:
             y = native()
@@ -258,6 +258,8 @@ class Interceptor(TorchFunctionMode):
                 ref = sites.linear(FP64, a.double(), b.double(),
                                    None if bias is None else bias.double())
             self.record(name, kind, recipe, (a, b), events, y, ref)
+        if recipe is not None and self.em.watch is not None:
+            self.em.watch(name, kind, recipe, (a, b), events, y)
         return y
 
     @handles(F.linear)
@@ -478,7 +480,14 @@ class Interceptor(TorchFunctionMode):
             return NotImplemented
         name, recipe = self.site("norm", "layer_norm")
         self.norm_stats(name, recipe, input, sites.layernorm_stats)
-        return native() if recipe is None else sites.layernorm(recipe, input, weight, bias, eps)
+        if recipe is None:
+            return native()
+        if self.em.watch is None:
+            return sites.layernorm(recipe, input, weight, bias, eps)
+        events: dict = {}
+        y = sites.layernorm(recipe, input, weight, bias, eps, events)
+        self.em.watch(name, "norm", recipe, (input,), events, y)
+        return y
 
     @handles(F.batch_norm, norm=True)
     def batch_norm(self, native: Native, input: Tensor, running_mean: Tensor | None,

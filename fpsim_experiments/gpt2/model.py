@@ -3,9 +3,8 @@
 The parameter layout and arithmetic follow Hugging Face's ``GPT2LMHeadModel``
 (pre-LayerNorm blocks, Conv1D weights stored as ``[in, out]``, tanh GELU,
 learned position embeddings, ``lm_head`` tied to ``wte``), so HF checkpoints load
-unchanged.  The experiments replace the arithmetic of its dot-product sites through
-``fpsim.emulate``'s interception (``fpsim_experiments.gpt2.ops``), under these site names
-(``i`` is the block index)::
+unchanged.  The experiments run it under ``fpsim.emulate``, and name its dot-product sites
+(``site_name``; ``i`` is the block index)::
 
     h{i}.ln_1  h{i}.attn.c_attn  h{i}.attn.qk  h{i}.attn.av  h{i}.attn.c_proj
     h{i}.ln_2  h{i}.mlp.c_fc     h{i}.mlp.c_proj   ln_f   lm_head
@@ -14,6 +13,7 @@ unchanged.  The experiments replace the arithmetic of its dot-product sites thro
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -90,6 +90,48 @@ def site_order(name: str) -> tuple[int, int]:
         return (1 << 30, ("ln_f", "lm_head").index(name))
     block, site = name[1:].split(".", 1)
     return (int(block), BLOCK_SITES.index(site))
+
+
+#: The ops of an attention module, in call order, by their experiment names.
+ATTENTION_OPS = {"matmul": "qk", "matmul#2": "av"}
+#: fpsim.emulate's module path and op kind of the sites outside the blocks
+OUTER_SITES = {"ln_f": ("transformer.ln_f", "norm"), "lm_head": ("transformer.wte", "linear")}
+
+
+def site_name(site: str) -> str:
+    """The experiments' name of a site of ``GPT2`` as ``fpsim.emulate`` names it
+    (``"transformer.h.0.attn:matmul#2"`` -> ``"h0.attn.av"``).
+
+    >>> site_name("transformer.h.3.mlp.c_fc:linear"), site_name("transformer.wte:linear")
+    ('h3.mlp.c_fc', 'lm_head')
+    """
+    path, _, op = site.partition(":")
+    for name, (p, _kind) in OUTER_SITES.items():
+        if path == p:
+            return name
+    m = re.fullmatch(r"transformer\.h\.(\d+)\.(.+)", path)
+    if m:
+        i, rest = m.groups()
+        if rest == "attn" and op in ATTENTION_OPS:
+            return f"h{i}.attn.{ATTENTION_OPS[op]}"
+        if rest in BLOCK_SITES:
+            return f"h{i}.{rest}"
+    raise ValueError(f"{site}: not a site of fpsim_experiments.gpt2.model.GPT2 (has the model "
+                     "changed? update fpsim_experiments.gpt2.model.site_name)")
+
+
+def site_path(name: str) -> tuple[str, str]:
+    """``fpsim.emulate``'s module path and op kind of the site the experiments call ``name``
+    (what a ``fpsim.Rule`` selecting it names; ``qk`` and ``av`` share their module's).
+
+    >>> site_path("h1.attn.av"), site_path("h0.ln_2")
+    (('transformer.h.1.attn', 'matmul'), ('transformer.h.0.ln_2', 'norm'))
+    """
+    if name in OUTER_SITES:
+        return OUTER_SITES[name]
+    block, site = name[1:].split(".", 1)
+    path = f"transformer.h.{block}.{'attn' if site in ('attn.qk', 'attn.av') else site}"
+    return path, {"layernorm": "norm"}.get(site_kind(name), site_kind(name))
 
 
 def gelu_new(x: Tensor) -> Tensor:
