@@ -38,19 +38,36 @@ OVERFLOWS_KEPT = 2000      # overflow locations kept per run (the events count e
 OVERFLOWS_WHOLE = 40       # of those, stored whole by compact(); the rest counted by channel
 
 
-def rules(recipe: Recipe | Mapping[str, Recipe]) -> Rules:
+def rules(recipe: Recipe | Mapping[str, Recipe], weights: Recipe | None = None) -> Rules:
     """The ``fpsim.Rules`` of a recipe at every site (LayerNorm statistics included), or of a
     recipe per site name (``fpsim_experiments.gpt2.model.site_names``; the others FP32).  The
-    ``qk`` and ``av`` of one block are one module's matmuls: they take one recipe."""
+    ``qk`` and ``av`` of one block are one module's matmuls: they take one recipe.
+    ``weights``: the weight operand of every linear site not left FP32 cast as this recipe
+    casts its inputs (``split``)."""
     if not isinstance(recipe, Mapping):
-        return Rules([Rule(recipe, kind="norm")], default=recipe)
+        linear = [] if weights is None or recipe is FP32 else \
+            [Rule(split(recipe, weights), kind="linear")]
+        return Rules([Rule(recipe, kind="norm"), *linear], default=recipe)
     by: dict[tuple[str, str], Recipe] = {}
     for name, r in recipe.items():
-        if by.setdefault(site_path(name), r) != r:
+        where = site_path(name)
+        if weights is not None and where[1] == "linear" and r is not FP32:
+            r = split(r, weights)
+        if by.setdefault(where, r) != r:
             raise ValueError(f"{name}: the qk and av sites of a block are one module's matmuls "
                              "and take the same recipe; give both the same one")
     return Rules([Rule(r, path, kind) for (path, kind), r in by.items()]
                  + [Rule(FP32, kind="norm")], default=FP32)
+
+
+def split(recipe: Recipe, weights: Recipe) -> Recipe:
+    """``recipe`` with its weight operand cast as ``weights`` casts its inputs (each operand a
+    ``fpsim.emulation.casts.Cast``: per-channel weights beside unscaled activations...)."""
+    if not (recipe.flush and weights.flush) or recipe.accum != "fp32" or recipe.output:
+        raise ValueError(f"{recipe.name} with weights {weights.name}: a weights recipe takes "
+                         "flushing operands, FP32 sums and no output format")
+    return Recipe(recipe.cast(recipe.inputs, -1), weights.cast(weights.inputs, -2),
+                  name=recipe.name)
 
 
 class RecipeRun:
@@ -65,9 +82,10 @@ class RecipeRun:
     ``events`` counts all).  ``window0``: the index of the first window of the batch being run.
     """
 
-    def __init__(self, recipe: Recipe | Mapping[str, Recipe]) -> None:
-        self.recipe = recipe
-        self.rules = rules(recipe)
+    def __init__(self, recipe: Recipe | Mapping[str, Recipe],
+                 weights: Recipe | None = None) -> None:
+        self.recipe, self.weights = recipe, weights
+        self.rules = rules(recipe, weights)
         self.nonfinite: dict[str, int] = {}
         self.events: dict[str, dict[str, int]] = {}
         self.overflows: list[dict] = []
@@ -83,8 +101,17 @@ class RecipeRun:
     def watch(self, site: str, kind: str, recipe: Recipe, operands: tuple, events: dict,
               y: Tensor) -> None:
         """Record one call of ``site`` (``fpsim.emulate``'s ``watch``)."""
-        self.record(site_name(site), y, events,
-                    tuple(zip(operands, (recipe, recipe), (recipe.inputs, recipe.weight_format))))
+        name = site_name(site)
+        recipe = self.recipe_for(name)
+        w = self.weights if kind == "linear" and self.weights is not None \
+            and recipe is not FP32 else None
+        self.record(name, y, events, ((operands[0], recipe, recipe.inputs),
+                                      *[(b, recipe, recipe.weight_format) if w is None
+                                        else (b, w, w.inputs) for b in operands[1:]]))
+
+    def recipe_for(self, name: str) -> Recipe:
+        """The recipe of site ``name``."""
+        return self.recipe.get(name, FP32) if isinstance(self.recipe, Mapping) else self.recipe
 
     def record(self, name: str, y: Tensor, events: dict, operands: tuple) -> Tensor:
         """Record one call of site ``name``: its result ``y``, its operands' ``events`` and,
@@ -132,17 +159,12 @@ class RecipeOps(RecipeRun):
                  weights: Recipe | None = None, attention: str = "eager") -> None:
         if attention not in ATTENTION:
             raise ValueError(f"attention {attention!r}: one of {ATTENTION}")
-        super().__init__(recipe)
+        super().__init__(recipe, weights)
         self.cache = {} if cache is None else cache
-        self.weights = weights
         self.attention = attention
 
     def __call__(self, model: GPT2, idx: Tensor) -> Tensor:
         return forward(model, idx, self)
-
-    def recipe_for(self, name: str) -> Recipe:
-        """The recipe of site ``name``."""
-        return self.recipe.get(name, FP32) if isinstance(self.recipe, Mapping) else self.recipe
 
     def linear(self, name: str, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
         ev: dict = {}

@@ -52,9 +52,12 @@ class Run:
 
 
 def recipe_run(name: str, recipe: Any, **options: Any) -> Run:
-    """The run of ``RecipeRun`` ``(recipe)``, or with options (``weights``, ``attention``) of
+    """The run of ``RecipeRun`` ``(recipe, weights=...)``, or with ``attention="causal"`` of
     ``RecipeOps``."""
-    return Run(name, functools.partial(RecipeOps if options else RecipeRun, recipe, **options))
+    if options.get("attention", "eager") == "causal":
+        return Run(name, functools.partial(RecipeOps, recipe, **options))
+    options.pop("attention", None)
+    return Run(name, functools.partial(RecipeRun, recipe, **options))
 
 
 def describe(obj: Any) -> Any:
