@@ -28,8 +28,7 @@ from fpsim import Rule, Rules, get_format
 from fpsim.emulation.sites import finite_below
 
 from . import recipes
-from .gpt2.model import GPT2, site_name, site_path
-from .gpt2.ops import forward
+from .gpt2.model import GPT2, implementation, site_name, site_path
 from .recipes import FP32, Recipe
 
 EVENTS = ("elements", "overflow", "saturated", "flushed")
@@ -56,6 +55,8 @@ def rules(recipe: Recipe | Mapping[str, Recipe], weights: Recipe | None = None) 
         if by.setdefault(where, r) != r:
             raise ValueError(f"{name}: the qk and av sites of a block are one module's matmuls "
                              "and take the same recipe; give both the same one")
+        if where[1] == "matmul":                  # the same products in a causal kernel
+            by[where[0], "attention"] = r
     return Rules([Rule(r, path, kind) for (path, kind), r in by.items()]
                  + [Rule(FP32, kind="norm")], default=FP32)
 
@@ -83,8 +84,10 @@ class RecipeRun:
     """
 
     def __init__(self, recipe: Recipe | Mapping[str, Recipe],
-                 weights: Recipe | None = None) -> None:
-        self.recipe, self.weights = recipe, weights
+                 weights: Recipe | None = None, attention: str = "eager") -> None:
+        if attention not in ATTENTION:
+            raise ValueError(f"attention {attention!r}: one of {ATTENTION}")
+        self.recipe, self.weights, self.attention = recipe, weights, attention
         self.rules = rules(recipe, weights)
         self.nonfinite: dict[str, int] = {}
         self.events: dict[str, dict[str, int]] = {}
@@ -95,7 +98,8 @@ class RecipeRun:
 
     def __call__(self, model: GPT2, idx: Tensor) -> Tensor:
         """``model(idx)`` under the recipe."""
-        with self.emulation:
+        kernel = "sdpa" if self.attention == "causal" else "eager"
+        with implementation(model, kernel), self.emulation:
             return model(idx)
 
     def watch(self, site: str, kind: str, recipe: Recipe, operands: tuple, events: dict,
@@ -142,66 +146,6 @@ class RecipeRun:
         for idx in over.nonzero().tolist()[: max(0, OVERFLOWS_KEPT - len(self.overflows))]:
             self.overflows.append({"site": name, "operand": role, "window": self.window0 + idx[0],
                                    "index": idx[1:], "value": float(x[tuple(idx)])})
-
-
-class RecipeOps(RecipeRun):
-    """The runs ``fpsim.emulate`` cannot express yet, through the GPT-2 ``ops`` protocol
-    (``fpsim_experiments.gpt2.ops``): ``weights``, a recipe for the weight operand of the
-    linear sites (its format, scaling and flags; e.g. per-channel scaling while ``recipe``
-    leaves activations unscaled); ``attention``: ``"eager"`` computes ``probs @ v`` over every
-    key, masked ones with probability 0 (so an inf/NaN value at a later position turns earlier
-    queries NaN through ``0 * NaN``, as an eager matmul does); ``"causal"`` skips masked keys as
-    a causal attention kernel does (``fpsim.emulation.sites.causal_matmul``).  ``cache`` holds
-    quantized weights.
-    """
-
-    def __init__(self, recipe: Recipe | Mapping[str, Recipe], cache: dict | None = None,
-                 weights: Recipe | None = None, attention: str = "eager") -> None:
-        if attention not in ATTENTION:
-            raise ValueError(f"attention {attention!r}: one of {ATTENTION}")
-        super().__init__(recipe, weights)
-        self.cache = {} if cache is None else cache
-        self.attention = attention
-
-    def __call__(self, model: GPT2, idx: Tensor) -> Tensor:
-        return forward(model, idx, self)
-
-    def linear(self, name: str, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
-        ev: dict = {}
-        recipe = self.recipe_for(name)
-        if self.weights is None or recipe is FP32:
-            y = recipes.linear(recipe, x, W, b, events=ev, cache=self.cache)
-            return self.record(name, y, ev, ((x, recipe, recipe.inputs),
-                                             (W, recipe, recipe.weight_format)))
-        qx, limit = recipes.quantize_operand(x, recipe.inputs, recipe, -1)
-        ev["a"] = recipes.operand_events(x, qx, limit)
-        key = ("weights", W.data_ptr(), W._version, tuple(W.shape), self.weights)
-        if key not in self.cache:
-            qW, wlimit = recipes.quantize_operand(W, self.weights.inputs, self.weights, -2)
-            self.cache[key] = (recipes.unflush(W, qW, self.weights),
-                               recipes.operand_events(W, qW, wlimit))
-        qW, ev["b"] = self.cache[key]
-        y = recipes.linear(FP32, recipes.unflush(x, qx, recipe), qW, b)
-        return self.record(name, y, ev, ((x, recipe, recipe.inputs),
-                                         (W, self.weights, self.weights.inputs)))
-
-    def matmul(self, name: str, a: Tensor, b: Tensor) -> Tensor:
-        ev: dict = {}
-        recipe = self.recipe_for(name)
-        op = recipes.causal_matmul if (self.attention == "causal" and name.endswith(".av")) \
-            else recipes.matmul
-        y = op(recipe, a, b, events=ev)
-        return self.record(name, y, ev, ((a, recipe, recipe.inputs),
-                                          (b, recipe, recipe.weight_format)))
-
-    def layernorm(self, name: str, x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
-        ev: dict = {}
-        recipe = self.recipe_for(name)
-        y = recipes.layernorm(recipe, x, weight, bias, eps, events=ev)
-        return self.record(name, y, ev, ((x, recipe, recipe.inputs),))
-
-    def softmax(self, name: str, x: Tensor) -> Tensor:
-        return recipes.softmax(x)
 
 
 @torch.no_grad()

@@ -49,6 +49,20 @@ def test_delayed_scaling_is_fpsim_emulates_amax_history() -> None:
     assert em.amax_history(":linear")["x"]["history"] == [1000.0, 100.0]
 
 
+def test_a_delayed_run_keeps_its_amax_histories_from_batch_to_batch() -> None:
+    from fpsim_experiments.endtoend import RecipeRun
+    from fpsim_experiments.gpt2.model import GPT2, GPT2Config
+
+    torch.manual_seed(0)
+    model = GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=8)).eval()
+    run = RecipeRun({"h0.mlp.c_fc": practice.DELAYED})
+    with torch.no_grad():
+        for seed in (1, 2):
+            run(model, torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(seed)))
+    history = run.emulation.amax_history("transformer.h.0.mlp.c_fc:linear")["x"]["history"]
+    assert len(history) == 2 and history[0] != history[1]
+
+
 @pytest.fixture(scope="module")
 def small() -> context.Context:
     sizes = context.Sizes(tokens=512, capture_windows=1, rows=16, cols=16, emulation_rows=4,

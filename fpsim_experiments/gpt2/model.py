@@ -12,8 +12,10 @@ unchanged.  The experiments run it under ``fpsim.emulate``, and name its dot-pro
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -92,8 +94,9 @@ def site_order(name: str) -> tuple[int, int]:
     return (int(block), BLOCK_SITES.index(site))
 
 
-#: The ops of an attention module, in call order, by their experiment names.
-ATTENTION_OPS = {"matmul": "qk", "matmul#2": "av"}
+#: The ops of an attention module, in call order, by their experiment names (eager; sdpa)
+ATTENTION_OPS = {"matmul": "qk", "softmax": "softmax", "matmul#2": "av", "qk": "qk", "pv": "av"}
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 #: fpsim.emulate's module path and op kind of the sites outside the blocks
 OUTER_SITES = {"ln_f": ("transformer.ln_f", "norm"), "lm_head": ("transformer.wte", "linear")}
 
@@ -134,6 +137,23 @@ def site_path(name: str) -> tuple[str, str]:
     return path, {"layernorm": "norm"}.get(site_kind(name), site_kind(name))
 
 
+@contextlib.contextmanager
+def implementation(model: nn.Module, name: str) -> Iterator[None]:
+    """Every attention of ``model`` computed as ``name`` says (``"eager"`` or ``"sdpa"``, see
+    ``Attention``) inside the block, as before after it."""
+    if name not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"attention implementation {name!r}: one of {ATTENTION_IMPLEMENTATIONS}")
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    before = [m.implementation for m in layers]
+    for m in layers:
+        m.implementation = name
+    try:
+        yield
+    finally:
+        for m, b in zip(layers, before):
+            m.implementation = b
+
+
 def gelu_new(x: Tensor) -> Tensor:
     """HF ``gelu_new``: tanh approximation of GELU, written exactly as HF does."""
     return (
@@ -157,17 +177,26 @@ class Conv1D(nn.Module):
 
 
 class Attention(nn.Module):
+    """Causal self-attention, written out (``implementation`` ``"eager"``: ``probs @ v`` sums
+    over every key, masked ones at probability 0) or as one causal kernel call
+    (``"sdpa"``: ``F.scaled_dot_product_attention(is_causal=True)``, which
+    ``fpsim.emulate`` computes skipping the masked keys); see ``implementation``."""
+
     def __init__(self, cfg: GPT2Config) -> None:
         super().__init__()
         self.n_head = cfg.n_head
         self.c_attn = Conv1D(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = Conv1D(cfg.n_embd, cfg.n_embd)
+        self.implementation = "eager"
 
     def forward(self, x: Tensor) -> Tensor:
         B, T, C = x.shape
         hd = C // self.n_head
         qkv = self.c_attn(x)
         q, k, v = (t.view(B, T, self.n_head, hd).transpose(1, 2) for t in qkv.split(C, dim=2))
+        if self.implementation == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         scores = scores.masked_fill(causal, torch.finfo(scores.dtype).min)

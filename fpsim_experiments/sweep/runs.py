@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import Tensor
 
-from ..endtoend import RecipeOps, RecipeRun, compact
+from ..endtoend import RecipeRun, compact
 from ..report import versions
 from . import executors, runner
 
@@ -52,11 +52,7 @@ class Run:
 
 
 def recipe_run(name: str, recipe: Any, **options: Any) -> Run:
-    """The run of ``RecipeRun`` ``(recipe, weights=...)``, or with ``attention="causal"`` of
-    ``RecipeOps``."""
-    if options.get("attention", "eager") == "causal":
-        return Run(name, functools.partial(RecipeOps, recipe, **options))
-    options.pop("attention", None)
+    """The run of ``RecipeRun`` ``(recipe, **options)`` (``weights``, ``attention``)."""
     return Run(name, functools.partial(RecipeRun, recipe, **options))
 
 
