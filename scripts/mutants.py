@@ -649,6 +649,8 @@ MUTANTS = [
     Mutant("watch-no-events", "a watched call gets no operand events",
            "events: dict | None = {} if self.em.capture or self.em.watch else None",
            "events: dict | None = {} if self.em.capture else None", WATCH),
+    Mutant("watch-captures", "watching computes capture's FP64 references and rows too",
+           "if events is not None and self.em.capture:", "if events is not None:", WATCH),
     Mutant("sdpa-causal-eager", "a causal SDPA's P.V reads the masked keys",
            "causal=is_causal and dropout_p == 0 and attn_mask is None)", "causal=False)",
            RUNS),

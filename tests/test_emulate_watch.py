@@ -30,10 +30,11 @@ def test_watch_sees_every_emulated_call_with_the_counts_capture_sums() -> None:
     with torch.no_grad():
         with fpsim.emulate(rules, capture=True) as em:
             captured = model(x)
-        with fpsim.emulate(rules, watch=watch):
+        with fpsim.emulate(rules, watch=watch) as watching:
             watched = model(x)
         with fpsim.emulate(rules):
             plain = model(x)
+    assert watching.sites == {}                # watching is not capturing (no FP64 references)
     same = {"rtol": 0, "atol": 0, "equal_nan": True}
     torch.testing.assert_close(watched, plain, **same)
     torch.testing.assert_close(watched, captured, **same)
