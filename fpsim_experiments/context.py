@@ -217,9 +217,9 @@ class Context:
         bar.close()
         return out
 
-    def end_to_end_ops(self, ops: endtoend.RecipeOps, ref: list[Tensor] | None = None,
+    def end_to_end_ops(self, ops: endtoend.RecipeRun, ref: list[Tensor] | None = None,
                        model: GPT2 | None = None) -> dict[str, Any]:
-        """End-to-end metrics of ``ops`` against the FP32 reference (``ref``, default
+        """End-to-end metrics of the run ``ops`` against the FP32 reference (``ref``, default
         ``ref_logits``) with bootstrap CIs, on ``model`` (default: the model).
 
         Loss, perplexity, KL, KL over finite positions, top-1 agreement (each with ``ci``), the
@@ -269,7 +269,7 @@ class Context:
         reference)."""
         fp32, fp64 = self.end_to_end_runs(
             [e2e_runs.recipe_run("fp32", FP32),
-             e2e_runs.Run("fp64", functools.partial(endtoend.RecipeOps, FP64), fp64=True)],
+             e2e_runs.Run("fp64", functools.partial(endtoend.RecipeRun, FP64), fp64=True)],
             "baseline")
         return {"fp32": fp32["e2e"], "fp64": fp64["e2e"]}
 

@@ -4,7 +4,7 @@ Metrics over held-out windows: loss (nats/token) and perplexity against the true
 KL divergence KL(P_fp32 || P_recipe) of the next-token distribution (nats/token) and top-1
 agreement with the FP32 model.  A recipe that produces NaN/inf logits anywhere gives NaN loss
 and KL; ``finite`` says at which share of positions the logits were all finite, ``kl_finite``
-is the KL over those positions only, and ``RecipeOps`` records at which sites inf/NaN
+is the KL over those positions only, and ``RecipeRun`` records at which sites inf/NaN
 appeared and how many operand elements overflowed, saturated or flushed to zero at each site.
 Every metric is also kept per window (``windows``) for the bootstrap of ``.bootstrap``.
 
@@ -23,12 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fpsim import get_format
+import fpsim
+from fpsim import Rule, Rules, get_format
 from fpsim.emulation.sites import finite_below
 
 from . import recipes
-from .gpt2.model import GPT2
-from .gpt2.ops import forward
+from .gpt2.model import GPT2, implementation, site_name, site_path
 from .recipes import FP32, Recipe
 
 EVENTS = ("elements", "overflow", "saturated", "flushed")
@@ -37,38 +37,89 @@ OVERFLOWS_KEPT = 2000      # overflow locations kept per run (the events count e
 OVERFLOWS_WHOLE = 40       # of those, stored whole by compact(); the rest counted by channel
 
 
-class RecipeOps:
-    """GPT-2 ``ops`` computing every site under a recipe (one for all, or per site name).
+def rules(recipe: Recipe | Mapping[str, Recipe], weights: Recipe | None = None) -> Rules:
+    """The ``fpsim.Rules`` of a recipe at every site (LayerNorm statistics included), or of a
+    recipe per site name (``fpsim_experiments.gpt2.model.site_names``; the others FP32).  The
+    ``qk`` and ``av`` of one block are one module's matmuls: they take one recipe.
+    ``weights``: the weight operand of every linear site not left FP32 cast as this recipe
+    casts its inputs (``split``)."""
+    if not isinstance(recipe, Mapping):
+        linear = [] if weights is None or recipe is FP32 else \
+            [Rule(split(recipe, weights), kind="linear")]
+        return Rules([Rule(recipe, kind="norm"), *linear], default=recipe)
+    by: dict[tuple[str, str], Recipe] = {}
+    for name, r in recipe.items():
+        where = site_path(name)
+        if weights is not None and where[1] == "linear" and r is not FP32:
+            r = split(r, weights)
+        if by.setdefault(where, r) != r:
+            raise ValueError(f"{name}: the qk and av sites of a block are one module's matmuls "
+                             "and take the same recipe; give both the same one")
+        if where[1] == "matmul":                  # the same products in a causal kernel
+            by[where[0], "attention"] = r
+    return Rules([Rule(r, path, kind) for (path, kind), r in by.items()]
+                 + [Rule(FP32, kind="norm")], default=FP32)
 
-    Sites not named in a per-site mapping use the FP32 reference recipe.  ``cache`` holds
-    quantized weights; share one between ops of the same model only.  ``nonfinite`` counts,
-    per site, the outputs that were inf/NaN; ``events`` sums, per site, the operand elements
-    (both operands, every call) and those that overflowed, saturated or flushed to zero;
-    ``overflows`` lists, for every unscaled operand element that overflowed, its site, operand,
-    window, index and value (at most ``OVERFLOWS_KEPT``; ``overflow`` in ``events`` counts all).
 
-    ``weights``: a recipe for the weight operand of the linear sites (its format, scaling and
-    flags; e.g. per-channel scaling while ``recipe`` leaves activations unscaled); None: the
-    site's recipe quantizes both.  ``attention``: ``"eager"`` computes ``probs @ v`` over every
-    key, masked ones with probability 0 (so an inf/NaN value at a later position turns earlier
-    queries NaN through ``0 * NaN``, as an eager matmul does); ``"causal"`` skips masked keys as
-    a causal attention kernel does (``fpsim.emulation.sites.causal_matmul``).
+def split(recipe: Recipe, weights: Recipe) -> Recipe:
+    """``recipe`` with its weight operand cast as ``weights`` casts its inputs (each operand a
+    ``fpsim.emulation.casts.Cast``: per-channel weights beside unscaled activations...)."""
+    if not (recipe.flush and weights.flush) or recipe.accum != "fp32" or recipe.output:
+        raise ValueError(f"{recipe.name} with weights {weights.name}: a weights recipe takes "
+                         "flushing operands, FP32 sums and no output format")
+    return Recipe(recipe.cast(recipe.inputs, -1), weights.cast(weights.inputs, -2),
+                  name=recipe.name)
+
+
+class RecipeRun:
+    """GPT-2 forward passes under ``fpsim.emulate`` with a recipe at every site (one for all,
+    or per site name: ``rules``), recording what the sites did through its ``watch``.  A
+    recipe with delayed scaling keeps each site's amax history from batch to batch.
+
+    ``nonfinite`` counts, per site, the outputs that were inf/NaN; ``events`` sums, per site,
+    the operand elements (both operands, every call) and those that overflowed, saturated or
+    flushed to zero; ``overflows`` lists, for every unscaled operand element that overflowed,
+    its site, operand, window, index and value (at most ``OVERFLOWS_KEPT``; ``overflow`` in
+    ``events`` counts all).  ``window0``: the index of the first window of the batch being run.
     """
 
-    def __init__(self, recipe: Recipe | Mapping[str, Recipe], cache: dict | None = None,
+    def __init__(self, recipe: Recipe | Mapping[str, Recipe],
                  weights: Recipe | None = None, attention: str = "eager") -> None:
         if attention not in ATTENTION:
             raise ValueError(f"attention {attention!r}: one of {ATTENTION}")
-        self.recipe = recipe
-        self.cache = {} if cache is None else cache
-        self.weights = weights
-        self.attention = attention
+        self.recipe, self.weights, self.attention = recipe, weights, attention
+        self.rules = rules(recipe, weights)
         self.nonfinite: dict[str, int] = {}
         self.events: dict[str, dict[str, int]] = {}
         self.overflows: list[dict] = []
-        self.window0 = 0        # index of the first window of the batch being run
+        self.window0 = 0
+        #: one context for every batch: delayed scaling's amax histories go on between them
+        self.emulation = fpsim.emulate(self.rules, watch=self.watch)
 
-    def _watch(self, name: str, y: Tensor, events: dict) -> Tensor:
+    def __call__(self, model: GPT2, idx: Tensor) -> Tensor:
+        """``model(idx)`` under the recipe."""
+        kernel = "sdpa" if self.attention == "causal" else "eager"
+        with implementation(model, kernel), self.emulation:
+            return model(idx)
+
+    def watch(self, site: str, kind: str, recipe: Recipe, operands: tuple, events: dict,
+              y: Tensor) -> None:
+        """Record one call of ``site`` (``fpsim.emulate``'s ``watch``)."""
+        name = site_name(site)
+        recipe = self.recipe_for(name)
+        w = self.weights if kind == "linear" and self.weights is not None \
+            and recipe is not FP32 else None
+        self.record(name, y, events, ((operands[0], recipe, recipe.inputs),
+                                      *[(b, recipe, recipe.weight_format) if w is None
+                                        else (b, w, w.inputs) for b in operands[1:]]))
+
+    def recipe_for(self, name: str) -> Recipe:
+        """The recipe of site ``name``."""
+        return self.recipe.get(name, FP32) if isinstance(self.recipe, Mapping) else self.recipe
+
+    def record(self, name: str, y: Tensor, events: dict, operands: tuple) -> Tensor:
+        """Record one call of site ``name``: its result ``y``, its operands' ``events`` and,
+        where they overflowed, the elements (``operands``: (tensor, recipe, format) each)."""
         bad = 0
         if y.numel() and not finite_below(y, math.inf):
             nonfinite = ~torch.isfinite(y)
@@ -82,11 +133,10 @@ class RecipeOps:
         for role in ("a", "b"):
             for key in EVENTS:
                 total[key] += events.get(role, {}).get(key, 0)
+        for role, (x, recipe, fmt) in zip(("a", "b"), operands):
+            if events.get(role, {}).get("overflow"):
+                self._where(name, role, x, recipe, fmt)
         return y
-
-    def recipe_for(self, name: str) -> Recipe:
-        """The recipe of site ``name``."""
-        return self.recipe.get(name, FP32) if isinstance(self.recipe, Mapping) else self.recipe
 
     def _where(self, name: str, role: str, x: Tensor, recipe: Recipe, fmt: Any) -> None:
         """Record the elements of operand ``x`` that overflowed (unscaled, not saturating)."""
@@ -97,59 +147,15 @@ class RecipeOps:
             self.overflows.append({"site": name, "operand": role, "window": self.window0 + idx[0],
                                    "index": idx[1:], "value": float(x[tuple(idx)])})
 
-    def _located(self, name: str, ev: dict, pairs: tuple) -> None:
-        for role, (x, recipe, fmt) in zip(("a", "b"), pairs):
-            if ev.get(role, {}).get("overflow"):
-                self._where(name, role, x, recipe, fmt)
-
-    def linear(self, name: str, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
-        ev: dict = {}
-        recipe = self.recipe_for(name)
-        if self.weights is None or recipe is FP32:
-            y = recipes.linear(recipe, x, W, b, events=ev, cache=self.cache)
-            self._located(name, ev, ((x, recipe, recipe.inputs), (W, recipe, recipe.weight_format)))
-            return self._watch(name, y, ev)
-        qx, limit = recipes.quantize_operand(x, recipe.inputs, recipe, -1)
-        ev["a"] = recipes.operand_events(x, qx, limit)
-        key = ("weights", W.data_ptr(), W._version, tuple(W.shape), self.weights)
-        if key not in self.cache:
-            qW, wlimit = recipes.quantize_operand(W, self.weights.inputs, self.weights, -2)
-            self.cache[key] = (recipes.unflush(W, qW, self.weights),
-                               recipes.operand_events(W, qW, wlimit))
-        qW, ev["b"] = self.cache[key]
-        y = recipes.linear(FP32, recipes.unflush(x, qx, recipe), qW, b)
-        self._located(name, ev, ((x, recipe, recipe.inputs), (W, self.weights,
-                                                               self.weights.inputs)))
-        return self._watch(name, y, ev)
-
-    def matmul(self, name: str, a: Tensor, b: Tensor) -> Tensor:
-        ev: dict = {}
-        recipe = self.recipe_for(name)
-        op = recipes.causal_matmul if (self.attention == "causal" and name.endswith(".av")) \
-            else recipes.matmul
-        y = op(recipe, a, b, events=ev)
-        self._located(name, ev, ((a, recipe, recipe.inputs), (b, recipe, recipe.weight_format)))
-        return self._watch(name, y, ev)
-
-    def layernorm(self, name: str, x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
-        ev: dict = {}
-        recipe = self.recipe_for(name)
-        y = recipes.layernorm(recipe, x, weight, bias, eps, events=ev)
-        self._located(name, ev, ((x, recipe, recipe.inputs),))
-        return self._watch(name, y, ev)
-
-    def softmax(self, name: str, x: Tensor) -> Tensor:
-        return recipes.softmax(x)
-
 
 @torch.no_grad()
-def logits(model: GPT2, wins: Tensor, ops: object = None, batch_size: int = 8) -> list[Tensor]:
+def logits(model: GPT2, wins: Tensor, run: RecipeRun | None = None, batch_size: int = 8) -> list[Tensor]:
     """Logits of ``model`` on the inputs of windows ``[N, T+1]``, one tensor per batch.
 
-    ``ops`` defaults to the deterministic FP32 reference (``RecipeOps`` of FP32).
+    ``run`` defaults to the deterministic FP32 reference (``RecipeRun`` of FP32).
     """
-    ops = RecipeOps(FP32) if ops is None else ops
-    return [forward(model, chunk[:, :-1], ops) for chunk in wins.split(batch_size)]
+    run = RecipeRun(FP32) if run is None else run
+    return [run(model, chunk[:, :-1]) for chunk in wins.split(batch_size)]
 
 
 def _per_window(z: Tensor, r: Tensor, target: Tensor) -> dict[str, Tensor]:
@@ -164,15 +170,17 @@ def _per_window(z: Tensor, r: Tensor, target: Tensor) -> dict[str, Tensor]:
 
 
 @torch.no_grad()
-def compare(model: GPT2, wins: Tensor, ref: list[Tensor], ops: object = None,
+def compare(model: GPT2, wins: Tensor, ref: list[Tensor], run: RecipeRun | None = None,
             batch_size: int = 8) -> dict:
-    """Loss, perplexity, KL from the reference logits ``ref`` and top-1 agreement under ``ops``
-    (``compare_logits`` of ``model``'s logits on each batch)."""
+    """Loss, perplexity, KL from the reference logits ``ref`` and top-1 agreement under ``run``
+    (default: plain torch; ``compare_logits`` of ``model``'s logits on each batch)."""
     def outputs() -> Iterable[Tensor]:
         for i, chunk in enumerate(wins.split(batch_size)):
-            if isinstance(ops, RecipeOps):
-                ops.window0 = i * batch_size
-            yield forward(model, chunk[:, :-1], ops)
+            if run is None:
+                yield model(chunk[:, :-1])
+                continue
+            run.window0 = i * batch_size
+            yield run(model, chunk[:, :-1])
 
     return compare_logits(wins, ref, outputs(), batch_size)
 

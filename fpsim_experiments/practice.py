@@ -2,8 +2,11 @@
 
 * Transformer Engine style: E4M3 (OCP, max 448) on the linear layers only (QKV, attention
   output, MLP up and down; LayerNorms, attention products and the LM head stay FP32), per-tensor
-  scaling either *current* (amax of the tensor itself, cannot overflow) or *delayed* (amax of
-  the previous calls, a history of ``HISTORY``; values past the scaled range saturate).
+  scaling either *current* (amax of the tensor itself, cannot overflow) or *delayed* on the
+  activations (``fpsim.emulate``'s TE delayed cast, ``fpsim.emulation.quantizers.AmaxHistory``:
+  the scale ``fmax / max(amax of the previous calls)`` over a history of ``HISTORY``, 1 on a
+  site's first call as on TE's first step; values past the scaled range saturate) with current
+  scaling on the weights.
 * DeepSeek-V3 fine-grained scaling on the linear layers: E4M3, one scale per 1 x 128 tile of
   activations and per 128 x 128 block of weights, FP32 accumulation end to end; per site also
   with the ``hopper_fp8`` tensor-core accumulator, with and without promotion to FP32 every
@@ -16,21 +19,16 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor
+from fpsim.emulation.casts import Cast
 
-import fpsim
-from fpsim import get_format
-
-from . import bootstrap, recipes, replay
+from . import bootstrap, replay
 from .bootstrap import fmt_ci
 from .context import Context
-from .endtoend import RecipeOps
-from .recipes import FP32, Recipe
+from .recipes import Recipe
 from .report import OCP_NAMES, figure, num, page, pct, save, table
 from .sweep import runs as e2e_runs
 
@@ -39,6 +37,10 @@ LINEAR = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 ATTENTION = ("attn.qk", "attn.av")
 HISTORY = 16
 FP8 = "e4m3"
+#: TE-style delayed scaling: activations scaled by their amax history (1 on a site's first
+#: call), weights by their own amax
+DELAYED = Recipe(Cast(FP8, "delayed", saturate=True, history=HISTORY), Cast(FP8, "tensor"),
+                 name="TE E4M3 delayed")
 
 
 def sites_of(ctx: Context, kinds: tuple[str, ...]) -> list[str]:
@@ -46,41 +48,8 @@ def sites_of(ctx: Context, kinds: tuple[str, ...]) -> list[str]:
     return [n for n in ctx.site_names if n.split(".", 1)[-1] in kinds]
 
 
-class DelayedScalingOps(RecipeOps):
-    """End-to-end ops whose named linear sites scale activations by the amax *history*.
-
-    Each call quantizes ``x / s`` with ``s = max(previous amaxes) / max`` (the first call uses
-    its own amax), saturating values past the range, then records its own amax; weights use
-    current per-tensor scaling (they do not change).  ``events`` counts the saturated elements.
-    """
-
-    def __init__(self, sites: list[str], fmt: str = FP8, history: int = HISTORY) -> None:
-        super().__init__(FP32)
-        self.delayed, self.fmt, self.history = set(sites), get_format(fmt), history
-        self.amax: dict[str, list[float]] = {}
-        self.weights = Recipe(fmt, scaling="tensor", name="weights")
-
-    def linear(self, name: str, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
-        if name not in self.delayed:
-            return super().linear(name, x, W, b)
-        seen = self.amax.setdefault(name, [])
-        amax = float(x.abs().max())
-        scale = (max(seen) if seen else amax) / self.fmt.max or 1.0
-        seen.append(amax)
-        del seen[:-self.history]
-        xs = x.double() / scale
-        qx = (fpsim.quantize(xs, self.fmt, saturate=True) * scale).to(x.dtype)
-        qW = self.cache.get(name)
-        if qW is None:
-            qW = self.cache[name] = recipes.quantize_operand(W, FP8, self.weights, axis=-2)[0]
-        ev = {"a": {"elements": x.numel(), "overflow": 0, "flushed": 0,
-                    "saturated": int((xs.abs() > recipes.rounding_limit(self.fmt)).sum())}}
-        return self._watch(name, recipes.linear(FP32, qx, qW, b), ev)
-
-
 def end_to_end_runs(ctx: Context) -> list[e2e_runs.Run]:
-    """The deployed recipes' end-to-end runs: per-site recipe mappings, and delayed scaling's
-    own ops."""
+    """The deployed recipes' end-to-end runs: per-site recipe mappings."""
     linear, attention = sites_of(ctx, LINEAR), sites_of(ctx, ATTENTION)
     te = Recipe(FP8, scaling="tensor", name="TE E4M3 current")
     ds = Recipe(FP8, scaling="tile", name="DeepSeek-V3 E4M3 tiles")
@@ -88,8 +57,8 @@ def end_to_end_runs(ctx: Context) -> list[e2e_runs.Run]:
     run = e2e_runs.recipe_run
     return [
         run("TE-style E4M3 linear, current scaling", {n: te for n in linear}),
-        e2e_runs.Run(f"TE-style E4M3 linear, delayed scaling (history {HISTORY})",
-                     functools.partial(DelayedScalingOps, linear)),
+        run(f"TE-style E4M3 linear, delayed scaling (history {HISTORY})",
+            {n: DELAYED for n in linear}),
         run("DeepSeek-V3 E4M3 linear, 1x128 / 128x128 tiles", {n: ds for n in linear}),
         run("MXFP8 E4M3 every site, floor scale", Recipe("mxfp8_e4m3", scaling="block",
                                                          name="mxfp8 floor")),

@@ -55,6 +55,8 @@ CONV_BACKWARD = ["tests/test_emulate_conv_backward.py"]
 TRAINING = ["tests/test_training_presets.py"]
 ACCUMULATOR = ["tests/test_accumulator.py"]
 WRONG_WAY = ["tests/test_wrong_way.py"]
+WATCH = ["tests/test_emulate_watch.py"]
+RUNS = ["tests/test_attention_semantics.py", "tests/test_emulate_watch.py"]
 SWEEP_PLAN = ["tests/test_sweep.py::test_plan_shards_whole_batches_and_seeds_draw_windows"]
 SWEEP_JOIN = ["tests/test_sweep.py::test_combined_numbers_are_one_pass_over_all_windows"]
 SWEEP_RESUME = ["tests/test_sweep.py::test_pool_gives_the_same_bytes_and_resume_computes_nothing"]
@@ -663,6 +665,28 @@ MUTANTS = [
     Mutant("sentences-spread", "the sentences are the first n, not spread over the prose",
            "return [pool[(i * len(pool)) // n] for i in range(n)]",
            "return [pool[i] for i in range(n)]", MODEL_STUDY),
+    # the experiments' end-to-end runs through fpsim.emulate (issue 41)
+    Mutant("watch-no-events", "a watched call gets no operand events",
+           "events: dict | None = {} if self.em.capture or self.em.watch else None",
+           "events: dict | None = {} if self.em.capture else None", WATCH),
+    Mutant("watch-captures", "watching computes capture's FP64 references and rows too",
+           "if events is not None and self.em.capture:", "if events is not None:", WATCH),
+    Mutant("sdpa-causal-eager", "a causal SDPA's P.V reads the masked keys",
+           "causal=is_causal and dropout_p == 0 and attn_mask is None)", "causal=False)",
+           RUNS),
+    Mutant("run-weights-ignored", "a run's weights recipe is not applied",
+           '[Rule(split(recipe, weights), kind="linear")]', '[Rule(recipe, kind="linear")]', RUNS),
+    Mutant("run-causal-mapping", "a per-site mapping leaves a causal kernel's products FP32",
+           'by[where[0], "attention"] = r', "pass", RUNS),
+    Mutant("run-one-context", "each batch a fresh context: delayed scaling forgets its history",
+           "with implementation(model, kernel), self.emulation:",
+           "with implementation(model, kernel), fpsim.emulate(self.rules, watch=self.watch):",
+           ["tests/test_practice.py::test_a_delayed_run_keeps_its_amax_histories_from_batch_to_batch"]),
+    Mutant("practice-history", "practice's delayed scaling keeps a history of one call",
+           'DELAYED = Recipe(Cast(FP8, "delayed", saturate=True, history=HISTORY), '
+           'Cast(FP8, "tensor"),',
+           'DELAYED = Recipe(Cast(FP8, "delayed", saturate=True, history=1), Cast(FP8, "tensor"),',
+           ["tests/test_practice.py::test_delayed_scaling_is_fpsim_emulates_amax_history"]),
 ]
 
 

@@ -9,7 +9,7 @@ import torch
 import fpsim
 from fpsim_experiments import range_vs_precision as rvp
 from fpsim_experiments.likewise import Ratios
-from fpsim_experiments.endtoend import RecipeOps
+from fpsim_experiments.endtoend import RecipeRun
 from fpsim_experiments.recipes import Recipe, linear, softmax
 
 
@@ -47,11 +47,14 @@ def test_fn_encoding_and_bias_sweep_move_the_range() -> None:
 
 
 def test_end_to_end_ops_count_overflow_and_flush_per_site() -> None:
-    ops = RecipeOps({"s": Recipe(rvp.split_format(3, 4), name="e3m4")})
-    x = torch.tensor([[1e-3, 20.0, 0.5]])
-    ops.linear("s", x, torch.full((3, 2), 0.25), None)
-    ops.linear("s", x, torch.full((3, 2), 0.25), None)
-    e = ops.events["s"]
+    recipe = Recipe(rvp.split_format(3, 4), name="e3m4")
+    ops = RecipeRun({"h0.mlp.c_fc": recipe})
+    x, W = torch.tensor([[1e-3, 20.0, 0.5]]), torch.full((3, 2), 0.25)
+    for _ in range(2):
+        events: dict = {}
+        y = linear(recipe, x, W, None, events)
+        ops.watch("transformer.h.0.mlp.c_fc:linear", "linear", recipe, (x, W), events, y)
+    e = ops.events["h0.mlp.c_fc"]
     assert e == {"elements": 2 * (3 + 6), "overflow": 2, "saturated": 0, "flushed": 2}
 
 

@@ -60,7 +60,7 @@ def _measure(ctx: context.Context) -> dict[str, Any]:
     """Replay statistics and end-to-end metrics of the recipes, and hashes of their logits."""
     out: dict[str, Any] = {}
     for r in SCALED:
-        ops = endtoend.RecipeOps(r)
+        ops = endtoend.RecipeRun(r)
         logits = endtoend.logits(ctx.model, ctx.wins, ops)
         out[r.name] = {"sites": ctx.replay([r])[0], "logits_sha256": _digest(logits),
                        "e2e": endtoend.compare_logits(ctx.wins, ctx.ref_logits, logits),

@@ -189,7 +189,7 @@ def test_range_vs_precision_runs_are_their_recipes_in_order(out: Path) -> None:
     """Every end-to-end run goes to the runner in one list; each group's first and last run
     computed directly here gives its numbers (a list read out of order would not)."""
     from fpsim_experiments import context, range_vs_precision as rvp
-    from fpsim_experiments.endtoend import RecipeOps
+    from fpsim_experiments.endtoend import RecipeRun
     from fpsim_experiments.gpt2.model import site_kind
     from fpsim_experiments.recipes import Recipe
 
@@ -198,7 +198,7 @@ def test_range_vs_precision_runs_are_their_recipes_in_order(out: Path) -> None:
     but_ln = [n for n in ctx.site_names if site_kind(n) != "layernorm"]
 
     def direct(recipe: Recipe, ln_fp32: bool = False) -> str:
-        ops = RecipeOps({n: recipe for n in but_ln} if ln_fp32 else recipe)
+        ops = RecipeRun({n: recipe for n in but_ln} if ln_fp32 else recipe)
         return json.dumps(ctx.end_to_end_ops(ops)["windows"])   # NaN too, bit for bit
 
     def got(run: dict) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from fpsim_experiments.context import DEFAULT_MODEL
-from fpsim_experiments.endtoend import RecipeOps, compare, logits
+from fpsim_experiments.endtoend import RecipeRun, compare, logits
 from fpsim_experiments.gpt2.checkpoint import load_gpt2
 from fpsim_experiments.recipes import FP32, FP64, Recipe
 
@@ -46,9 +46,9 @@ def numbers(tolerances: dict[str, float] | None = None) -> dict[str, dict]:
     ref = logits(model, wins)
     out = {}
     for name, recipe in RECIPES.items():
-        ops = RecipeOps(recipe)
+        ops = RecipeRun(recipe)
         z = torch.cat(logits(model, wins, ops))
-        metrics = compare(model, wins, ref, RecipeOps(recipe))
+        metrics = compare(model, wins, ref, RecipeRun(recipe))
         metrics.pop("windows")
         out[name] = {"sha256": hashlib.sha256(z.numpy().tobytes()).hexdigest(),
                      "metrics": {k: repr(v) for k, v in metrics.items()},

@@ -217,42 +217,47 @@ def test_real_models_quick_study(model: str, present: bool, tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_tiny_model_through_fpsim_emulate_gives_the_committed_study() -> None:
-    """The tiny GPT-2's study computed through fpsim.emulate (the new path) gives the committed
-    range-vs-precision per-window KL and top-1 bit for bit (first two windows), for unscaled
-    splits, with LayerNorms in FP32, and where e3m4 overflows (window 0 NaN); its per-tensor runs
-    equal today's RecipeOps path bit for bit (the committed per-tensor numbers predate a change
-    of that path: both give e3m4 per tensor 0.47731... on window 0, committed 0.40349...)."""
-    from fpsim_experiments import endtoend
-    from fpsim_experiments.recipes import FP32, Recipe
+    """The tiny GPT-2's study computed through fpsim.emulate gives the committed
+    range-vs-precision per-window KL and top-1 bit for bit on the first batch of 8 windows:
+    unscaled splits, LayerNorms in FP32, where e3m4 overflows (window 0 NaN), and per tensor.
+
+    A per-tensor scale is one amax over the whole operand of a call, and the study runs its
+    windows in batches of 8 (``fpsim_experiments.context``'s ``batch_size``, the adapter's
+    ``BATCH``), so a window's per-tensor numbers depend on the windows batched with it: on a
+    batch of only the first 2 windows, e3m4 per tensor gives 0.47731... on window 0, on the
+    study's batch of 8 the committed 0.40349... (an earlier comparison on 2 windows read that
+    as stale committed numbers; they are not)."""
     from fpsim_experiments.report import load_json
 
     committed = load_json(Path(__file__).resolve().parents[1] / "results" /
                           "range-vs-precision" / "results.json")
     adapter = get("tiny")
-    model, units = adapter.model(), adapter.inputs(2)
-    with torch.no_grad(), fpsim.emulate(model_study.REFERENCE):
-        ref = adapter.run(model, units)
+    model = adapter.model()
 
-    def scores(a: model_study.Arm) -> dict:
+    def scores(a: model_study.Arm, units: list) -> dict:
+        with torch.no_grad(), fpsim.emulate(model_study.REFERENCE):
+            ref = adapter.run(model, units)
         with torch.no_grad(), fpsim.emulate(a.rules()):
             return adapter.score(units, ref, adapter.run(model, units, ref))
 
+    units = adapter.inputs(8)
     for runs, key, a in (("runs", (8, "e4m3", "none"), model_study.arm(8, 4)),
                          ("runs", (12, "e5m6", "none"), model_study.arm(12, 5)),
                          ("runs", (8, "e3m4", "none"), model_study.arm(8, 3)),
                          ("ln_fp32_runs", (8, "e4m3", "none-ln-fp32"),
-                          model_study.arm(8, 4, norms="fp32"))):
+                          model_study.arm(8, 4, norms="fp32")),
+                         ("runs", (8, "e3m4", "tensor"), model_study.arm(8, 3, scaling="tensor")),
+                         ("runs", (8, "e4m3", "tensor"), model_study.arm(8, 4, scaling="tensor")),
+                         ("runs", (16, "e5m10", "tensor"),
+                          model_study.arm(16, 5, scaling="tensor"))):
         old = next(r for r in committed[runs]
                    if (r["budget"], r["format"], r["scaling"]) == key)["e2e"]["windows"]
-        new = scores(a)
-        assert json.dumps(new["kl"][0]) == json.dumps(old["kl"][:2]), a.name   # NaN as NaN
+        new = scores(a, units)
+        assert json.dumps(new["kl"][0]) == json.dumps(old["kl"][:8]), a.name   # NaN as NaN
         assert new["top1_changed"][0] == [p - t for p, t in zip(new["top1_changed"][1],
-                                                                old["top1"][:2])]
-    wins = torch.stack(units)
-    old_ref = endtoend.logits(model, wins, endtoend.RecipeOps(FP32))
-    today = endtoend.compare(model, wins, old_ref, endtoend.RecipeOps(
-        Recipe(model_study.split(3, 8), scaling="tensor")))["windows"]["kl"]
-    assert scores(model_study.arm(8, 3, scaling="tensor"))["kl"][0] == today
+                                                                old["top1"][:8])]
+    pair = scores(model_study.arm(8, 3, scaling="tensor"), units[:2])["kl"][0][0]
+    assert abs(pair - 0.47731) < 1e-5 and abs(pair - 0.40349) > 0.07
 
 
 def test_speed_page_is_the_benchmarks_table() -> None:

@@ -32,16 +32,35 @@ def test_tiles_are_scaled_quantize_per_1x128_and_per_128x128_block() -> None:
         assert torch.equal(qx[1, 2, t0:t0 + 128], want)
 
 
-def test_delayed_scaling_uses_the_previous_amax_and_saturates() -> None:
-    ops = practice.DelayedScalingOps(["s"], history=2)
-    W = torch.eye(2)
-    y1 = ops.linear("s", torch.tensor([[1.0, 0.5]]), W, None)  # first call: its own amax
-    assert y1.tolist() == [[1.0, 0.5]] and ops.events["s"]["saturated"] == 0
-    y2 = ops.linear("s", torch.tensor([[4.0, 0.5]]), W, None)  # scale from amax 1: 4 saturates
-    assert y2[0, 0] == 1.0 and ops.events["s"]["saturated"] == 1
-    assert ops.amax["s"] == [1.0, 4.0]
-    ops.linear("s", torch.tensor([[0.125, 0.125]]), W, None)
-    assert ops.amax["s"] == [4.0, 0.125]                        # history of 2
+def test_delayed_scaling_is_fpsim_emulates_amax_history() -> None:
+    """practice's delayed run is fpsim.emulate's TE delayed cast: scale 1 on the first call
+    (1000 saturates at 448), then 448 / the largest amax of the previous calls; weights by
+    their own amax."""
+    layer = torch.nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(torch.eye(2))
+    em = fpsim.emulate(practice.DELAYED)
+    with torch.no_grad(), em:
+        y1 = layer(torch.tensor([[1000.0, 0.5]]))
+        y2 = layer(torch.tensor([[100.0, 0.5]]))
+    assert y1.tolist() == [[448.0, 0.5]]
+    s = float(torch.tensor(448.0) / torch.tensor(1000.0))              # FP32, as TE
+    assert y2[0, 0] == float(torch.tensor(fpsim.quantize(100.0 * s, E4M3)) / torch.tensor(s))
+    assert em.amax_history(":linear")["x"]["history"] == [1000.0, 100.0]
+
+
+def test_a_delayed_run_keeps_its_amax_histories_from_batch_to_batch() -> None:
+    from fpsim_experiments.endtoend import RecipeRun
+    from fpsim_experiments.gpt2.model import GPT2, GPT2Config
+
+    torch.manual_seed(0)
+    model = GPT2(GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=8)).eval()
+    run = RecipeRun({"h0.mlp.c_fc": practice.DELAYED})
+    with torch.no_grad():
+        for seed in (1, 2):
+            run(model, torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(seed)))
+    history = run.emulation.amax_history("transformer.h.0.mlp.c_fc:linear")["x"]["history"]
+    assert len(history) == 2 and history[0] != history[1]
 
 
 @pytest.fixture(scope="module")

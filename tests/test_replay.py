@@ -9,10 +9,9 @@ import torch
 
 import fpsim
 from fpsim_experiments.capture import capture
-from fpsim_experiments.endtoend import RecipeOps, compare, logits
+from fpsim_experiments.endtoend import RecipeRun, compare, logits
 from fpsim_experiments.gpt2.checkpoint import load_gpt2, save_gpt2
 from fpsim_experiments.gpt2.model import GPT2, GPT2Config
-from fpsim_experiments.gpt2.ops import forward
 from fpsim_experiments.recipes import (FP32, Recipe, layernorm, linear, matmul, quantize_operand,
                                  rounding_limit)
 from fpsim_experiments.replay import error_stats, reference, references, replay, site_output, summary
@@ -52,7 +51,7 @@ def test_capture_gets_every_site_with_its_shapes(model: GPT2, wins: torch.Tensor
     for name, (a, b, o) in expected.items():
         s = sites[name]
         assert (tuple(s.a.shape), None if s.b is None else tuple(s.b.shape), tuple(s.output.shape)) == (a, b, o), name
-    assert torch.equal(out, forward(model, wins[:, :-1], RecipeOps(FP32)))  # the deterministic reference
+    assert torch.equal(out, RecipeRun(FP32)(model, wins[:, :-1]))  # the deterministic reference
     assert sites["h1.attn.qk"].mask.tolist() == torch.ones(16, 16, dtype=torch.bool).tril().tolist()
 
 
@@ -90,7 +89,7 @@ def test_fp16_overflows_at_a_planted_huge_activation(model: GPT2, wins: torch.Te
     assert stats["h0.attn.c_attn"]["a_overflow"] == stats["h0.attn.c_attn"]["overflow"] == 0
     assert summary(stats)["overflow_sites"][0] == "h0.ln_1"
     assert summary(replay(sites, FP32))["overflow_sites"] == []
-    ops = RecipeOps(fp16)
+    ops = RecipeRun(fp16)
     e2e = compare(planted, wins, logits(planted, wins), ops)
     assert list(ops.nonfinite)[0] == "h0.ln_1" and math.isnan(e2e["kl"]) and e2e["finite"] < 1
     # saturating instead of overflowing: the same element is clamped, nothing is inf
@@ -101,18 +100,18 @@ def test_fp16_overflows_at_a_planted_huge_activation(model: GPT2, wins: torch.Te
 
 def test_fp32_recipe_end_to_end_matches_the_model(model: GPT2, wins: torch.Tensor) -> None:
     ref = logits(model, wins)
-    e2e = compare(model, wins, ref, RecipeOps(FP32))
+    e2e = compare(model, wins, ref, RecipeRun(FP32))
     assert e2e["kl"] == 0 and e2e["top1"] == 1.0 and e2e["finite"] == 1.0
-    lossy = compare(model, wins, ref, RecipeOps(Recipe("e3m2")))
+    lossy = compare(model, wins, ref, RecipeRun(Recipe("e3m2")))
     assert lossy["kl"] > 1e-6 and lossy["top1"] < 1.0
 
 
 def test_per_site_recipes_only_change_their_site(model: GPT2, wins: torch.Tensor) -> None:
     recipe = Recipe("e3m2")
-    ops = RecipeOps({"lm_head": recipe})
+    ops = RecipeRun({"lm_head": recipe})
     assert ops.recipe_for("lm_head").name == "e3m2" and ops.recipe_for("h0.attn.qk") is FP32
     x = wins[:, :-1]
-    got = forward(model, x, ops)
+    got = ops(model, x)
     # every site before lm_head is the reference: lm_head's input is the captured one, bit for bit
     sites, ref = capture(model, x)
     W = model.transformer.wte.weight.t()
@@ -120,7 +119,7 @@ def test_per_site_recipes_only_change_their_site(model: GPT2, wins: torch.Tensor
     assert not torch.equal(got, ref)
     assert ops.events["lm_head"]["flushed"] > 0  # e3m2 flushes small weights; no other site rounds
     assert all(e["flushed"] == e["overflow"] == 0 for n, e in ops.events.items() if n != "lm_head")
-    e2e = compare(model, wins, logits(model, wins), RecipeOps({"lm_head": recipe}))
+    e2e = compare(model, wins, logits(model, wins), RecipeRun({"lm_head": recipe}))
     assert 0 < e2e["kl"] and e2e["windows"]["positions"] == CFG.n_positions
 
 
@@ -252,15 +251,15 @@ def test_sites_sort_in_forward_order():
 def test_inf_in_the_masked_half_of_qk_is_not_counted():
     import torch
 
-    from fpsim_experiments.endtoend import RecipeOps
+    from fpsim_experiments.endtoend import RecipeRun
 
-    ops = RecipeOps({})
+    ops = RecipeRun({})
     y = torch.zeros(1, 1, 4, 4)
     y[0, 0, 0, 3] = float("inf")                   # above the diagonal: masked away
-    ops._watch("h0.attn.qk", y, {})
+    ops.record("h0.attn.qk", y, {}, ())
     assert ops.nonfinite == {}
     y[0, 0, 3, 0] = float("inf")                   # a position the model uses
-    ops._watch("h0.attn.qk", y, {})
+    ops.record("h0.attn.qk", y, {}, ())
     assert ops.nonfinite == {"h0.attn.qk": 1}
 
 

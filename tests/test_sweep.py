@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 
 import fpsim  # noqa: E402
 from fpsim_experiments import context, practice, sweep  # noqa: E402
-from fpsim_experiments.endtoend import RecipeOps, compact, compare, compare_logits  # noqa: E402
+from fpsim_experiments.endtoend import RecipeRun, compact, compare, compare_logits  # noqa: E402
 from fpsim_experiments.gpt2.checkpoint import load_gpt2  # noqa: E402
 from fpsim_experiments.sweep import config, executors, runner, runs, work  # noqa: E402
 from fpsim import Recipe, Rule, Rules  # noqa: E402
@@ -262,14 +262,14 @@ def ctx() -> object:
 
 
 def experiment_runs(ctx: object) -> list:
-    """Three of practice's deployed recipes (a per-site mapping, delayed scaling's own ops,
+    """Three of practice's deployed recipes (per-site mappings: current and delayed scaling,
     tiles), an eager/causal pair with weights per channel, and the FP64 baseline."""
     e2m5 = Recipe("e2m5", name="e2m5")           # overflows: eager and causal differ
     w = Recipe("e4m3", scaling="channel", name="w")
     return [*practice.end_to_end_runs(ctx)[:3],
             runs.recipe_run("eager", e2m5, weights=w, attention="eager"),
             runs.recipe_run("causal", e2m5, weights=w, attention="causal"),
-            runs.Run("fp64", functools.partial(RecipeOps, FP64), fp64=True)]
+            runs.Run("fp64", functools.partial(RecipeRun, FP64), fp64=True)]
 
 
 def dumps(results: list[dict]) -> str:
@@ -297,7 +297,7 @@ def test_experiment_runs_are_their_direct_computation(ctx: object, in_process: s
         ops = r.ops()
         direct.append({"e2e": ctx.end_to_end_ops(ops), "overflows": compact(ops.overflows)})
     m64 = copy.deepcopy(ctx.model).double()
-    fp64 = compare(m64, ctx.wins, ctx.ref_logits, RecipeOps(FP64), ctx.batch_size)
+    fp64 = compare(m64, ctx.wins, ctx.ref_logits, RecipeRun(FP64), ctx.batch_size)
     got = json.loads(in_process)
     assert json.dumps(got[:-1], sort_keys=True) == json.dumps(direct, sort_keys=True)
     assert json.dumps(got[-1]["e2e"], sort_keys=True) == json.dumps(fp64, sort_keys=True)
@@ -310,9 +310,9 @@ def test_experiment_run_specs_name_everything_their_numbers_depend_on(ctx: objec
     described = [json.dumps(runs.describe(r.ops), sort_keys=True) for r in todo]
     assert len(set(described)) == len(todo)
     assert '"attention": "causal"' in described[4] and '"scaling": "channel"' in described[4]
-    assert "DelayedScalingOps" in described[1]
+    assert "e4m3/delayed h=16 sat" in described[1]
     with pytest.raises(TypeError, match="cannot name"):
-        runs.describe(functools.partial(RecipeOps, object()))
+        runs.describe(functools.partial(RecipeRun, object()))
 
 
 def test_experiment_runs_on_a_pool_are_the_same_bytes(ctx: object, in_process: str,

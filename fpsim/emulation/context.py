@@ -53,12 +53,19 @@ class Emulation:
     calls of ops that sum products and ran in plain torch, not emulated (always filled; empty
     when everything was emulated or left to torch by the rules).  ``matched`` maps each site
     to ``(index of the rule that chose its recipe or None for the default, path, kind)``.
+
+    ``watch``: called after each forward call of a product or layer-norm site that a recipe
+    computed, as ``watch(site, kind, recipe, operands, events, result)`` (``events``: each
+    operand's elements counted, overflowed, saturated and flushed, as ``capture`` counts them,
+    under keys ``"a"`` and ``"b"``); it sees every element, where ``capture`` keeps sums only.
     """
 
-    def __init__(self, rules: Rules, capture: bool, strict: bool = False) -> None:
+    def __init__(self, rules: Rules, capture: bool, strict: bool = False,
+                 watch: Any = None) -> None:
         self.rules = rules
         self.capture = capture
         self.strict = strict
+        self.watch = watch
         self.sites: dict[str, SiteStats] = {}
         self.missed: dict[str, SiteStats] = {}
         self.matched: dict[str, tuple[int | None, str, str]] = {}
@@ -193,7 +200,7 @@ def _cell(v: Any) -> str:
 
 
 def emulate(recipe: Recipe | Rules | str, *, capture: bool = False,
-            strict: bool = False) -> Emulation:
+            strict: bool = False, watch: Any = None) -> Emulation:
     """A context manager that computes every dot-product site of any PyTorch model under
     ``recipe`` (one ``fpsim.emulation.recipe.Recipe`` for all product sites, or
     ``fpsim.emulation.recipe.Rules`` selecting per module path and op kind, or the name
@@ -201,7 +208,8 @@ def emulate(recipe: Recipe | Rules | str, *, capture: bool = False,
     for bit, ``"torchao-float8-tensorwise"``... on the linear layers); with
     ``capture`` it also records per-site statistics.  An op that sums products and that fpsim
     does not emulate is named in ``em.missed`` / ``em.report()`` and warned about at exit;
-    with ``strict`` it raises instead, naming op and module.  See the module docstring for the
+    with ``strict`` it raises instead, naming op and module; ``watch`` is called on each
+    emulated call (``Emulation``).  See the module docstring for the
     ops caught and how sites are named, docs/emulate.md for the whole story.
 
     >>> with fpsim.emulate(Recipe("e4m3", scaling="tensor"), capture=True) as em:
@@ -216,5 +224,8 @@ def emulate(recipe: Recipe | Rules | str, *, capture: bool = False,
             raise ValueError(
                 f"fpsim.emulate({recipe!r}): a name is a preset ({', '.join(PRESETS)}); for "
                 f"operands in a format pass a Recipe: fpsim.emulate(Recipe({recipe!r}))") from None
+    if watch is not None and not callable(watch):
+        raise TypeError(f"fpsim.emulate(watch=...) takes a function of (site, kind, recipe, "
+                        f"operands, events, result), not {type(watch).__name__}")
     return Emulation(Rules.of(recipe), check_flag(capture, "capture"),
-                     check_flag(strict, "strict"))
+                     check_flag(strict, "strict"), watch)

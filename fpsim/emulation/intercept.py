@@ -233,31 +233,36 @@ class Interceptor(TorchFunctionMode):
     # Products
     # ---------------------------------------------------------------------------------------
     def product(self, kind: str, op: str, a: Tensor, b: Tensor, bias: Tensor | None,
-                native: Native, path: str | None = None) -> Tensor:
+                native: Native, path: str | None = None, causal: bool = False) -> Tensor:
         """``a @ b (+ bias)`` of site ``op`` under its recipe (``native``: torch's own, for
         sites the rules leave to torch; ``path``: the module path, by default that of the
-        module owning ``b`` or ``a`` as a parameter, else the current one's)."""
+        module owning ``b`` or ``a`` as a parameter, else the current one's; ``causal``: a
+        causal attention's P.V, masked keys skipped, ``fpsim.emulation.sites.causal_matmul``)."""
         name, recipe = self.site(kind, op, self.owner(b, a) if path is None else path)
         if recipe is None and not self.em.capture:
             return native()
         dt = torch.promote_types(a.dtype, b.dtype)
         a, b = a.to(dt), b.to(dt)
         bias = None if bias is None else bias.to(dt)
-        events: dict | None = {} if self.em.capture else None
+        events: dict | None = {} if self.em.capture or self.em.watch else None
         cache = self.cache if _parameter(b) else None  # only parameters live long enough
         if recipe is None:
             y = native()
         elif backward.handles(recipe, a, b, bias):      # gradients, training casts
             y = backward.product(self, name, recipe, a, b, bias, events, cache)
+        elif causal:
+            y = sites.causal_matmul(recipe, a, b, events)
         elif bias is None and kind != "linear":
             y = sites.matmul(recipe, a, b, events)
         else:
             y = sites.linear(recipe, a, b, bias, events, cache)
-        if events is not None:
+        if events is not None and self.em.capture:          # a watch alone records no row
             with torch.no_grad():
                 ref = sites.linear(FP64, a.double(), b.double(),
                                    None if bias is None else bias.double())
             self.record(name, kind, recipe, (a, b), events, y, ref)
+        if recipe is not None and self.em.watch is not None:
+            self.em.watch(name, kind, recipe, (a, b), events, y)
         return y
 
     @handles(F.linear)
@@ -436,7 +441,9 @@ class Interceptor(TorchFunctionMode):
                   is_causal: bool = False, scale: float | None = None,
                   enable_gqa: bool = False) -> Any:
         """scaled_dot_product_attention as its two products (sites ``qk`` and ``pv``), the
-        mask and a softmax computed in FP64 (``fpsim.emulation.sites.softmax``)."""
+        mask and a softmax computed in FP64 (``fpsim.emulation.sites.softmax``); with
+        ``is_causal`` the P.V skips the masked keys, as a causal kernel does (an inf/NaN value
+        at a later key reaches no earlier query)."""
         if self.left_to_torch("attention"):
             return self.untouched("attention", native, ("qk", (query, key)), ("pv", (value,)))
         if enable_gqa:
@@ -455,7 +462,8 @@ class Interceptor(TorchFunctionMode):
         probs = sites.softmax(scores)
         if dropout_p > 0:
             probs = F.dropout(probs, dropout_p)
-        return self.product("attention", "pv", probs, value, None, lambda: probs @ value)
+        return self.product("attention", "pv", probs, value, None, lambda: probs @ value,
+                            causal=is_causal and dropout_p == 0 and attn_mask is None)
 
     @handles(torch.softmax, Tensor.softmax, F.softmax)
     def softmax(self, native: Native, input: Tensor, dim: int | None = None, *args: Any,
@@ -478,7 +486,14 @@ class Interceptor(TorchFunctionMode):
             return NotImplemented
         name, recipe = self.site("norm", "layer_norm")
         self.norm_stats(name, recipe, input, sites.layernorm_stats)
-        return native() if recipe is None else sites.layernorm(recipe, input, weight, bias, eps)
+        if recipe is None:
+            return native()
+        if self.em.watch is None:
+            return sites.layernorm(recipe, input, weight, bias, eps)
+        events: dict = {}
+        y = sites.layernorm(recipe, input, weight, bias, eps, events)
+        self.em.watch(name, "norm", recipe, (input,), events, y)
+        return y
 
     @handles(F.batch_norm, norm=True)
     def batch_norm(self, native: Native, input: Tensor, running_mean: Tensor | None,

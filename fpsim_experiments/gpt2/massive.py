@@ -50,8 +50,7 @@ from ..context import display_name
 from .checkpoint import SYNTHETIC_KEY, load_gpt2, save_gpt2
 from .data import heldout_bytes, random_windows, train_bytes, windows
 from .evaluate import window_loss
-from .model import GPT2
-from .ops import site_name
+from .model import GPT2, site_name
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "massive_synthetic"

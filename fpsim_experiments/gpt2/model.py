@@ -3,9 +3,8 @@
 The parameter layout and arithmetic follow Hugging Face's ``GPT2LMHeadModel``
 (pre-LayerNorm blocks, Conv1D weights stored as ``[in, out]``, tanh GELU,
 learned position embeddings, ``lm_head`` tied to ``wte``), so HF checkpoints load
-unchanged.  The experiments replace the arithmetic of its dot-product sites through
-``fpsim.emulate``'s interception (``fpsim_experiments.gpt2.ops``), under these site names
-(``i`` is the block index)::
+unchanged.  The experiments run it under ``fpsim.emulate``, and name its dot-product sites
+(``site_name``; ``i`` is the block index)::
 
     h{i}.ln_1  h{i}.attn.c_attn  h{i}.attn.qk  h{i}.attn.av  h{i}.attn.c_proj
     h{i}.ln_2  h{i}.mlp.c_fc     h{i}.mlp.c_proj   ln_f   lm_head
@@ -13,7 +12,10 @@ unchanged.  The experiments replace the arithmetic of its dot-product sites thro
 
 from __future__ import annotations
 
+import contextlib
 import math
+import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -92,6 +94,66 @@ def site_order(name: str) -> tuple[int, int]:
     return (int(block), BLOCK_SITES.index(site))
 
 
+#: The ops of an attention module, in call order, by their experiment names (eager; sdpa)
+ATTENTION_OPS = {"matmul": "qk", "softmax": "softmax", "matmul#2": "av", "qk": "qk", "pv": "av"}
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
+#: fpsim.emulate's module path and op kind of the sites outside the blocks
+OUTER_SITES = {"ln_f": ("transformer.ln_f", "norm"), "lm_head": ("transformer.wte", "linear")}
+
+
+def site_name(site: str) -> str:
+    """The experiments' name of a site of ``GPT2`` as ``fpsim.emulate`` names it
+    (``"transformer.h.0.attn:matmul#2"`` -> ``"h0.attn.av"``).
+
+    >>> site_name("transformer.h.3.mlp.c_fc:linear"), site_name("transformer.wte:linear")
+    ('h3.mlp.c_fc', 'lm_head')
+    """
+    path, _, op = site.partition(":")
+    for name, (p, _kind) in OUTER_SITES.items():
+        if path == p:
+            return name
+    m = re.fullmatch(r"transformer\.h\.(\d+)\.(.+)", path)
+    if m:
+        i, rest = m.groups()
+        if rest == "attn" and op in ATTENTION_OPS:
+            return f"h{i}.attn.{ATTENTION_OPS[op]}"
+        if rest in BLOCK_SITES:
+            return f"h{i}.{rest}"
+    raise ValueError(f"{site}: not a site of fpsim_experiments.gpt2.model.GPT2 (has the model "
+                     "changed? update fpsim_experiments.gpt2.model.site_name)")
+
+
+def site_path(name: str) -> tuple[str, str]:
+    """``fpsim.emulate``'s module path and op kind of the site the experiments call ``name``
+    (what a ``fpsim.Rule`` selecting it names; ``qk`` and ``av`` share their module's).
+
+    >>> site_path("h1.attn.av"), site_path("h0.ln_2")
+    (('transformer.h.1.attn', 'matmul'), ('transformer.h.0.ln_2', 'norm'))
+    """
+    if name in OUTER_SITES:
+        return OUTER_SITES[name]
+    block, site = name[1:].split(".", 1)
+    path = f"transformer.h.{block}.{'attn' if site in ('attn.qk', 'attn.av') else site}"
+    return path, {"layernorm": "norm"}.get(site_kind(name), site_kind(name))
+
+
+@contextlib.contextmanager
+def implementation(model: nn.Module, name: str) -> Iterator[None]:
+    """Every attention of ``model`` computed as ``name`` says (``"eager"`` or ``"sdpa"``, see
+    ``Attention``) inside the block, as before after it."""
+    if name not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"attention implementation {name!r}: one of {ATTENTION_IMPLEMENTATIONS}")
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    before = [m.implementation for m in layers]
+    for m in layers:
+        m.implementation = name
+    try:
+        yield
+    finally:
+        for m, b in zip(layers, before):
+            m.implementation = b
+
+
 def gelu_new(x: Tensor) -> Tensor:
     """HF ``gelu_new``: tanh approximation of GELU, written exactly as HF does."""
     return (
@@ -115,17 +177,26 @@ class Conv1D(nn.Module):
 
 
 class Attention(nn.Module):
+    """Causal self-attention, written out (``implementation`` ``"eager"``: ``probs @ v`` sums
+    over every key, masked ones at probability 0) or as one causal kernel call
+    (``"sdpa"``: ``F.scaled_dot_product_attention(is_causal=True)``, which
+    ``fpsim.emulate`` computes skipping the masked keys); see ``implementation``."""
+
     def __init__(self, cfg: GPT2Config) -> None:
         super().__init__()
         self.n_head = cfg.n_head
         self.c_attn = Conv1D(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = Conv1D(cfg.n_embd, cfg.n_embd)
+        self.implementation = "eager"
 
     def forward(self, x: Tensor) -> Tensor:
         B, T, C = x.shape
         hd = C // self.n_head
         qkv = self.c_attn(x)
         q, k, v = (t.view(B, T, self.n_head, hd).transpose(1, 2) for t in qkv.split(C, dim=2))
+        if self.implementation == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         scores = scores.masked_fill(causal, torch.finfo(scores.dtype).min)

@@ -1,9 +1,9 @@
-"""The experiments' per-site arithmetic on the plain-torch GPT-2, through fpsim.emulate's
-interception.
+"""The per-site capture's hook on the plain-torch GPT-2, through fpsim.emulate's interception
+(the end-to-end runs use ``fpsim.emulate`` itself: ``fpsim_experiments.endtoend.RecipeRun``).
 
 An ``ops`` object provides ``linear``, ``matmul``, ``layernorm`` and ``softmax`` taking the site
-name first (``TorchOps`` is plain torch; the replay, end-to-end, capture and training
-experiments bring their own).  ``forward`` runs the model with ``OpsMode`` active: the
+name first (``TorchOps`` is plain torch; the capture, ``fpsim_experiments.capture.CaptureOps``,
+records each site's operands).  ``forward`` runs the model with ``OpsMode`` active: the
 ``TorchFunctionMode`` and module-path hooks of ``fpsim.emulate`` catch each op, and instead
 of a recipe the site's ``ops`` method computes it, under the experiments' site names
 (``site_name``).
@@ -12,7 +12,6 @@ of a recipe the site's ``ops`` method computes it, under the experiments' site n
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,9 +23,7 @@ from fpsim.emulation.context import Emulation
 from fpsim.emulation.intercept import Interceptor, Native
 from fpsim.emulation.recipe import Rules
 
-#: The ops of an attention module, in call order, by their experiment names.
-ATTENTION_OPS = {"matmul": "qk", "softmax": "softmax", "matmul#2": "av"}
-BLOCK_PATHS = ("ln_1", "ln_2", "attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+from .model import site_name
 
 
 class TorchOps:
@@ -58,25 +55,6 @@ class TorchOps:
         return torch.softmax(x, dim=-1)
 
 
-def site_name(site: str) -> str:
-    """The experiments' name of an intercepted site of ``fpsim_experiments.gpt2.model.GPT2``
-    (``"transformer.h.0.attn:matmul#2"`` -> ``"h0.attn.av"``)."""
-    path, _, op = site.partition(":")
-    if site == ":linear":
-        return "lm_head"
-    if site == "transformer.ln_f:layer_norm":
-        return "ln_f"
-    m = re.fullmatch(r"transformer\.h\.(\d+)\.(.+)", path)
-    if m:
-        i, rest = m.groups()
-        if rest == "attn" and op in ATTENTION_OPS:
-            return f"h{i}.attn.{ATTENTION_OPS[op]}"
-        if rest in BLOCK_PATHS:
-            return f"h{i}.{rest}"
-    raise ValueError(f"{site}: not a site of fpsim_experiments.gpt2.model.GPT2 (has the model "
-                     "changed? update fpsim_experiments.gpt2.ops.site_name)")
-
-
 class OpsMode(Interceptor):
     """fpsim.emulate's interception with each site computed by ``ops`` under its GPT-2 name."""
 
@@ -88,7 +66,7 @@ class OpsMode(Interceptor):
 
     def product(self, kind: str, op: str, a: Tensor, b: Tensor, bias: Tensor | None,
                 native: Native) -> Tensor:
-        name = site_name(self.site(kind, op)[0])
+        name = site_name(self.site(kind, op, self.owner(b, a))[0])
         if kind == "matmul":
             return self.ops.matmul(name, a, b)
         return self.ops.linear(name, a, b, bias)

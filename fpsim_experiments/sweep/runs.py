@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import Tensor
 
-from ..endtoend import RecipeOps, compact
+from ..endtoend import RecipeRun, compact
 from ..report import versions
 from . import executors, runner
 
@@ -37,12 +37,12 @@ class RunsFailed(RuntimeError):
 
 @dataclass(frozen=True, eq=False)
 class Run:
-    """One end-to-end run: ``ops()`` builds its GPT-2 ops (picklable: a class or a
-    ``functools.partial`` of one, not a lambda); ``fp64``: the model itself in float64 (the
-    FP64 baseline)."""
+    """One end-to-end run: ``ops()`` builds its ``fpsim_experiments.endtoend.RecipeRun``
+    (picklable: a class or a ``functools.partial`` of one, not a lambda); ``fp64``: the model
+    itself in float64 (the FP64 baseline)."""
 
     name: str
-    ops: Callable[[], RecipeOps]
+    ops: Callable[[], RecipeRun]
     fp64: bool = False
     ref_key = REFERENCE
 
@@ -52,8 +52,8 @@ class Run:
 
 
 def recipe_run(name: str, recipe: Any, **options: Any) -> Run:
-    """The run of ``RecipeOps`` ``(recipe, **options)`` (``weights``, ``attention``)."""
-    return Run(name, functools.partial(RecipeOps, recipe, **options))
+    """The run of ``RecipeRun`` ``(recipe, **options)`` (``weights``, ``attention``)."""
+    return Run(name, functools.partial(RecipeRun, recipe, **options))
 
 
 def describe(obj: Any) -> Any:
