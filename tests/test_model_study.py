@@ -161,11 +161,50 @@ def test_encoders_and_encoder_decoders(hf_dirs: dict, name: str, kind: str,
 
 
 def test_study_flags_that_do_not_apply(hf_dirs: dict) -> None:
-    for extra in (["--executor", "pool"], ["--resume"], ["--tokens", "64"]):
-        with pytest.raises(SystemExit):
-            cli.parse_args(["range-vs-precision", "--model", "minilm", *extra])
+    with pytest.raises(SystemExit):
+        cli.parse_args(["range-vs-precision", "--model", "minilm", "--tokens", "64"])
     with pytest.raises(SystemExit, match="not one of tiny"):
         get("no-such-model")
+    adapter = get(str(hf_dirs["bert"]))
+    adapter.source = None                               # made otherwise: no worker can rebuild it
+    with pytest.raises(ValueError, match="not made by fpsim_experiments.models.get"):
+        model_study.study(adapter, True, units=2, planned=[model_study.arm(8, 4)],
+                          execution=model_study.Execution("pool", 2, folder=Path("unused")))
+
+
+def _numbers(path: Path) -> dict:
+    """A study's results.json without what depends on the run (seconds, executor)."""
+    data = json.loads(path.read_text())
+    del data["meta"], data["seconds"]
+    for run in data["runs"]:
+        del run["seconds"]
+    return data
+
+
+@pytest.mark.slow
+def test_a_pool_of_two_and_resume_give_the_in_process_study(hf_dirs: dict,
+                                                             tmp_path: Path) -> None:
+    """--executor pool (2 workers) writes the in-process results.json; --resume after a kill
+    computes only the arms whose task files are missing, and gives it again."""
+    cmd = ["range-vs-precision", "--model", str(hf_dirs["bert"]), "--quick", "--threads", "1"]
+    assert cli.main([*cmd, "--out", str(tmp_path / "here")]) == 0
+    assert cli.main([*cmd, "--out", str(tmp_path / "pool"), "--executor", "pool",
+                     "--workers", "2"]) == 0
+    name = f"range-vs-precision-{hf_dirs['bert'].name}"
+    here = _numbers(tmp_path / "here" / name / "results.json")
+    assert _numbers(tmp_path / "pool" / name / "results.json") == here
+    assert not (tmp_path / "pool" / name / "tasks").exists()      # removed once written
+    # a killed run: the task files of its first three arms only
+    adapter, planned = get(str(hf_dirs["bert"])), model_study.arms(True)
+    tasks = tmp_path / "resume" / name / "tasks"
+    first = model_study.Execution(folder=tasks)
+    model_study.study(adapter, True, planned=planned[:3], execution=first)
+    kept = {p: p.read_bytes() for p in tasks.glob("*.json")}
+    assert len(kept) == 3
+    with pytest.raises(ValueError, match="pass --resume"):      # refused without --resume
+        cli.main([*cmd, "--out", str(tmp_path / "resume")])
+    assert cli.main([*cmd, "--out", str(tmp_path / "resume"), "--resume"]) == 0
+    assert _numbers(tmp_path / "resume" / name / "results.json") == here
 
 
 @pytest.mark.slow
