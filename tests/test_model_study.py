@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import shutil
 import struct
 from pathlib import Path
@@ -240,15 +239,13 @@ def test_minilm_embeds_as_sentence_transformers_does() -> None:
 @pytest.mark.parametrize("model, present", [("whisper-tiny.en", WHISPER and ESPEAK),
                                             ("minilm", MINILM)])
 def test_real_models_quick_study(model: str, present: bool, tmp_path: Path) -> None:
-    """The real models' --quick study from the command line.  It costs 10-37 minutes here
-    (Whisper: every arm decodes a 30 s clip), more than CI's suite may take, so it runs only
-    when asked: FPSIM_REAL_MODEL_STUDY=1 python -m pytest -k real_models_quick_study."""
-    if os.environ.get("FPSIM_REAL_MODEL_STUDY") != "1":
-        pytest.skip("minutes per model: set FPSIM_REAL_MODEL_STUDY=1 to run it")
+    """The real models' --quick study from the command line on a pool of 2 workers (one thread
+    each): every quick arm, nothing left to torch (Whisper: 1 clip of 2 sentences; MiniLM: 8
+    sentences; their cost per pass: docs/speed.md)."""
     if not present:
         pytest.skip(f"{model}: its package (or espeak-ng) is not installed")
     assert cli.main(["range-vs-precision", "--model", model, "--quick", "--threads", "2",
-                     "--out", str(tmp_path)]) == 0
+                     "--executor", "pool", "--workers", "2", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / f"range-vs-precision-{model}" / "results.json").read_text())
     assert [r["name"] for r in data["runs"]] == [a.name for a in model_study.arms(True)]
     assert all(not r["missed"] for r in data["runs"])
