@@ -1,13 +1,17 @@
 """Per-run cost of the range-vs-precision study on each model (``fpsim experiment
-range-vs-precision --model M``): one pass of the model over its inputs natively (after one warm-up pass), under the FP32
+range-vs-precision --model M``): one pass of the model over its inputs natively, under the FP32
 reference, under unscaled and per-tensor E4M3 (IEEE-style, the study's e4m3_ieee) and the
-capture pass (:meth:`Adapter.trace`: Whisper's without greedy decoding), interleaved, best of N; per unit (clip, sentence, window) and the full study's
-cost on this machine from them.
+capture pass (``Adapter.trace``: Whisper's without greedy decoding), interleaved, best of N, in
+CPU seconds of this process on one thread (``time.process_time``: what a pool worker spends,
+which a loaded machine's scheduler does not stretch) and wall seconds; per unit (clip,
+sentence, window), and the full study's cost from them: in this process on one thread, and
+with ``--executor pool --workers 2`` on 2 otherwise idle cores (the driver's native and
+reference passes, then the arms shared by two one-thread workers).
 
-    python benchmarks/model_study_bench.py --threads 2 --json benchmarks/results/model_study_bench.json
+    python benchmarks/model_study_bench.py --json benchmarks/results/model_study_bench.json
 
-The table of docs/speed.md is :func:`table` of that JSON (``tests/test_model_study.py``
-checks it); ``--merge A.json B.json --json OUT.json`` joins runs made one model at a time.
+The table of docs/speed.md is ``table`` of that JSON (``tests/test_model_study.py`` checks
+it); ``--merge A.json B.json --json OUT.json`` joins runs made one model at a time.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ SIZES = {"whisper-tiny.en": 3, "minilm": 32, "tiny": 4}
 
 
 def measure(name: str, repeat: int) -> dict:
-    """Seconds per unit of each pass, and the full study's estimated seconds."""
+    """CPU and wall seconds per unit of each pass, and the full study's estimated seconds."""
     adapter = models.get(name)
     model = adapter.model()
     units = adapter.inputs(SIZES[name])
@@ -54,50 +58,61 @@ def measure(name: str, repeat: int) -> dict:
            "e4m3_ieee": under(unscaled.rules()),
            "e4m3_ieee per-tensor": under(scaled.rules()),
            "capture (e4m3_ieee per-tensor)": under(scaled.rules(), capture=True)}
-    fns["native"]()                                  # warm up (imports, lookup tables)
-    best = {k: float("inf") for k in fns}
+    cpu, wall = {k: float("inf") for k in fns}, {k: float("inf") for k in fns}
+    for fn in fns.values():
+        fn()                                         # warm up (imports, tables, compilation)
     for _ in range(repeat):                          # interleaved: a busy neighbour slows all
         for k, fn in fns.items():
-            t = time.perf_counter()
+            t, w = time.process_time(), time.perf_counter()
             fn()
-            best[k] = min(best[k], time.perf_counter() - t)
-    per_unit = {k: v / len(units) for k, v in best.items()}
+            cpu[k] = min(cpu[k], time.process_time() - t)
+            wall[k] = min(wall[k], time.perf_counter() - w)
+    per_unit = {k: v / len(units) for k, v in cpu.items()}
     full = adapter.sizes["full"]
     full_units = len(adapter.inputs(full)) if name == "whisper-tiny.en" else full
     arms = len(model_study.arms(False))
     capture = min(full_units, model_study.CAPTURE_UNITS["full"])
-    arm_cost = per_unit["e4m3_ieee per-tensor"]
-    estimate = (full_units * (per_unit["native"] + per_unit["reference"] + arms * arm_cost)
-                + arms * capture * per_unit["capture (e4m3_ieee per-tensor)"])
+    driver = full_units * (per_unit["native"] + per_unit["reference"])
+    arm_cost = full_units * per_unit["e4m3_ieee per-tensor"] \
+        + capture * per_unit["capture (e4m3_ieee per-tensor)"]
     return {"model": name, "unit": adapter.unit, "units_timed": len(units),
-            "describe": adapter.describe(units), "seconds": best, "seconds_per_unit": per_unit,
-            "ratio_to_native": {k: v / best["native"] for k, v in best.items()},
+            "describe": adapter.describe(units), "cpu_seconds": cpu, "seconds": wall,
+            "cpu_seconds_per_unit": per_unit,
+            "ratio_to_native": {k: v / cpu["native"] for k, v in cpu.items()},
             "full_study": {"units": full_units, "arms": arms, "capture_units": capture,
-                           "estimated_seconds": estimate}}
+                           "in_process_seconds": driver + arms * arm_cost,
+                           "pool_2_seconds": driver + arms * arm_cost / 2}}
 
 
 COLUMNS = ("native", "reference", "e4m3_ieee", "e4m3_ieee per-tensor",
            "capture (e4m3_ieee per-tensor)")
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
 def table(data: dict) -> str:
-    """The Markdown table of docs/speed.md: seconds per unit of each pass, and the full
-    study's estimated hours (units x arms, plus the capture passes)."""
-    lines = ["| model (unit) | " + " | ".join(COLUMNS) + " | full study | estimated |",
-             "|---|" + "---|" * (len(COLUMNS) + 2)]
+    """The Markdown table of docs/speed.md: CPU seconds per unit of each pass on one thread,
+    and the full study's estimated time in this process and on a pool of 2 workers."""
+    lines = ["| model (unit) | " + " | ".join(COLUMNS)
+             + " | full study | in-process, 1 thread | pool of 2 |",
+             "|---|" + "---|" * (len(COLUMNS) + 3)]
     for r in data["rows"]:
         f = r["full_study"]
         lines.append(f"| {r['model']} ({r['unit']}) | "
-                     + " | ".join(f"{r['seconds_per_unit'][k]:.3g} s" for k in COLUMNS)
+                     + " | ".join(f"{r['cpu_seconds_per_unit'][k]:.3g} s" for k in COLUMNS)
                      + f" | {f['units']} {r['unit']}s × {f['arms']} arms | "
-                     f"{f['estimated_seconds'] / 3600:.1f} h |")
+                     f"{_duration(f['in_process_seconds'])} | "
+                     f"{_duration(f['pool_2_seconds'])} |")
     loads = [x for r in data["rows"] for x in (r["machine"]["load_average_1_5_15"][0],
                                               r["machine"]["load_average_after"][0])]
     cores = {r["machine"]["cores"] for r in data["rows"]}
     threads = {r["threads"] for r in data["rows"]}
-    lines += ["", (f"Measured at one-minute load averages {min(loads):.1f}–{max(loads):.1f} on "
-                   f"{'/'.join(map(str, sorted(cores)))} cores, "
-                   f"{'/'.join(map(str, sorted(threads)))} threads.")]
+    lines += ["", (f"CPU seconds of {'/'.join(map(str, sorted(threads)))} thread(s), best of "
+                   f"{'/'.join(sorted({str(r['repeat']) for r in data['rows']}))}, measured at "
+                   f"one-minute load averages {min(loads):.1f}–{max(loads):.1f} on "
+                   f"{'/'.join(map(str, sorted(cores)))} cores.")]
     return "\n".join(lines)
 
 
@@ -111,7 +126,7 @@ def merge(paths: list[Path]) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--models", nargs="*", default=list(SIZES))
     p.add_argument("--json", type=Path)

@@ -159,9 +159,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(str(exc))
     # --- range-vs-precision --model tiny|whisper-tiny.en|minilm|DIR: model_study ---
     if args.name == range_vs_precision.NAME and model_study.selected(args.model):
-        if args.executor != "inprocess" or args.resume or args.tokens:
-            p.error(f"{args.name} --model {args.model} runs in this process on its own inputs "
-                    "(--quick for a few): drop --executor, --resume and --tokens")
+        if args.tokens:
+            p.error(f"{args.name} --model {args.model} runs on its own inputs (--quick for a "
+                    "few): drop --tokens")
         return args
     # ---
     kind = anymodel.model_type(args.model)

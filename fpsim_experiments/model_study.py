@@ -22,17 +22,24 @@ the model's first metric between two arms that differ in one named factor only; 
 (:func:`.bootstrap.p_value`) joins one Holm family per model, and a side is called only when
 the interval excludes 1 and the ratio survives Holm.  A capture pass on the first units
 (:data:`CAPTURE_UNITS`) records per site the operand amax and the elements that overflowed,
-saturated or flushed (:meth:`fpsim.emulation.Emulation.table`).  Runs in this process only.
+saturated or flushed (:meth:`fpsim.emulation.Emulation.table`).
+
+Each arm is a task of the sweep runner (``fpsim_experiments.sweep.runner.execute``): in this
+process, on a local process pool or on Ray, its result written to ``OUT/.../tasks`` as it
+ends, so ``--resume`` computes only the arms a killed run left.  The driver computes the
+inputs and the FP32 reference once and saves them there (``StudyWork``); a worker reads them
+once per process, so every arm sees the same bits whichever executor runs it.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -44,6 +51,8 @@ from fpsim.emulation.recipe import FP32
 from . import bootstrap, models
 from .bootstrap import fmt_ci
 from .report import finish, num, page, pct, table, versions
+from .sweep import runner
+from .sweep.runs import Execution
 
 NAME = "range-vs-precision"
 SPLITS = {8: (2, 3, 4, 5), 12: (3, 4, 5, 6), 16: (4, 5, 6, 8)}    # exponent bits per budget
@@ -62,10 +71,17 @@ class Arm:
 
     recipe: Recipe
     factors: dict[str, Any] = field(hash=False)
+    #: every arm compares with the one FP32 reference (a task of the sweep runner)
+    ref_key: ClassVar[str] = "reference"
 
     @property
     def name(self) -> str:
         return self.recipe.name
+
+    @property
+    def slug(self) -> str:
+        """The readable part of its task file's name."""
+        return self.name
 
     def rules(self) -> Rules:
         """The rules of :func:`fpsim.emulate`: norms named first (FP32 or the recipe), then
@@ -151,6 +167,43 @@ def comparisons(planned: list[Arm]) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def run_arms(adapter: models.Adapter, inputs: list, ref: list, planned: list[Arm],
+             capture: int, ex: Execution) -> list[dict[str, Any]]:
+    """``run_arm`` of every planned arm on ``ex`` (``runner.execute``), in plan order; raises
+    naming every arm that failed after the others ended (those are kept for ``--resume``)."""
+    source = adapter.source
+    if ex.executor != "inprocess" and source is None:
+        raise ValueError(f"--executor {ex.executor} rebuilds the model in each worker, and this "
+                         "adapter was not made by fpsim_experiments.models.get: run in-process")
+    source = source if source is not None else ("object", id(adapter))
+    folder = ex.folder
+    if folder is None:
+        if ex.executor != "inprocess":
+            raise ValueError(f"--executor {ex.executor} needs a folder for the task files")
+        saved = ""
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        saved = str(folder / "reference.pt")
+        torch.save((inputs, ref), saved)
+    _ADAPTERS.clear()
+    _ADAPTERS[source] = adapter
+    _SAVED.clear()
+    _SAVED[saved] = (inputs, ref)
+    work = StudyWork(source, saved, capture)
+    meta = {"model": adapter.name, **adapter.describe(inputs), "capture": capture}
+    specs = {a: {**meta, "arm": a.name, "recipe": a.recipe.to_json(), "factors": a.factors}
+             for a in planned}
+    outcome = runner.execute(work, planned, specs, folder, ex.executor, workers=ex.workers,
+                             address=ex.address, resume=ex.resume, retries=ex.retries,
+                             desc=f"{adapter.name}: arms")
+    if outcome.failed:
+        kept = f"; the {len(outcome.results)} finished are kept in {folder}: rerun with " \
+               "--resume to compute only the others" if folder is not None else ""
+        raise RuntimeError(f"{len(outcome.failed)} arm(s) failed: " + "; ".join(
+            f"{f['task']}: {f['error']}" for f in outcome.failed) + kept)
+    return [{k: v for k, v in outcome.results[a].items() if k != "versions"} for a in planned]
+
+
 def _value(scores: tuple[list[float], list[float]]) -> float:
     n, d = math.fsum(scores[0]), math.fsum(scores[1])
     return n / d if d else math.nan
@@ -197,10 +250,49 @@ def run_arm(adapter: models.Adapter, model: Any, units: list, ref: list, arm_: A
             "seconds": round(seconds, 2)}
 
 
+#: The adapters and the saved inputs and reference this process has, by source and file
+#: (a worker keeps them between tasks; the driver registers its own)
+_ADAPTERS: dict[Any, models.Adapter] = {}
+_SAVED: dict[str, tuple[list, list]] = {}
+
+
+@dataclass(frozen=True)
+class StudyWork:
+    """The study's arms as the sweep runner's work: ``source`` names the model
+    (``models.get``'s argument, or ``("object", id)`` for an adapter made otherwise, this
+    process only), ``saved`` the file of the inputs and the FP32 reference, ``capture`` the
+    units of the capture pass."""
+
+    source: Any
+    saved: str
+    capture: int
+
+    def reference(self, task: Arm, device: str) -> str:
+        """The saved file (read once per process by ``compute``)."""
+        if self.saved not in _SAVED and not Path(self.saved).is_file():
+            raise FileNotFoundError(f"{self.saved}: the study's inputs and reference are not "
+                                    "there; a Ray cluster on other machines needs --out on a "
+                                    "filesystem they share")
+        return self.saved
+
+    def compute(self, task: Arm, ref: str, device: str) -> dict[str, Any]:
+        """``run_arm`` of the arm on the saved inputs, with the versions that computed it."""
+        if self.source not in _ADAPTERS:
+            _ADAPTERS[self.source] = models.get(self.source)
+        if ref not in _SAVED:
+            _SAVED.clear()
+            _SAVED[ref] = torch.load(ref, weights_only=False)
+        adapter, (inputs, out) = _ADAPTERS[self.source], _SAVED[ref]
+        return {**run_arm(adapter, adapter.model(), inputs, out, task, self.capture),
+                "versions": versions()}
+
+
 def study(adapter: models.Adapter, quick: bool, units: int | None = None,
-          planned: list[Arm] | None = None) -> dict[str, Any]:
+          planned: list[Arm] | None = None,
+          execution: Execution | None = None) -> dict[str, Any]:
     """The whole study of one model: reference, every arm (default :func:`arms`), every
-    comparison with Holm; ``units``: inputs (default the adapter's quick or full size)."""
+    comparison with Holm; ``units``: inputs (default the adapter's quick or full size);
+    ``execution``: where the arms run (default this process, no task files)."""
     size = "quick" if quick else "full"
     model = adapter.model()
     inputs = adapter.inputs(units or adapter.sizes[size])
@@ -214,7 +306,7 @@ def study(adapter: models.Adapter, quick: bool, units: int | None = None,
     native = time.perf_counter() - start
     capture = min(len(inputs), CAPTURE_UNITS[size])
     planned = arms(quick) if planned is None else planned
-    runs = [run_arm(adapter, model, inputs, ref, a, capture) for a in planned]
+    runs = run_arms(adapter, inputs, ref, planned, capture, execution or Execution())
     baseline = summarize(adapter.score(inputs, ref, ref))
     by = {r["name"]: r for r in runs}
     primary = next(iter(adapter.metrics))
@@ -342,12 +434,17 @@ def main(args: argparse.Namespace) -> int:
     """Run (or ``--render``) the study of ``args.model`` into ``OUT/range-vs-precision-<model>``."""
     out = args.out / f"{NAME}-{slug(args.model)}"
     data = None
+    ex = Execution(args.executor, args.workers, args.address, out / "tasks", args.resume)
     if not args.render:
         torch.set_num_threads(args.threads)
+        os.environ["FPSIM_THREADS"] = str(args.threads)   # fpsim.parallel reads it per call
         start = time.perf_counter()
         adapter = models.get(args.model)
-        data = study(adapter, args.quick)
+        data = study(adapter, args.quick, execution=ex)
         data["meta"] = {"model": adapter.name, "quick": args.quick, "threads": args.threads,
-                        **versions(), "seconds": round(time.perf_counter() - start, 1)}
+                        "executor": args.executor, "workers": args.workers, **versions(),
+                        "seconds": round(time.perf_counter() - start, 1)}
     finish(NAME, out, data, render)
+    if data is not None:
+        ex.finish()
     return 0

@@ -687,6 +687,23 @@ MUTANTS = [
            'Cast(FP8, "tensor"),',
            'DELAYED = Recipe(Cast(FP8, "delayed", saturate=True, history=1), Cast(FP8, "tensor"),',
            ["tests/test_practice.py::test_delayed_scaling_is_fpsim_emulates_amax_history"]),
+    Mutant("study-arm-order", "the arms' results come back in reverse plan order",
+           'return [{k: v for k, v in outcome.results[a].items() if k != "versions"} for a in '
+           "planned]",
+           'return [{k: v for k, v in outcome.results[a].items() if k != "versions"} for a in '
+           "planned[::-1]]", MODEL_STUDY),
+    # the emulation's operand caches (issue 41: the study at speed)
+    Mutant("recent-unchecked", "a recurring operand's quantization is reused after its bits "
+           "changed", "if entry is None or not torch.equal(_bits(entry[0]), _bits(b)):",
+           "if entry is None:", ["tests/test_emulate.py::test_only_parameters_are_cached"]),
+    Mutant("recent-off", "recurring operands are quantized at every call",
+           "cache = self.cache if _parameter(b) else self.recent if _recurring(b) else None",
+           "cache = self.cache if _parameter(b) else None",
+           ["tests/test_emulate.py::test_recurring_operands_are_quantized_once"]),
+    Mutant("widened-by-shape", "weights of one shape share one FP64 widening",
+           'key = ("fp64", t.data_ptr(), t._version, tuple(t.shape), t.stride(), t.dtype)',
+           'key = ("fp64", t._version, tuple(t.shape), t.stride(), t.dtype)',
+           ["tests/test_emulate.py"]),
 ]
 
 

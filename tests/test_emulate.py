@@ -293,14 +293,44 @@ def test_contexts_do_not_nest_and_end_cleanly():
 
 
 def test_only_parameters_are_cached():
-    """A right operand that is not a parameter is quantized at every call, even when its
-    address, shape and version stay the same (``.data`` writes do not bump the version)."""
+    """A right operand that is not a parameter is quantized again whenever its bits change,
+    even when its address, shape and version stay the same (``.data`` writes do not bump the
+    version)."""
     rec = Recipe("e4m3", scaling="tensor")
     x, w = torch.ones(2, 8), torch.ones(8, 8)
     with fpsim.emulate(rec):
         for scale in (1.0, 2.0, 3.0):
             w.data.fill_(scale)
             assert torch.equal(torch.addmm(torch.zeros(8), x, w), torch.full((2, 8), 8 * scale))
+
+
+def test_recurring_operands_are_quantized_once(monkeypatch):
+    """A right operand that recurs unchanged (a decoder's cached keys) is quantized once, its
+    result the same bits; a weight is widened to FP64 once, whatever the calls."""
+    from fpsim.emulation import sites
+
+    calls, widened = [], []
+    quantize, to = sites._quantize_counted, torch.Tensor.to
+    monkeypatch.setattr(sites, "_quantize_counted", lambda x, *a: calls.append(x.shape) or
+                        quantize(x, *a))
+    torch.manual_seed(0)
+    x, k = torch.randn(3, 8), torch.randn(8, 5)
+    layer = torch.nn.Linear(8, 4)
+    with torch.no_grad(), fpsim.emulate(Recipe("e4m3", scaling="tensor")):
+        first = x @ k
+        assert torch.equal(x @ k, first) and len(calls) == 3     # x, k, then x only
+        monkeypatch.setattr(torch.Tensor, "to", lambda t, *a, **kw: (
+            widened.append(t.shape) if t.shape == (8, 4) and a == (torch.float64,) else None)
+            or to(t, *a, **kw))
+        assert torch.equal(layer(x), layer(x))
+    assert widened == [(8, 4)]
+    monkeypatch.undo()
+    other = torch.nn.Linear(8, 4)                        # a weight of the same shape
+    with torch.no_grad(), fpsim.emulate(Recipe("e4m3", scaling="tensor")):
+        alone = other(x)
+    with torch.no_grad(), fpsim.emulate(Recipe("e4m3", scaling="tensor")):
+        layer(x)
+        assert torch.equal(other(x), alone)
 
 
 def test_interceptor_and_its_weight_cache_free_without_the_cycle_collector():

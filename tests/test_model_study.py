@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import shutil
 import struct
 from pathlib import Path
@@ -161,11 +160,50 @@ def test_encoders_and_encoder_decoders(hf_dirs: dict, name: str, kind: str,
 
 
 def test_study_flags_that_do_not_apply(hf_dirs: dict) -> None:
-    for extra in (["--executor", "pool"], ["--resume"], ["--tokens", "64"]):
-        with pytest.raises(SystemExit):
-            cli.parse_args(["range-vs-precision", "--model", "minilm", *extra])
+    with pytest.raises(SystemExit):
+        cli.parse_args(["range-vs-precision", "--model", "minilm", "--tokens", "64"])
     with pytest.raises(SystemExit, match="not one of tiny"):
         get("no-such-model")
+    adapter = get(str(hf_dirs["bert"]))
+    adapter.source = None                               # made otherwise: no worker can rebuild it
+    with pytest.raises(ValueError, match="not made by fpsim_experiments.models.get"):
+        model_study.study(adapter, True, units=2, planned=[model_study.arm(8, 4)],
+                          execution=model_study.Execution("pool", 2, folder=Path("unused")))
+
+
+def _numbers(path: Path) -> dict:
+    """A study's results.json without what depends on the run (seconds, executor)."""
+    data = json.loads(path.read_text())
+    del data["meta"], data["seconds"]
+    for run in data["runs"]:
+        del run["seconds"]
+    return data
+
+
+@pytest.mark.slow
+def test_a_pool_of_two_and_resume_give_the_in_process_study(hf_dirs: dict,
+                                                             tmp_path: Path) -> None:
+    """--executor pool (2 workers) writes the in-process results.json; --resume after a kill
+    computes only the arms whose task files are missing, and gives it again."""
+    cmd = ["range-vs-precision", "--model", str(hf_dirs["bert"]), "--quick", "--threads", "1"]
+    assert cli.main([*cmd, "--out", str(tmp_path / "here")]) == 0
+    assert cli.main([*cmd, "--out", str(tmp_path / "pool"), "--executor", "pool",
+                     "--workers", "2"]) == 0
+    name = f"range-vs-precision-{hf_dirs['bert'].name}"
+    here = _numbers(tmp_path / "here" / name / "results.json")
+    assert _numbers(tmp_path / "pool" / name / "results.json") == here
+    assert not (tmp_path / "pool" / name / "tasks").exists()      # removed once written
+    # a killed run: the task files of its first three arms only
+    adapter, planned = get(str(hf_dirs["bert"])), model_study.arms(True)
+    tasks = tmp_path / "resume" / name / "tasks"
+    first = model_study.Execution(folder=tasks)
+    model_study.study(adapter, True, planned=planned[:3], execution=first)
+    kept = {p: p.read_bytes() for p in tasks.glob("*.json")}
+    assert len(kept) == 3
+    with pytest.raises(ValueError, match="pass --resume"):      # refused without --resume
+        cli.main([*cmd, "--out", str(tmp_path / "resume")])
+    assert cli.main([*cmd, "--out", str(tmp_path / "resume"), "--resume"]) == 0
+    assert _numbers(tmp_path / "resume" / name / "results.json") == here
 
 
 @pytest.mark.slow
@@ -201,15 +239,13 @@ def test_minilm_embeds_as_sentence_transformers_does() -> None:
 @pytest.mark.parametrize("model, present", [("whisper-tiny.en", WHISPER and ESPEAK),
                                             ("minilm", MINILM)])
 def test_real_models_quick_study(model: str, present: bool, tmp_path: Path) -> None:
-    """The real models' --quick study from the command line.  It costs 10-37 minutes here
-    (Whisper: every arm decodes a 30 s clip), more than CI's suite may take, so it runs only
-    when asked: FPSIM_REAL_MODEL_STUDY=1 python -m pytest -k real_models_quick_study."""
-    if os.environ.get("FPSIM_REAL_MODEL_STUDY") != "1":
-        pytest.skip("minutes per model: set FPSIM_REAL_MODEL_STUDY=1 to run it")
+    """The real models' --quick study from the command line on a pool of 2 workers (one thread
+    each): every quick arm, nothing left to torch (Whisper: 1 clip of 2 sentences; MiniLM: 8
+    sentences; their cost per pass: docs/speed.md)."""
     if not present:
         pytest.skip(f"{model}: its package (or espeak-ng) is not installed")
     assert cli.main(["range-vs-precision", "--model", model, "--quick", "--threads", "2",
-                     "--out", str(tmp_path)]) == 0
+                     "--executor", "pool", "--workers", "2", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / f"range-vs-precision-{model}" / "results.json").read_text())
     assert [r["name"] for r in data["runs"]] == [a.name for a in model_study.arms(True)]
     assert all(not r["missed"] for r in data["runs"])

@@ -33,6 +33,9 @@ from .recipe import FP64, Recipe
 from .sitestats import SiteStats
 
 Native = Callable[[], Tensor]
+#: Right operands other than parameters whose quantization is kept (``sites.Recent``): a
+#: decoder step's attention keys and values, its own and the encoder's, for up to 8 layers
+RECENT = 32
 
 
 
@@ -78,6 +81,7 @@ class Interceptor(TorchFunctionMode):
         super().__init__()
         self.em = em
         self.cache: dict = {}                     # quantized parameters (sites.linear's cache)
+        self.recent = sites.Recent(RECENT)        # other right operands quantized lately
         self.stack: list[str] = []                # module paths of the forward calls under way
         self.names: dict[int, str] = {}           # id(module) -> path from the outermost module
         self.counts: dict[str, int] = {}          # calls per site name in this forward pass
@@ -245,7 +249,7 @@ class Interceptor(TorchFunctionMode):
         a, b = a.to(dt), b.to(dt)
         bias = None if bias is None else bias.to(dt)
         events: dict | None = {} if self.em.capture or self.em.watch else None
-        cache = self.cache if _parameter(b) else None  # only parameters live long enough
+        cache = self.cache if _parameter(b) else self.recent if _recurring(b) else None
         if recipe is None:
             y = native()
         elif backward.handles(recipe, a, b, bias):      # gradients, training casts
@@ -253,7 +257,7 @@ class Interceptor(TorchFunctionMode):
         elif causal:
             y = sites.causal_matmul(recipe, a, b, events)
         elif bias is None and kind != "linear":
-            y = sites.matmul(recipe, a, b, events)
+            y = sites.matmul(recipe, a, b, events, cache)
         else:
             y = sites.linear(recipe, a, b, bias, events, cache)
         if events is not None and self.em.capture:          # a watch alone records no row
@@ -650,6 +654,13 @@ def _per_dim(v: Any, d: int) -> list[int]:
 def _parameter(t: Tensor) -> bool:
     """True for an ``nn.Parameter`` or a view of one (``weight.t()``)."""
     return isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)
+
+
+def _recurring(t: Tensor) -> bool:
+    """Whether a right operand that is no parameter may be kept in ``Interceptor.recent``:
+    it has a version counter, which the cache key holds (not an inference tensor), and no
+    gradient (a kept quantization would reuse an earlier graph)."""
+    return not t.is_inference() and not t.requires_grad
 
 
 def _floating(*ts: Any) -> bool:

@@ -232,26 +232,65 @@ def unflush(x: Tensor, q: Tensor, recipe: Recipe) -> Tensor:
     return q if recipe.flush else torch.where((q == 0) & (x != 0), x, q)
 
 
+class Recent(dict):
+    """A cache for ``_operands`` of the ``size`` right operands used last that are not
+    parameters but recur, such as a decoder's cached cross-attention keys and values: quantized
+    once per clip instead of at every token.  An entry keeps a copy of its operand and is used
+    only while the operand still holds the same bits (``find``): a write through ``.data``
+    changes no version counter.
+
+    >>> r = Recent(1); x = torch.ones(2); r[1] = (x, "q", None); r.find(1, x)[1]
+    'q'
+    >>> x.data[0] = 2; r.find(1, x) is None
+    True
+    """
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def find(self, key: Any, b: Tensor) -> tuple | None:
+        """The entry of ``key`` when ``b`` holds the bits it was made from, else None."""
+        entry = self.get(key)
+        if entry is None or not torch.equal(_bits(entry[0]), _bits(b)):
+            return None
+        self[key] = self.pop(key)                 # the most recently used last
+        return entry
+
+    def __setitem__(self, key: Any, entry: tuple) -> None:
+        self.pop(key, None)
+        super().__setitem__(key, (entry[0].clone(), *entry[1:]))
+        while len(self) > self.size:
+            del self[next(iter(self))]
+
+
+def _bits(t: Tensor) -> Tensor:
+    """``t``'s bits as integers (-0.0 and 0.0 differ, a NaN equals itself)."""
+    return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[
+        t.element_size()])
+
+
 def _operands(
     recipe: Recipe, a: Tensor, b: Tensor, events: dict | None, cache: dict | None = None
 ) -> tuple[Tensor, Tensor]:
     """Quantize ``a`` (reducing along its last axis) and ``b`` (along its second to last).
 
-    ``cache`` keeps ``b``'s quantization by storage, version (in-place updates bump it), shape
-    and recipe: pass one for weights, which every batch and every replay of the same recipe
-    would otherwise quantize again.
+    ``cache`` keeps ``b``'s quantization (with ``b`` itself, whose storage then stays allocated)
+    by storage, version (in-place updates bump it), shape and recipe: pass a dict for weights,
+    which every batch and every replay of the same recipe would otherwise quantize again, or a
+    ``Recent`` for operands that recur for a while.
     """
     count = events is not None
     qa, ev_a = _quantize_counted(a, recipe.inputs, recipe, -1, count)
-    key = (b.data_ptr(), b._version, tuple(b.shape), b.stride(),
+    key = (b.data_ptr(), b._version, tuple(b.shape), b.stride(), b.dtype,
            recipe.cast(recipe.weight_format, -2))
-    if cache is None or key not in cache or (count and cache[key][1] is None):
-        found = _quantize_counted(b, recipe.weight_format, recipe, -2, count)
+    found = None if cache is None else cache.find(key, b) if isinstance(cache, Recent) \
+        else cache.get(key)
+    if found is None or (count and found[2] is None):
+        found = (b, *_quantize_counted(b, recipe.weight_format, recipe, -2, count))
         if cache is not None:
             cache[key] = found
-    else:
-        found = cache[key]
-    qb, ev_b = found
+    _, qb, ev_b = found
     if count:
         events["a"], events["b"] = ev_a, ev_b
     return qa, qb
@@ -290,10 +329,11 @@ def _emulated_matmul(a: Tensor, b: Tensor, recipe: Recipe, events: dict | None) 
 
 
 def _product(
-    recipe: Recipe, a: Tensor, b: Tensor, bias: Tensor | None, events: dict | None
+    recipe: Recipe, a: Tensor, b: Tensor, bias: Tensor | None, events: dict | None,
+    cache: dict | None = None,
 ) -> Tensor:
     """``a @ b (+ bias)`` accumulated as the recipe says, in ``a``'s dtype; bias added at the
-    end."""
+    end (``cache``: ``_operands``' cache, which then keeps ``b`` widened to FP64 too)."""
     if recipe.emulated:
         y = _emulated_matmul(a, b, recipe, events)
         return y if bias is None else y + bias
@@ -301,11 +341,25 @@ def _product(
         y = a @ b                                 # then the bias, as torchao / TE add it
         return y if bias is None else y + bias
     acc, f64 = NATIVE_ACCUMULATORS[recipe.accum], torch.float64
+    b = widened(b, cache)
     if bias is None:
-        return (a.to(f64) @ b.to(f64)).to(acc).to(a.dtype)
+        return (a.to(f64) @ b).to(acc).to(a.dtype)
     a2 = a.reshape(-1, a.shape[-1]).to(f64)
-    y = torch.addmm(bias.to(f64), a2, b.to(f64)).to(acc).to(a.dtype)
+    y = torch.addmm(bias.to(f64), a2, b).to(acc).to(a.dtype)
     return y.view(*a.shape[:-1], b.shape[-1])
+
+
+def widened(t: Tensor, cache: dict | None) -> Tensor:
+    """``t`` in FP64, kept in ``cache`` (by storage, version, shape and strides) when one is
+    given, so that a greedy decoder does not widen its output weight again at every token.
+    The entry holds ``t`` too: its storage cannot be freed and reused by another tensor while
+    the cache lives."""
+    if cache is None or isinstance(cache, Recent) or t.dtype == torch.float64:
+        return t.to(torch.float64)           # a Recent keeps operands whose bits it checks
+    key = ("fp64", t.data_ptr(), t._version, tuple(t.shape), t.stride(), t.dtype)
+    if key not in cache:
+        cache[key] = (t, t.to(torch.float64))
+    return cache[key][1]
 
 
 def _row_dot(recipe: Recipe, u: Tensor, v: Tensor, events: dict | None = None) -> Tensor:
@@ -343,12 +397,14 @@ def linear(
     ``cache`` (a dict the caller keeps per model) holds quantized weights between calls.
     """
     qx, qW = _operands(recipe, x, W, events, cache)
-    return round_output(_product(recipe, qx, qW, b, events), recipe)
+    return round_output(_product(recipe, qx, qW, b, events, cache), recipe)
 
 
-def matmul(recipe: Recipe, a: Tensor, b: Tensor, events: dict | None = None) -> Tensor:
-    """Batched ``a @ b`` under ``recipe``; fills ``events`` if given."""
-    qa, qb = _operands(recipe, a, b, events)
+def matmul(recipe: Recipe, a: Tensor, b: Tensor, events: dict | None = None,
+           cache: dict | None = None) -> Tensor:
+    """Batched ``a @ b`` under ``recipe``; fills ``events`` if given (``cache``: ``b``'s
+    quantization kept, as ``_operands`` says)."""
+    qa, qb = _operands(recipe, a, b, events, cache)
     return round_output(_product(recipe, qa, qb, None, events), recipe)
 
 

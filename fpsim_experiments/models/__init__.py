@@ -22,7 +22,14 @@ NAMES = ("tiny", "whisper-tiny.en", "minilm")
 
 
 def get(name: str | Path) -> Adapter:
-    """The adapter of ``name`` (one of :data:`NAMES`) or of a Hugging Face directory."""
+    """The adapter of ``name`` (one of :data:`NAMES`) or of a Hugging Face directory, with
+    ``name`` as its ``source`` (what a worker process builds it again from)."""
+    adapter = _make(name)
+    adapter.source = str(name)
+    return adapter
+
+
+def _make(name: str | Path) -> Adapter:
     if name == "tiny":
         from .lm import TinyGPT2
         return TinyGPT2()

@@ -21,9 +21,11 @@ class Adapter:
 
     ``name``: how reports call it; ``unit``: the independent unit its inputs come in;
     ``metrics``: metric -> what it is (the first is the one comparisons use; every metric is
-    lower-is-better); ``sizes``: units of a ``--quick`` and of a full run.
+    lower-is-better); ``sizes``: units of a ``--quick`` and of a full run; ``source``: what
+    ``models.get`` made it from (None: made otherwise).
     """
 
+    source: str | None = None
     name: str = ""
     unit: str = ""
     metrics: ClassVar[dict[str, str]] = {}
