@@ -490,6 +490,9 @@ def assert_same_stats(a, b, **kw) -> None:
 
 @pytest.mark.parametrize("kw", [
     dict(accum="fp16"), dict(accum="bf16", rounding="rtz"), dict(accum="fp8_e4m3fnuz"),
+    dict(accum="fp32"), dict(accum="fp32", order="chunked", chunk=16),
+    dict(order="tensor_core", tensor_core="blackwell_fp8_f16"),
+    dict(order="tensor_core", tensor_core="ampere_tf32", chunk=8),
     dict(accum="fp16", order="chunked", chunk=8), dict(accum="fp8_e5m2", order="fma"),
     dict(order="tensor_core", tensor_core="hopper_fp8", chunk=64),
     dict(order="tensor_core", tensor_core="volta_fp16_f16"),

@@ -214,13 +214,20 @@ def _promote(tot, acc, rows, n, identity, fnuz, f32, sw, pk, stats):
 
 @njit(inline="always", **JIT_OPTIONS)
 def _step_counted(row, x, brow, n, finite, fast, rdown, magic, f, sw, pk):
-    """``_step`` (its common case, else its general form: the same bits) with the
+    """``_step`` (its two finite cases, else its general form: the same bits) with the
     statistics of each addition."""
     if finite and fast and magic and not rdown:
         for j in range(n):
             old = row[j]
             p = x * brow[j]
             row[j] = _nearest(old + p, f)
+            _count(sw, pk, j, p, old, row[j])
+        return
+    if finite and magic:
+        for j in range(n):
+            old = row[j]
+            p = x * brow[j]
+            row[j] = _nearest(_sum(old, p, False, rdown, False), f)
             _count(sw, pk, j, p, old, row[j])
         return
     for j in range(n):
@@ -461,22 +468,33 @@ def _raise_to(EA, EB, k0, k1, step, j0, n, tops):
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _cut_sum(A, Bm, k0, k1, run, j0, n, up, cut, s, ps, finite):
+def _cut_sum(A, Bm, k0, k1, run, j0, n, up, cut, s, ps, finite, sums):
     """s = sum of the products (runs of ``run`` summed exactly first) times ``up``, each cut
-    to an integer; ps = their float64 sum when NaN or inf may occur (else left alone).  The
-    common cases have loops of their own (a branch inside a loop keeps it from vectorising)."""
+    to an integer; ps = their float64 sum when NaN or inf may occur or ``sums`` (the
+    statistics' products sum; else left alone).  The common cases have loops of their own (a
+    branch inside a loop keeps it from vectorising)."""
     for j in range(n):
         s[j] = 0.0
-    if not finite:
+    if sums or not finite:
         for j in range(n):
             ps[j] = 0.0
     for k in range(k0, k1, run):
         if run == 1:
             x = A[k]
             brow = Bm[k, j0:j0 + n]
-            if finite and cut == 0:
+            if finite and cut == 0 and sums:
+                for j in range(n):
+                    p = x * brow[j]
+                    s[j] += np.trunc(p * up[j])
+                    ps[j] += p
+            elif finite and cut == 0:
                 for j in range(n):
                     s[j] += np.trunc(x * brow[j] * up[j])
+            elif finite and sums:
+                for j in range(n):
+                    p = x * brow[j]
+                    s[j] += _cut(p * up[j], cut)
+                    ps[j] += p
             elif finite:
                 for j in range(n):
                     s[j] += _cut(x * brow[j] * up[j], cut)
@@ -491,7 +509,7 @@ def _cut_sum(A, Bm, k0, k1, run, j0, n, up, cut, s, ps, finite):
                 for q in range(k, k + run):
                     p += A[q] * Bm[q, j0 + j]
                 s[j] += _cut(p * up[j], cut)
-                if not finite:
+                if sums or not finite:
                     ps[j] += p
 
 
@@ -509,14 +527,15 @@ def _nv_result(c, s, up, top, f, beyond, spec, to):
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _fused_group(acc, A, EA, Bm, EB, k0, k1, j0, n, tops, up, s, ps, finite, f, run, cut,
-                 align, emin, beyond, spec, rdown, to):
+def _fused_group(acc, A, EA, Bm, EB, k0, k1, j0, n, tops, up, s, ps, finite, sums, f, run,
+                 cut, align, emin, beyond, spec, rdown, to):
     """GroupStep._step: products and (``align``) C aligned to the largest exponent, cut, summed
-    exactly, rounded to the result (or, unaligned, added to C with one rounding)."""
+    exactly, rounded to the result (or, unaligned, added to C with one rounding); ``sums``:
+    the products' float64 sum in ``ps`` too (``_cut_sum``)."""
     _align(acc, EA, EB, k0, k1, run, j0, n, tops, emin, align)
     for j in range(n):
         up[j] = _pow2(f - tops[j])
-    _cut_sum(A, Bm, k0, k1, run, j0, n, up, cut, s, ps, finite)
+    _cut_sum(A, Bm, k0, k1, run, j0, n, up, cut, s, ps, finite, sums)
     if finite and align and cut == 0 and to == 2:          # NVIDIA's FP32 and E8M13 results
         for j in range(n):
             acc[j] = _nv_result(acc[j], s[j], up[j], tops[j], f, beyond, spec, 2)
@@ -722,8 +741,8 @@ def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk, kind,
                             old[j] = acc[r, j]
                     if kind == FUSED:                   # statistics need the products' sum
                         _fused_group(acc[r], A[i], EA[i], Bm, EB, k0, k1, j0, n, t0, v1, v0,
-                                     ps, finite and not stats, f, run, cut, align, emin, beyond,
-                                     spec, rdown, to)
+                                     ps, finite, stats, f, run, cut, align, emin, beyond, spec,
+                                     rdown, to)
                     elif kind == CDNA3:
                         _cdna3_group(acc[r], A[i], EA[i], Bm, EB, k0, k1, j0, n, t0, t1, v0,
                                      v1, ps, f, cut, halves, sum_bits, c_bits, emin, spec, to)
@@ -738,3 +757,43 @@ def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk, kind,
                             _count(bsw[r], bpk[r], j, y[j], o, acc[r, j])
             _block_out(tot, acc, bsw, bpk, Ob, sw, pk, bi, i0, j0, rows, n, 0.0, False, f32,
                        chunk, stats)
+
+
+# ----------------------------------------------------------------------------------------------
+# capture's error statistics (fpsim.emulation.intercept.error_energy)
+# ----------------------------------------------------------------------------------------------
+@njit(**JIT_OPTIONS)
+def error_energy(y, r):
+    """Results ``y`` (float32 or float64) against the reference ``r`` (float64), both flat: the
+    count of ``y`` inf/NaN where ``r`` is finite, and over the elements finite in both the sums
+    of ``r * r`` and ``(y - r)^2`` in float64, in one pass (eight running sums of each, added
+    in order at the end: the same on every machine)."""
+    sig = np.zeros(8)
+    noi = np.zeros(8)
+    bad = 0
+    n = y.size
+    for i0 in range(0, n - n % 8, 8):
+        for q in range(8):
+            a = r[i0 + q]
+            b = np.float64(y[i0 + q])
+            fr, fy = abs(a) < np.inf, abs(b) < np.inf      # False for inf and NaN
+            ok = fr & fy
+            bad += fr & (not fy)
+            d = b - a
+            sig[q] += a * a if ok else 0.0
+            noi[q] += d * d if ok else 0.0
+    for i in range(n - n % 8, n):
+        a = r[i]
+        b = np.float64(y[i])
+        fr, fy = abs(a) < np.inf, abs(b) < np.inf
+        ok = fr & fy
+        bad += fr & (not fy)
+        d = b - a
+        sig[0] += a * a if ok else 0.0
+        noi[0] += d * d if ok else 0.0
+    s = 0.0
+    e = 0.0
+    for q in range(8):
+        s += sig[q]
+        e += noi[q]
+    return bad, s, e
