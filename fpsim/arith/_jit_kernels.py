@@ -213,10 +213,29 @@ def _promote(tot, acc, rows, n, identity, fnuz, f32, sw, pk, stats):
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _step_counted(row, x, brow, n, finite, fast, rdown, magic, f, sw, pk):
+def _tally(sw, pk, j, old, new):
+    """``_count`` where the addend is known non-zero and ``old`` finite (see ``_step_counted``):
+    one comparison and one maximum."""
+    sw[j] += new == old
+    a = abs(new)
+    pk[j] = a if a > pk[j] else pk[j]
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _step_counted(row, x, brow, n, finite, fast, rdown, magic, f, sw, pk, careful):
     """``_step`` (its two finite cases, else its general form: the same bits) with the
-    statistics of each addition."""
+    statistics of each addition.  Unless ``careful`` (the caller's: ``brow`` holds a zero, or
+    the block is run again because a partial sum overflowed), a finite case with ``x != 0``
+    counts by ``_tally``: its products are exact and non-zero, and a partial sum is finite
+    until it overflows, which leaves inf in ``pk``."""
+    quick = not careful and x != 0
     if finite and fast and magic and not rdown:
+        if quick:
+            for j in range(n):
+                old = row[j]
+                row[j] = _nearest(old + x * brow[j], f)
+                _tally(sw, pk, j, old, row[j])
+            return
         for j in range(n):
             old = row[j]
             p = x * brow[j]
@@ -224,6 +243,12 @@ def _step_counted(row, x, brow, n, finite, fast, rdown, magic, f, sw, pk):
             _count(sw, pk, j, p, old, row[j])
         return
     if finite and magic:
+        if quick:
+            for j in range(n):
+                old = row[j]
+                row[j] = _nearest(_sum(old, x * brow[j], False, rdown, False), f)
+                _tally(sw, pk, j, old, row[j])
+            return
         for j in range(n):
             old = row[j]
             p = x * brow[j]
@@ -235,6 +260,38 @@ def _step_counted(row, x, brow, n, finite, fast, rdown, magic, f, sw, pk):
         p = _product(x, brow[j], True)
         row[j] = _add(old, p, fast, rdown, magic, f)
         _count(sw, pk, j, p, old, row[j])
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _sweep(A, Bm, acc, tot, bsw, bpk, i0, j0, rows, n, K, chunk, identity, finite, fast, rdown,
+           magic, f, f32, stats, careful):
+    """A block's sums over the K products (with ``chunk``: promoted every chunk); with
+    ``stats`` counted (``_step_counted``; ``careful``: every addition checked)."""
+    for k in range(K):
+        if chunk > 0 and k > 0 and k % chunk == 0:
+            _promote(tot, acc, rows, n, identity, f[5] != 0, f32, bsw, bpk, stats)
+        brow = Bm[k, j0:j0 + n]
+        if stats:
+            zeros = 0
+            if not careful:
+                for j in range(n):
+                    zeros += brow[j] == 0
+            for r in range(rows):
+                _step_counted(acc[r], A[i0 + r, k], brow, n, finite, fast, rdown, magic, f,
+                              bsw[r], bpk[r], careful or zeros > 0)
+        else:
+            for r in range(rows):
+                _step(acc[r], A[i0 + r, k], brow, n, finite, fast, rdown, magic, f)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _overflowed(bpk, rows, n):
+    """Whether a partial sum of the block reached inf (its largest magnitude is inf)."""
+    hit = 0
+    for r in range(rows):
+        for j in range(n):
+            hit += bpk[r, j] == np.inf
+    return hit > 0
 
 
 @njit(inline="always", **JIT_OPTIONS)
@@ -287,22 +344,17 @@ def sequential(a3, b3, ia, ib, c, has_init, out, chunk, identity, finite, fast, 
         A, Bm, Ob = a3[ia[bi]], b3[ib[bi]], out[bi]
         acc = np.empty((ROWS, COLS))
         tot = np.empty((ROWS, COLS))
-        bsw = np.zeros((ROWS, COLS), np.int64)
+        bsw = np.zeros((ROWS, COLS), np.int32)     # counts up to K < 2^31: narrower lanes
         bpk = np.zeros((ROWS, COLS))
         for j0 in range(0, N, COLS):
             n = min(COLS, N - j0)
             _start(acc, tot, bsw, bpk, c, has_init, bi, i0, j0, rows, n, identity, chunk)
-            for k in range(K):
-                if chunk > 0 and k > 0 and k % chunk == 0:
-                    _promote(tot, acc, rows, n, identity, f[5] != 0, f32, bsw, bpk, stats)
-                brow = Bm[k, j0:j0 + n]
-                if stats:
-                    for r in range(rows):
-                        _step_counted(acc[r], A[i0 + r, k], brow, n, finite, fast, rdown,
-                                      magic, f, bsw[r], bpk[r])
-                else:
-                    for r in range(rows):
-                        _step(acc[r], A[i0 + r, k], brow, n, finite, fast, rdown, magic, f)
+            _sweep(A, Bm, acc, tot, bsw, bpk, i0, j0, rows, n, K, chunk, identity, finite, fast,
+                   rdown, magic, f, f32, stats, False)
+            if stats and _overflowed(bpk, rows, n):     # the quick counts are wrong after inf
+                _start(acc, tot, bsw, bpk, c, has_init, bi, i0, j0, rows, n, identity, chunk)
+                _sweep(A, Bm, acc, tot, bsw, bpk, i0, j0, rows, n, K, chunk, identity, finite,
+                       fast, rdown, magic, f, f32, stats, True)
             _block_out(tot, acc, bsw, bpk, Ob, sw, pk, bi, i0, j0, rows, n, identity,
                        f[5] != 0, f32, chunk, stats)
 
@@ -725,7 +777,7 @@ def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk, kind,
         ps = np.empty(TC_COLS)
         buf = np.empty((max(group, 1), TC_COLS))
         old = np.empty(TC_COLS)
-        bsw = np.zeros((ROWS, TC_COLS), np.int64)
+        bsw = np.zeros((ROWS, TC_COLS), np.int32)
         bpk = np.zeros((ROWS, TC_COLS))
         for j0 in range(0, N, TC_COLS):
             n = min(TC_COLS, N - j0)
