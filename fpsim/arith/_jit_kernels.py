@@ -824,8 +824,8 @@ def error_energy(y, r):
     noi = np.zeros(8)
     bad = 0
     n = y.size
-    for i0 in range(0, n - n % 8, 8):
-        for q in range(8):
+    for i0 in range(0, n, 8):
+        for q in range(min(8, n - i0)):
             a = r[i0 + q]
             b = np.float64(y[i0 + q])
             fr, fy = abs(a) < np.inf, abs(b) < np.inf      # False for inf and NaN
@@ -834,15 +834,6 @@ def error_energy(y, r):
             d = b - a
             sig[q] += a * a if ok else 0.0
             noi[q] += d * d if ok else 0.0
-    for i in range(n - n % 8, n):
-        a = r[i]
-        b = np.float64(y[i])
-        fr, fy = abs(a) < np.inf, abs(b) < np.inf
-        ok = fr & fy
-        bad += fr & (not fy)
-        d = b - a
-        sig[0] += a * a if ok else 0.0
-        noi[0] += d * d if ok else 0.0
     s = 0.0
     e = 0.0
     for q in range(8):

@@ -628,7 +628,7 @@ class Interceptor(TorchFunctionMode):
 
 def operand_scan(x: Tensor) -> tuple[float, int]:
     """Largest finite magnitude of ``x`` (0.0 if none) and its count of non-zero elements: two
-    passes without temporaries (``aminmax``, ``count_nonzero``) when ``x`` is all finite.
+    passes without temporaries (the inf-norm, ``count_nonzero``) when ``x`` is all finite.
 
     >>> operand_scan(torch.tensor([0.0, -3.0, 2.0, float("inf")]))
     (3.0, 3)
@@ -636,8 +636,7 @@ def operand_scan(x: Tensor) -> tuple[float, int]:
     x = x.detach()
     if not x.numel():
         return 0.0, 0
-    lo, hi = torch.aminmax(x)
-    m = max(-float(lo), float(hi))
+    m = float(torch.linalg.vector_norm(x, math.inf))      # max |x|; inf or NaN propagate
     if not math.isfinite(m):                               # inf or NaN among them
         fin = x[torch.isfinite(x)]
         m = float(fin.abs().max()) if fin.numel() else 0.0
