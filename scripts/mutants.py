@@ -483,7 +483,7 @@ MUTANTS = [
            "refs={REFERENCE: ctx.ref_logits}, desc=desc or label)",
            "refs=None, desc=desc or label)", SWEEP_RUNS),
     Mutant("sitestats-nonzero", "a site's nonzero count counts every element",
-           "st.nonzero += int(torch.count_nonzero(x))", "st.nonzero += x.numel()",
+           "return m, int(torch.count_nonzero(x))", "return m, x.numel()",
            ["tests/test_emulate_nonzero.py"]),
     Mutant("training-step-shares", "the flushed share of a step pools every step",
            'cs = [s["grads"][str(step)] for s in run["seeds"] if str(step) in s["grads"]]',
