@@ -525,7 +525,7 @@ def test_statistics_with_zero_operands_and_an_overflow(kw):
     b[1::2, 1024:] *= -1
     b[1::2, 1] *= -1
     a[1, 5] = 0.0
-    b[7, 3] = 0.0
+    b[7, 3] = b[7, 1027] = 0.0                 # a zero addend in each block
     assert_same_stats(a, b, **kw)
     assert np.isinf(fpsim.matmul(a, b, backend="numba", **kw)[0, 0])
 
