@@ -49,6 +49,7 @@ JIT_TC = ["tests/test_jit_matmul.py::test_tensor_core_models_random_and_edge_ope
           "tests/test_jit_matmul.py::test_statistics_of_the_compiled_engine",
           "tests/test_jit_matmul.py::test_tensor_core_accumulator_overflow_with_finite_operands"]
 SR_BITS = ["tests/test_stochastic_bits.py"]
+CAPTURE_STATS = ["tests/test_capture_stats.py"]
 SR_MATMUL = ["tests/test_matmul_random_bits.py"]
 COVERAGE = ["tests/test_emulate_coverage.py"]
 CONV_BACKWARD = ["tests/test_emulate_conv_backward.py"]
@@ -273,6 +274,26 @@ MUTANTS = [
            "if chunk > 0 and k > 0 and k % chunk == 0:",
            "if chunk > 0 and k > 0 and k % (chunk + 1) == 0:",
            JIT),
+    Mutant("jit-quick-zero-addend", "the compiled statistics count quickly (every addend "
+           "non-zero) although b's row holds a zero",
+           "bsw[r], bpk[r], careful or zeros > 0)", "bsw[r], bpk[r], careful)",
+           ["tests/test_jit_matmul.py::test_statistics_with_zero_operands_and_an_overflow"]),
+    Mutant("jit-overflow-recount", "the compiled statistics keep the quick counts of a block "
+           "whose partial sum overflowed",
+           "if stats and _overflowed(bpk, rows, n):     # the quick counts are wrong after inf",
+           "if False:", ["tests/test_jit_matmul.py::"
+                         "test_statistics_with_zero_operands_and_an_overflow"]),
+    Mutant("jit-tc-stats-sums", "the compiled fused groups' statistics leave the products' "
+           "sum at zero on finite operands", "if finite and cut == 0 and sums:",
+           "if finite and cut == 0 and sums and not finite:", JIT_TC),
+    Mutant("capture-scan-stale", "capture keeps a weight's amax after an in-place update",
+           "if found is None or found[0] != x._version:         # in-place updates bump it",
+           "if found is None:", CAPTURE_STATS),
+    Mutant("capture-energy-nonfinite", "capture's error energy counts an inf result where the "
+           "reference is inf too", "bad += fr & (not fy)", "bad += not fy", CAPTURE_STATS),
+    Mutant("capture-energy-finite-path", "capture's torch route takes sums with an inf output "
+           "as finite", "if math.isfinite(signal) and math.isfinite(noise):",
+           "if math.isfinite(signal):", CAPTURE_STATS),
     # stochastic rounding with n random bits (srbits, random_bits)
     Mutant("sr-align", "n random bits meet the bottom of the dropped bits, not the top",
            "bias = (rand << up) >> xp.clamp_min(-below, 0)",
@@ -465,7 +486,7 @@ MUTANTS = [
            "refs={REFERENCE: ctx.ref_logits}, desc=desc or label)",
            "refs=None, desc=desc or label)", SWEEP_RUNS),
     Mutant("sitestats-nonzero", "a site's nonzero count counts every element",
-           "st.nonzero += int(torch.count_nonzero(x))", "st.nonzero += x.numel()",
+           "return m, int(torch.count_nonzero(x))", "return m, x.numel()",
            ["tests/test_emulate_nonzero.py"]),
     Mutant("training-step-shares", "the flushed share of a step pools every step",
            'cs = [s["grads"][str(step)] for s in run["seeds"] if str(step) in s["grads"]]',

@@ -490,6 +490,9 @@ def assert_same_stats(a, b, **kw) -> None:
 
 @pytest.mark.parametrize("kw", [
     dict(accum="fp16"), dict(accum="bf16", rounding="rtz"), dict(accum="fp8_e4m3fnuz"),
+    dict(accum="fp32"), dict(accum="fp32", order="chunked", chunk=16),
+    dict(order="tensor_core", tensor_core="blackwell_fp8_f16"),
+    dict(order="tensor_core", tensor_core="ampere_tf32", chunk=8),
     dict(accum="fp16", order="chunked", chunk=8), dict(accum="fp8_e5m2", order="fma"),
     dict(order="tensor_core", tensor_core="hopper_fp8", chunk=64),
     dict(order="tensor_core", tensor_core="volta_fp16_f16"),
@@ -507,6 +510,24 @@ def test_statistics_of_the_compiled_engine(kw):
     assert_same_stats(a, b, **kw)
     a.flat[::17] = rng.choice(_tc_edges("e4m3"), a.size)[::17]
     assert_same_stats(a, b, **kw)
+
+
+@pytest.mark.parametrize("kw", [dict(accum="fp16"), dict(accum="fp16", order="chunked", chunk=32),
+                                dict(accum="fp32")], ids=str)
+def test_statistics_with_zero_operands_and_an_overflow(kw):
+    """The compiled statistics count quickly where every addend is non-zero and every partial
+    sum finite; a zero operand (in a's row or b's row) and a partial sum that overflows with
+    finite operands (the block counted again, addition by addition) give the NumPy engine's
+    counts too."""
+    big = 2.0 ** 120 if kw["accum"] == "fp32" else 240.0
+    a = np.full((3, 40), big, np.float32)
+    b = np.full((40, 1030), 16.0, np.float32)  # two column blocks: one overflows, one not
+    b[1::2, 1024:] *= -1
+    b[1::2, 1] *= -1
+    a[1, 5] = 0.0
+    b[7, 3] = b[7, 1027] = 0.0                 # a zero addend in each block
+    assert_same_stats(a, b, **kw)
+    assert np.isinf(fpsim.matmul(a, b, backend="numba", **kw)[0, 0])
 
 
 def test_tensor_core_accumulator_overflow_with_finite_operands():

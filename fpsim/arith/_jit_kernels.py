@@ -213,14 +213,46 @@ def _promote(tot, acc, rows, n, identity, fnuz, f32, sw, pk, stats):
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _step_counted(row, x, brow, n, finite, fast, rdown, magic, f, sw, pk):
-    """``_step`` (its common case, else its general form: the same bits) with the
-    statistics of each addition."""
+def _tally(sw, pk, j, old, new):
+    """``_count`` where the addend is known non-zero and ``old`` finite (see ``_step_counted``):
+    one comparison and one maximum."""
+    sw[j] += new == old
+    a = abs(new)
+    pk[j] = a if a > pk[j] else pk[j]
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _step_counted(row, x, brow, n, finite, fast, rdown, magic, f, sw, pk, careful):
+    """``_step`` (its two finite cases, else its general form: the same bits) with the
+    statistics of each addition.  Unless ``careful`` (the caller's: ``brow`` holds a zero, or
+    the block is run again because a partial sum overflowed), a finite case with ``x != 0``
+    counts by ``_tally``: its products are exact and non-zero, and a partial sum is finite
+    until it overflows, which leaves inf in ``pk``."""
+    quick = not careful and x != 0
     if finite and fast and magic and not rdown:
+        if quick:
+            for j in range(n):
+                old = row[j]
+                row[j] = _nearest(old + x * brow[j], f)
+                _tally(sw, pk, j, old, row[j])
+            return
         for j in range(n):
             old = row[j]
             p = x * brow[j]
             row[j] = _nearest(old + p, f)
+            _count(sw, pk, j, p, old, row[j])
+        return
+    if finite and magic:
+        if quick:
+            for j in range(n):
+                old = row[j]
+                row[j] = _nearest(_sum(old, x * brow[j], False, rdown, False), f)
+                _tally(sw, pk, j, old, row[j])
+            return
+        for j in range(n):
+            old = row[j]
+            p = x * brow[j]
+            row[j] = _nearest(_sum(old, p, False, rdown, False), f)
             _count(sw, pk, j, p, old, row[j])
         return
     for j in range(n):
@@ -228,6 +260,38 @@ def _step_counted(row, x, brow, n, finite, fast, rdown, magic, f, sw, pk):
         p = _product(x, brow[j], True)
         row[j] = _add(old, p, fast, rdown, magic, f)
         _count(sw, pk, j, p, old, row[j])
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _sweep(A, Bm, acc, tot, bsw, bpk, i0, j0, rows, n, K, chunk, identity, finite, fast, rdown,
+           magic, f, f32, stats, careful):
+    """A block's sums over the K products (with ``chunk``: promoted every chunk); with
+    ``stats`` counted (``_step_counted``; ``careful``: every addition checked)."""
+    for k in range(K):
+        if chunk > 0 and k > 0 and k % chunk == 0:
+            _promote(tot, acc, rows, n, identity, f[5] != 0, f32, bsw, bpk, stats)
+        brow = Bm[k, j0:j0 + n]
+        if stats:
+            zeros = 0
+            if not careful:
+                for j in range(n):
+                    zeros += brow[j] == 0
+            for r in range(rows):
+                _step_counted(acc[r], A[i0 + r, k], brow, n, finite, fast, rdown, magic, f,
+                              bsw[r], bpk[r], careful or zeros > 0)
+        else:
+            for r in range(rows):
+                _step(acc[r], A[i0 + r, k], brow, n, finite, fast, rdown, magic, f)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _overflowed(bpk, rows, n):
+    """Whether a partial sum of the block reached inf (its largest magnitude is inf)."""
+    hit = 0
+    for r in range(rows):
+        for j in range(n):
+            hit += bpk[r, j] == np.inf
+    return hit > 0
 
 
 @njit(inline="always", **JIT_OPTIONS)
@@ -280,22 +344,17 @@ def sequential(a3, b3, ia, ib, c, has_init, out, chunk, identity, finite, fast, 
         A, Bm, Ob = a3[ia[bi]], b3[ib[bi]], out[bi]
         acc = np.empty((ROWS, COLS))
         tot = np.empty((ROWS, COLS))
-        bsw = np.zeros((ROWS, COLS), np.int64)
+        bsw = np.zeros((ROWS, COLS), np.int32)     # counts up to K < 2^31: narrower lanes
         bpk = np.zeros((ROWS, COLS))
         for j0 in range(0, N, COLS):
             n = min(COLS, N - j0)
             _start(acc, tot, bsw, bpk, c, has_init, bi, i0, j0, rows, n, identity, chunk)
-            for k in range(K):
-                if chunk > 0 and k > 0 and k % chunk == 0:
-                    _promote(tot, acc, rows, n, identity, f[5] != 0, f32, bsw, bpk, stats)
-                brow = Bm[k, j0:j0 + n]
-                if stats:
-                    for r in range(rows):
-                        _step_counted(acc[r], A[i0 + r, k], brow, n, finite, fast, rdown,
-                                      magic, f, bsw[r], bpk[r])
-                else:
-                    for r in range(rows):
-                        _step(acc[r], A[i0 + r, k], brow, n, finite, fast, rdown, magic, f)
+            _sweep(A, Bm, acc, tot, bsw, bpk, i0, j0, rows, n, K, chunk, identity, finite, fast,
+                   rdown, magic, f, f32, stats, False)
+            if stats and _overflowed(bpk, rows, n):     # the quick counts are wrong after inf
+                _start(acc, tot, bsw, bpk, c, has_init, bi, i0, j0, rows, n, identity, chunk)
+                _sweep(A, Bm, acc, tot, bsw, bpk, i0, j0, rows, n, K, chunk, identity, finite,
+                       fast, rdown, magic, f, f32, stats, True)
             _block_out(tot, acc, bsw, bpk, Ob, sw, pk, bi, i0, j0, rows, n, identity,
                        f[5] != 0, f32, chunk, stats)
 
@@ -461,22 +520,33 @@ def _raise_to(EA, EB, k0, k1, step, j0, n, tops):
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _cut_sum(A, Bm, k0, k1, run, j0, n, up, cut, s, ps, finite):
+def _cut_sum(A, Bm, k0, k1, run, j0, n, up, cut, s, ps, finite, sums):
     """s = sum of the products (runs of ``run`` summed exactly first) times ``up``, each cut
-    to an integer; ps = their float64 sum when NaN or inf may occur (else left alone).  The
-    common cases have loops of their own (a branch inside a loop keeps it from vectorising)."""
+    to an integer; ps = their float64 sum when NaN or inf may occur or ``sums`` (the
+    statistics' products sum; else left alone).  The common cases have loops of their own (a
+    branch inside a loop keeps it from vectorising)."""
     for j in range(n):
         s[j] = 0.0
-    if not finite:
+    if sums or not finite:
         for j in range(n):
             ps[j] = 0.0
     for k in range(k0, k1, run):
         if run == 1:
             x = A[k]
             brow = Bm[k, j0:j0 + n]
-            if finite and cut == 0:
+            if finite and cut == 0 and sums:
+                for j in range(n):
+                    p = x * brow[j]
+                    s[j] += np.trunc(p * up[j])
+                    ps[j] += p
+            elif finite and cut == 0:
                 for j in range(n):
                     s[j] += np.trunc(x * brow[j] * up[j])
+            elif finite and sums:
+                for j in range(n):
+                    p = x * brow[j]
+                    s[j] += _cut(p * up[j], cut)
+                    ps[j] += p
             elif finite:
                 for j in range(n):
                     s[j] += _cut(x * brow[j] * up[j], cut)
@@ -491,7 +561,7 @@ def _cut_sum(A, Bm, k0, k1, run, j0, n, up, cut, s, ps, finite):
                 for q in range(k, k + run):
                     p += A[q] * Bm[q, j0 + j]
                 s[j] += _cut(p * up[j], cut)
-                if not finite:
+                if sums or not finite:
                     ps[j] += p
 
 
@@ -509,14 +579,15 @@ def _nv_result(c, s, up, top, f, beyond, spec, to):
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _fused_group(acc, A, EA, Bm, EB, k0, k1, j0, n, tops, up, s, ps, finite, f, run, cut,
-                 align, emin, beyond, spec, rdown, to):
+def _fused_group(acc, A, EA, Bm, EB, k0, k1, j0, n, tops, up, s, ps, finite, sums, f, run,
+                 cut, align, emin, beyond, spec, rdown, to):
     """GroupStep._step: products and (``align``) C aligned to the largest exponent, cut, summed
-    exactly, rounded to the result (or, unaligned, added to C with one rounding)."""
+    exactly, rounded to the result (or, unaligned, added to C with one rounding); ``sums``:
+    the products' float64 sum in ``ps`` too (``_cut_sum``)."""
     _align(acc, EA, EB, k0, k1, run, j0, n, tops, emin, align)
     for j in range(n):
         up[j] = _pow2(f - tops[j])
-    _cut_sum(A, Bm, k0, k1, run, j0, n, up, cut, s, ps, finite)
+    _cut_sum(A, Bm, k0, k1, run, j0, n, up, cut, s, ps, finite, sums)
     if finite and align and cut == 0 and to == 2:          # NVIDIA's FP32 and E8M13 results
         for j in range(n):
             acc[j] = _nv_result(acc[j], s[j], up[j], tops[j], f, beyond, spec, 2)
@@ -706,7 +777,7 @@ def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk, kind,
         ps = np.empty(TC_COLS)
         buf = np.empty((max(group, 1), TC_COLS))
         old = np.empty(TC_COLS)
-        bsw = np.zeros((ROWS, TC_COLS), np.int64)
+        bsw = np.zeros((ROWS, TC_COLS), np.int32)
         bpk = np.zeros((ROWS, TC_COLS))
         for j0 in range(0, N, TC_COLS):
             n = min(TC_COLS, N - j0)
@@ -722,8 +793,8 @@ def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk, kind,
                             old[j] = acc[r, j]
                     if kind == FUSED:                   # statistics need the products' sum
                         _fused_group(acc[r], A[i], EA[i], Bm, EB, k0, k1, j0, n, t0, v1, v0,
-                                     ps, finite and not stats, f, run, cut, align, emin, beyond,
-                                     spec, rdown, to)
+                                     ps, finite, stats, f, run, cut, align, emin, beyond, spec,
+                                     rdown, to)
                     elif kind == CDNA3:
                         _cdna3_group(acc[r], A[i], EA[i], Bm, EB, k0, k1, j0, n, t0, t1, v0,
                                      v1, ps, f, cut, halves, sum_bits, c_bits, emin, spec, to)
@@ -738,3 +809,34 @@ def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk, kind,
                             _count(bsw[r], bpk[r], j, y[j], o, acc[r, j])
             _block_out(tot, acc, bsw, bpk, Ob, sw, pk, bi, i0, j0, rows, n, 0.0, False, f32,
                        chunk, stats)
+
+
+# ----------------------------------------------------------------------------------------------
+# capture's error statistics (fpsim.emulation.intercept.error_energy)
+# ----------------------------------------------------------------------------------------------
+@njit(**JIT_OPTIONS)
+def error_energy(y, r):
+    """Results ``y`` (float32 or float64) against the reference ``r`` (float64), both flat: the
+    count of ``y`` inf/NaN where ``r`` is finite, and over the elements finite in both the sums
+    of ``r * r`` and ``(y - r)^2`` in float64, in one pass (eight running sums of each, added
+    in order at the end: the same on every machine)."""
+    sig = np.zeros(8)
+    noi = np.zeros(8)
+    bad = 0
+    n = y.size
+    for i0 in range(0, n, 8):
+        for q in range(min(8, n - i0)):
+            a = r[i0 + q]
+            b = np.float64(y[i0 + q])
+            fr, fy = abs(a) < np.inf, abs(b) < np.inf      # False for inf and NaN
+            ok = fr & fy
+            bad += fr & (not fy)
+            d = b - a
+            sig[q] += a * a if ok else 0.0
+            noi[q] += d * d if ok else 0.0
+    s = 0.0
+    e = 0.0
+    for q in range(8):
+        s += sig[q]
+        e += noi[q]
+    return bad, s, e

@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import (
 )
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from ..arith import jit
 from . import backward, norms, sites
 from . import conv as convolution
 from .aten import AtenMode
@@ -82,6 +83,7 @@ class Interceptor(TorchFunctionMode):
         self.em = em
         self.cache: dict = {}                     # quantized parameters (sites.linear's cache)
         self.recent = sites.Recent(RECENT)        # other right operands quantized lately
+        self.scans: dict = {}                     # parameters' amax and non-zeros (``scanned``)
         self.stack: list[str] = []                # module paths of the forward calls under way
         self.names: dict[int, str] = {}           # id(module) -> path from the outermost module
         self.counts: dict[str, int] = {}          # calls per site name in this forward pass
@@ -609,10 +611,9 @@ class Interceptor(TorchFunctionMode):
                 "default" if index is None else f"rule {index}")
         st.calls += 1
         for x in operands:
-            x = x.detach()
-            fin = x[torch.isfinite(x)]
-            st.amax = max(st.amax, float(fin.abs().max()) if fin.numel() else 0.0)
-            st.nonzero += int(torch.count_nonzero(x))
+            amax, nonzero = self.scanned(x)
+            st.amax = max(st.amax, amax)
+            st.nonzero += nonzero
         counted = [events[r]["elements"] for r in ("a", "b") if events.get(r)]
         st.elements += sum(counted) if len(counted) == len(operands) \
             else sum(x.numel() for x in operands)        # a convolution counts its patches
@@ -626,13 +627,65 @@ class Interceptor(TorchFunctionMode):
             st.swamped = (st.swamped or 0) + events["accum"]["swamped"]
         if y is None:
             return
-        yd, rd = y.detach().double().reshape(-1), ref.detach().reshape(-1)
-        fin_r, fin_y = torch.isfinite(rd), torch.isfinite(yd)
-        both = fin_r & fin_y
-        st.outputs += yd.numel()
-        st.nonfinite += int((fin_r & ~fin_y).sum())
-        st.signal += float((rd[both] ** 2).sum())
-        st.noise += float(((yd[both] - rd[both]) ** 2).sum())
+        nonfinite, signal, noise = error_energy(y, ref)
+        st.outputs += y.numel()
+        st.nonfinite += nonfinite
+        st.signal += signal
+        st.noise += noise
+
+    def scanned(self, x: Tensor) -> tuple[float, int]:
+        """``operand_scan(x)``, kept for a parameter (or a view of one) until it changes: a
+        weight is scanned once, not at every call."""
+        if not _parameter(x):
+            return operand_scan(x)
+        key = (x.data_ptr(), tuple(x.shape), x.stride(), x.dtype, x.device)
+        found = self.scans.get(key)
+        if found is None or found[0] != x._version:         # in-place updates bump it
+            found = self.scans[key] = (x._version, *operand_scan(x))
+        return found[1], found[2]
+
+
+def operand_scan(x: Tensor) -> tuple[float, int]:
+    """Largest finite magnitude of ``x`` (0.0 if none) and its count of non-zero elements: two
+    passes without temporaries (the inf-norm, ``count_nonzero``) when ``x`` is all finite.
+
+    >>> operand_scan(torch.tensor([0.0, -3.0, 2.0, float("inf")]))
+    (3.0, 3)
+    """
+    x = x.detach()
+    if not x.numel():
+        return 0.0, 0
+    m = float(torch.linalg.vector_norm(x, math.inf))      # max |x|; inf or NaN propagate
+    if not math.isfinite(m):                               # inf or NaN among them
+        fin = x[torch.isfinite(x)]
+        m = float(fin.abs().max()) if fin.numel() else 0.0
+    return m, int(torch.count_nonzero(x))
+
+
+def error_energy(y: Tensor, ref: Tensor) -> tuple[int, float, float]:
+    """Results ``y`` against the FP64 reference ``ref``: the count of results inf/NaN where
+    ``ref`` is finite, and over the outputs finite in both the energy of ``ref`` (signal) and
+    of ``y - ref`` (noise), each summed in FP64.  On the CPU with numba: one compiled pass
+    (``fpsim.arith._jit_kernels.error_energy``); else one difference and two dot products,
+    which are finite only when every output is (an inf or NaN in either makes a sum inf or
+    NaN), and the masked sums when they are not.
+
+    >>> error_energy(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5], dtype=torch.float64))
+    (0, 7.25, 0.25)
+    """
+    yd, rd = y.detach().reshape(-1), ref.detach().reshape(-1).double()
+    if yd.device.type == "cpu" and yd.dtype in (torch.float32, torch.float64) and jit.available():
+        bad, signal, noise = jit._kernels().error_energy(yd.numpy(), rd.numpy())   # one pass
+        return int(bad), float(signal), float(noise)
+    d = torch.sub(yd, rd)                                  # FP64: y converted exactly
+    signal, noise = float(torch.dot(rd, rd)), float(torch.dot(d, d))
+    if math.isfinite(signal) and math.isfinite(noise):
+        return 0, signal, noise
+    yd = yd.double()
+    fin_r, fin_y = torch.isfinite(rd), torch.isfinite(yd)
+    both = fin_r & fin_y
+    return (int((fin_r & ~fin_y).sum()), float((rd[both] ** 2).sum()),
+            float(((yd[both] - rd[both]) ** 2).sum()))
 
 
 Interceptor.handlers = handler_table(Interceptor)

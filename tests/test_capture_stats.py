@@ -1,0 +1,92 @@
+"""capture=True's own statistics (fpsim.emulation.intercept: ``record``): operands' largest
+finite magnitude and non-zeros without masked copies, a parameter scanned once until it
+changes, and the error energy of the results in one compiled pass, each against the masked
+definition it replaces."""
+
+from __future__ import annotations
+
+import math
+from unittest import mock
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fpsim  # noqa: E402
+from fpsim import Recipe, Rule, Rules  # noqa: E402
+from fpsim.arith import jit  # noqa: E402
+from fpsim.emulation import intercept  # noqa: E402
+
+
+def masked_energy(y, ref):
+    """The definition: over outputs finite in both, sum ref^2 and (y - ref)^2; the count of
+    y inf/NaN where ref is finite."""
+    yd, rd = y.double().reshape(-1), ref.double().reshape(-1)
+    fr, fy = torch.isfinite(rd), torch.isfinite(yd)
+    both = fr & fy
+    return (int((fr & ~fy).sum()), float((rd[both] ** 2).sum()),
+            float(((yd[both] - rd[both]) ** 2).sum()))
+
+
+def operands(n: int, dtype, special: str):
+    """Results near a reference; ``special``: "y" puts inf and NaN in the results, "both" in
+    the reference too."""
+    g = torch.Generator().manual_seed(n)
+    ref = torch.randn(n, generator=g, dtype=torch.float64) * 3
+    y = (ref + torch.randn(n, generator=g, dtype=torch.float64) * 1e-3).to(dtype)
+    if special and n:
+        y[::7] = math.inf
+        y[3::11] = math.nan
+    if special == "both" and n:
+        ref[::5] = -math.inf
+        ref[2::13] = math.nan
+    return y, ref
+
+
+def close(got, want):
+    """Sums of non-negative float64 terms in another order: within n ulps of each other."""
+    assert got[0] == want[0]
+    for g, w in zip(got[1:], want[1:]):
+        assert g == pytest.approx(w, rel=1e-12, abs=0.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("special", ["", "y", "both"])
+@pytest.mark.parametrize("n", [0, 5, 8, 1001])
+def test_error_energy_is_the_masked_definition(n, dtype, special):
+    """The compiled pass, the torch route (no numba) and the masked sums agree: the counts
+    exactly, the sums to the rounding of a different order."""
+    y, ref = operands(n, dtype, special)
+    want = masked_energy(y, ref)
+    close(intercept.error_energy(y, ref), want)
+    with mock.patch.object(jit, "available", lambda: False):
+        close(intercept.error_energy(y, ref), want)
+    if special and n > 7:
+        assert want[0] > 0 and math.isfinite(want[1]) and math.isfinite(want[2])
+
+
+def test_operand_scan_takes_the_largest_finite_magnitude():
+    x = torch.tensor([[0.0, -7.5, 2.0], [math.inf, 0.0, math.nan]])
+    assert intercept.operand_scan(x) == (7.5, 4)
+    assert intercept.operand_scan(torch.tensor([-2.0, 1.0])) == (2.0, 2)
+    assert intercept.operand_scan(torch.tensor([math.nan, -math.inf])) == (0.0, 2)
+    assert intercept.operand_scan(torch.zeros(0)) == (0.0, 0)
+
+
+def test_a_weight_is_scanned_again_after_it_changes():
+    """The scan of a parameter is kept until an in-place update bumps its version."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(6, 3, bias=False)
+    x = torch.randn(4, 6)
+    rules = Rules([Rule(Recipe(name="e4m3", inputs="e4m3", scaling="tensor"), kind="linear")],
+                  default=None)
+
+    with torch.no_grad(), fpsim.emulate(rules, capture=True) as em:
+        lin(x)
+        with torch.no_grad():
+            lin.weight.mul_(100.0)
+        lin(x)
+    st = next(iter(em.sites.values()))
+    assert st.calls == 2
+    assert st.amax == float(lin.weight.detach().abs().max())
+    assert st.nonzero == 2 * (int(torch.count_nonzero(x)) + lin.weight.numel())
