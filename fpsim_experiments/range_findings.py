@@ -355,7 +355,11 @@ def overflow_lines(data: dict) -> list[str]:
             + (f" (first {where['recorded']} recorded)" if where["recorded"] < over else "")
             + ".")
     seeds = data.get("model_seeds")
-    if seeds:
+    if seeds and "models" not in seeds:
+        out.append("model-seeds' results.json beside this one is of an older layout (seeds 0-2 "
+                   "on the first 32 windows): rerun `fpsim experiment model-seeds` to cite the "
+                   "seeds trained alike here.")
+    elif seeds:
         # imported here: seeds imports range_vs_precision, which imports this module
         from . import seeds as model_seeds
         out.append(f"The same unscaled e3 splits on other tiny models trained alike (model-seeds, "

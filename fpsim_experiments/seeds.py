@@ -373,11 +373,11 @@ def overflow_lines(data: dict) -> list[str]:
                 f"{len(seeds_bad)} of {len(stepped)} step-schedule seeds"
                 + (f"; {', '.join(parts)}" if parts else "") + ".")
         if SHIPPED in bad and 0 in stepped:
-            line += (" Seed 0 on the step schedule overflows too: the overflow comes with the "
+            line += (" Seed 0 on the step schedule overflows too: the overflow goes with the "
                      "seed, not the wall-clock schedule." if 0 in bad else
                      " Seed 0 on the step schedule stays finite: the same seed overflows on the "
-                     "wall-clock schedule only, so the overflow comes with the schedule (one "
-                     "pair of models).")
+                     "wall-clock schedule only, so the overflow goes with the schedule, not the "
+                     "seed (one pair of models: one seed, two schedules).")
         lines.append(line)
     return lines
 
@@ -429,7 +429,7 @@ def render(data: dict, out: Path) -> str:
     """REPORT.md: the conclusions, a figure of every ratio per model and the KL table."""
     rs = ratios(data)
     names = [m["model"] for m in data["models"]]
-    fig, axes = figure(1, 1, 9.0, 1.2 + 0.45 * len(rs) * max(1.0, len(names) / 4))
+    fig, axes = figure(1, 1, 14.0, 1.2 + 0.45 * len(rs) * max(1.0, len(names) / 4))
     ax = axes[0, 0]
     colors = dict(zip(names, ("black", *(f"C{i}" for i in range(10)))))
     step = 0.7 / max(1, len(names))

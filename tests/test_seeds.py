@@ -124,11 +124,11 @@ def test_the_overflow_is_put_down_to_the_schedule_or_the_seed() -> None:
     assert lines[0].startswith("B=8, e3m4 without scaling: inf/NaN logits on 0 of 3 "
                                "step-schedule seeds; shipped (seed 0, wall-clock schedule) "
                                "(90% of positions finite, first at h2.ln_1).")
-    assert "comes with the schedule" in lines[0] and len(lines) == 3
+    assert "goes with the schedule, not the seed" in lines[0] and len(lines) == 3
     assert "Seed 0" not in lines[1]                        # B=12: nothing overflows
     _set(data, 0, "e3m4/none", _run([1.0] * 16, finite=False))
     assert "on 1 of 3" in seeds.overflow_lines(data)[0]
-    assert "comes with the seed" in seeds.overflow_lines(data)[0]
+    assert "goes with the seed, not the wall-clock schedule" in seeds.overflow_lines(data)[0]
 
 
 def test_seed_zero_on_steps_is_not_the_shipped_model(tmp_path: Path) -> None:
@@ -181,7 +181,26 @@ def _unwrap(text: str) -> str:
 
 
 def test_docs_quote_the_committed_seed_results() -> None:
+    """docs/results.md quotes ``summary`` and the README's headline ``readme_clause`` of the
+    committed JSON, word for word (the message prints what to paste)."""
     data = load_json(COMMITTED)
+    if "models" not in data:
+        pytest.skip("results/model-seeds/results.json is of the older layout (seeds 0-2, 32 "
+                    "windows): run `fpsim experiment model-seeds --out results`")
     docs = _unwrap((REPO / "docs" / "results.md").read_text(encoding="utf-8"))
-    assert _unwrap(seeds.summary(data)) in docs
-    assert _unwrap(seeds.readme_clause(data)) in _unwrap((REPO / "README.md").read_text())
+    text = _unwrap(seeds.summary(data))
+    assert text in docs, f"docs/results.md should quote the seeds' summary:\n{text}"
+    clause = _unwrap(seeds.readme_clause(data))
+    assert clause in _unwrap((REPO / "README.md").read_text()), \
+        f"README.md's headline should say where e3m4 overflows: {clause}"
+
+
+def test_range_vs_precision_cites_the_seeds_or_says_their_json_is_old() -> None:
+    from fpsim_experiments import range_findings
+    old = {"seeds": [{"seed": 0, "runs": {}}], "meta": {"tokens": 8192}}
+    data = {"budgets": [], "model_seeds": old}
+    assert any("older layout" in line for line in range_findings.overflow_lines(data))
+    data["model_seeds"] = _data({})
+    _set(data["model_seeds"], seeds.SHIPPED, "e3m4/none", _run([1.0] * 16, finite=False))
+    line = range_findings.overflow_lines(data)[-1]
+    assert "inf/NaN logits on 0 of 3 step-schedule seeds" in line
