@@ -120,27 +120,25 @@ class Comparison:
     factor: str = "format"
 
 
+STEEPER = "the steeper side: above 1 range, below 1 precision"
+#: (variant, exponent bits of the numerator, of the denominator, what the ratio isolates)
+PAIRS = (
+    (NONE, 3, 4, "one exponent bit fewer than the best split"),
+    (NONE, 5, 4, "one mantissa bit fewer than the best split"),
+    (NONE, 3, 5, STEEPER),
+    (LN, 3, 5, "the steeper side with no operand overflowing"),
+    (TENSOR, 2, 3, "one exponent bit fewer than the best split"),
+    (TENSOR, 4, 3, "one mantissa bit fewer than the best split"),
+    (TENSOR, 2, 4, STEEPER),
+)
+VARIANT = {NONE: "no scaling", LN: "no scaling, LN FP32", TENSOR: "per tensor"}
+
+
 def comparisons(budgets: Sequence[int] = BUDGETS) -> list[Comparison]:
     """The comparisons of range-vs-precision's claims at ``budgets``, each like with like."""
-    out = []
-    for b in budgets:
-        e2, e3, e4, e5 = (fmt(b, e) for e in (2, 3, 4, 5))
-        out += [
-            Comparison(f"B={b}, no scaling: {e3} / {e4}", run_name(b, 3, NONE),
-                       run_name(b, 4, NONE), "one exponent bit fewer than the best split"),
-            Comparison(f"B={b}, no scaling: {e5} / {e4}", run_name(b, 5, NONE),
-                       run_name(b, 4, NONE), "one mantissa bit fewer than the best split"),
-            Comparison(f"B={b}, no scaling: {e3} / {e5}", run_name(b, 3, NONE),
-                       run_name(b, 5, NONE), "the steeper side: above 1 range, below 1 precision"),
-            Comparison(f"B={b}, no scaling, LN FP32: {e3} / {e5}", run_name(b, 3, LN),
-                       run_name(b, 5, LN), "the steeper side with no operand overflowing"),
-            Comparison(f"B={b}, per tensor: {e2} / {e3}", run_name(b, 2, TENSOR),
-                       run_name(b, 3, TENSOR), "one exponent bit fewer than the best split"),
-            Comparison(f"B={b}, per tensor: {e4} / {e3}", run_name(b, 4, TENSOR),
-                       run_name(b, 3, TENSOR), "one mantissa bit fewer than the best split"),
-            Comparison(f"B={b}, per tensor: {e2} / {e4}", run_name(b, 2, TENSOR),
-                       run_name(b, 4, TENSOR), "the steeper side: above 1 range, below 1 precision"),
-        ]
+    out = [Comparison(f"B={b}, {VARIANT[v]}: {fmt(b, n)} / {fmt(b, d)}", run_name(b, n, v),
+                      run_name(b, d, v), what)
+           for b in budgets for v, n, d, what in PAIRS]
     if 8 in budgets:
         out += [
             Comparison("B=8, subnormal bits: e3m4 LN FP32 no flush / + full subnormals",

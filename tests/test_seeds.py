@@ -204,3 +204,24 @@ def test_range_vs_precision_cites_the_seeds_or_says_their_json_is_old() -> None:
     _set(data["model_seeds"], seeds.SHIPPED, "e3m4/none", _run([1.0] * 16, finite=False))
     line = range_findings.overflow_lines(data)[-1]
     assert "inf/NaN logits on 0 of 3 step-schedule seeds" in line
+
+
+def test_the_shipped_models_runs_are_range_vs_precisions() -> None:
+    """The shipped model's splits are the runs range-vs-precision committed, window by window:
+    the same recipes on the same windows (once the seeds' results are regenerated)."""
+    data = load_json(COMMITTED)
+    if "models" not in data:
+        pytest.skip("results/model-seeds/results.json is of the older layout")
+    rvp = load_json(REPO / "results" / "range-vs-precision" / "results.json")
+    theirs = {(r["format"], r["scaling"]): r["e2e"] for r in rvp["runs"]}
+    theirs |= {(r["format"], seeds.LN): r["e2e"] for r in rvp["ln_fp32_runs"]}
+    shipped = next(m for m in data["models"] if m["model"] == seeds.SHIPPED)
+    compared = 0
+    for name, e2e in shipped["runs"].items():
+        f, _, variant = name.partition("/")
+        if (f, variant) in theirs:
+            assert np.array_equal(np.asarray(e2e["windows"]["kl"], float),
+                                  np.asarray(theirs[f, variant]["windows"]["kl"], float),
+                                  equal_nan=True), name
+            compared += 1
+    assert compared == sum(len(w) for w in seeds.EBITS.values()) * len(data["meta"]["budgets"])
