@@ -399,8 +399,6 @@ def summary(data: dict) -> str:
     """The seeds' findings in one paragraph (the one README/docs quote): what holds on every
     step-schedule seed, what differs, and the overflow."""
     rs = ratios(data)
-    held = [r for r in rs if r["holds"] in ("above 1", "below 1")]
-    differ = [r for r in rs if r not in held]
     n = len([m for m in data["models"] if m["model"] != SHIPPED])
 
     def spread(r: dict) -> str:
@@ -411,12 +409,17 @@ def summary(data: dict) -> str:
         return (f"{num(min(vals))}–{num(max(vals))}×"
                 + (f" (inf/NaN on {inf})" if inf else ""))
 
+    held = [r for r in rs if r["holds"] in ("above 1", "below 1")]
     text = (f"On {n} seeds trained alike, {len(held)} of {len(rs)} comparisons keep their side "
             f"on every seed: " + "; ".join(
                 f"{r['comparison']} {spread(r)} ({r['holds']})" for r in held) + ".")
-    if differ:
-        text += " The others differ between seeds: " + "; ".join(
-            f"{r['comparison']} {spread(r)}" for r in differ) + "."
+    for holds, what in (("no measurable difference", "show no measurable difference on any seed"),
+                        ("both inf/NaN", "give inf/NaN on both sides on every seed"),
+                        ("differs between seeds", "differ between seeds")):
+        rest = [r for r in rs if r["holds"] == holds]
+        if rest:
+            text += f" {len(rest)} {what}: " + "; ".join(
+                f"{r['comparison']} {spread(r)}" for r in rest) + "."
     return text + " " + " ".join(overflow_lines(data))
 
 
