@@ -428,6 +428,9 @@ def summary(data: dict) -> str:
 # --------------------------------------------------------------------------------------------
 def render(data: dict, out: Path) -> str:
     """REPORT.md: the conclusions, a figure of every ratio per model and the KL table."""
+    if "models" not in data:
+        raise ValueError(f"{out / 'results.json'} is of the older layout (seeds 0-2 on the first "
+                         f"32 windows): run `fpsim experiment {NAME}` without --render")
     rs = ratios(data)
     names = [m["model"] for m in data["models"]]
     fig, axes = figure(1, 1, 14.0, 1.2 + 0.45 * len(rs) * max(1.0, len(names) / 4))

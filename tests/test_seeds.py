@@ -165,6 +165,11 @@ def test_every_comparison_divides_runs_that_differ_in_its_factor_only() -> None:
                        ["format", "flush", "full_subnormals"])
 
 
+def test_an_older_json_is_named_not_misread(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="older layout.*without --render"):
+        seeds.render({"seeds": [], "meta": {}}, tmp_path)
+
+
 def test_a_run_of_fewer_seeds_says_so(tmp_path: Path) -> None:
     text = seeds.render(_data({}, models=(seeds.SHIPPED, 0, 1)), tmp_path)
     assert "Seeds [2, 3, 4, 5] of the planned [0, 1, 2, 3, 4, 5] are not in this run" in text
