@@ -322,6 +322,12 @@ def _value(p: dict) -> str:
     return f"{num(p['ratio'])}× {fmt_ci(p['ci'])}"
 
 
+#: a verdict every seed shares, as the report says it
+EVERY = {"above 1": "above 1 on every seed", "below 1": "below 1 on every seed",
+         "no measurable difference": "no measurable difference on any seed",
+         "both inf/NaN": "inf/NaN logits on both sides on every seed"}
+
+
 def conclusion(r: dict) -> str:
     """One comparison's line: the shipped model, every seed, the pooled ratio and the verdict."""
     seeds = "; ".join(f"{label(p['model'])} {_value(p)}" for p in r["seeds"])
@@ -330,12 +336,12 @@ def conclusion(r: dict) -> str:
         verdict = "the seeds disagree (" + ", ".join(
             f"{n} {v}" for v, n in sorted(count.items())) + ")"
     else:
-        verdict = f"every seed {r['holds']}"
+        verdict = EVERY[r["holds"]]
     ship = r["shipped"]
     if ship is not None:
         same = ship["verdict"] == r["holds"]
         verdict += (", as on the shipped model" if same
-                    else f"; the shipped model {ship['verdict']}")
+                    else f"; on the shipped model {ship['verdict']}")
     pooled = ("across seeds (seeds and windows resampled) " + (
         f"{num(r['pooled']['ratio'])}× {fmt_ci(r['pooled']['ci'])}" if r["pooled"]
         else "undefined (inf/NaN logits on a seed)"))
