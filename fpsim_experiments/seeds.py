@@ -19,7 +19,7 @@ inf/NaN counts as the worse side, without a ratio).
 
 Usage: ``fpsim experiment model-seeds [--quick] [--seeds 0,1,...] [--out results] [--render]``;
 the first run trains the missing models (about 22 minutes each on one core), later runs reuse
-them; each model's 28 end-to-end runs on all 125 windows take about 13 CPU-minutes.
+them; each model's 28 end-to-end runs on all 125 windows take about 6 CPU-minutes.
 """
 
 from __future__ import annotations
