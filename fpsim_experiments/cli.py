@@ -57,7 +57,7 @@ def limits(out: Path) -> str:
             "which tensor hits it first and how much flushing costs must be measured on it "
             "(`--model gpt2`); the bootstraps cover the choice of held-out windows (and of "
             "held-out topics, where a report says so), not the choice of model; `model-seeds` "
-            "reruns the B=8 comparisons on tiny models from two more training seeds.")
+            "reruns the comparisons on tiny models from six training seeds trained alike.")
 
 
 def _tokens(text: str) -> int:
@@ -101,8 +101,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--tokens",
         type=_tokens,
         help="held-out tokens for end-to-end metrics, or 'all' for every held-out window "
-        f"(default all; --quick {context.QUICK.tokens}; {seeds.NAME} and {anymodel.NAME} "
-        f"{context.SUBSET_TOKENS})",
+        f"(default all; --quick {context.QUICK.tokens}; {anymodel.NAME} {context.SUBSET_TOKENS})",
     )
     p.add_argument(
         "--out", type=Path,
@@ -144,11 +143,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="keep the end-to-end runs an interrupted run left in OUT/NAME/tasks and "
                         "compute only the others")
     range_cases.add_arguments(p)
+    seeds.add_arguments(p)
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no CUDA device; use --device cpu")
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.seeds is not None and args.name != seeds.NAME:
+        p.error(f"--seeds chooses the models of {seeds.NAME}: drop it for {args.name}")
     if args.address and args.executor != "ray":
         p.error("--address joins a Ray cluster: add --executor ray")
     if args.name in IN_PROCESS and (args.executor != "inprocess" or args.resume):

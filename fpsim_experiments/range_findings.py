@@ -355,16 +355,18 @@ def overflow_lines(data: dict) -> list[str]:
             + (f" (first {where['recorded']} recorded)" if where["recorded"] < over else "")
             + ".")
     seeds = data.get("model_seeds")
-    if seeds:
-        parts = []
-        for s in seeds["seeds"]:
-            e = s["runs"]["e3m4"]
-            parts.append(f"seed {s['seed']} " + (f"finite (KL {num(e['kl'])})" if math.isfinite(
-                e["kl"]) else f"inf/NaN ({pct(e['finite'])} of positions finite)"))
-        out.append(f"The same e3m4 without scaling on three training seeds (model-seeds, the "
-                   f"first {seeds['meta']['tokens']} held-out tokens each): " + "; ".join(parts)
-                   + ". The overflow at the top of the range happens on one model of three; "
-                   "the cost at the bottom (next conclusions) does not need it.")
+    if seeds and "models" not in seeds:
+        out.append("model-seeds' results.json beside this one is of an older layout (seeds 0-2 "
+                   "on the first 32 windows): rerun `fpsim experiment model-seeds` to cite the "
+                   "seeds trained alike here.")
+    elif seeds:
+        # imported here: seeds imports range_vs_precision, which imports this module
+        from . import seeds as model_seeds
+        out.append(f"The same unscaled e3 splits on other tiny models trained alike (model-seeds, "
+                   f"{seeds['meta']['tokens']} held-out tokens each): "
+                   + " ".join(model_seeds.overflow_lines(seeds))
+                   + " The cost at the bottom of the range (next conclusions) does not need "
+                   "the overflow.")
     return out
 
 

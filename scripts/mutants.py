@@ -58,6 +58,7 @@ ACCUMULATOR = ["tests/test_accumulator.py"]
 WRONG_WAY = ["tests/test_wrong_way.py"]
 WATCH = ["tests/test_emulate_watch.py"]
 RUNS = ["tests/test_attention_semantics.py", "tests/test_emulate_watch.py"]
+SEEDS = ["tests/test_seeds.py"]
 SWEEP_PLAN = ["tests/test_sweep.py::test_plan_shards_whole_batches_and_seeds_draw_windows"]
 SWEEP_JOIN = ["tests/test_sweep.py::test_combined_numbers_are_one_pass_over_all_windows"]
 SWEEP_RESUME = ["tests/test_sweep.py::test_pool_gives_the_same_bytes_and_resume_computes_nothing"]
@@ -488,6 +489,21 @@ MUTANTS = [
     Mutant("sitestats-nonzero", "a site's nonzero count counts every element",
            "return m, int(torch.count_nonzero(x))", "return m, x.numel()",
            ["tests/test_emulate_nonzero.py"]),
+    # model-seeds: the shipped model apart, the two-level bootstrap, the overflow's cause
+    Mutant("seeds-no-seed-draws", "the bootstrap across seeds resamples windows only",
+           "pick = np.random.default_rng(seed).integers(0, n, size=(resamples, n))",
+           "pick = np.broadcast_to(np.arange(n), (resamples, n))", SEEDS),
+    Mutant("seeds-unpaired", "across seeds, a ratio's two runs are resampled on other windows",
+           'ratio = bootstrap.weighted(wa, "kl", weights) / bootstrap.weighted(wb, "kl", weights)',
+           'ratio = bootstrap.weighted(wa, "kl", weights) / bootstrap.weighted(wb, "kl", '
+           'weights[::-1])', SEEDS),
+    Mutant("seeds-shipped-pooled", "the shipped model is pooled with the step-schedule seeds",
+           'stepped = [m for m in data["models"] if m["model"] != SHIPPED]',
+           'stepped = list(data["models"])', SEEDS),
+    Mutant("seeds-overflow-cause", "the overflow is put down to the seed when seed 0 on steps "
+           "stays finite",
+           '"seed, not the wall-clock schedule." if 0 in bad else',
+           '"seed, not the wall-clock schedule." if 0 not in bad else', SEEDS),
     Mutant("training-step-shares", "the flushed share of a step pools every step",
            'cs = [s["grads"][str(step)] for s in run["seeds"] if str(step) in s["grads"]]',
            'cs = [c for s in run["seeds"] for c in s["grads"].values()]',
