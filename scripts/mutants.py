@@ -737,6 +737,13 @@ MUTANTS = [
            "cache = self.cache if _parameter(b) else self.recent if _recurring(b) else None",
            "cache = self.cache if _parameter(b) else None",
            ["tests/test_emulate.py::test_recurring_operands_are_quantized_once"]),
+    # a Cast's flush=False (issue 40: one description of a cast, nothing dropped)
+    Mutant("cast-flush-dropped", "a training Cast's flush=False is ignored",
+           "return sites.unflush(x, q, spec), used", "return q, used",
+           ["tests/test_training_presets.py::test_a_cast_that_keeps_flushed_values_is_the_recipe_that_does"]),
+    Mutant("cast-full-subnormals-scaled", "a scaled Cast takes full_subnormals silently",
+           'if self.full_subnormals and (self.scaling != "none" or get_format(self.fmt).is_int):',
+           "if False:", ["tests/test_training_presets.py::test_a_casts_ablations_that_do_not_apply_are_refused"]),
     Mutant("widened-by-shape", "weights of one shape share one FP64 widening",
            'key = ("fp64", t.data_ptr(), t._version, tuple(t.shape), t.stride(), t.dtype)',
            'key = ("fp64", t._version, tuple(t.shape), t.stride(), t.dtype)',

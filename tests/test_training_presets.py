@@ -348,3 +348,34 @@ def test_one_registry_the_sweep_names():
     assert preset("native") == Rules([], default=None)
     with pytest.raises(ValueError, match="neither a format nor a preset"):
         presets.lookup("fp9")
+
+
+# ---------------------------------------------------------------------------------------
+# a Cast's own ablations: flush=False and full_subnormals are honoured or refused, never
+# dropped (a Recipe of Casts ignored a Cast's flush=False)
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_cast_that_keeps_flushed_values_is_the_recipe_that_does(grad):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 4, bias=False)
+    x = torch.randn(8, 16) * 2.0 ** -12          # most of it below E4M3's smallest subnormal
+    x[0, :4] = torch.tensor([1.0, -0.0, 2.0 ** -10, -(2.0 ** -11)])
+    x.requires_grad_(grad)
+    out = {}
+    for key, recipe in {
+        "cast": Recipe(Cast("e4m3", flush=False), Cast("e4m3", flush=False)),
+        "recipe": Recipe("e4m3", flush=False),
+        "flushed": Recipe(Cast("e4m3"), Cast("e4m3")),
+    }.items():
+        with torch.set_grad_enabled(grad), fpsim.emulate(recipe):
+            out[key] = lin(x).detach()
+    assert torch.equal(out["cast"].view(torch.int32), out["recipe"].view(torch.int32))
+    assert not torch.equal(out["cast"], out["flushed"])
+
+
+def test_a_casts_ablations_that_do_not_apply_are_refused():
+    with pytest.raises(ValueError, match="full_subnormals is an ablation of unscaled"):
+        Cast("e4m3", "tensorwise", full_subnormals=True)
+    with pytest.raises(ValueError, match="full_subnormals is an ablation of unscaled"):
+        Cast("int8", full_subnormals=True)
+    with pytest.raises(ValueError, match="give the Cast full_subnormals=True or flush=False"):
+        Recipe(Cast("e4m3"), Cast("e4m3"), flush=False)

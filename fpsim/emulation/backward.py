@@ -89,7 +89,7 @@ class Site:
         q, limit, used = quantizers.cast(x, spec, axis, history=history, scale=scale)
         if events is not None:
             events[key] = sites.operand_events(x, q, limit)
-        return q, used
+        return sites.unflush(x, q, spec), used
 
     def history(self, role: str, spec: Cast) -> quantizers.AmaxHistory:
         """The site's amax history of tensor ``role`` (made on first use)."""

@@ -121,6 +121,10 @@ class Cast:
                                                                "delayed"):
             raise ValueError(f"{self.scaling} scaling casts to a floating-point format, "
                              f"not {self.fmt}")
+        if self.full_subnormals and (self.scaling != "none" or get_format(self.fmt).is_int):
+            raise ValueError(f"Cast({self.fmt!r}, {self.scaling!r}, full_subnormals=True): "
+                             "full_subnormals is an ablation of unscaled floating-point "
+                             "operands; use scaling='none' and an eXmY format")
         if not (isinstance(self.history, int) and self.history >= 1):
             raise ValueError(f"history={self.history!r}: the amax history holds >= 1 steps")
         if not (isinstance(self.margin, int) and -127 <= self.margin <= 127):

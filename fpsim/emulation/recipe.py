@@ -158,9 +158,10 @@ class Recipe:
             raise TypeError(f"recipe {self.name!r}: backward= takes a Backward, not "
                             f"{self.backward!r}")
         casts = [f for f in (self.inputs, self.weights) if isinstance(f, Cast)]
-        if casts and (self.scaling != "none" or self.full_subnormals):
-            raise ValueError(f"recipe {self.name!r}: a Cast operand carries its own scaling; "
-                             "leave scaling='none' (and full_subnormals off)")
+        if casts and (self.scaling != "none" or self.full_subnormals or not self.flush):
+            raise ValueError(f"recipe {self.name!r}: a Cast operand carries its own scaling "
+                             "and ablations; leave scaling='none', full_subnormals and flush "
+                             "as they are (give the Cast full_subnormals=True or flush=False)")
         for fmt in (self.inputs, self.weights):
             if fmt is None or isinstance(fmt, Cast):
                 continue

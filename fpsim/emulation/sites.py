@@ -226,9 +226,9 @@ def _quantize_counted(
     return unflush(x, q, recipe), events
 
 
-def unflush(x: Tensor, q: Tensor, recipe: Recipe) -> Tensor:
-    """``q`` with flushed elements (nonzero in ``x``, zero in ``q``) put back when ``flush`` is
-    off."""
+def unflush(x: Tensor, q: Tensor, recipe: Recipe | Cast) -> Tensor:
+    """``q`` with flushed elements (nonzero in ``x``, zero in ``q``) put back when the recipe's
+    or the Cast's ``flush`` is off."""
     return q if recipe.flush else torch.where((q == 0) & (x != 0), x, q)
 
 
