@@ -360,7 +360,7 @@ def overflow_lines(data: dict) -> list[str]:
                    "on the first 32 windows): rerun `fpsim experiment model-seeds` to cite the "
                    "seeds trained alike here.")
     elif seeds:
-        # imported here: seeds imports range_vs_precision, which imports this module
+        # imported here: seeds imports the context, which the findings do not need
         from . import seeds as model_seeds
         out.append(f"The same unscaled e3 splits on other tiny models trained alike (model-seeds, "
                    f"{seeds['meta']['tokens']} held-out tokens each): "

@@ -25,7 +25,7 @@ from fpsim.emulation.casts import SCALINGS as CAST_SCALINGS
 from .context import Context
 from .endtoend import compact
 from .gpt2.model import site_kind
-from .recipes import Recipe, rounding_limit
+from .recipes import Recipe, rounding_limit, split_format
 from . import bootstrap, replay
 from .bootstrap import fmt_ci
 from .likewise import Ratios
@@ -53,15 +53,6 @@ SCALING_LABEL = {
 }
 FP32_MAX = 3.4028234663852886e38
 CLAMPED = "= none (scale clamped at 2^-126)"
-
-
-def split_format(ebits: int, mbits: int) -> Format:
-    """The IEEE-style format eXmY (raises ValueError when it is not a valid format)."""
-    if ebits == 0:
-        raise ValueError(
-            "no exponent bits: an integer, not a float (INT8 is in the fp8 experiment)"
-        )
-    return Format(f"e{ebits}m{mbits}", ebits, mbits)
 
 
 def splits(budget: int) -> tuple[list[Format], dict[str, str]]:

@@ -41,7 +41,7 @@ import torch
 from . import bootstrap, context, likewise
 from .bootstrap import fmt_ci
 from .gpt2.model import site_kind
-from .range_vs_precision import split_format
+from .recipes import split_format
 from .recipes import Recipe
 from .report import (
     IEEE_NAMES,
