@@ -60,6 +60,7 @@ def codes(t: torch.Tensor) -> np.ndarray:
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("accum", ACCUMS)
+@pytest.mark.filterwarnings("ignore:numba is not installed:RuntimeWarning")  # hidden on purpose
 def test_compiled_engine_gives_the_other_engines_bits(accum, order, mode, monkeypatch):
     layer, x = layer_and_input(specials=True)
     assert torch.isfinite(layer(x)[0, 2]).any()
