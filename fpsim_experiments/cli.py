@@ -159,8 +159,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         runner.check_executor(args.executor)           # Ray installed, before the model loads
     except ValueError as exc:
         p.error(str(exc))
+    study = args.name == range_vs_precision.NAME and model_study.selected(args.model)
+    if args.only and args.name != range_cases.NAME:
+        p.error(f"--only chooses groups of {range_cases.NAME}: drop it from {args.name}")
+    if args.cases and not (args.name == range_cases.NAME or study):
+        p.error(f"--cases chooses cases of {range_cases.NAME} or arms of {args.name} --model "
+                f"MODEL: drop it from {args.name}")
     # --- range-vs-precision --model tiny|whisper-tiny.en|minilm|DIR: model_study ---
-    if args.name == range_vs_precision.NAME and model_study.selected(args.model):
+    if study:
         if args.tokens:
             p.error(f"{args.name} --model {args.model} runs on its own inputs (--quick for a "
                     "few): drop --tokens")

@@ -129,6 +129,22 @@ def arms(quick: bool) -> list[Arm]:
     return out
 
 
+def chosen(names: list[str] | None, quick: bool) -> list[Arm]:
+    """The arms ``--cases`` names, in that order (None: every arm of :func:`arms`).
+
+    >>> [a.name for a in chosen(["e4m3_ieee", "e5m2_ieee per-tensor"], quick=False)]
+    ['e4m3_ieee', 'e5m2_ieee per-tensor']
+    """
+    if not names:
+        return arms(quick)
+    by = {a.name: a for a in arms(False)}
+    unknown = [n for n in names if n not in by]
+    if unknown:
+        raise SystemExit(f"fpsim experiment {NAME}: no arm {unknown[0]!r}; --cases takes arm "
+                         f"names as the report writes them: {', '.join(repr(n) for n in by)}")
+    return [by[n] for n in names]
+
+
 def comparisons(planned: list[Arm]) -> list[tuple[str, str, str, str]]:
     """(question, arm a, arm b, factor) of every like-with-like ratio among ``planned``: a
     metric(a) / metric(b) above 1 means a is worse."""
@@ -414,6 +430,10 @@ def render(data: dict, out: Path) -> str:
              "dot product and norm statistic runs through fpsim.emulate under each arm's "
              "recipe; the reference is FP32 (sums in FP64, rounded once). Formats: `eXmY` is "
              "IEEE-style (inf/NaN in the all-ones exponent: e4m3 has max 240), `fn` OCP-style.")
+    run = meta.get("arms", {})
+    if run and run["run"] < run["of"]:
+        intro += (f" Arms: {run['run']} of the study's {run['of']} (chosen with `--cases`); "
+                  "the others were not run, so no comparison involves them.")
     return page(f"{NAME}: {model['name']}", meta, intro, conclusions(data), body)
 
 
@@ -440,8 +460,10 @@ def main(args: argparse.Namespace) -> int:
         os.environ["FPSIM_THREADS"] = str(args.threads)   # fpsim.parallel reads it per call
         start = time.perf_counter()
         adapter = models.get(args.model)
-        data = study(adapter, args.quick, execution=ex)
+        planned = chosen(args.cases, args.quick)
+        data = study(adapter, args.quick, planned=planned, execution=ex)
         data["meta"] = {"model": adapter.name, "quick": args.quick, "threads": args.threads,
+                        "arms": {"run": len(planned), "of": len(arms(args.quick))},
                         "executor": args.executor, "workers": args.workers, **versions(),
                         "seconds": round(time.perf_counter() - start, 1)}
     finish(NAME, out, data, render)

@@ -229,7 +229,8 @@ def main(args: argparse.Namespace) -> int:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", nargs="+", choices=GROUPS, help="run only these groups")
     p.add_argument("--cases", nargs="+", metavar="NAME",
-                   help="run only these cases, in this order (names as in the report)")
+                   help="run only these cases, in this order (names as in the report); "
+                        "range-vs-precision --model MODEL: only these arms")
 
 
 def weight_stats(model: torch.nn.Module) -> dict[str, dict[str, Any]]:

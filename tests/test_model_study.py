@@ -145,6 +145,22 @@ def test_model_dir_runs_the_study_from_the_command_line(hf_dirs: dict, tmp_path:
     assert "# range-vs-precision: " in (out / "REPORT.md").read_text()
 
 
+def test_cases_run_the_named_arms_and_the_report_says_so(hf_dirs: dict,
+                                                         tmp_path: Path) -> None:
+    names = ["e5m2_ieee per-tensor", "e4m3_ieee per-tensor"]
+    assert cli.main(["range-vs-precision", "--model", str(hf_dirs["llama"]), "--quick",
+                     "--threads", "1", "--out", str(tmp_path), "--cases", *names]) == 0
+    out = tmp_path / "range-vs-precision-llama"
+    data = json.loads((out / "results.json").read_text())
+    assert [r["name"] for r in data["runs"]] == names       # in the order named
+    assert data["meta"]["arms"] == {"run": 2, "of": len(model_study.arms(True))}
+    assert [(c["a"], c["b"], c["factor"]) for c in data["comparisons"]] == [
+        ("e4m3_ieee per-tensor", "e5m2_ieee per-tensor", "ebits")]
+    assert "Arms: 2 of the study's 10 (chosen with `--cases`)" in (out / "REPORT.md").read_text()
+    with pytest.raises(SystemExit, match="no arm 'e4m3'.*'e4m3_ieee per-tensor'"):
+        model_study.chosen(["e4m3"], quick=False)
+
+
 @pytest.mark.parametrize("name, kind, metrics", [
     ("bert", "encoder", {"one_minus_cos", "nn"}), ("t5", "seq2seq", {"kl", "top1_changed"})])
 def test_encoders_and_encoder_decoders(hf_dirs: dict, name: str, kind: str,
@@ -162,6 +178,9 @@ def test_encoders_and_encoder_decoders(hf_dirs: dict, name: str, kind: str,
 def test_study_flags_that_do_not_apply(hf_dirs: dict) -> None:
     with pytest.raises(SystemExit):
         cli.parse_args(["range-vs-precision", "--model", "minilm", "--tokens", "64"])
+    for argv in (["fp8", "--cases", "x"], ["range-vs-precision", "--only", "like"]):
+        with pytest.raises(SystemExit):                 # ignored silently before
+            cli.parse_args(argv)
     with pytest.raises(SystemExit, match="not one of tiny"):
         get("no-such-model")
     adapter = get(str(hf_dirs["bert"]))
