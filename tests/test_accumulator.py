@@ -131,3 +131,38 @@ def test_scaling_lists_are_views_of_the_one_table():
     from fpsim_experiments import range_vs_precision
     assert cli.SCALINGS == tuple(n for n, s in CAST_SCALINGS.items() if s.cli)
     assert range_vs_precision.SCALINGS == ("none", "tensor")   # the names in its results
+
+
+SMALL = ["e2m1", "e2m3", "e3m2", "e4m3", "e5m2", "e4m3_ieee", "e3m4", "e5m2fnuz", "e4m3fnuz",
+         "e8m0", "int4", "int8", "uint8", "fp16", "bf16"]
+
+
+@pytest.mark.parametrize("narrow", SMALL)
+def test_fits_is_every_finite_value_of_one_format_in_the_other(narrow):
+    """``fits`` against the formats' values themselves, every code of every pair."""
+    from fpsim.arith.tc_models import fits
+
+    a = fpsim.values(narrow)
+    a = a[np.isfinite(a)]
+    for wide in SMALL + ["fp32"]:
+        w = fpsim.values(wide) if wide != "fp32" else None
+        held = (np.isin(a, w[np.isfinite(w)]).all() if w is not None
+                else (a.astype(np.float32) == a).all())
+        assert fits(fpsim.get_format(narrow), fpsim.get_format(wide)) == held, (narrow, wide)
+
+
+def test_a_tensor_core_refuses_operands_its_instruction_cannot_read():
+    for kw in (dict(inputs="fp32"), dict(inputs=None), dict(inputs="e3m4"),
+               dict(inputs="e4m3", weights="fp16")):
+        with pytest.raises(ValueError, match="tensor_core='hopper_fp8' reads fp8_e4m3fn, "
+                                             "fp8_e5m2 operands"):
+            Recipe(**kw, order="tensor_core", tensor_core="hopper_fp8")
+    with pytest.raises(ValueError, match="the weights are fp16; give weights="):
+        Recipe("e4m3", weights="fp16", order="tensor_core", tensor_core="hopper_fp8")
+    ok = [Recipe("e4m3_ieee", scaling="tensor", **HOPPER),      # a narrower FP8
+          Recipe("e4m3", weights="e5m2", order="tensor_core", tensor_core="hopper_fp16"),
+          Recipe("int8", order="tensor_core", tensor_core="hopper_bf16"),
+          Recipe(Cast("mxfp4", "block"), order="tensor_core", tensor_core="blackwell_mxf8f6f4"),
+          Recipe("fp32", order="tensor_core",
+                 tensor_core=fpsim.arith.TensorCoreModel(4, 24))]       # custom: any operands
+    assert all(r.accumulator().model is not None for r in ok)

@@ -20,6 +20,30 @@ STRUCTURES = ("fused", "fma_tree", "fma")
 RUN = 16            # mxf4nvf4: products summed exactly in runs of 16
 
 
+#: The operand formats an instruction reads, by the inputs part of a preset's name (TF32 and
+#: XF32 read FP32 registers, cut inside the unit: ``truncate``).
+OPERANDS = {"fp16": ("fp16",), "bf16": ("bf16",), "tf32": ("fp32",), "xf32": ("fp32",),
+            "fp32": ("fp32",), "fp64": ("fp64",), "fp8": ("e4m3", "e5m2"),
+            "mxf8f6f4": ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1"), "mxf4nvf4": ("e2m1",)}
+
+
+def fits(fmt: Format, wide: Format) -> bool:
+    """Whether every finite value of ``fmt`` is a value of ``wide``.
+
+    >>> fits(get_format("e4m3_ieee"), get_format("e4m3")), fits(get_format("e3m4"), get_format("e4m3"))
+    (True, False)
+    """
+    if fmt.signed and not wide.signed:
+        return False
+    if fmt.is_int:                   # a float holds the integers up to 2**(mbits + 1)
+        if wide.is_int:
+            return wide.min <= fmt.min and fmt.max <= wide.max
+        top = max(-fmt.min, fmt.max)
+        return top <= min(wide.max, 2 ** (wide.mbits + 1))
+    return (not wide.is_int and fmt.mbits <= wide.mbits and fmt.max <= wide.max
+            and fmt.min_subnormal >= wide.min_subnormal)
+
+
 @dataclass(frozen=True)
 class TensorCoreModel:
     """How one tensor-core instruction computes D = A·B + C (a fused dot-add).
@@ -113,6 +137,26 @@ class TensorCoreModel:
             raise ValueError("TensorCoreModel with structure='fma' rounds each fused "
                              "multiply-add to nearest even: rounding='rne', "
                              "align_accumulator=False, no block scales, no sum_bits")
+
+    @property
+    def operands(self) -> tuple[Format, ...]:
+        """The formats the preset's instruction reads, by the inputs part of its name (a
+        custom model names none: any operands).
+
+        >>> [f.name for f in TENSOR_CORES["hopper_fp8"].operands]
+        ['fp8_e4m3fn', 'fp8_e5m2']
+        """
+        kind = next((p for p in self.name.split("_") if p in OPERANDS), None)
+        return tuple(get_format(f) for f in OPERANDS.get(kind, ()))
+
+    def reads(self, fmt: Format) -> bool:
+        """Whether every finite value of ``fmt`` is a value of one of :attr:`operands` (so the
+        instruction can take it unchanged); True for a custom model.
+
+        >>> TENSOR_CORES["hopper_fp8"].reads(get_format("fp16"))
+        False
+        """
+        return not self.operands or any(fits(fmt, wide) for wide in self.operands)
 
     @property
     def accum_format(self) -> Format:

@@ -197,6 +197,7 @@ class Recipe:
             )
         if not self.name:
             object.__setattr__(self, "name", self.describe())
+        self._check_operands()
 
     def _unpack(self, acc: Accumulator) -> None:
         """The shorthand fields of ``accum=Accumulator(...)`` (the others left at defaults)."""
@@ -275,6 +276,21 @@ class Recipe:
             and not self.emulated
         )
 
+    def _check_operands(self) -> None:
+        """A tensor core reads only its instruction's operand formats: refuse operands it
+        could not take unchanged (FP32 ones under an FP8 tensor core)."""
+        model = self.accumulator().model
+        for role, fmt in (("inputs", self.inputs), ("weights", self.weight_format)):
+            elem = element_format(fmt)
+            if model is not None and not model.reads(elem):
+                reads = ", ".join(f.name for f in model.operands)
+                raise ValueError(
+                    f"recipe {self.name!r}: tensor_core={model.name!r} reads {reads} operands, "
+                    f"and the {role} are {elem.name}" + (" (none given: FP32 as they come)"
+                                                         if fmt is None else "")
+                    + f"; give {role}= one of {reads} (or a narrower format), or a tensor core "
+                    f"that reads {elem.name} (fpsim tensor-cores lists them)")
+
     @property
     def weight_format(self) -> FormatLike | None:
         return self.inputs if self.weights is None else self.weights
@@ -315,6 +331,20 @@ def _cast(fmt: FormatLike, scaling: str, rounding: str, saturate: bool,
 
 
 @functools.lru_cache(maxsize=1024)
+def element_format(fmt: FormatLike | Cast | None) -> Format:
+    """The format of an operand's elements under ``fmt`` (a block format's or a Cast's element
+    format; None: FP32, the operand as it comes).
+
+    >>> element_format(Cast("mxfp8_e4m3", "block")).name, element_format(None).name
+    ('fp8_e4m3fn', 'fp32')
+    """
+    if isinstance(fmt, Cast):
+        fmt = fmt.fmt
+    if fmt is None:
+        return get_format("fp32")
+    return mx.get_mx_format(fmt).elem if is_block_format_name(fmt) else get_format(fmt)
+
+
 def _accumulator(accum: Any, order: str | None, chunk: int | None, tensor_core: Any,
                  native_sums: str) -> Accumulator:
     """One Accumulator per distinct shorthand (checked once: a site sums at every call)."""
