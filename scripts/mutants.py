@@ -749,6 +749,12 @@ MUTANTS = [
            'key = ("fp64", t.data_ptr(), t._version, tuple(t.shape), t.stride(), t.dtype)',
            'key = ("fp64", t._version, tuple(t.shape), t.stride(), t.dtype)',
            ["tests/test_emulate.py"]),
+    Mutant("seeds-legend-model", "the seeds figure's legend leaves out the models",
+           'ax.plot([], [], "o", color=colors[model], label=label(model))', "pass",
+           ["tests/test_seeds.py::test_the_figure_names_every_model_and_marks_inf_nan"]),
+    Mutant("seeds-legend-nan", "the seeds figure does not say what its x marks are",
+           'label="inf/NaN logits (x at the right edge, the model\'s colour): no ratio")',
+           'label="_")', ["tests/test_seeds.py::test_the_figure_names_every_model_and_marks_inf_nan"]),
     # the cross-model table (issue 42)
     Mutant("across-side-swapped", "a ratio below 1 is called range",
            'side = bootstrap.verdict(ci, "range", "precision", "none")',
