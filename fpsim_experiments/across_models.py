@@ -144,6 +144,7 @@ class Pair:
     more: str
     side: str            # "range", "precision", "none" (no side called), "nan", "not run"
     text: str
+    short: str = ""      # the evidence in a few words: the ratio and interval, or what is inf/NaN
     p: float = math.nan
     ci: tuple[float, float] | None = None
     holm: bool | None = None
@@ -168,16 +169,21 @@ def pair(study: Study | Tiny, fewer: Arm | None, more: Arm | None, names: tuple[
     """The pair ``names`` (fewer exponent bits first) of one setting."""
     if fewer is None or more is None:
         missing = [n for n, a in zip(names, (fewer, more)) if a is None]
-        return Pair(*names, "not run", f"{' and '.join(missing)} not run")
+        text = f"{' and '.join(missing)} not run"
+        return Pair(*names, "not run", text, text)
     if not fewer.finite:
-        return (Pair(*names, "nan", f"{names[0]} and {names[1]} inf/NaN") if not more.finite
-                else Pair(*names, "range", f"{names[0]} inf/NaN, {names[1]} {more.cell()}: "
-                          "range"))
+        if not more.finite:
+            text = f"{names[0]} and {names[1]} inf/NaN"
+            return Pair(*names, "nan", text, text)
+        return Pair(*names, "range", f"{names[0]} inf/NaN, {names[1]} {more.cell()}: range",
+                     f"{names[0]} inf/NaN")
     if not more.finite:
-        return Pair(*names, "precision", f"{names[1]} inf/NaN, {names[0]} {fewer.cell()}")
+        return Pair(*names, "precision", f"{names[1]} inf/NaN, {names[0]} {fewer.cell()}: "
+                    "precision", f"{names[1]} inf/NaN")
     point, ci, p = study.ratio(fewer, more)
     side = bootstrap.verdict(ci, "range", "precision", "none")
-    return Pair(*names, side, f"{names[0]} / {names[1]} {point:.3g}× {fmt_ci(ci)}", p, tuple(ci))
+    short = f"{point:.3g}× {fmt_ci(ci)}"
+    return Pair(*names, side, f"{names[0]} / {names[1]} {short}", short, p, tuple(ci))
 
 
 def first_to_fail(p34: Pair, p45: Pair) -> str:
@@ -297,22 +303,24 @@ def holds(rows: list[Row]) -> str:
     for setting in SETTINGS:
         said = []
         for k in (1, 0):
-            sides = {r.model: r.pairs[k].called() for r in rows if r.setting == setting
-                     and r.pairs[k].side != "not run"}
+            ran = [r for r in rows if r.setting == setting and r.pairs[k].side != "not run"]
+            sides = {r.model: r.pairs[k].called() for r in ran}
+            shown = {r.model: f"{r.model} {r.pairs[k].short}" for r in ran}
             if not sides:
                 continue
             name = " / ".join((rows[0].pairs[k].fewer, rows[0].pairs[k].more))
-            words = {s: ", ".join(m for m, v in sides.items() if v == s)
+            words = {s: ", ".join(shown[m] for m, v in sides.items() if v == s)
                      for s in dict.fromkeys(sides.values())}
             side = {"range": "range", "precision": "precision", "none": "no side",
                     "nan": "both inf/NaN"}
             if len(words) == 1:
-                said.append(f"{name} calls {side[next(iter(words))]} on "
+                ((called, which),) = words.items()
+                said.append(f"{name} calls {side[called]} on "
                             + ("every model that ran it" if len(sides) > 1 else
-                               f"the one model that ran it ({next(iter(sides))})"))
+                               "the one model that ran it") + f" ({which})")
             else:
-                said.append(f"{name} differs: " + "; ".join(
-                    f"{side[s]} on {m}" for s, m in words.items()))
+                said.append(f"{name} differs (" + "; ".join(
+                    f"{side[s]} on {m}" for s, m in words.items()) + ")")
         parts.append(f"{setting}, " + ", and ".join(said))
     return (f"Across {len(models)} models ({', '.join(models)}), at 8 bits: "
             + "; ".join(parts) + ".")
