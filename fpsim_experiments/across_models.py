@@ -28,10 +28,11 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from . import bootstrap, model_study
 from .bootstrap import fmt_ci
+from .range_findings import _abl, _case, _ln, _run, ratios_for
+from .range_vs_precision import load
 from .report import load_json, num, pct
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,9 +49,8 @@ COMMAND = "python -m fpsim_experiments.across_models --write"
 
 @dataclass
 class Arm:
-    """One 8-bit run as the table needs it: its name in the study, metric, interval, run."""
+    """One 8-bit run as the table needs it: its metric, interval and the study's run."""
 
-    name: str
     value: float
     ci: list[float]
     run: dict
@@ -84,7 +84,7 @@ class Study:
         for r in self.data["runs"]:
             if all(r["factors"].get(k) == v for k, v in want.items()):
                 m = r["metrics"][self.primary]
-                return Arm(r["name"], m["value"], m["ci"], r)
+                return Arm(m["value"], m["ci"], r)
         return None
 
     def ratio(self, a: Arm, b: Arm) -> tuple[float, list[float], float]:
@@ -102,8 +102,6 @@ class Tiny:
     """The tiny GPT-2's own study (``.range_vs_precision``), with its range-cases."""
 
     def __init__(self, name: str, data: dict) -> None:
-        from .range_findings import ratios_for
-
         self.name, self.data = name, data
         self.ratios = ratios_for(data)
         self.metric = (f"KL(FP32 ‖ format) of the next byte, nats/token, "
@@ -111,18 +109,15 @@ class Tiny:
         self.where_basis = f"end to end on all {self.ratios.windows} windows"
 
     def arm(self, ebits: int, variant: str) -> Arm | None:
-        from .range_findings import _abl, _case, _ln, _run
-
+        """As ``Study.arm``: the splits, the LayerNorms-in-FP32 runs, the saturating ablation
+        (e3) and range-cases' saturating runs (e4, e5)."""
         fmt = f"e{ebits}m{7 - ebits}"
         run = {"none": lambda: _run(self.data, 8, ebits),
                "tensor": lambda: _run(self.data, 8, ebits, "tensor"),
                "norms": lambda: _ln(self.data, 8, ebits),
                "saturating": lambda: (_abl(self.data, 8, "saturate") if ebits == 3
                                       else _case(self.data, f"{fmt} saturating"))}[variant]()
-        if run is None:
-            return None
-        from .likewise import label
-        return Arm(label(run), run["e2e"]["kl"], run["e2e"]["ci"]["kl"], run)
+        return None if run is None else Arm(run["e2e"]["kl"], run["e2e"]["ci"]["kl"], run)
 
     def ratio(self, a: Arm, b: Arm) -> tuple[float, list[float], float]:
         r = self.ratios.ratio(a.run, b.run, "format", decides=False)
@@ -288,7 +283,6 @@ def studies(root: Path = REPO / "results") -> list[Study | Tiny]:
         if not (path / "results.json").exists():
             continue
         if shape == "tiny":
-            from .range_vs_precision import load
             out.append(Tiny(name, load(path)))
         else:
             out.append(Study(name, load_json(path / "results.json")))
