@@ -349,7 +349,7 @@ def _cell(m: dict) -> str:
     return f"{num(m['value'])} {fmt_ci(m['ci'])}" if math.isfinite(m["value"]) else "NaN"
 
 
-def _trouble(run: dict) -> tuple[list[dict], int, int, int]:
+def trouble(run: dict) -> tuple[list[dict], int, int, int]:
     """The sites that overflowed (most first), and the operand elements flushed, saturated and
     in all, in the capture pass."""
     rows = [s for s in run["sites"] if s["recipe"] != "not emulated"]
@@ -392,7 +392,7 @@ def conclusions(data: dict) -> list[str]:
             out.append(text + (f"; inf/NaN at {', '.join(bad)}" if bad else "") + ".")
     for r in runs:
         if r["factors"]["budget"] == 8 and r["factors"]["scaling"] == "none":
-            over, flushed, _, elements = _trouble(r)
+            over, flushed, _, elements = trouble(r)
             where = ", ".join(f"{s['site']} ({s['overflow']} elements, amax {num(s['amax'])})"
                               for s in over[:3])
             out.append(f"{r['name']}: {pct(flushed / elements)} of operand elements flushed; "
@@ -411,7 +411,7 @@ def render(data: dict, out: Path) -> str:
     names = list(data["metrics"])
     rows = [["FP32 (reference)", "-", *[_cell(data["baseline"][k]) for k in names], "-", "-"]]
     for r in data["runs"]:
-        over, flushed, saturated, elements = _trouble(r)
+        over, flushed, saturated, elements = trouble(r)
         rows.append([r["name"], r["seconds"], *[_cell(r["metrics"][k]) for k in names],
                      ", ".join(s["site"] for s in over[:2]) or "-",
                      f"{pct(flushed / elements)} / {pct(saturated / elements)}"])

@@ -66,6 +66,7 @@ SWEEP_RETRY = ["tests/test_sweep.py::test_attempts_count_retries"]
 SWEEP_ORDER = ["tests/test_sweep.py::test_failures_are_listed_in_plan_order"]
 PROGRESS = ["tests/test_progress.py"]
 MODEL_STUDY = ["tests/test_model_study.py"]
+ACROSS = ["tests/test_across_models.py"]
 SWEEP_RUNS = ["tests/test_sweep.py::test_experiment_runs_are_their_direct_computation",
               "tests/test_sweep.py::test_experiment_run_specs_name_everything_their_numbers_depend_on",
               "tests/test_sweep.py::test_experiment_runs_resume_and_compute_only_the_missing"]
@@ -756,6 +757,27 @@ MUTANTS = [
            'key = ("fp64", t.data_ptr(), t._version, tuple(t.shape), t.stride(), t.dtype)',
            'key = ("fp64", t._version, tuple(t.shape), t.stride(), t.dtype)',
            ["tests/test_emulate.py"]),
+    Mutant("seeds-legend-model", "the seeds figure's legend leaves out the models",
+           'ax.plot([], [], "o", color=colors[model], label=label(model))', "pass",
+           ["tests/test_seeds.py::test_the_figure_names_every_model_and_marks_inf_nan"]),
+    Mutant("seeds-legend-nan", "the seeds figure does not say what its x marks are",
+           'label="inf/NaN logits (x at the right edge, the model\'s colour): no ratio")',
+           'label="_")', ["tests/test_seeds.py::test_the_figure_names_every_model_and_marks_inf_nan"]),
+    # the cross-model table (issue 42)
+    Mutant("across-side-swapped", "a ratio below 1 is called range",
+           'side = bootstrap.verdict(ci, "range", "precision", "none")',
+           'side = bootstrap.verdict(ci, "precision", "range", "none")', ACROSS),
+    Mutant("across-scaling-ignored", "the per-tensor arm is found without its scaling",
+           '"tensor": lambda: _run(self.data, 8, ebits, "tensor"),', '"tensor": lambda: None,',
+           ACROSS),
+    Mutant("across-study-scaling-ignored", "a study's per-tensor arm is its unscaled one",
+           'want.update({"tensor": {"scaling": "tensor"}, "saturating": {"encoding": "saturating"},',
+           'want.update({"tensor": {}, "saturating": {"encoding": "saturating"},', ACROSS),
+    Mutant("across-overflow-unsaid", "the sites that overflow are left out",
+           "over, fl, sat, total = study.events(arm)",
+           "over, fl, sat, total = {}, *study.events(arm)[1:]", ACROSS),
+    Mutant("across-ablation-inverted", "an ablation that stays inf/NaN is said to make it finite",
+           "if abl.finite:", "if not abl.finite:", ACROSS),
 ]
 
 

@@ -230,3 +230,22 @@ def test_the_shipped_models_runs_are_range_vs_precisions() -> None:
                                   equal_nan=True), name
             compared += 1
     assert compared == sum(len(w) for w in seeds.EBITS.values()) * len(data["meta"]["budgets"])
+
+
+def test_the_figure_names_every_model_and_marks_inf_nan(tmp_path: Path, monkeypatch) -> None:
+    """The review's finding 6 (issue 42): the figure's legend names every model, seed 0 and the
+    shipped model included, and marks a ratio that inf/NaN logits leave undefined."""
+    figures = []
+
+    def keep(fig, path):
+        figures.append(fig)
+        return path.name
+
+    monkeypatch.setattr(seeds, "save", keep)
+    data = _data({})
+    _set(data, 0, "e3m4/none", _run([1.0] * 16, finite=False))
+    seeds.render(data, tmp_path)
+    labels = [t.get_text() for ax in figures[0].axes if ax.get_legend()
+              for t in ax.get_legend().get_texts()]
+    assert all(seeds.label(m) in labels for m in (seeds.SHIPPED, 0, 1, 2)), labels
+    assert any(t.startswith("inf/NaN logits") for t in labels), labels
