@@ -1,11 +1,12 @@
 """Capture the operands of every dot-product site of one GPT-2 forward pass.
 
-An ``ops`` object (see ``fpsim_experiments.gpt2.ops``) records each site's operands and result
-while computing as the deterministic FP32 (or FP64) reference does (``fpsim_experiments.recipes``:
-dot products and softmax in FP64, rounded once), so the captured operands are what the
-reference network feeds that site, bit for bit on any machine.  LayerNorm sites record their
-input; their dot products are
-the row sum and the sum of squares (``fpsim_experiments.recipes.layernorm_stats``).
+The forward pass runs under ``fpsim.emulate`` with the deterministic FP32 (or FP64) reference
+recipe at every site (``fpsim_experiments.endtoend.rules``: dot products, LayerNorm and softmax
+in FP64, rounded once), and the context's ``watch`` records each site's operands and result
+under the experiments' site names (``fpsim_experiments.gpt2.model.site_name``), so the captured
+operands are what the reference network feeds that site, bit for bit on any machine.
+LayerNorm sites record their input; their dot products are the row sum and the sum of squares
+(``fpsim_experiments.recipes.layernorm_stats``).
 
 ``stream`` hands each site to a callback the moment the forward pass has computed it and
 keeps none, so a consumer that uses a site and drops it holds one site's operands at a time
@@ -22,9 +23,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .gpt2.model import GPT2
-from .gpt2.ops import TorchOps, forward
-from . import recipes
+import fpsim
+
+from .endtoend import rules
+from .gpt2.model import GPT2, site_kind, site_name
 from .recipes import FP32, FP64, Recipe, layernorm_stats
 
 NATIVE: dict[torch.dtype, Recipe] = {torch.float32: FP32, torch.float64: FP64}
@@ -96,9 +98,9 @@ class Site:
         )
 
 
-class CaptureOps(TorchOps):
-    """The reference arithmetic, handing every site to ``sink`` as it is computed (in forward
-    order) and keeping none.
+class _Recorder:
+    """``fpsim.emulate``'s ``watch`` that hands each site of one forward pass to ``sink`` as a
+    ``Site`` (in forward order) and keeps none.
 
     ``sink`` runs inside the forward pass's interception handler, where torch's function-mode
     stack is suspended: its own torch calls are plain torch, not model sites.
@@ -108,43 +110,23 @@ class CaptureOps(TorchOps):
         self.sink = sink
         self.seen: set[str] = set()
 
-    def _keep(self, site: Site) -> None:
-        if site.name in self.seen:
-            raise ValueError(
-                f"site {site.name!r} seen twice: capture one forward pass per CaptureOps"
-            )
-        self.seen.add(site.name)
-        self.sink(site)
-
-    def linear(self, name: str, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
-        y = recipes.linear(NATIVE[x.dtype], x, W, b)
-        self._keep(
-            Site(
-                name,
-                "linear",
-                x.detach(),
-                y.detach(),
-                W.detach(),
-                None if b is None else b.detach(),
-            )
-        )
-        return y
-
-    def matmul(self, name: str, a: Tensor, b: Tensor) -> Tensor:
-        y = recipes.matmul(NATIVE[a.dtype], a, b)
+    def __call__(self, site: str, kind: str, recipe: Recipe, operands: tuple, events: dict,
+                 y: Tensor) -> None:
+        name = site_name(site)
+        if name in self.seen:
+            raise ValueError(f"site {name!r} ({site}) seen twice: a capture keeps one call of "
+                             "each site, of one forward pass")
+        self.seen.add(name)
+        a, *rest = (t.detach() for t in operands)
+        kind = site_kind(name)
+        if kind == "layernorm":
+            self.sink(Site(name, kind, a, layernorm_stats(recipe, a)[1]))
+            return
         mask = None
         if name.endswith(".qk"):
             mask = torch.ones(y.shape[-2], y.shape[-1], dtype=torch.bool, device=y.device).tril()
-        self._keep(Site(name, "matmul", a.detach(), y.detach(), b.detach(), mask=mask))
-        return y
-
-    def layernorm(self, name: str, x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
-        ssq = layernorm_stats(NATIVE[x.dtype], x.detach())[1]
-        self._keep(Site(name, "layernorm", x.detach(), ssq))
-        return recipes.layernorm(NATIVE[x.dtype], x, weight, bias, eps)
-
-    def softmax(self, name: str, x: Tensor) -> Tensor:
-        return recipes.softmax(x)
+        b, bias = rest if len(rest) == 2 else (rest[0], None)
+        self.sink(Site(name, kind, a, y.detach(), b, bias, mask))
 
 
 @torch.no_grad()
@@ -152,7 +134,9 @@ def stream(model: GPT2, idx: Tensor, sink: Callable[[Site], None]) -> Tensor:
     """Run ``model(idx)`` (in the model's dtype), calling ``sink`` on each site as soon as it is
     computed, in forward order; returns the logits.  Nothing here keeps a site: what ``sink``
     drops is freed before the next one."""
-    return forward(model, idx, CaptureOps(sink))
+    native = NATIVE[model.transformer.wte.weight.dtype]
+    with fpsim.emulate(rules(native), watch=_Recorder(sink)):
+        return model(idx)
 
 
 def capture(model: GPT2, idx: Tensor) -> tuple[dict[str, Site], Tensor]:

@@ -111,7 +111,7 @@ class RecipeRun:
             and recipe is not FP32 else None
         self.record(name, y, events, ((operands[0], recipe, recipe.inputs),
                                       *[(b, recipe, recipe.weight_format) if w is None
-                                        else (b, w, w.inputs) for b in operands[1:]]))
+                                        else (b, w, w.inputs) for b in operands[1:2]]))
 
     def recipe_for(self, name: str) -> Recipe:
         """The recipe of site ``name``."""

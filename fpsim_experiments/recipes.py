@@ -2,8 +2,9 @@
 ``fpsim.emulation.sites`` (a GPT-2 site computed under a recipe on torch tensors), under the
 names the experiments use.
 
-Both the per-site replay and the end-to-end ``ops`` compute through these, so the two measure
-the same arithmetic as ``fpsim.emulate`` does on any model.
+The per-site replay computes through these, and the capture and the end-to-end runs are the
+model under ``fpsim.emulate``, which computes each site through them too: all measure the same
+arithmetic as ``fpsim.emulate`` does on any model.
 """
 
 from __future__ import annotations

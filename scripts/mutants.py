@@ -58,6 +58,9 @@ ACCUMULATOR = ["tests/test_accumulator.py"]
 WRONG_WAY = ["tests/test_wrong_way.py"]
 WATCH = ["tests/test_emulate_watch.py"]
 RUNS = ["tests/test_attention_semantics.py", "tests/test_emulate_watch.py"]
+CAPTURE = ["tests/test_replay.py",
+           "tests/test_gpt2_model.py::test_capture_sees_every_site_once_in_forward_order",
+           "tests/test_gpt2_model.py::test_capture_refuses_a_site_called_twice"]
 SEEDS = ["tests/test_seeds.py"]
 SWEEP_PLAN = ["tests/test_sweep.py::test_plan_shards_whole_batches_and_seeds_draw_windows"]
 SWEEP_JOIN = ["tests/test_sweep.py::test_combined_numbers_are_one_pass_over_all_windows"]
@@ -428,10 +431,6 @@ MUTANTS = [
     Mutant("report-silent", "a report without capture does not say why it is empty",
            "lines.append(NOT_CAPTURED)", "pass",
            ["tests/test_emulate.py::test_report_without_capture_says_why_it_is_empty"]),
-    Mutant("handler-no-override", "a subclass's handler table is its base's (overrides ignored)",
-           "cls.handlers = handler_table(cls)", "pass",
-           ["tests/test_emulate_coverage.py::test_handlers_are_registered_where_they_are_"
-            "written"]),
     Mutant("lookup-preset-first", "a preset's name wins over a format's ('nvfp4')",
            "if not slash and not _format_name(name):", "if not slash:",
            ["tests/test_training_presets.py::test_one_registry_the_sweep_names"]),
@@ -728,6 +727,21 @@ MUTANTS = [
            "with implementation(model, kernel), self.emulation:",
            "with implementation(model, kernel), fpsim.emulate(self.rules, watch=self.watch):",
            ["tests/test_practice.py::test_a_delayed_run_keeps_its_amax_histories_from_batch_to_batch"]),
+    # the per-site capture through fpsim.emulate's watch (issue 41: the ops protocol retired)
+    Mutant("watch-no-bias", "a watched product's bias is not among its operands",
+           "self.em.watch(name, kind, recipe, (a, b) if bias is None else (a, b, bias), events,",
+           "self.em.watch(name, kind, recipe, (a, b), events,", WATCH),
+    Mutant("capture-bias-dropped", "the capture keeps no linear site's bias",
+           "b, bias = rest if len(rest) == 2 else (rest[0], None)", "b, bias = rest[0], None",
+           CAPTURE),
+    Mutant("capture-no-mask", "the capture marks no causal part of Q.K^T",
+           "mask = torch.ones(y.shape[-2], y.shape[-1], dtype=torch.bool, device=y.device).tril()",
+           "mask = None", CAPTURE),
+    Mutant("capture-ln-mean", "a captured LayerNorm's output is its row sum, not its sum of "
+           "squares", "self.sink(Site(name, kind, a, layernorm_stats(recipe, a)[1]))",
+           "self.sink(Site(name, kind, a, layernorm_stats(recipe, a)[0]))", CAPTURE),
+    Mutant("capture-twice", "a site called twice in one pass is kept silently",
+           "if name in self.seen:", "if False:", CAPTURE),
     Mutant("practice-history", "practice's delayed scaling keeps a history of one call",
            'DELAYED = Recipe(Cast(FP8, "delayed", saturate=True, history=HISTORY), '
            'Cast(FP8, "tensor"),',

@@ -23,9 +23,11 @@ def test_watch_sees_every_emulated_call_with_the_counts_capture_sums() -> None:
     recipe = Recipe("e3m4_ieee", name="e3m4")
     rules = Rules([Rule(Recipe(name="fp32"), kind="norm"), Rule(None, path="2")], default=recipe)
     seen: list = []
+    given: list = []
 
     def watch(site: str, kind: str, r: Recipe, operands: tuple, events: dict, y) -> None:
         seen.append((site, kind, r.name, [tuple(t.shape) for t in operands], events, y))
+        given.append(operands)
 
     with torch.no_grad():
         with fpsim.emulate(rules, capture=True) as em:
@@ -41,7 +43,8 @@ def test_watch_sees_every_emulated_call_with_the_counts_capture_sums() -> None:
     # the linear left to torch (path "2") is not a call the recipe computed
     assert [(s, k, n, shapes) for s, k, n, shapes, _, _ in seen] == [
         ("0:layer_norm", "norm", "fp32", [(5, 8)]),
-        ("1:linear", "linear", "e3m4", [(5, 8), (8, 4)])]
+        ("1:linear", "linear", "e3m4", [(5, 8), (8, 4), (4,)])]    # a product's bias third
+    assert torch.equal(given[1][1], model[1].weight.t()) and torch.equal(given[1][2], model[1].bias)
     linear = em.sites["1:linear"]
     events = seen[1][4]
     assert linear.overflow == events["a"]["overflow"] + events["b"]["overflow"] > 0

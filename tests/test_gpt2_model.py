@@ -11,11 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from fpsim_experiments.capture import stream
+from fpsim_experiments.endtoend import RecipeRun
 from fpsim_experiments.gpt2.checkpoint import load_gpt2, save_gpt2
 from fpsim_experiments.gpt2.data import heldout_bytes, split_topics, windows
 from fpsim_experiments.gpt2.evaluate import window_loss
-from fpsim_experiments.gpt2.ops import TorchOps, forward
 from fpsim_experiments.gpt2.tokenizer import decode_bytes, encode_bytes, load_bpe
+from fpsim_experiments.recipes import FP32
 
 CFG = {"n_layer": 2, "n_head": 4, "n_embd": 32, "n_positions": 16, "vocab_size": 50,
        "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new", "model_type": "gpt2"}
@@ -157,35 +159,40 @@ def test_loads_from_offline_hub_cache(monkeypatch, tmp_path, sd):
     assert load_gpt2("gpt2").config.n_embd == CFG["n_embd"]
 
 
-class RecordingOps(TorchOps):
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str]] = []
-
-    def linear(self, name, x, W, b):
-        assert W.shape[0] == x.shape[-1]
-        self.calls.append(("linear", name))
-        return super().linear(name, x, W, b)
-
-    def matmul(self, name, a, b):
-        self.calls.append(("matmul", name))
-        return super().matmul(name, a, b)
-
-    def layernorm(self, name, x, weight, bias, eps):
-        self.calls.append(("layernorm", name))
-        return super().layernorm(name, x, weight, bias, eps)
-
-
-def test_ops_hook_sees_every_site_once(tmp_path, sd, ids):
+def test_capture_sees_every_site_once_in_forward_order(tmp_path, sd, ids):
+    """The capture's watch hands over each site once, in forward order, its kind told by its
+    operands (a LayerNorm's input alone, a linear layer's 2-D weight, a matmul's batched
+    operands), and changes no result of the FP32 reference run."""
     model = load_gpt2(write_checkpoint(tmp_path / "d", sd, "", "safetensors"))
-    ops = RecordingOps()
     x = torch.from_numpy(ids)
-    assert torch.equal(forward(model, x, ops), model(x))
+    seen = []
+
+    def kind(site):
+        return "layernorm" if site.b is None else "linear" if site.b.dim() == 2 else "matmul"
+
+    logits = stream(model, x, lambda site: seen.append((kind(site), site.name)))
+    assert torch.equal(logits, RecipeRun(FP32)(model, x))
     want = []
     for i in range(CFG["n_layer"]):
         want += [("layernorm", f"h{i}.ln_1"), ("linear", f"h{i}.attn.c_attn"), ("matmul", f"h{i}.attn.qk"),
                  ("matmul", f"h{i}.attn.av"), ("linear", f"h{i}.attn.c_proj"), ("layernorm", f"h{i}.ln_2"),
                  ("linear", f"h{i}.mlp.c_fc"), ("linear", f"h{i}.mlp.c_proj")]
-    assert ops.calls == want + [("layernorm", "ln_f"), ("linear", "lm_head")]
+    assert seen == want + [("layernorm", "ln_f"), ("linear", "lm_head")]
+
+
+def test_capture_refuses_a_site_called_twice(tmp_path, sd, ids):
+    """A block that calls its LayerNorm twice in one forward pass: the capture names the site
+    instead of keeping one call of it silently."""
+    model = load_gpt2(write_checkpoint(tmp_path / "d", sd, "", "safetensors"))
+    block = model.transformer.h[1]
+
+    def twice(x):
+        block.ln_1(x)
+        return type(block).forward(block, x)
+
+    block.forward = twice
+    with pytest.raises(ValueError, match=r"'h1.ln_1' \(transformer.h.1.ln_1:layer_norm#2\) seen twice"):
+        stream(model, torch.from_numpy(ids), lambda site: None)
 
 
 def test_byte_tokenizer_and_split():

@@ -55,9 +55,11 @@ class Emulation:
     to ``(index of the rule that chose its recipe or None for the default, path, kind)``.
 
     ``watch``: called after each forward call of a product or layer-norm site that a recipe
-    computed, as ``watch(site, kind, recipe, operands, events, result)`` (``events``: each
-    operand's elements counted, overflowed, saturated and flushed, as ``capture`` counts them,
-    under keys ``"a"`` and ``"b"``); it sees every element, where ``capture`` keeps sums only.
+    computed, as ``watch(site, kind, recipe, operands, events, result)`` (``operands``: a
+    product's ``(a, b)``, with its bias third where it adds one, or a layer norm's
+    ``(input,)``; ``events``: each operand's elements counted, overflowed, saturated and
+    flushed, as ``capture`` counts them, under keys ``"a"`` and ``"b"``); it sees every
+    element, where ``capture`` keeps sums only.
     """
 
     def __init__(self, rules: Rules, capture: bool, strict: bool = False,

@@ -44,8 +44,7 @@ RECENT = 32
 def handles(*funcs: Any, norm: bool = False) -> Callable[[Callable], Callable]:
     """Register the decorated ``Interceptor`` method as the handler of the torch functions
     ``funcs``, where it is written (as ``torch.utils.flop_counter`` registers each formula);
-    ``norm``: it computes norm statistics, whose emulated results have no backward pass.  A
-    subclass that overrides the method handles them with its own."""
+    ``norm``: it computes norm statistics, whose emulated results have no backward pass."""
     def mark(method: Callable) -> Callable:
         method.torch_functions = (funcs, norm)       # type: ignore[attr-defined]
         return method
@@ -68,15 +67,8 @@ class Interceptor(TorchFunctionMode):
     ``fpsim.emulation.Emulation``, whose ``sites`` it fills when ``em.capture``)."""
 
     active = False                                # an interceptor is running (they do not nest)
-    #: torch function -> (method, norm) (``handles``; each subclass its own table)
+    #: torch function -> (method, norm) (``handles``)
     handlers: ClassVar[dict[Any, tuple[Callable, bool]]] = {}
-    #: Emulated results that autograd tracks raise on backward (``fpsim.emulation.grad``);
-    #: a subclass whose handlers compute differentiably (the experiments' ops) turns it off.
-    guard_grad = True
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.handlers = handler_table(cls)
 
     def __init__(self, em: Any) -> None:
         super().__init__()
@@ -203,7 +195,7 @@ class Interceptor(TorchFunctionMode):
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         handler = self.handlers.get(func)
-        tracked = wants_grad(args, kwargs) if self.guard_grad else []
+        tracked = wants_grad(args, kwargs)
         before = self.emulated
         if handler is not None:
             method, norm = handler
@@ -268,7 +260,8 @@ class Interceptor(TorchFunctionMode):
                                    None if bias is None else bias.double())
             self.record(name, kind, recipe, (a, b), events, y, ref)
         if recipe is not None and self.em.watch is not None:
-            self.em.watch(name, kind, recipe, (a, b), events, y)
+            self.em.watch(name, kind, recipe, (a, b) if bias is None else (a, b, bias), events,
+                          y)
         return y
 
     @handles(F.linear)

@@ -2,6 +2,5 @@
 
 from .checkpoint import load_gpt2, save_gpt2
 from .model import GPT2, GPT2Config
-from .ops import TorchOps
 
-__all__ = ["GPT2", "GPT2Config", "TorchOps", "load_gpt2", "save_gpt2"]
+__all__ = ["GPT2", "GPT2Config", "load_gpt2", "save_gpt2"]
