@@ -143,6 +143,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="keep the end-to-end runs an interrupted run left in OUT/NAME/tasks and "
                         "compute only the others")
     range_cases.add_arguments(p)
+    p.add_argument("--units", type=_positive, metavar="N",
+                   help="range-vs-precision --model MODEL: its inputs, in the model's own "
+                        "units (windows; sentences, which Whisper packs into clips); default "
+                        "the model's full size, or its --quick size")
     seeds.add_arguments(p)
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -162,6 +166,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     study = args.name == range_vs_precision.NAME and model_study.selected(args.model)
     if args.only and args.name != range_cases.NAME:
         p.error(f"--only chooses groups of {range_cases.NAME}: drop it from {args.name}")
+    if args.units and not study:
+        p.error(f"--units sizes the study of range-vs-precision --model MODEL: drop it from "
+                f"{args.name}")
     if args.cases and not (args.name == range_cases.NAME or study):
         p.error(f"--cases chooses cases of {range_cases.NAME} or arms of {args.name} --model "
                 f"MODEL: drop it from {args.name}")

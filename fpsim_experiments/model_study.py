@@ -430,6 +430,10 @@ def render(data: dict, out: Path) -> str:
              "dot product and norm statistic runs through fpsim.emulate under each arm's "
              "recipe; the reference is FP32 (sums in FP64, rounded once). Formats: `eXmY` is "
              "IEEE-style (inf/NaN in the all-ones exponent: e4m3 has max 240), `fn` OCP-style.")
+    size = meta.get("units", {})
+    if size.get("asked") and size["asked"] < size["full"] and not meta["quick"]:
+        intro += (f" Inputs: {size['asked']} (`--units`), fewer than the study's full "
+                  f"{size['full']}.")
     run = meta.get("arms", {})
     if run and run["run"] < run["of"]:
         intro += (f" Arms: {run['run']} of the study's {run['of']} (chosen with `--cases`); "
@@ -461,9 +465,10 @@ def main(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         adapter = models.get(args.model)
         planned = chosen(args.cases, args.quick)
-        data = study(adapter, args.quick, planned=planned, execution=ex)
+        data = study(adapter, args.quick, args.units, planned=planned, execution=ex)
         data["meta"] = {"model": adapter.name, "quick": args.quick, "threads": args.threads,
                         "arms": {"run": len(planned), "of": len(arms(args.quick))},
+                        "units": {"asked": args.units, "full": adapter.sizes["full"]},
                         "executor": args.executor, "workers": args.workers, **versions(),
                         "seconds": round(time.perf_counter() - start, 1)}
     finish(NAME, out, data, render)

@@ -149,9 +149,11 @@ def test_cases_run_the_named_arms_and_the_report_says_so(hf_dirs: dict,
                                                          tmp_path: Path) -> None:
     names = ["e5m2_ieee per-tensor", "e4m3_ieee per-tensor"]
     assert cli.main(["range-vs-precision", "--model", str(hf_dirs["llama"]), "--quick",
-                     "--threads", "1", "--out", str(tmp_path), "--cases", *names]) == 0
+                     "--threads", "1", "--out", str(tmp_path), "--cases", *names,
+                     "--units", "3"]) == 0
     out = tmp_path / "range-vs-precision-llama"
     data = json.loads((out / "results.json").read_text())
+    assert data["model"]["units"] == 3 and data["meta"]["units"]["asked"] == 3
     assert [r["name"] for r in data["runs"]] == names       # in the order named
     assert data["meta"]["arms"] == {"run": 2, "of": len(model_study.arms(True))}
     assert [(c["a"], c["b"], c["factor"]) for c in data["comparisons"]] == [
@@ -178,7 +180,8 @@ def test_encoders_and_encoder_decoders(hf_dirs: dict, name: str, kind: str,
 def test_study_flags_that_do_not_apply(hf_dirs: dict) -> None:
     with pytest.raises(SystemExit):
         cli.parse_args(["range-vs-precision", "--model", "minilm", "--tokens", "64"])
-    for argv in (["fp8", "--cases", "x"], ["range-vs-precision", "--only", "like"]):
+    for argv in (["fp8", "--cases", "x"], ["range-vs-precision", "--only", "like"],
+                 ["fp8", "--units", "3"]):
         with pytest.raises(SystemExit):                 # ignored silently before
             cli.parse_args(argv)
     with pytest.raises(SystemExit, match="not one of tiny"):
