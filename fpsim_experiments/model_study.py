@@ -358,6 +358,24 @@ def trouble(run: dict) -> tuple[list[dict], int, int, int]:
             sum(s["elements"] for s in rows) or 1)
 
 
+def flushed_by_op(run: dict) -> list[tuple[str, float]]:
+    """The share of a run's flushed operand elements at each kind of op (the part of a site's
+    name after ``:``: ``linear``, ``pv``, ``qk``, ...), largest first.
+
+    >>> flushed_by_op({"sites": [{"site": "l.0:pv", "recipe": "x", "flushed": 3},
+    ...                          {"site": "l.0.fc:linear", "recipe": "x", "flushed": 1}]})
+    [('pv', 0.75), ('linear', 0.25)]
+    """
+    by: dict[str, int] = {}
+    for s in run["sites"]:
+        if s["recipe"] != "not emulated":
+            op = s["site"].rpartition(":")[2]
+            by[op] = by.get(op, 0) + s["flushed"]
+    total = sum(by.values())
+    return [] if not total else sorted(((op, n / total) for op, n in by.items() if n),
+                                       key=lambda kv: -kv[1])
+
+
 def verdict(c: dict) -> str:
     """A comparison in words: its ratio, interval and the side it calls (Holm-corrected)."""
     if not math.isfinite(c["ratio"]) or not all(map(math.isfinite, c["ci"])):
@@ -395,7 +413,9 @@ def conclusions(data: dict) -> list[str]:
             over, flushed, _, elements = trouble(r)
             where = ", ".join(f"{s['site']} ({s['overflow']} elements, amax {num(s['amax'])})"
                               for s in over[:3])
-            out.append(f"{r['name']}: {pct(flushed / elements)} of operand elements flushed; "
+            ops = ", ".join(f"{op} {pct(share)}" for op, share in flushed_by_op(r)[:3])
+            out.append(f"{r['name']}: {pct(flushed / elements)} of operand elements flushed"
+                       + (f" (of them at {ops})" if ops else "") + "; "
                        + (f"overflow at {where}" if over else "nothing overflowed")
                        + f" (capture of {data['capture_units']} {data['model']['unit']}s).")
     kept = sum(bool(c["holm"]) for c in data["comparisons"])
