@@ -377,12 +377,21 @@ def overflow_lines(data: dict) -> list[str]:
         line = (f"B={b}, {o['run'].split('/')[0]} without scaling: inf/NaN logits on "
                 f"{len(seeds_bad)} of {len(stepped)} step-schedule seeds"
                 + (f"; {', '.join(parts)}" if parts else "") + ".")
+        others = [s for s in seeds_bad if s != 0]
         if SHIPPED in bad and 0 in stepped:
-            line += (" Seed 0 on the step schedule overflows too: the overflow goes with the "
-                     "seed, not the wall-clock schedule." if 0 in bad else
-                     " Seed 0 on the step schedule stays finite: the same seed overflows on the "
-                     "wall-clock schedule only, so the overflow goes with the schedule, not the "
-                     "seed (one pair of models: one seed, two schedules).")
+            if 0 in bad:
+                line += (" Seed 0 on the step schedule overflows too: the overflow goes with "
+                         "the seed, not the wall-clock schedule.")
+            elif others:
+                line += (f" Seed 0 stays finite on the step schedule, but {len(others)} of the "
+                         f"other {len(stepped) - 1} step-schedule seeds overflow: the overflow "
+                         "does not need the wall-clock schedule; whether that schedule made "
+                         "seed 0 overflow, one pair of models cannot tell.")
+            else:
+                line += (" Seed 0 on the step schedule stays finite: the same seed overflows "
+                         "on the wall-clock schedule only, so the overflow goes with the "
+                         "schedule, not the seed (one pair of models: one seed, two "
+                         "schedules).")
         lines.append(line)
     return lines
 

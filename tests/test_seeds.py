@@ -126,8 +126,13 @@ def test_the_overflow_is_put_down_to_the_schedule_or_the_seed() -> None:
                                "(90% of positions finite, first at h2.ln_1).")
     assert "goes with the schedule, not the seed" in lines[0] and len(lines) == 3
     assert "Seed 0" not in lines[1]                        # B=12: nothing overflows
+    _set(data, 1, "e3m4/none", _run([1.0] * 16, finite=False))
+    line = seeds.overflow_lines(data)[0]
+    assert "on 1 of 3" in line and "goes with the schedule" not in line
+    assert "but 1 of the other 2 step-schedule seeds overflow: the overflow does not need " \
+        "the wall-clock schedule" in line
     _set(data, 0, "e3m4/none", _run([1.0] * 16, finite=False))
-    assert "on 1 of 3" in seeds.overflow_lines(data)[0]
+    assert "on 2 of 3" in seeds.overflow_lines(data)[0]
     assert "goes with the seed, not the wall-clock schedule" in seeds.overflow_lines(data)[0]
 
 
