@@ -530,8 +530,10 @@ MUTANTS = [
            'stepped = list(data["models"])', SEEDS),
     Mutant("seeds-overflow-cause", "the overflow is put down to the seed when seed 0 on steps "
            "stays finite",
-           '"seed, not the wall-clock schedule." if 0 in bad else',
-           '"seed, not the wall-clock schedule." if 0 not in bad else', SEEDS),
+           "            if 0 in bad:", "            if 0 not in bad:", SEEDS),
+    Mutant("seeds-overflow-others", "the overflow is put down to the schedule while other "
+           "step-schedule seeds overflow", "            elif others:", "            elif False:",
+           SEEDS),
     Mutant("training-step-shares", "the flushed share of a step pools every step",
            'cs = [s["grads"][str(step)] for s in run["seeds"] if str(step) in s["grads"]]',
            'cs = [c for s in run["seeds"] for c in s["grads"].values()]',
