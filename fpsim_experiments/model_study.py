@@ -349,10 +349,15 @@ def _cell(m: dict) -> str:
     return f"{num(m['value'])} {fmt_ci(m['ci'])}" if math.isfinite(m["value"]) else "NaN"
 
 
+def _emulated(run: dict) -> list[dict]:
+    """A run's capture rows of the sites its recipe emulated."""
+    return [s for s in run["sites"] if s["recipe"] != "not emulated"]
+
+
 def trouble(run: dict) -> tuple[list[dict], int, int, int]:
     """The sites that overflowed (most first), and the operand elements flushed, saturated and
     in all, in the capture pass."""
-    rows = [s for s in run["sites"] if s["recipe"] != "not emulated"]
+    rows = _emulated(run)
     over = sorted((s for s in rows if s["overflow"]), key=lambda s: -s["overflow"])
     return (over, sum(s["flushed"] for s in rows), sum(s["saturated"] for s in rows),
             sum(s["elements"] for s in rows) or 1)
@@ -367,10 +372,9 @@ def flushed_by_op(run: dict) -> list[tuple[str, float]]:
     [('pv', 0.75), ('linear', 0.25)]
     """
     by: dict[str, int] = {}
-    for s in run["sites"]:
-        if s["recipe"] != "not emulated":
-            op = s["site"].rpartition(":")[2]
-            by[op] = by.get(op, 0) + s["flushed"]
+    for s in _emulated(run):
+        op = s["site"].rpartition(":")[2]
+        by[op] = by.get(op, 0) + s["flushed"]
     total = sum(by.values())
     return [] if not total else sorted(((op, n / total) for op, n in by.items() if n),
                                        key=lambda kv: -kv[1])
