@@ -123,8 +123,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--threads",
         type=_positive,
         default=os.cpu_count() or 1,
-        help="CPU threads of torch and of fpsim's casts (default: all cores); results do not "
-             "depend on it",
+        help="CPU threads of torch and of fpsim's casts (default: all cores); fpsim's "
+             "emulated arithmetic does not depend on it, torch's own FP32 ops can (training's "
+             "held-out losses move in their 3rd-4th digit; results.json records it)",
     )
     p.add_argument(
         "--render",

@@ -510,7 +510,13 @@ def render(data: dict, out: Path) -> str:
              f"{num(data['static_scale'])}; dynamic: {data['dynamic']}. Output gradients counted "
              f"at steps {plan['record_steps']}. Runtime {meta['seconds']} s on "
              f"{meta['cpus']} CPUs (load average {meta['load'][0]} at the start, "
-             f"{meta['load'][1]} at the end).", "",
+             f"{meta['load'][1]} at the end)"
+             + (f", torch on {meta['threads']} threads" if "threads" in meta else "")
+             + ". The emulated GEMMs give the same bits on any thread count; torch's own FP32 "
+             "ops (norms, softmax, the unemulated gradients' sums) can round differently in "
+             "their last bits with the thread count, and the steps of training amplify that "
+             "(held-out losses move in their 3rd-4th digit). A rerun reproduces these numbers "
+             "on the same thread count and CPU kernels.", "",
              "Verdicts: diverged (non-finite held-out loss), stalled (gap over half of FP32's loss "
              "decrease), worse than FP32 (interval above 0), better than FP32 (interval below 0), "
              "else no difference resolved (the interval includes 0: no claim either way). "
@@ -555,7 +561,7 @@ def main(args: argparse.Namespace) -> int:
         plan = QUICK if args.quick else PLANS[os.environ.get("FPSIM_TRAINING_PLAN", "full")]
         start, load = time.perf_counter(), os.getloadavg()[0]
         data = run(plan, args.device)
-        data["meta"] = {"device": args.device, "cpus": os.cpu_count(),
+        data["meta"] = {"device": args.device, "cpus": os.cpu_count(), "threads": args.threads,
                         "load": [round(load, 1), round(os.getloadavg()[0], 1)],
                         "model": f"GPT-2 {MODEL.n_layer} layers, width {MODEL.n_embd}, "
                                  f"byte-level, {MODEL.n_positions} positions",
