@@ -14,13 +14,17 @@ site's sums in FP64 rounded once to FP32).  The arms (:func:`arms`):
 - the encodings at 8 bits, unscaled: OCP-style ``eXmYfn`` (no inf, the top binade finite) and
   saturating (overflow clamped to the largest finite value);
 - ablations at 8 bits, unscaled, of e3m4 and e4m3: no flush (values that round to zero keep
-  their FP32 value), full-width subnormals, the norms in FP32.
+  their FP32 value), full-width subnormals, the norms in FP32; and, with the norms in FP32, no
+  flush, full subnormals and both: the corners of the order-free attribution
+  (:func:`attributions`), which splits the cost of the bottom of the range between flush and
+  subnormal width as the tiny model's study does (:func:`.likewise.order_free`).
 
 Every metric is scored unit by unit (windows, sentences or clips: :mod:`.models`) and its 95%
 interval resamples units (:func:`.bootstrap.sums_ratio`).  A comparison is a paired ratio of
 the model's first metric between two arms that differ in one named factor only; its p-value
-(:func:`.bootstrap.p_value`) joins one Holm family per model, and a side is called only when
-the interval excludes 1 and the ratio survives Holm.  A capture pass on the first units
+(:func:`.bootstrap.p_value`) joins one Holm family per model, with the attribution's Shapley
+values and interaction, and a side is called only when the interval excludes 1 and the
+ratio survives Holm.  A capture pass on the first units
 (:data:`CAPTURE_UNITS`) records per site the operand amax and the elements that overflowed,
 saturated or flushed (:meth:`fpsim.emulation.Emulation.table`).
 
@@ -48,8 +52,9 @@ import fpsim
 from fpsim import Recipe, Rule, Rules
 from fpsim.emulation.recipe import FP32
 
-from . import bootstrap, models
+from . import bootstrap, likewise, models
 from .bootstrap import fmt_ci
+from .range_findings import INTERACT_ABOVE, INTERACT_BELOW
 from .report import finish, num, page, pct, table, versions
 from .sweep import runner
 from .sweep.runs import Execution
@@ -61,6 +66,8 @@ ABLATED = (3, 4)                    # exponent bits of the 8-bit splits the abla
 CAPTURE_UNITS = {"quick": 1, "full": 8}
 #: what an arm is, factor by factor (a comparison names the one factor its arms differ in)
 FACTORS = ("budget", "ebits", "encoding", "scaling", "flush", "subnormals", "norms")
+#: the order-free attribution: the factors removed from a base arm (unscaled, norms in FP32)
+ATTRIBUTION = ("flush", "subnormals")
 #: the reference: FP32 at every product and every norm's statistics, named for each kind
 REFERENCE = Rules([Rule(FP32, kind="norm")], default=FP32)
 
@@ -126,6 +133,8 @@ def arms(quick: bool) -> list[Arm]:
     out += [arm(8, e, encoding=c) for e in SPLITS[8][1:] for c in ("fn", "saturating")]
     out += [a for e in ABLATED for a in (arm(8, e, flush=False), arm(8, e, subnormals="full"),
                                          arm(8, e, norms="fp32"))]
+    out += [arm(8, e, norms="fp32", **k) for e in ABLATED for k in (
+        {"flush": False}, {"subnormals": "full"}, {"flush": False, "subnormals": "full"})]
     return out
 
 
@@ -145,15 +154,22 @@ def chosen(names: list[str] | None, quick: bool) -> list[Arm]:
     return [by[n] for n in names]
 
 
+#: an arm's encoding and ablations as the plain IEEE-style arm has them
+PLAIN = {"encoding": "ieee", "flush": True, "subnormals": "format", "norms": "format"}
+
+
+def _finder(planned: list[Arm]) -> Any:
+    """``other(f, **change)``: the name of the planned arm with factors ``f`` but for
+    ``change`` (None: not planned)."""
+    by = {tuple(a.factors[k] for k in FACTORS): a.name for a in planned}
+    return lambda f, **change: by.get(tuple({**f, **change}[k] for k in FACTORS))
+
+
 def comparisons(planned: list[Arm]) -> list[tuple[str, str, str, str]]:
     """(question, arm a, arm b, factor) of every like-with-like ratio among ``planned``: a
-    metric(a) / metric(b) above 1 means a is worse."""
-    by = {tuple(a.factors[k] for k in FACTORS): a.name for a in planned}
-
-    def other(f: dict[str, Any], **change: Any) -> str | None:
-        """The planned arm with factors ``f`` but for ``change``."""
-        return by.get(tuple({**f, **change}[k] for k in FACTORS))
-
+    metric(a) / metric(b) above 1 means a is worse.  An arm with more than one ablation is
+    no comparison's: it is a corner of :func:`attributions`."""
+    other = _finder(planned)
     out = []
     for a in planned:
         f = a.factors
@@ -168,8 +184,8 @@ def comparisons(planned: list[Arm]) -> list[tuple[str, str, str, str]]:
             if f["scaling"] == "channel" and (b := other(f, scaling="tensor")):
                 out.append(("per-channel / per-tensor scaling", a.name, b, "scaling"))
             continue
-        ieee = other(f, encoding="ieee", flush=True, subnormals="format", norms="format")
-        if ieee is None:
+        ieee = other(f, **PLAIN)
+        if ieee is None or sum(f[k] != v for k, v in PLAIN.items()) != 1:
             continue
         what = {"fn": "fn encoding / IEEE-style", "saturating": "saturating / IEEE-style"}
         if f["encoding"] != "ieee":
@@ -180,6 +196,27 @@ def comparisons(planned: list[Arm]) -> list[tuple[str, str, str, str]]:
             out.append(("full-width subnormals / the format's", a.name, ieee, "subnormals"))
         elif f["norms"] == "fp32":
             out.append(("norms in FP32 / norms in the format", a.name, ieee, "norms"))
+    return out
+
+
+def attributions(planned: list[Arm]) -> list[tuple[str, str, str, str]]:
+    """(base, first, second, both) of every order-free attribution among ``planned``: a base
+    arm, plain but for the norms in FP32, then it without :data:`ATTRIBUTION`'s first factor
+    (no flush), without its second (full subnormals) and without both.
+
+    >>> attributions(arms(False))[0]
+    ('e3m4_ieee norms FP32', 'e3m4_ieee no flush norms FP32', \
+'e3m4_ieee full subnormals norms FP32', 'e3m4_ieee no flush full subnormals norms FP32')
+    """
+    other = _finder(planned)
+    out = []
+    for a in planned:
+        if a.factors != {**a.factors, **PLAIN, "norms": "fp32"}:
+            continue
+        corners = (other(a.factors, flush=False), other(a.factors, subnormals="full"),
+                   other(a.factors, flush=False, subnormals="full"))
+        if all(corners):
+            out.append((a.name, *corners))
     return out
 
 
@@ -234,15 +271,33 @@ def summarize(scores: dict[str, tuple[list[float], list[float]]]) -> dict[str, A
         for k, v in scores.items()}
 
 
-def ratio(a: dict, b: dict) -> dict[str, Any]:
-    """metric(a) / metric(b) with its paired interval over units and two-sided p-value."""
-    weights = bootstrap.window_weights(len(a["num"]))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        samples = bootstrap.sums_ratio(a["num"], a["den"], weights) / bootstrap.sums_ratio(
-            b["num"], b["den"], weights)
-        point = a["value"] / b["value"] if b["value"] else math.nan
+def combined(metrics: list[dict], fn: Any) -> dict[str, Any]:
+    """``fn`` of several arms' metrics (:func:`summarize`'s), with its paired interval over
+    units (every arm resampled on the same units) and two-sided p-value; its value NaN where
+    a zero metric makes it infinite."""
+    weights = bootstrap.window_weights(len(metrics[0]["num"]))
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        samples = np.asarray(fn(*[bootstrap.sums_ratio(m["num"], m["den"], weights)
+                                  for m in metrics]), dtype=np.float64)
+        values = [m["value"] for m in metrics]
+        point = float(fn(*map(np.float64, values)))
+    if not math.isfinite(point) and 0 in values:
+        point = math.nan
     return {"ratio": point, "ci": bootstrap.percentile_interval(samples),
             "p": bootstrap.p_value(samples, point)}
+
+
+def ratio(a: dict, b: dict) -> dict[str, Any]:
+    """metric(a) / metric(b) with its paired interval over units and two-sided p-value."""
+    return combined([a, b], lambda x, y: x / y)
+
+
+def attribute(metrics: list[dict]) -> dict[str, dict[str, Any]]:
+    """Every term of :func:`.likewise.order_free`'s split of :data:`ATTRIBUTION` (``metrics``:
+    base, first, second, both), a :func:`combined` each; ``decides``: whether it joins the
+    Holm family (the Shapley values and the interaction)."""
+    return {term: {**combined([metrics[i] for i in idx], fn), "decides": measures is None}
+            for term, (idx, fn, measures) in likewise.order_free(ATTRIBUTION).items()}
 
 
 def _sites(table_rows: list[dict]) -> list[dict]:
@@ -332,13 +387,20 @@ def study(adapter: models.Adapter, quick: bool, units: int | None = None,
         comps.append({"question": question, "a": a, "b": b, "factor": factor,
                       "metric": primary, "a_finite": math.isfinite(ma["value"]),
                       "b_finite": math.isfinite(mb["value"]), **ratio(ma, mb)})
-    for c, kept in zip(comps, bootstrap.holm([c["p"] for c in comps])):
+    attrs = []
+    for names in attributions(planned):
+        terms = attribute([by[n]["metrics"][primary] for n in names])
+        attrs.append({"runs": dict(zip(("base", "first", "second", "both"), names)),
+                      "factors": list(ATTRIBUTION), "metric": primary, "terms": terms})
+    family = comps + [t for a in attrs for t in a["terms"].values() if t["decides"]]
+    for c, kept in zip(family, bootstrap.holm([c["p"] for c in family])):
         c["holm"] = kept
     return {"model": {"name": adapter.name, "unit": adapter.unit,
                       "parameters": sum(p.numel() for p in model.parameters()),
                       **adapter.describe(inputs)},
             "metrics": dict(adapter.metrics), "primary": primary, "baseline": baseline,
             "capture_units": capture, "runs": runs, "comparisons": comps,
+            "attributions": attrs,
             "seconds": {"native": round(native, 2), "reference": round(ref_seconds, 2)}}
 
 
@@ -424,9 +486,50 @@ def conclusions(data: dict) -> list[str]:
                        + f" (capture of {data['capture_units']} {data['model']['unit']}s).")
     kept = sum(bool(c["holm"]) for c in data["comparisons"])
     out += [verdict(c) + "." for c in data["comparisons"]]
-    out.append(f"{kept} of {len(data['comparisons'])} comparisons of {p} survive Holm's "
-               "correction at 5% family-wise.")
+    attrs = data.get("attributions", [])
+    out += [attribution_line(data, a) for a in attrs]
+    decided = [t for a in attrs for t in a["terms"].values() if t["decides"]]
+    if not decided:
+        out.append(f"{kept} of {len(data['comparisons'])} comparisons of {p} survive Holm's "
+                   "correction at 5% family-wise.")
+        return out
+    out.append(f"{kept + sum(bool(t['holm']) for t in decided)} of "
+               f"{len(data['comparisons']) + len(decided)} verdicts of {p} (the "
+               f"{len(data['comparisons'])} comparisons, and the attributions' Shapley values "
+               "and interactions) survive Holm's correction at 5% family-wise.")
     return out
+
+
+def _term(t: dict) -> str:
+    """An attribution term: ``1.23× [1.2, 1.3]``, and for a Shapley value or interaction
+    whether it survives Holm."""
+    if not math.isfinite(t["ratio"]) or not all(map(math.isfinite, t["ci"])):
+        return "undefined"
+    text = f"{t['ratio']:.3g}× {fmt_ci(t['ci'])}"
+    return text + ("" if not t["decides"] or t["holm"] or not bootstrap.excludes_one(t["ci"])
+                   else " (exploratory: not significant after Holm)")
+
+
+def attribution_line(data: dict, a: dict) -> str:
+    """An order-free attribution in words, as metric factors (the tiny model's study's
+    sentence, ``.range_findings.attribution_lines``)."""
+    p, runs, t = data["primary"], a["runs"], a["terms"]
+    by = {r["name"]: r for r in data["runs"]}
+    bad = [n for n in runs.values() if not math.isfinite(by[n]["metrics"][p]["value"])]
+    head = (f"{runs['base']} (unscaled, norms in FP32), what the bottom of the range costs, as "
+            f"{p} factors")
+    if bad:
+        return f"{head}: inf/NaN at {', '.join(bad)}, no attribution."
+    f0, f1 = a["factors"]
+    side = bootstrap.verdict(t["interaction"]["ci"], INTERACT_ABOVE, INTERACT_BELOW,
+                             "no measurable interaction")
+    return (f"{head} ({p} {num(by[runs['base']]['metrics'][p]['value'])} -> "
+            f"{num(by[runs['both']]['metrics'][p]['value'])}, {_term(t['total'])}): "
+            f"{f0} removed first {_term(t[f'{f0} first'])}, then {f1} "
+            f"{_term(t[f'{f1} after'])}; {f1} first {_term(t[f'{f1} first'])}, then {f0} "
+            f"{_term(t[f'{f0} after'])}; order-free (Shapley, geometric mean of the two "
+            f"orders) {f0} {_term(t[f'{f0} Shapley'])}, {f1} {_term(t[f'{f1} Shapley'])}, "
+            f"interaction {_term(t['interaction'])} ({side}).")
 
 
 def render(data: dict, out: Path) -> str:
