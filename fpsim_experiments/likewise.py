@@ -258,10 +258,10 @@ def order_free(factors: tuple[str, str]) -> dict[str, tuple[tuple[int, ...], Any
     metrics, the factor(s) its two runs differ in; None for the terms of all four runs, which
     decide a verdict and join the Holm family).  The Shapley values multiply to the total.
 
-    >>> t = order_free(("flush", "subnormals"))
-    >>> [(k, t[k][0], t[k][1](*(8.0, 4.0, 2.0, 1.0)[i] for i in t[k][0]))
-    ...  for k in ("flush first", "flush Shapley", "interaction", "total")]
-    [('flush first', (0, 1), 2.0), ('flush Shapley', (0, 1, 2, 3), 2.0), ('interaction', (0, 1, 2, 3), 1.0), ('total', (0, 3), 8.0)]
+    >>> m = (8.0, 4.0, 2.0, 1.0)           # base, first, second, both
+    >>> {k: fn(*[m[i] for i in runs]) for k, (runs, fn, _) in order_free(("a", "b")).items()}
+    {'a first': 2.0, 'b after': 4.0, 'b first': 4.0, 'a after': 2.0, 'a Shapley': 2.0, \
+'b Shapley': 4.0, 'interaction': 1.0, 'total': 8.0}
     """
     f0, f1 = factors
     return {f"{f0} first": ((0, 1), lambda b, x: b / x, f0),
