@@ -22,6 +22,7 @@ import dataclasses
 import math
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -31,7 +32,7 @@ from ..arith import matmul as emulated_matmul
 from ..convert import quantize
 from ..formats import Format, get_format
 from ..rounding import STOCHASTIC
-from ..scaling import scaled_quantize
+from ..scaling import amax_scale, scaled_quantize
 from . import onepass
 from .casts import Cast
 from .recipe import TILE, FormatLike, Recipe
@@ -107,6 +108,11 @@ def quantize_cast(
         if c.full_subnormals:
             q = widen_subnormals(x, q, f, c.rounding, c.srbits, seed)
         return q, rounding_limit(f)
+    if c.scaling == "site":
+        scale = site_scale(c, f)
+        q = quantize(x.to(torch.float64) / scale, f, rounding=c.rounding, saturate=c.saturate,
+                     srbits=c.srbits, seed=seed) * scale
+        return q.to(x.dtype), scale * rounding_limit(f)
     if c.scaling == "tile":
         q = tile_quantize(x.movedim(axis, -1), f, -1, c.rounding, c.srbits, seed)
         return q.movedim(-1, axis), math.inf
@@ -141,6 +147,23 @@ def quantize_cast(
     if channel:
         scales = scales.reshape(*moved.shape[:-1], 1).movedim(-1, axis)
     return q, scales * rounding_limit(f)
+
+
+def site_scale(c: Cast, f: Format) -> float:
+    """A ``site`` cast's scale: its calibrated amax / ``f``'s largest value in FP32, within
+    FP32's normal range (1 for an amax of 0), as per-tensor scaling computes it from a
+    tensor's own amax (``fpsim.scaling.amax_scale``).
+
+    >>> site_scale(Cast("e4m3_ieee", "site", amax=720.0), get_format("e4m3_ieee"))
+    3.0
+    """
+    if c.amax is None:
+        raise ValueError(f"{c.describe()}: per-site scaling reads the site's calibrated amax; "
+                         "run the model under fpsim.emulate(..., amax=...), whose amax "
+                         "fpsim.emulation.Calibration records")
+    if c.amax == 0:
+        return 1.0
+    return float(amax_scale(np.array([c.amax]), f.max, "fp32", 0)[0])
 
 
 def widen_subnormals(x: Tensor, q: Tensor, f: Format, rounding: str = "rne",
