@@ -10,7 +10,11 @@ site's sums in FP64 rounded once to FP32).  The arms (:func:`arms`):
   e6m5) and 16 bits (e4m11, e5m10, e6m9, e8m7), unscaled and with per-tensor scaling (scale =
   amax / format max from the tensor itself, every call), at 8 bits also per channel (one scale
   per row of the activations and per output channel of the weights: a Recipe scales both
-  operands alike, so "per-tensor activations with per-channel weights" is not an arm);
+  operands alike, so "per-tensor activations with per-channel weights" is not an arm) and per
+  site (one scale per site and operand, fixed over calls: the largest |value| the operand
+  reaches there in the FP32 reference on the same units / format max, ``scaling="site"``
+  calibrated by :class:`fpsim.emulation.Calibration` during the reference run; a value the
+  format's errors push beyond it overflows);
 - the encodings at 8 bits, unscaled: OCP-style ``eXmYfn`` (no inf, the top binade finite) and
   saturating (overflow clamped to the largest finite value);
 - ablations at 8 bits, unscaled, of e3m4 and e4m3: no flush (values that round to zero keep
@@ -50,6 +54,7 @@ import torch
 
 import fpsim
 from fpsim import Recipe, Rule, Rules
+from fpsim.emulation import Calibration
 from fpsim.emulation.recipe import FP32
 
 from . import bootstrap, likewise, models
@@ -129,7 +134,7 @@ def arms(quick: bool) -> list[Arm]:
         return out + [arm(8, 4, scaling="channel"), arm(8, 4, encoding="fn"),
                       arm(8, 4, encoding="saturating"), arm(8, 4, norms="fp32")]
     out = [arm(b, e, scaling=s) for b, es in SPLITS.items() for e in es
-           for s in (("none", "tensor", "channel") if b == 8 else ("none", "tensor"))]
+           for s in (("none", "tensor", "channel", "site") if b == 8 else ("none", "tensor"))]
     out += [arm(8, e, encoding=c) for e in SPLITS[8][1:] for c in ("fn", "saturating")]
     out += [a for e in ABLATED for a in (arm(8, e, flush=False), arm(8, e, subnormals="full"),
                                          arm(8, e, norms="fp32"))]
@@ -183,6 +188,8 @@ def comparisons(planned: list[Arm]) -> list[tuple[str, str, str, str]]:
                 out.append(("per-tensor scaling / unscaled", a.name, b, "scaling"))
             if f["scaling"] == "channel" and (b := other(f, scaling="tensor")):
                 out.append(("per-channel / per-tensor scaling", a.name, b, "scaling"))
+            if f["scaling"] == "site" and (b := other(f, scaling="tensor")):
+                out.append(("per-site / per-tensor scaling", a.name, b, "scaling"))
             continue
         ieee = other(f, **PLAIN)
         if ieee is None or sum(f[k] != v for k, v in PLAIN.items()) != 1:
@@ -221,9 +228,11 @@ def attributions(planned: list[Arm]) -> list[tuple[str, str, str, str]]:
 
 
 def run_arms(adapter: models.Adapter, inputs: list, ref: list, planned: list[Arm],
-             capture: int, ex: Execution) -> list[dict[str, Any]]:
-    """``run_arm`` of every planned arm on ``ex`` (``runner.execute``), in plan order; raises
-    naming every arm that failed after the others ended (those are kept for ``--resume``)."""
+             capture: int, ex: Execution,
+             amax: dict[str, dict[str, float]] | None = None) -> list[dict[str, Any]]:
+    """``run_arm`` of every planned arm on ``ex`` (``runner.execute``), in plan order
+    (``amax``: per-site scaling's calibration); raises naming every arm that failed after the
+    others ended (those are kept for ``--resume``)."""
     source = adapter.source
     if ex.executor != "inprocess" and source is None:
         raise ValueError(f"--executor {ex.executor} rebuilds the model in each worker, and this "
@@ -237,11 +246,11 @@ def run_arms(adapter: models.Adapter, inputs: list, ref: list, planned: list[Arm
     else:
         folder.mkdir(parents=True, exist_ok=True)
         saved = str(folder / "reference.pt")
-        torch.save((inputs, ref), saved)
+        torch.save((inputs, ref, amax), saved)
     _ADAPTERS.clear()
     _ADAPTERS[source] = adapter
     _SAVED.clear()
-    _SAVED[saved] = (inputs, ref)
+    _SAVED[saved] = (inputs, ref, amax)
     work = StudyWork(source, saved, capture)
     meta = {"model": adapter.name, **adapter.describe(inputs), "capture": capture}
     specs = {a: {**meta, "arm": a.name, "recipe": a.recipe.to_json(), "factors": a.factors}
@@ -307,13 +316,14 @@ def _sites(table_rows: list[dict]) -> list[dict]:
 
 
 def run_arm(adapter: models.Adapter, model: Any, units: list, ref: list, arm_: Arm,
-            capture: int) -> dict[str, Any]:
-    """One arm: its metrics on every unit, then its sites captured on the first ``capture``."""
+            capture: int, amax: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+    """One arm: its metrics on every unit, then its sites captured on the first ``capture``
+    (``amax``: per-site scaling's calibration)."""
     start = time.perf_counter()
-    with fpsim.emulate(arm_.rules()) as em:
+    with fpsim.emulate(arm_.rules(), amax=amax) as em:
         out = adapter.run(model, units, ref)
     seconds = time.perf_counter() - start
-    with fpsim.emulate(arm_.rules(), capture=True) as cap:
+    with fpsim.emulate(arm_.rules(), capture=True, amax=amax) as cap:
         adapter.trace(model, units[:capture], ref[:capture])
     return {"name": arm_.name, "factors": arm_.factors, "recipe": arm_.recipe.to_json(),
             "metrics": summarize(adapter.score(units, ref, out)),
@@ -324,7 +334,7 @@ def run_arm(adapter: models.Adapter, model: Any, units: list, ref: list, arm_: A
 #: The adapters and the saved inputs and reference this process has, by source and file
 #: (a worker keeps them between tasks; the driver registers its own)
 _ADAPTERS: dict[Any, models.Adapter] = {}
-_SAVED: dict[str, tuple[list, list]] = {}
+_SAVED: dict[str, tuple[list, list, Any]] = {}
 
 
 @dataclass(frozen=True)
@@ -332,7 +342,7 @@ class StudyWork:
     """The study's arms as the sweep runner's work: ``source`` names the model
     (``models.get``'s argument, or ``("object", id)`` for an adapter made otherwise, this
     process only), ``saved`` the file of the inputs and the FP32 reference, ``capture`` the
-    units of the capture pass."""
+    units of the capture pass; the file also holds per-site scaling's calibration."""
 
     source: Any
     saved: str
@@ -353,8 +363,8 @@ class StudyWork:
         if ref not in _SAVED:
             _SAVED.clear()
             _SAVED[ref] = torch.load(ref, weights_only=False)
-        adapter, (inputs, out) = _ADAPTERS[self.source], _SAVED[ref]
-        return {**run_arm(adapter, adapter.model(), inputs, out, task, self.capture),
+        adapter, (inputs, out, amax) = _ADAPTERS[self.source], _SAVED[ref]
+        return {**run_arm(adapter, adapter.model(), inputs, out, task, self.capture, amax),
                 "versions": versions()}
 
 
@@ -367,8 +377,11 @@ def study(adapter: models.Adapter, quick: bool, units: int | None = None,
     size = "quick" if quick else "full"
     model = adapter.model()
     inputs = adapter.inputs(units or adapter.sizes[size])
+    planned = arms(quick) if planned is None else planned
+    # per-site scaling's calibration: every site's operand amax in the reference run
+    cal = Calibration() if any(a.factors["scaling"] == "site" for a in planned) else None
     start = time.perf_counter()
-    with torch.no_grad(), fpsim.emulate(REFERENCE):
+    with torch.no_grad(), fpsim.emulate(REFERENCE, watch=cal):
         ref = adapter.run(model, inputs)
     ref_seconds = time.perf_counter() - start
     start = time.perf_counter()
@@ -376,8 +389,8 @@ def study(adapter: models.Adapter, quick: bool, units: int | None = None,
         adapter.run(model, inputs)
     native = time.perf_counter() - start
     capture = min(len(inputs), CAPTURE_UNITS[size])
-    planned = arms(quick) if planned is None else planned
-    runs = run_arms(adapter, inputs, ref, planned, capture, execution or Execution())
+    amax = None if cal is None else cal.amax
+    runs = run_arms(adapter, inputs, ref, planned, capture, execution or Execution(), amax)
     baseline = summarize(adapter.score(inputs, ref, ref))
     by = {r["name"]: r for r in runs}
     primary = next(iter(adapter.metrics))
@@ -401,6 +414,8 @@ def study(adapter: models.Adapter, quick: bool, units: int | None = None,
             "metrics": dict(adapter.metrics), "primary": primary, "baseline": baseline,
             "capture_units": capture, "runs": runs, "comparisons": comps,
             "attributions": attrs,
+            **({} if amax is None else {"calibration": {"units": len(inputs),
+                                                        "sites": len(amax)}}),
             "seconds": {"native": round(native, 2), "reference": round(ref_seconds, 2)}}
 
 
@@ -463,7 +478,7 @@ def conclusions(data: dict) -> list[str]:
             and r["factors"]["flush"] and r["factors"]["subnormals"] == "format"
             and r["factors"]["norms"] == "format"]
     for b in sorted({r["factors"]["budget"] for r in runs}):
-        for s in ("none", "tensor", "channel"):
+        for s in ("none", "tensor", "channel", "site"):
             series = [r for r in runs if r["factors"]["budget"] == b and r["factors"]["scaling"] == s]
             finite = [r for r in series if math.isfinite(r["metrics"][p]["value"])]
             if not series:
@@ -561,6 +576,12 @@ def render(data: dict, out: Path) -> str:
     if size.get("asked") and size["asked"] < size["full"] and not meta["quick"]:
         intro += (f" Inputs: {size['asked']} (`--units`), fewer than the study's full "
                   f"{size['full']}.")
+    if "calibration" in data:
+        intro += (f" Per-site scaling (`per-site`): one scale per site and operand, the same at "
+                  f"every call, its amax the largest |value| the operand reached at that site in "
+                  f"the FP32 reference on these {data['calibration']['units']} {unit}s "
+                  f"({data['calibration']['sites']} sites), so the scales were calibrated on the "
+                  "units they are scored on; a value beyond it overflows.")
     run = meta.get("arms", {})
     if run and run["run"] < run["of"]:
         intro += (f" Arms: {run['run']} of the study's {run['of']} (chosen with `--cases`); "

@@ -88,7 +88,9 @@ def test_every_comparison_is_like_with_like() -> None:
             if factor == "ebits":
                 assert fb["ebits"] == fa["ebits"] + 1
     full = model_study.comparisons(model_study.arms(False))
-    assert sum(c[3] == "ebits" for c in full) == 3 * 3 + 3 * 2 + 2 * 2      # adjacent splits: 8, 12, 16 bits
+    # adjacent splits: at 8 bits unscaled, per tensor, per channel and per site; 12, 16 bits
+    assert sum(c[3] == "ebits" for c in full) == 3 * 4 + 3 * 2 + 2 * 2
+    assert sum(c[0] == "per-site / per-tensor scaling" for c in full) == 4
 
 
 def test_metric_and_paired_ratio_resample_units() -> None:
@@ -227,6 +229,25 @@ def test_the_study_attributes_and_reports_it(hf_dirs: dict) -> None:
     assert lines[-1].endswith("verdicts of kl (the 1 comparisons, and the attributions' "
                               "Shapley values and interactions) survive Holm's correction at "
                               "5% family-wise.")
+
+
+def test_per_site_arms_are_calibrated_on_the_reference_run(hf_dirs: dict, tmp_path: Path) -> None:
+    planned = model_study.chosen(["e4m3_ieee per-site", "e4m3_ieee per-tensor"], quick=False)
+    adapter = get(str(hf_dirs["bert"]))
+    data = model_study.study(adapter, True, units=2, planned=planned,
+                             execution=model_study.Execution(folder=tmp_path / "tasks"))
+    site, tensor = data["runs"]
+    assert site["recipe"]["scaling"] == "site" and tensor["recipe"]["scaling"] == "tensor"
+    emulated = {s["site"] for s in model_study._emulated(site)}
+    assert data["calibration"] == {"units": 2, "sites": len(emulated)}
+    # the saved file carries the calibration to the workers: each site's operand amaxes
+    _, _, amax = torch.load(tmp_path / "tasks" / "reference.pt", weights_only=False)
+    assert set(amax) == emulated and all(set(v) <= {"a", "b"} for v in amax.values())
+    assert [(c["question"], c["a"], c["b"]) for c in data["comparisons"]] == [
+        ("per-site / per-tensor scaling", "e4m3_ieee per-site", "e4m3_ieee per-tensor")]
+    data["meta"] = {"seconds": 1, "quick": True, "model": "bert"}
+    assert "Per-site scaling (`per-site`): one scale per site and operand" in \
+        model_study.render(data, tmp_path)
 
 
 @pytest.mark.parametrize("name, kind, metrics", [
