@@ -483,12 +483,14 @@ def conclusions(data: dict) -> list[str]:
             finite = [r for r in series if math.isfinite(r["metrics"][p]["value"])]
             if not series:
                 continue
-            text = f"B={b}, {'unscaled' if s == 'none' else 'per-' + s}: "
+            parts = []
             if finite:
                 best = min(finite, key=lambda r: r["metrics"][p]["value"])
-                text += f"lowest {p} {_cell(best['metrics'][p])} at {best['name']}"
+                parts.append(f"lowest {p} {_cell(best['metrics'][p])} at {best['name']}")
             bad = [r["name"] for r in series if r not in finite]
-            out.append(text + (f"; inf/NaN at {', '.join(bad)}" if bad else "") + ".")
+            parts += [f"inf/NaN at {', '.join(bad)}"] if bad else []
+            out.append(f"B={b}, {'unscaled' if s == 'none' else 'per-' + s}: "
+                       + "; ".join(parts) + ".")
     for r in runs:
         if r["factors"]["budget"] == 8 and r["factors"]["scaling"] == "none":
             over, flushed, _, elements = trouble(r)

@@ -829,6 +829,14 @@ MUTANTS = [
     Mutant("site-weights-role", "a site's right operand is scaled by its left one's amax",
            'weights=cast(self.weight_format, "b"), scaling="none",',
            'weights=cast(self.weight_format, "a"), scaling="none",', SITE_SCALING),
+    Mutant("cast-flush-in-sites", "a Cast operand's flush=False is ignored where sites quantize "
+           "it (a norm statistic's input)",
+           "return unflush(x, q, recipe.cast(fmt, axis) or recipe), events",
+           "return unflush(x, q, recipe), events", SITE_SCALING),
+    Mutant("norm-flush-ignored", "a norm statistic's input flushes under flush=False",
+           "qx, ev = _quantize_counted(x, recipe.inputs, recipe, -1, events is not None)",
+           "qx, ev = _quantize_counted(x, recipe.inputs, dataclasses.replace(recipe, flush=True), "
+           "-1, events is not None)", SITE_SCALING),
     Mutant("study-calibration-unsaved", "the workers' saved reference has no calibration",
            "torch.save((inputs, ref, amax), saved)", "torch.save((inputs, ref, None), saved)",
            STUDY_SITE),

@@ -4,6 +4,8 @@ scaling (``fpsim.scaled_quantize``'s scale) on tensors whose amax is the calibra
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -93,3 +95,20 @@ def test_per_site_scaling_without_its_calibration_is_refused():
                 {"scaling": "site", "amax": float("inf")}, {"scaling": "site", "amax": True}):
         with pytest.raises(ValueError, match="calibrated largest"):
             Cast("e4m3", **bad)
+
+
+def test_norm_statistics_keep_flushed_values_when_flush_is_off():
+    """A norm statistic's input under ``flush=False`` keeps the values that would flush (as a
+    product's operands do); it ignored the flag before."""
+    x = torch.tensor([[1.0, 0.001, -0.002, 0.5]])       # e3m4's least subnormal is 2^-6
+    fmt = "e3m4_ieee"
+    kept = torch.tensor([[1.0, 0.001, -0.002, 0.5]])
+    kept[0, 0], kept[0, 3] = (float(fpsim.quantize(torch.tensor(v), fmt)) for v in (1.0, 0.5))
+    ref = (kept.double() @ kept.double().T).float()[0]
+    assert sites.sum_squares(Recipe(fmt, flush=False), x).tolist() == ref.tolist()
+    assert sites.sum_squares(Recipe(fmt), x).tolist() == [1.25]       # 0.001, -0.002 flushed
+    mean, _ = sites.layernorm_stats(Recipe(fmt, flush=False), x)
+    assert mean.tolist() == [float((kept.double().sum() / 4).float())]
+    cast = Recipe(fmt, scaling="site").at_site({"a": 15.5})          # a Cast's own flush
+    assert sites.sum_squares(dataclasses.replace(cast, inputs=dataclasses.replace(
+        cast.inputs, flush=False)), x).tolist() == ref.tolist()

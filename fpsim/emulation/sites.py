@@ -246,7 +246,7 @@ def _quantize_counted(
 ) -> tuple[Tensor, dict[str, int] | None]:
     q, limit = quantize_operand(x, fmt, recipe, axis, with_limit=count)
     events = operand_events(x, q, limit) if count else None
-    return unflush(x, q, recipe), events
+    return unflush(x, q, recipe.cast(fmt, axis) or recipe), events
 
 
 def unflush(x: Tensor, q: Tensor, recipe: Recipe | Cast) -> Tensor:
@@ -461,14 +461,21 @@ def causal_matmul(recipe: Recipe, p: Tensor, v: Tensor, events: dict | None = No
     return round_output(y + extra.to(y.dtype), recipe)
 
 
+def _norm_operand(recipe: Recipe, x: Tensor, events: dict | None) -> Tensor:
+    """A norm statistic's input quantized like a left operand, as a product's is (counted in
+    ``events["a"]``; flushed values put back when the recipe's or its Cast's ``flush`` is
+    off)."""
+    qx, ev = _quantize_counted(x, recipe.inputs, recipe, -1, events is not None)
+    if events is not None:
+        events["a"] = ev
+    return qx
+
+
 def _layernorm_parts(
     recipe: Recipe, x: Tensor, events: dict | None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Centred quantized input ``d``, per-row mean and sum of squares ``d . d`` under ``recipe``."""
-    qx, limit = quantize_operand(x, recipe.inputs, recipe, axis=-1,
-                                 with_limit=events is not None)
-    if events is not None:
-        events["a"] = operand_events(x, qx, limit)
+    qx = _norm_operand(recipe, x, events)
     mean = round_output(_row_dot(recipe, qx, torch.ones_like(qx)), recipe) / x.shape[-1]
     d = qx - mean[..., None]
     return d, mean, round_output(_row_dot(recipe, d, d, events), recipe)
@@ -507,10 +514,7 @@ def layernorm(
 def sum_squares(recipe: Recipe, x: Tensor, events: dict | None = None) -> Tensor:
     """Per-row ``x . x`` (RMSNorm's statistic times the row length) under ``recipe``: ``x``
     quantized like a left operand, the dot product accumulated and written as the recipe says."""
-    qx, limit = quantize_operand(x, recipe.inputs, recipe, axis=-1,
-                                 with_limit=events is not None)
-    if events is not None:
-        events["a"] = operand_events(x, qx, limit)
+    qx = _norm_operand(recipe, x, events)
     return round_output(_row_dot(recipe, qx, qx, events), recipe)
 
 
