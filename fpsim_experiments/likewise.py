@@ -247,34 +247,52 @@ def first_windows(e2e: dict, n: int) -> dict:
     return {**out, "windows": cut}
 
 
-def attribution(ratios: Ratios, base: dict, first: dict, second: dict, both: dict,
-                factors: tuple[str, str]) -> dict[str, Ratio]:
-    """An order-free split of KL(base) / KL(both) between two factors removed from ``base``
-    (``first`` removes factors[0], ``second`` factors[1], ``both`` both).
+def order_free(factors: tuple[str, str]) -> dict[str, tuple[tuple[int, ...], Any, Any]]:
+    """The terms of an order-free split of M(base) / M(both) between two factors removed from
+    a base run (M: a lower-is-better metric such as KL; runs 0 base, 1 ``first`` without
+    factors[0], 2 ``second`` without factors[1], 3 ``both``), as metric factors: each factor
+    removed first and removed second (the two orders), the Shapley value of each (the
+    geometric mean of its two orders), the interaction (M(first)·M(second) / (M(base)·M(both)):
+    what removing both gains beyond the product of removing each alone; 1 when the factors act
+    independently) and the total.  Each term: (the runs it reads, its function of their
+    metrics, the factor(s) its two runs differ in; None for the terms of all four runs, which
+    decide a verdict and join the Holm family).  The Shapley values multiply to the total.
 
-    Returns, as KL factors: each factor removed first and removed second (the two orders),
-    the Shapley value of each (the geometric mean of its two orders) and the interaction
-    (KL(first)·KL(second) / (KL(base)·KL(both)): what removing both gains beyond the product
-    of removing each alone; 1 when the factors act independently).  The Shapley values
-    multiply to the total.
+    >>> m = (8.0, 4.0, 2.0, 1.0)           # base, first, second, both
+    >>> {k: fn(*[m[i] for i in runs]) for k, (runs, fn, _) in order_free(("a", "b")).items()}
+    {'a first': 2.0, 'b after': 4.0, 'b first': 4.0, 'a after': 2.0, 'a Shapley': 2.0, \
+'b Shapley': 4.0, 'interaction': 1.0, 'total': 8.0}
     """
     f0, f1 = factors
-    ratios_ = {}
-    ratios_[f"{f0} first"] = ratios.ratio(base, first, f0, decides=False)
-    ratios_[f"{f1} after"] = ratios.ratio(first, both, f1, decides=False)
-    ratios_[f"{f1} first"] = ratios.ratio(base, second, f1, decides=False)
-    ratios_[f"{f0} after"] = ratios.ratio(second, both, f0, decides=False)
+    return {f"{f0} first": ((0, 1), lambda b, x: b / x, f0),
+            f"{f1} after": ((1, 3), lambda x, z: x / z, f1),
+            f"{f1} first": ((0, 2), lambda b, y: b / y, f1),
+            f"{f0} after": ((2, 3), lambda y, z: y / z, f0),
+            f"{f0} Shapley": ((0, 1, 2, 3), lambda b, x, y, z: ((b / x) * (y / z)) ** 0.5, None),
+            f"{f1} Shapley": ((0, 1, 2, 3), lambda b, x, y, z: ((b / y) * (x / z)) ** 0.5, None),
+            "interaction": ((0, 1, 2, 3), lambda b, x, y, z: (x * y) / (b * z), None),
+            "total": ((0, 3), lambda b, z: b / z, factors)}
+
+
+def attribution(ratios: Ratios, base: dict, first: dict, second: dict, both: dict,
+                factors: tuple[str, str]) -> dict[str, Ratio]:
+    """``order_free``'s split of KL(base) / KL(both) between two factors removed from
+    ``base`` (``first`` removes factors[0], ``second`` factors[1], ``both`` both), each term
+    a ``Ratio`` with its intervals; a two-run term refuses runs that differ in more than its
+    factor(s)."""
+    runs = (base, first, second, both)
     check(base, both, factors)
-    runs = [base, first, second, both]
-    name = f"{label(base)}: "
-    ratios_[f"{f0} Shapley"] = ratios.combine(
-        runs, lambda b, x, y, z: ((b / x) * (y / z)) ** 0.5, name + f"{f0} (Shapley)", True)
-    ratios_[f"{f1} Shapley"] = ratios.combine(
-        runs, lambda b, x, y, z: ((b / y) * (x / z)) ** 0.5, name + f"{f1} (Shapley)", True)
-    ratios_["interaction"] = ratios.combine(
-        runs, lambda b, x, y, z: (x * y) / (b * z), name + "interaction", True)
-    ratios_["total"] = ratios.ratio(base, both, factors, decides=False)
-    return ratios_
+    out = {}
+    for term, (idx, fn, measures) in order_free(factors).items():
+        pair = [runs[i] for i in idx]
+        if measures is not None:
+            check(*pair, measures)
+            name = f"{label(pair[0])} / {label(pair[1])}"
+        else:
+            name = f"{label(base)}: " + (term if term == "interaction" else
+                                         f"{term.removesuffix(' Shapley')} (Shapley)")
+        out[term] = ratios.combine(pair, fn, name, measures is None)
+    return out
 
 
 def finite(*runs: dict) -> bool:

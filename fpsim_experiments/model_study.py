@@ -10,17 +10,25 @@ site's sums in FP64 rounded once to FP32).  The arms (:func:`arms`):
   e6m5) and 16 bits (e4m11, e5m10, e6m9, e8m7), unscaled and with per-tensor scaling (scale =
   amax / format max from the tensor itself, every call), at 8 bits also per channel (one scale
   per row of the activations and per output channel of the weights: a Recipe scales both
-  operands alike, so "per-tensor activations with per-channel weights" is not an arm);
+  operands alike, so "per-tensor activations with per-channel weights" is not an arm) and per
+  site (one scale per site and operand, fixed over calls: the largest |value| the operand
+  reaches there in the FP32 reference on the same units / format max, ``scaling="site"``
+  calibrated by :class:`fpsim.emulation.Calibration` during the reference run; a value the
+  format's errors push beyond it overflows);
 - the encodings at 8 bits, unscaled: OCP-style ``eXmYfn`` (no inf, the top binade finite) and
   saturating (overflow clamped to the largest finite value);
 - ablations at 8 bits, unscaled, of e3m4 and e4m3: no flush (values that round to zero keep
-  their FP32 value), full-width subnormals, the norms in FP32.
+  their FP32 value), full-width subnormals, the norms in FP32; and, with the norms in FP32, no
+  flush, full subnormals and both: the corners of the order-free attribution
+  (:func:`attributions`), which splits the cost of the bottom of the range between flush and
+  subnormal width as the tiny model's study does (:func:`.likewise.order_free`).
 
 Every metric is scored unit by unit (windows, sentences or clips: :mod:`.models`) and its 95%
 interval resamples units (:func:`.bootstrap.sums_ratio`).  A comparison is a paired ratio of
 the model's first metric between two arms that differ in one named factor only; its p-value
-(:func:`.bootstrap.p_value`) joins one Holm family per model, and a side is called only when
-the interval excludes 1 and the ratio survives Holm.  A capture pass on the first units
+(:func:`.bootstrap.p_value`) joins one Holm family per model, with the attribution's Shapley
+values and interaction, and a side is called only when the interval excludes 1 and the
+ratio survives Holm.  A capture pass on the first units
 (:data:`CAPTURE_UNITS`) records per site the operand amax and the elements that overflowed,
 saturated or flushed (:meth:`fpsim.emulation.Emulation.table`).
 
@@ -46,10 +54,12 @@ import torch
 
 import fpsim
 from fpsim import Recipe, Rule, Rules
+from fpsim.emulation import Calibration
 from fpsim.emulation.recipe import FP32
 
-from . import bootstrap, models
+from . import bootstrap, likewise, models
 from .bootstrap import fmt_ci
+from .range_findings import INTERACT_ABOVE, INTERACT_BELOW
 from .report import finish, num, page, pct, table, versions
 from .sweep import runner
 from .sweep.runs import Execution
@@ -61,6 +71,8 @@ ABLATED = (3, 4)                    # exponent bits of the 8-bit splits the abla
 CAPTURE_UNITS = {"quick": 1, "full": 8}
 #: what an arm is, factor by factor (a comparison names the one factor its arms differ in)
 FACTORS = ("budget", "ebits", "encoding", "scaling", "flush", "subnormals", "norms")
+#: the order-free attribution: the factors removed from a base arm (unscaled, norms in FP32)
+ATTRIBUTION = ("flush", "subnormals")
 #: the reference: FP32 at every product and every norm's statistics, named for each kind
 REFERENCE = Rules([Rule(FP32, kind="norm")], default=FP32)
 
@@ -122,10 +134,12 @@ def arms(quick: bool) -> list[Arm]:
         return out + [arm(8, 4, scaling="channel"), arm(8, 4, encoding="fn"),
                       arm(8, 4, encoding="saturating"), arm(8, 4, norms="fp32")]
     out = [arm(b, e, scaling=s) for b, es in SPLITS.items() for e in es
-           for s in (("none", "tensor", "channel") if b == 8 else ("none", "tensor"))]
+           for s in (("none", "tensor", "channel", "site") if b == 8 else ("none", "tensor"))]
     out += [arm(8, e, encoding=c) for e in SPLITS[8][1:] for c in ("fn", "saturating")]
     out += [a for e in ABLATED for a in (arm(8, e, flush=False), arm(8, e, subnormals="full"),
                                          arm(8, e, norms="fp32"))]
+    out += [arm(8, e, norms="fp32", **k) for e in ABLATED for k in (
+        {"flush": False}, {"subnormals": "full"}, {"flush": False, "subnormals": "full"})]
     return out
 
 
@@ -145,15 +159,22 @@ def chosen(names: list[str] | None, quick: bool) -> list[Arm]:
     return [by[n] for n in names]
 
 
+#: an arm's encoding and ablations as the plain IEEE-style arm has them
+PLAIN = {"encoding": "ieee", "flush": True, "subnormals": "format", "norms": "format"}
+
+
+def _finder(planned: list[Arm]) -> Any:
+    """``other(f, **change)``: the name of the planned arm with factors ``f`` but for
+    ``change`` (None: not planned)."""
+    by = {tuple(a.factors[k] for k in FACTORS): a.name for a in planned}
+    return lambda f, **change: by.get(tuple({**f, **change}[k] for k in FACTORS))
+
+
 def comparisons(planned: list[Arm]) -> list[tuple[str, str, str, str]]:
     """(question, arm a, arm b, factor) of every like-with-like ratio among ``planned``: a
-    metric(a) / metric(b) above 1 means a is worse."""
-    by = {tuple(a.factors[k] for k in FACTORS): a.name for a in planned}
-
-    def other(f: dict[str, Any], **change: Any) -> str | None:
-        """The planned arm with factors ``f`` but for ``change``."""
-        return by.get(tuple({**f, **change}[k] for k in FACTORS))
-
+    metric(a) / metric(b) above 1 means a is worse.  An arm with more than one ablation is
+    no comparison's: it is a corner of :func:`attributions`."""
+    other = _finder(planned)
     out = []
     for a in planned:
         f = a.factors
@@ -167,9 +188,11 @@ def comparisons(planned: list[Arm]) -> list[tuple[str, str, str, str]]:
                 out.append(("per-tensor scaling / unscaled", a.name, b, "scaling"))
             if f["scaling"] == "channel" and (b := other(f, scaling="tensor")):
                 out.append(("per-channel / per-tensor scaling", a.name, b, "scaling"))
+            if f["scaling"] == "site" and (b := other(f, scaling="tensor")):
+                out.append(("per-site / per-tensor scaling", a.name, b, "scaling"))
             continue
-        ieee = other(f, encoding="ieee", flush=True, subnormals="format", norms="format")
-        if ieee is None:
+        ieee = other(f, **PLAIN)
+        if ieee is None or sum(f[k] != v for k, v in PLAIN.items()) != 1:
             continue
         what = {"fn": "fn encoding / IEEE-style", "saturating": "saturating / IEEE-style"}
         if f["encoding"] != "ieee":
@@ -183,10 +206,33 @@ def comparisons(planned: list[Arm]) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def attributions(planned: list[Arm]) -> list[tuple[str, str, str, str]]:
+    """(base, first, second, both) of every order-free attribution among ``planned``: a base
+    arm, plain but for the norms in FP32, then it without :data:`ATTRIBUTION`'s first factor
+    (no flush), without its second (full subnormals) and without both.
+
+    >>> attributions(arms(False))[0]
+    ('e3m4_ieee norms FP32', 'e3m4_ieee no flush norms FP32', \
+'e3m4_ieee full subnormals norms FP32', 'e3m4_ieee no flush full subnormals norms FP32')
+    """
+    other = _finder(planned)
+    out = []
+    for a in planned:
+        if a.factors != {**a.factors, **PLAIN, "norms": "fp32"}:
+            continue
+        corners = (other(a.factors, flush=False), other(a.factors, subnormals="full"),
+                   other(a.factors, flush=False, subnormals="full"))
+        if all(corners):
+            out.append((a.name, *corners))
+    return out
+
+
 def run_arms(adapter: models.Adapter, inputs: list, ref: list, planned: list[Arm],
-             capture: int, ex: Execution) -> list[dict[str, Any]]:
-    """``run_arm`` of every planned arm on ``ex`` (``runner.execute``), in plan order; raises
-    naming every arm that failed after the others ended (those are kept for ``--resume``)."""
+             capture: int, ex: Execution,
+             amax: dict[str, dict[str, float]] | None = None) -> list[dict[str, Any]]:
+    """``run_arm`` of every planned arm on ``ex`` (``runner.execute``), in plan order
+    (``amax``: per-site scaling's calibration); raises naming every arm that failed after the
+    others ended (those are kept for ``--resume``)."""
     source = adapter.source
     if ex.executor != "inprocess" and source is None:
         raise ValueError(f"--executor {ex.executor} rebuilds the model in each worker, and this "
@@ -200,11 +246,11 @@ def run_arms(adapter: models.Adapter, inputs: list, ref: list, planned: list[Arm
     else:
         folder.mkdir(parents=True, exist_ok=True)
         saved = str(folder / "reference.pt")
-        torch.save((inputs, ref), saved)
+        torch.save((inputs, ref, amax), saved)
     _ADAPTERS.clear()
     _ADAPTERS[source] = adapter
     _SAVED.clear()
-    _SAVED[saved] = (inputs, ref)
+    _SAVED[saved] = (inputs, ref, amax)
     work = StudyWork(source, saved, capture)
     meta = {"model": adapter.name, **adapter.describe(inputs), "capture": capture}
     specs = {a: {**meta, "arm": a.name, "recipe": a.recipe.to_json(), "factors": a.factors}
@@ -234,15 +280,33 @@ def summarize(scores: dict[str, tuple[list[float], list[float]]]) -> dict[str, A
         for k, v in scores.items()}
 
 
-def ratio(a: dict, b: dict) -> dict[str, Any]:
-    """metric(a) / metric(b) with its paired interval over units and two-sided p-value."""
-    weights = bootstrap.window_weights(len(a["num"]))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        samples = bootstrap.sums_ratio(a["num"], a["den"], weights) / bootstrap.sums_ratio(
-            b["num"], b["den"], weights)
-        point = a["value"] / b["value"] if b["value"] else math.nan
+def combined(metrics: list[dict], fn: Any) -> dict[str, Any]:
+    """``fn`` of several arms' metrics (:func:`summarize`'s), with its paired interval over
+    units (every arm resampled on the same units) and two-sided p-value; its value NaN where
+    a zero metric makes it infinite."""
+    weights = bootstrap.window_weights(len(metrics[0]["num"]))
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        samples = np.asarray(fn(*[bootstrap.sums_ratio(m["num"], m["den"], weights)
+                                  for m in metrics]), dtype=np.float64)
+        values = [m["value"] for m in metrics]
+        point = float(fn(*map(np.float64, values)))
+    if not math.isfinite(point) and 0 in values:
+        point = math.nan
     return {"ratio": point, "ci": bootstrap.percentile_interval(samples),
             "p": bootstrap.p_value(samples, point)}
+
+
+def ratio(a: dict, b: dict) -> dict[str, Any]:
+    """metric(a) / metric(b) with its paired interval over units and two-sided p-value."""
+    return combined([a, b], lambda x, y: x / y)
+
+
+def attribute(metrics: list[dict]) -> dict[str, dict[str, Any]]:
+    """Every term of :func:`.likewise.order_free`'s split of :data:`ATTRIBUTION` (``metrics``:
+    base, first, second, both), a :func:`combined` each; ``decides``: whether it joins the
+    Holm family (the Shapley values and the interaction)."""
+    return {term: {**combined([metrics[i] for i in idx], fn), "decides": measures is None}
+            for term, (idx, fn, measures) in likewise.order_free(ATTRIBUTION).items()}
 
 
 def _sites(table_rows: list[dict]) -> list[dict]:
@@ -252,13 +316,14 @@ def _sites(table_rows: list[dict]) -> list[dict]:
 
 
 def run_arm(adapter: models.Adapter, model: Any, units: list, ref: list, arm_: Arm,
-            capture: int) -> dict[str, Any]:
-    """One arm: its metrics on every unit, then its sites captured on the first ``capture``."""
+            capture: int, amax: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+    """One arm: its metrics on every unit, then its sites captured on the first ``capture``
+    (``amax``: per-site scaling's calibration)."""
     start = time.perf_counter()
-    with fpsim.emulate(arm_.rules()) as em:
+    with fpsim.emulate(arm_.rules(), amax=amax) as em:
         out = adapter.run(model, units, ref)
     seconds = time.perf_counter() - start
-    with fpsim.emulate(arm_.rules(), capture=True) as cap:
+    with fpsim.emulate(arm_.rules(), capture=True, amax=amax) as cap:
         adapter.trace(model, units[:capture], ref[:capture])
     return {"name": arm_.name, "factors": arm_.factors, "recipe": arm_.recipe.to_json(),
             "metrics": summarize(adapter.score(units, ref, out)),
@@ -269,7 +334,7 @@ def run_arm(adapter: models.Adapter, model: Any, units: list, ref: list, arm_: A
 #: The adapters and the saved inputs and reference this process has, by source and file
 #: (a worker keeps them between tasks; the driver registers its own)
 _ADAPTERS: dict[Any, models.Adapter] = {}
-_SAVED: dict[str, tuple[list, list]] = {}
+_SAVED: dict[str, tuple[list, list, Any]] = {}
 
 
 @dataclass(frozen=True)
@@ -277,7 +342,7 @@ class StudyWork:
     """The study's arms as the sweep runner's work: ``source`` names the model
     (``models.get``'s argument, or ``("object", id)`` for an adapter made otherwise, this
     process only), ``saved`` the file of the inputs and the FP32 reference, ``capture`` the
-    units of the capture pass."""
+    units of the capture pass; the file also holds per-site scaling's calibration."""
 
     source: Any
     saved: str
@@ -298,8 +363,8 @@ class StudyWork:
         if ref not in _SAVED:
             _SAVED.clear()
             _SAVED[ref] = torch.load(ref, weights_only=False)
-        adapter, (inputs, out) = _ADAPTERS[self.source], _SAVED[ref]
-        return {**run_arm(adapter, adapter.model(), inputs, out, task, self.capture),
+        adapter, (inputs, out, amax) = _ADAPTERS[self.source], _SAVED[ref]
+        return {**run_arm(adapter, adapter.model(), inputs, out, task, self.capture, amax),
                 "versions": versions()}
 
 
@@ -312,8 +377,11 @@ def study(adapter: models.Adapter, quick: bool, units: int | None = None,
     size = "quick" if quick else "full"
     model = adapter.model()
     inputs = adapter.inputs(units or adapter.sizes[size])
+    planned = arms(quick) if planned is None else planned
+    # per-site scaling's calibration: every site's operand amax in the reference run
+    cal = Calibration() if any(a.factors["scaling"] == "site" for a in planned) else None
     start = time.perf_counter()
-    with torch.no_grad(), fpsim.emulate(REFERENCE):
+    with torch.no_grad(), fpsim.emulate(REFERENCE, watch=cal):
         ref = adapter.run(model, inputs)
     ref_seconds = time.perf_counter() - start
     start = time.perf_counter()
@@ -321,8 +389,8 @@ def study(adapter: models.Adapter, quick: bool, units: int | None = None,
         adapter.run(model, inputs)
     native = time.perf_counter() - start
     capture = min(len(inputs), CAPTURE_UNITS[size])
-    planned = arms(quick) if planned is None else planned
-    runs = run_arms(adapter, inputs, ref, planned, capture, execution or Execution())
+    amax = None if cal is None else cal.amax
+    runs = run_arms(adapter, inputs, ref, planned, capture, execution or Execution(), amax)
     baseline = summarize(adapter.score(inputs, ref, ref))
     by = {r["name"]: r for r in runs}
     primary = next(iter(adapter.metrics))
@@ -332,13 +400,22 @@ def study(adapter: models.Adapter, quick: bool, units: int | None = None,
         comps.append({"question": question, "a": a, "b": b, "factor": factor,
                       "metric": primary, "a_finite": math.isfinite(ma["value"]),
                       "b_finite": math.isfinite(mb["value"]), **ratio(ma, mb)})
-    for c, kept in zip(comps, bootstrap.holm([c["p"] for c in comps])):
+    attrs = []
+    for names in attributions(planned):
+        terms = attribute([by[n]["metrics"][primary] for n in names])
+        attrs.append({"runs": dict(zip(("base", "first", "second", "both"), names)),
+                      "factors": list(ATTRIBUTION), "metric": primary, "terms": terms})
+    family = comps + [t for a in attrs for t in a["terms"].values() if t["decides"]]
+    for c, kept in zip(family, bootstrap.holm([c["p"] for c in family])):
         c["holm"] = kept
     return {"model": {"name": adapter.name, "unit": adapter.unit,
                       "parameters": sum(p.numel() for p in model.parameters()),
                       **adapter.describe(inputs)},
             "metrics": dict(adapter.metrics), "primary": primary, "baseline": baseline,
             "capture_units": capture, "runs": runs, "comparisons": comps,
+            "attributions": attrs,
+            **({} if amax is None else {"calibration": {"units": len(inputs),
+                                                        "sites": len(amax)}}),
             "seconds": {"native": round(native, 2), "reference": round(ref_seconds, 2)}}
 
 
@@ -401,17 +478,19 @@ def conclusions(data: dict) -> list[str]:
             and r["factors"]["flush"] and r["factors"]["subnormals"] == "format"
             and r["factors"]["norms"] == "format"]
     for b in sorted({r["factors"]["budget"] for r in runs}):
-        for s in ("none", "tensor", "channel"):
+        for s in ("none", "tensor", "channel", "site"):
             series = [r for r in runs if r["factors"]["budget"] == b and r["factors"]["scaling"] == s]
             finite = [r for r in series if math.isfinite(r["metrics"][p]["value"])]
             if not series:
                 continue
-            text = f"B={b}, {'unscaled' if s == 'none' else 'per-' + s}: "
+            parts = []
             if finite:
                 best = min(finite, key=lambda r: r["metrics"][p]["value"])
-                text += f"lowest {p} {_cell(best['metrics'][p])} at {best['name']}"
+                parts.append(f"lowest {p} {_cell(best['metrics'][p])} at {best['name']}")
             bad = [r["name"] for r in series if r not in finite]
-            out.append(text + (f"; inf/NaN at {', '.join(bad)}" if bad else "") + ".")
+            parts += [f"inf/NaN at {', '.join(bad)}"] if bad else []
+            out.append(f"B={b}, {'unscaled' if s == 'none' else 'per-' + s}: "
+                       + "; ".join(parts) + ".")
     for r in runs:
         if r["factors"]["budget"] == 8 and r["factors"]["scaling"] == "none":
             over, flushed, _, elements = trouble(r)
@@ -424,9 +503,50 @@ def conclusions(data: dict) -> list[str]:
                        + f" (capture of {data['capture_units']} {data['model']['unit']}s).")
     kept = sum(bool(c["holm"]) for c in data["comparisons"])
     out += [verdict(c) + "." for c in data["comparisons"]]
-    out.append(f"{kept} of {len(data['comparisons'])} comparisons of {p} survive Holm's "
-               "correction at 5% family-wise.")
+    attrs = data.get("attributions", [])
+    out += [attribution_line(data, a) for a in attrs]
+    decided = [t for a in attrs for t in a["terms"].values() if t["decides"]]
+    if not decided:
+        out.append(f"{kept} of {len(data['comparisons'])} comparisons of {p} survive Holm's "
+                   "correction at 5% family-wise.")
+        return out
+    out.append(f"{kept + sum(bool(t['holm']) for t in decided)} of "
+               f"{len(data['comparisons']) + len(decided)} verdicts of {p} (the "
+               f"{len(data['comparisons'])} comparisons, and the attributions' Shapley values "
+               "and interactions) survive Holm's correction at 5% family-wise.")
     return out
+
+
+def _term(t: dict) -> str:
+    """An attribution term: ``1.23× [1.2, 1.3]``, and for a Shapley value or interaction
+    whether it survives Holm."""
+    if not math.isfinite(t["ratio"]) or not all(map(math.isfinite, t["ci"])):
+        return "undefined"
+    text = f"{t['ratio']:.3g}× {fmt_ci(t['ci'])}"
+    return text + ("" if not t["decides"] or t["holm"] or not bootstrap.excludes_one(t["ci"])
+                   else " (exploratory: not significant after Holm)")
+
+
+def attribution_line(data: dict, a: dict) -> str:
+    """An order-free attribution in words, as metric factors (the tiny model's study's
+    sentence, ``.range_findings.attribution_lines``)."""
+    p, runs, t = data["primary"], a["runs"], a["terms"]
+    by = {r["name"]: r for r in data["runs"]}
+    bad = [n for n in runs.values() if not math.isfinite(by[n]["metrics"][p]["value"])]
+    head = (f"{runs['base']} (unscaled, norms in FP32), what the bottom of the range costs, as "
+            f"{p} factors")
+    if bad:
+        return f"{head}: inf/NaN at {', '.join(bad)}, no attribution."
+    f0, f1 = a["factors"]
+    side = bootstrap.verdict(t["interaction"]["ci"], INTERACT_ABOVE, INTERACT_BELOW,
+                             "no measurable interaction")
+    return (f"{head} ({p} {num(by[runs['base']]['metrics'][p]['value'])} -> "
+            f"{num(by[runs['both']]['metrics'][p]['value'])}, {_term(t['total'])}): "
+            f"{f0} removed first {_term(t[f'{f0} first'])}, then {f1} "
+            f"{_term(t[f'{f1} after'])}; {f1} first {_term(t[f'{f1} first'])}, then {f0} "
+            f"{_term(t[f'{f0} after'])}; order-free (Shapley, geometric mean of the two "
+            f"orders) {f0} {_term(t[f'{f0} Shapley'])}, {f1} {_term(t[f'{f1} Shapley'])}, "
+            f"interaction {_term(t['interaction'])} ({side}).")
 
 
 def render(data: dict, out: Path) -> str:
@@ -458,6 +578,12 @@ def render(data: dict, out: Path) -> str:
     if size.get("asked") and size["asked"] < size["full"] and not meta["quick"]:
         intro += (f" Inputs: {size['asked']} (`--units`), fewer than the study's full "
                   f"{size['full']}.")
+    if "calibration" in data:
+        intro += (f" Per-site scaling (`per-site`): one scale per site and operand, the same at "
+                  f"every call, its amax the largest |value| the operand reached at that site in "
+                  f"the FP32 reference on these {data['calibration']['units']} {unit}s "
+                  f"({data['calibration']['sites']} sites), so the scales were calibrated on the "
+                  "units they are scored on; a value beyond it overflows.")
     run = meta.get("arms", {})
     if run and run["run"] < run["of"]:
         intro += (f" Arms: {run['run']} of the study's {run['of']} (chosen with `--cases`); "

@@ -42,8 +42,10 @@ QUICK_SKIPS = ("B=8 only (no 12- or 16-bit splits), without the exponent-bias sw
                "IEEE P3109's formats (25 end-to-end runs, not 108)")
 #: The study's scalings: a format's range against its precision, with one scale per tensor or
 #: none (the Recipe scalings of the one table, ``fpsim.emulation.casts.SCALINGS``, whose
-#: values do not depend on the axis): "none" and "tensor", the names in its results.
-SCALINGS = tuple(n for n, s in CAST_SCALINGS.items() if s.recipe and s.axis_free)
+#: values do not depend on the axis and that need no calibration): "none" and "tensor", the
+#: names in its results.
+SCALINGS = tuple(n for n, s in CAST_SCALINGS.items()
+                 if s.recipe and s.axis_free and not s.calibrated)
 LN_FP32 = "none-ln-fp32"  # no scaling, LayerNorm inputs in FP32 (end to end only)
 VARIANTS = ("none", LN_FP32, "tensor")
 SCALING_LABEL = {

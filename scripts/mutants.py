@@ -70,6 +70,13 @@ SWEEP_ORDER = ["tests/test_sweep.py::test_failures_are_listed_in_plan_order"]
 PROGRESS = ["tests/test_progress.py"]
 MODEL_STUDY = ["tests/test_model_study.py"]
 ACROSS = ["tests/test_across_models.py"]
+ATTRIBUTION = ["tests/test_model_study.py::test_attribution_splits_the_ratio_order_free_by_hand",
+               "tests/test_likewise.py"]
+STUDY_ATTRIBUTION = ["tests/test_model_study.py::test_the_study_attributes_and_reports_it"]
+STUDY_ARMS = ["tests/test_model_study.py::test_every_comparison_is_like_with_like",
+              "tests/test_model_study.py::test_attribution_arms_and_their_family"]
+STUDY_SITE = ["tests/test_model_study.py::test_per_site_arms_are_calibrated_on_the_reference_run"]
+SITE_SCALING = ["tests/test_emulate_site_scaling.py"]
 SWEEP_RUNS = ["tests/test_sweep.py::test_experiment_runs_are_their_direct_computation",
               "tests/test_sweep.py::test_experiment_run_specs_name_everything_their_numbers_depend_on",
               "tests/test_sweep.py::test_experiment_runs_resume_and_compute_only_the_missing"]
@@ -692,9 +699,9 @@ MUTANTS = [
            "if bw.accum is None:", "if True:", ACCUMULATOR),
     # the range-vs-precision study on any model
     Mutant("study-unpaired", "a ratio's two arms resampled on different units",
-           'samples = bootstrap.sums_ratio(a["num"], a["den"], weights) / bootstrap.sums_ratio(',
-           'samples = bootstrap.sums_ratio(a["num"], a["den"], weights[::-1]) / '
-           "bootstrap.sums_ratio(", MODEL_STUDY),
+           'samples = np.asarray(fn(*[bootstrap.sums_ratio(m["num"], m["den"], weights)',
+           'samples = np.asarray(fn(*[bootstrap.sums_ratio(m["num"], m["den"], '
+           "weights[np.random.permutation(len(weights))])", MODEL_STUDY),
     Mutant("study-adjacent", "the range comparison skips a split",
            'if nxt := other(f, ebits=f["ebits"] + 1):', 'if nxt := other(f, ebits=f["ebits"] + 2):',
            MODEL_STUDY),
@@ -794,6 +801,45 @@ MUTANTS = [
            "over, fl, sat, total = {}, *study.events(arm)[1:]", ACROSS),
     Mutant("across-ablation-inverted", "an ablation that stays inf/NaN is said to make it finite",
            "if abl.finite:", "if not abl.finite:", ACROSS),
+    # the model study's order-free attribution and per-site scaling (issue 41)
+    Mutant("attr-shapley-order", "a factor's Shapley value mixes its two orders' runs",
+           'f"{f0} Shapley": ((0, 1, 2, 3), lambda b, x, y, z: ((b / x) * (y / z)) ** 0.5, None),',
+           'f"{f0} Shapley": ((0, 1, 2, 3), lambda b, x, y, z: ((b / x) * (x / z)) ** 0.5, None),',
+           ATTRIBUTION),
+    Mutant("attr-interaction-inverted", "the interaction is its reciprocal",
+           '"interaction": ((0, 1, 2, 3), lambda b, x, y, z: (x * y) / (b * z), None),',
+           '"interaction": ((0, 1, 2, 3), lambda b, x, y, z: (b * z) / (x * y), None),',
+           ATTRIBUTION),
+    Mutant("attr-out-of-holm", "the Shapley values and interactions stay out of the Holm family",
+           'family = comps + [t for a in attrs for t in a["terms"].values() if t["decides"]]',
+           "family = comps", STUDY_ATTRIBUTION),
+    Mutant("attr-corner-compared", "an arm with two ablations is compared with the plain one",
+           "if ieee is None or sum(f[k] != v for k, v in PLAIN.items()) != 1:",
+           "if ieee is None:", STUDY_ARMS),
+    Mutant("site-scale-margin", "a site's scale is twice its amax / format max",
+           'return float(amax_scale(np.array([c.amax]), f.max, "fp32", 0)[0])',
+           'return float(amax_scale(np.array([c.amax]), f.max, "fp32", 1)[0])', SITE_SCALING),
+    Mutant("site-saturate-ignored", "a per-site recipe's saturate=True is ignored",
+           "q = quantize(x.to(torch.float64) / scale, f, rounding=c.rounding, saturate=c.saturate,",
+           "q = quantize(x.to(torch.float64) / scale, f, rounding=c.rounding, saturate=False,",
+           SITE_SCALING),
+    Mutant("calibration-last-call", "the calibration keeps the last call's amax, not the largest",
+           "seen[role] = max(seen.get(role, 0.0), operand_scan(x)[0])",
+           "seen[role] = operand_scan(x)[0]", SITE_SCALING),
+    Mutant("site-weights-role", "a site's right operand is scaled by its left one's amax",
+           'weights=cast(self.weight_format, "b"), scaling="none",',
+           'weights=cast(self.weight_format, "a"), scaling="none",', SITE_SCALING),
+    Mutant("cast-flush-in-sites", "a Cast operand's flush=False is ignored where sites quantize "
+           "it (a norm statistic's input)",
+           "return unflush(x, q, recipe.cast(fmt, axis) or recipe), events",
+           "return unflush(x, q, recipe), events", SITE_SCALING),
+    Mutant("norm-flush-ignored", "a norm statistic's input flushes under flush=False",
+           "qx, ev = _quantize_counted(x, recipe.inputs, recipe, -1, events is not None)",
+           "qx, ev = _quantize_counted(x, recipe.inputs, dataclasses.replace(recipe, flush=True), "
+           "-1, events is not None)", SITE_SCALING),
+    Mutant("study-calibration-unsaved", "the workers' saved reference has no calibration",
+           "torch.save((inputs, ref, amax), saved)", "torch.save((inputs, ref, None), saved)",
+           STUDY_SITE),
 ]
 
 

@@ -88,7 +88,9 @@ def test_every_comparison_is_like_with_like() -> None:
             if factor == "ebits":
                 assert fb["ebits"] == fa["ebits"] + 1
     full = model_study.comparisons(model_study.arms(False))
-    assert sum(c[3] == "ebits" for c in full) == 3 * 3 + 3 * 2 + 2 * 2      # adjacent splits: 8, 12, 16 bits
+    # adjacent splits: at 8 bits unscaled, per tensor, per channel and per site; 12, 16 bits
+    assert sum(c[3] == "ebits" for c in full) == 3 * 4 + 3 * 2 + 2 * 2
+    assert sum(c[0] == "per-site / per-tensor scaling" for c in full) == 4
 
 
 def test_metric_and_paired_ratio_resample_units() -> None:
@@ -102,6 +104,49 @@ def test_metric_and_paired_ratio_resample_units() -> None:
     assert r["ci"] == bootstrap.percentile_interval(expected)
     half = model_study.summarize({"m": ([0.5, 1.0, 3.0], [2.0, 2.0, 2.0])})["m"]
     assert model_study.ratio(a, half)["ci"] == [2.0, 2.0]     # paired: every resample is 2
+
+
+def test_attribution_splits_the_ratio_order_free_by_hand() -> None:
+    """Four arms whose metric is 8, 4, 2, 1 on every unit (scaled by the unit): flush removed
+    first gains 2x, subnormals after 4x; subnormals first 4x, then flush 2x; Shapley flush
+    sqrt(2 * 2) = 2, subnormals sqrt(4 * 4) = 4, interaction (4 * 2) / (8 * 1) = 1; every
+    resample gives the same numbers (paired units), so the intervals are points."""
+    units = [1.0, 3.0, 5.0]
+    arms = [model_study.summarize({"m": ([v * u for u in units], [1.0] * 3)})["m"]
+            for v in (8.0, 4.0, 2.0, 1.0)]
+    t = model_study.attribute(arms)
+    expect = {"flush first": 2.0, "subnormals after": 4.0, "subnormals first": 4.0,
+              "flush after": 2.0, "flush Shapley": 2.0, "subnormals Shapley": 4.0,
+              "interaction": 1.0, "total": 8.0}
+    assert {k: v["ratio"] for k, v in t.items()} == expect           # exact: powers of two
+    assert {k: v["ci"] for k, v in t.items()} == {k: [v, v] for k, v in expect.items()}
+    assert [k for k, v in t.items() if v["decides"]] == ["flush Shapley", "subnormals Shapley",
+                                                         "interaction"]
+    # unequal units: the terms are the likewise module's functions of the resampled metrics
+    arms[1] = model_study.summarize({"m": ([4.0, 9.0, 30.0], [1.0] * 3)})["m"]
+    t = model_study.attribute(arms)
+    w = bootstrap.window_weights(3)
+    b, x, y, z = ((w @ np.asarray(m["num"])) / (w @ np.asarray(m["den"])) for m in arms)
+    assert math.isclose(t["flush Shapley"]["ratio"], math.sqrt(72 / 43 * 2), rel_tol=1e-15)
+    assert t["flush Shapley"]["ci"] == bootstrap.percentile_interval(((b / x) * (y / z)) ** 0.5)
+    assert t["interaction"]["ci"] == bootstrap.percentile_interval((x * y) / (b * z))
+    assert math.isclose(t["flush Shapley"]["ratio"] * t["subnormals Shapley"]["ratio"],
+                        t["total"]["ratio"], rel_tol=1e-15)             # they multiply to it
+
+
+def test_attribution_arms_and_their_family() -> None:
+    planned = model_study.arms(False)
+    found = model_study.attributions(planned)
+    assert [a[0] for a in found] == ["e3m4_ieee norms FP32", "e4m3_ieee norms FP32"]
+    by = {a.name: a.factors for a in planned}
+    for base, first, second, both in found:
+        diff = lambda a, b: {k for k in model_study.FACTORS if by[a][k] != by[b][k]}  # noqa: E731
+        assert diff(base, first) == {"flush"} and diff(second, both) == {"flush"}
+        assert diff(base, second) == {"subnormals"} and diff(first, both) == {"subnormals"}
+    named = {n for a in found for n in a}
+    # the corners with two ablations are no comparison's (they differ in two factors)
+    assert not any(c[1] in named - {a[0] for a in found} for c in model_study.comparisons(planned))
+    assert model_study.attributions(planned[:-1]) == found[:1]        # a corner missing: none
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +206,48 @@ def test_cases_run_the_named_arms_and_the_report_says_so(hf_dirs: dict,
     assert "Arms: 2 of the study's 10 (chosen with `--cases`)" in (out / "REPORT.md").read_text()
     with pytest.raises(SystemExit, match="no arm 'e4m3'.*'e4m3_ieee per-tensor'"):
         model_study.chosen(["e4m3"], quick=False)
+
+
+def test_the_study_attributes_and_reports_it(hf_dirs: dict) -> None:
+    corners = model_study.attributions(model_study.arms(False))[0]
+    planned = model_study.chosen([*corners, "e3m4_ieee"], quick=False)
+    data = model_study.study(get(str(hf_dirs["llama"])), True, units=2, planned=planned)
+    (a,) = data["attributions"]
+    assert list(a["runs"].values()) == list(corners) and a["factors"] == ["flush", "subnormals"]
+    by = {r["name"]: r["metrics"]["kl"] for r in data["runs"]}
+    assert a["terms"] == model_study.attribute([by[n] for n in corners]) | {
+        k: {**v, "holm": a["terms"][k]["holm"]} for k, v in a["terms"].items() if v["decides"]}
+    family = data["comparisons"] + [t for t in a["terms"].values() if t["decides"]]
+    assert [c["holm"] for c in family] == bootstrap.holm([c["p"] for c in family])
+    # the base compares with e3m4; the other corners differ from it in two factors
+    assert [(c["a"], c["b"]) for c in data["comparisons"]] == [(corners[0], "e3m4_ieee")]
+    data["meta"] = {"seconds": 1}
+    lines = model_study.conclusions(data)
+    assert lines[-2].startswith("e3m4_ieee norms FP32 (unscaled, norms in FP32), what the "
+                                "bottom of the range costs, as kl factors (kl ")
+    assert "order-free (Shapley, geometric mean of the two orders) flush " in lines[-2]
+    assert lines[-1].endswith("verdicts of kl (the 1 comparisons, and the attributions' "
+                              "Shapley values and interactions) survive Holm's correction at "
+                              "5% family-wise.")
+
+
+def test_per_site_arms_are_calibrated_on_the_reference_run(hf_dirs: dict, tmp_path: Path) -> None:
+    planned = model_study.chosen(["e4m3_ieee per-site", "e4m3_ieee per-tensor"], quick=False)
+    adapter = get(str(hf_dirs["bert"]))
+    data = model_study.study(adapter, True, units=2, planned=planned,
+                             execution=model_study.Execution(folder=tmp_path / "tasks"))
+    site, tensor = data["runs"]
+    assert site["recipe"]["scaling"] == "site" and tensor["recipe"]["scaling"] == "tensor"
+    emulated = {s["site"] for s in model_study._emulated(site)}
+    assert data["calibration"] == {"units": 2, "sites": len(emulated)}
+    # the saved file carries the calibration to the workers: each site's operand amaxes
+    _, _, amax = torch.load(tmp_path / "tasks" / "reference.pt", weights_only=False)
+    assert set(amax) == emulated and all(set(v) <= {"a", "b"} for v in amax.values())
+    assert [(c["question"], c["a"], c["b"]) for c in data["comparisons"]] == [
+        ("per-site / per-tensor scaling", "e4m3_ieee per-site", "e4m3_ieee per-tensor")]
+    data["meta"] = {"seconds": 1, "quick": True, "model": "bert"}
+    assert "Per-site scaling (`per-site`): one scale per site and operand" in \
+        model_study.render(data, tmp_path)
 
 
 @pytest.mark.parametrize("name, kind, metrics", [

@@ -17,7 +17,7 @@
   one autograd function; ``.presets``: the published training recipes as data.
 """
 
-from .context import Emulation, emulate
+from .context import Calibration, Emulation, emulate
 from .recipe import Recipe, Rule, Rules
 
-__all__ = ["Emulation", "Recipe", "Rule", "Rules", "emulate"]
+__all__ = ["Calibration", "Emulation", "Recipe", "Rule", "Rules", "emulate"]

@@ -12,6 +12,7 @@ recipes are data in ``fpsim.emulation.presets``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,17 +28,20 @@ from ..stochastic import check_srbits
 @dataclass(frozen=True)
 class Scaling:
     """One scaling of a ``Cast``: what it does (``doc``), whether a
-    ``fpsim.emulation.recipe.Recipe``'s ``scaling=`` takes it (``recipe``: it needs no
-    per-site state and applies to any operand), whether a quantized tensor's values are the
+    ``fpsim.emulation.recipe.Recipe``'s ``scaling=`` takes it (``recipe``: it applies to any
+    operand and keeps no state from call to call), whether a quantized tensor's values are the
     same whichever axis a GEMM reduces (``axis_free``: quantized once, reused by every GEMM),
-    whether its format is an MX / NVFP4 block format (``block``) and whether ``fpsim quantize
-    --scaling`` takes it (``cli``: ``fpsim.scaled_quantize``'s, no reduction axis)."""
+    whether its format is an MX / NVFP4 block format (``block``), whether ``fpsim quantize
+    --scaling`` takes it (``cli``: ``fpsim.scaled_quantize``'s, no reduction axis) and whether
+    its amax comes from a calibration run, per site (``calibrated``: ``fpsim.emulate(...,
+    amax=)``, ``fpsim.emulation.Calibration``)."""
 
     doc: str
     recipe: bool = False
     axis_free: bool = False
     block: bool = False
     cli: bool = False
+    calibrated: bool = False
 
 
 #: Every scaling, the one table: fpsim's own (scale = amax / format max, values = code *
@@ -52,6 +56,10 @@ SCALINGS: dict[str, Scaling] = {
     "none": Scaling("values rounded to the format, no scale", recipe=True, axis_free=True,
                     cli=True),
     "tensor": Scaling("one amax scale per tensor", recipe=True, axis_free=True, cli=True),
+    "site": Scaling("one amax scale per site and operand, the same at every call: the "
+                    "operand's largest |value| at that site in a calibration run / format "
+                    "max; a value beyond it overflows (or saturates)", recipe=True,
+                    axis_free=True, calibrated=True),
     "channel": Scaling("one amax scale per index beside the reduction axis", recipe=True,
                        cli=True),
     "block": Scaling("MX / NVFP4 blocks along the reduction axis", recipe=True, block=True,
@@ -83,7 +91,9 @@ class Cast:
     (torchao's ``round_scales_to_power_of_2``); ``history`` and ``margin``: delayed scaling's
     amax history length and margin in binades (TE ``DelayedScaling``); ``scale_rounding``: the
     MX scale rule (None: OCP floor); ``full_subnormals`` and ``flush=False``: the ablations of
-    ``fpsim.emulation.recipe.Recipe`` (subnormals at full width, flushed values kept).
+    ``fpsim.emulation.recipe.Recipe`` (subnormals at full width, flushed values kept);
+    ``amax``: a ``site`` cast's calibrated largest |value|, its scale ``amax / format max`` in
+    FP32 as per-tensor scaling's (``fpsim.emulate`` fills it per site from its ``amax=``).
 
     >>> Cast("e5m2", "tensorwise", saturate=True).describe()
     'e5m2/tensorwise sat'
@@ -100,6 +110,7 @@ class Cast:
     srbits: int | None = None
     full_subnormals: bool = False
     flush: bool = True
+    amax: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rounding", check_mode(self.rounding))
@@ -125,6 +136,12 @@ class Cast:
             raise ValueError(f"Cast({self.fmt!r}, {self.scaling!r}, full_subnormals=True): "
                              "full_subnormals is an ablation of unscaled floating-point "
                              "operands; use scaling='none' and an eXmY format")
+        if self.amax is not None and (self.scaling != "site" or isinstance(self.amax, bool)
+                                      or not isinstance(self.amax, (int, float))
+                                      or not 0 <= self.amax < math.inf):
+            raise ValueError(f"Cast({self.fmt!r}, {self.scaling!r}, amax={self.amax!r}): amax "
+                             "is a site cast's calibrated largest |value|, a finite number "
+                             ">= 0 with scaling='site'")
         if not (isinstance(self.history, int) and self.history >= 1):
             raise ValueError(f"history={self.history!r}: the amax history holds >= 1 steps")
         if not (isinstance(self.margin, int) and -127 <= self.margin <= 127):

@@ -63,11 +63,14 @@ class Emulation:
     """
 
     def __init__(self, rules: Rules, capture: bool, strict: bool = False,
-                 watch: Any = None) -> None:
+                 watch: Any = None, amax: dict[str, dict[str, float]] | None = None) -> None:
         self.rules = rules
         self.capture = capture
         self.strict = strict
         self.watch = watch
+        #: per-site scaling's calibration: site -> {"a": amax, "b": amax} (``Calibration``)
+        self.amax = amax
+        self._at_site: dict[tuple[str, Recipe], Recipe] = {}
         self.sites: dict[str, SiteStats] = {}
         self.missed: dict[str, SiteStats] = {}
         self.matched: dict[str, tuple[int | None, str, str]] = {}
@@ -136,6 +139,24 @@ class Emulation:
         one per op that ran not emulated (recipe ``"not emulated"``)."""
         return [s.row() for s in (*self.sites.values(), *self.missed.values())]
 
+    def at_site(self, site: str, recipe: Recipe) -> Recipe:
+        """``recipe`` at ``site``: itself, or with ``scaling="site"`` its operands scaled by
+        the site's calibrated amax (``Recipe.at_site``); raises when this context has none
+        for the site."""
+        if recipe.scaling != "site":
+            return recipe
+        found = self._at_site.get((site, recipe))
+        if found is None:
+            amax = (self.amax or {}).get(site)
+            if amax is None:
+                raise ValueError(
+                    f"recipe {recipe.name!r} scales per site and site {site!r} has no "
+                    f"calibrated amax (fpsim.emulate(..., amax=) holds {len(self.amax or {})} "
+                    "sites): record them with watch=fpsim.emulation.Calibration() on the same "
+                    "model, over inputs that reach every site")
+            found = self._at_site[(site, recipe)] = recipe.at_site(amax)
+        return found
+
     def amax_history(self, site: str) -> dict[str, dict[str, Any]]:
         """Delayed scaling state of ``site``: per tensor (``x``, ``w``, ``dy``) its amax
         history (oldest first) and the scale its next call uses."""
@@ -201,8 +222,40 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
+class Calibration:
+    """A ``watch`` of ``emulate`` that records, per site, the largest finite magnitude of
+    each operand over every call it sees (``amax``: site -> ``{"a": ..., "b": ...}``; a norm
+    site has ``"a"`` only): the calibration that ``scaling="site"`` reads from
+    ``emulate(..., amax=)``.
+
+    >>> import torch
+    >>> layer = torch.nn.Linear(2, 1, bias=False)
+    >>> _ = layer.weight.data.fill_(15.0)
+    >>> cal = Calibration()
+    >>> with emulate(Recipe(), watch=cal):
+    ...     _ = layer(torch.tensor([[720.0, -1.0]]))
+    >>> cal.amax
+    {':linear': {'a': 720.0, 'b': 15.0}}
+    >>> with emulate(Recipe("e4m3_ieee", scaling="site"), amax=cal.amax):   # scales 3, 1/16
+    ...     layer(torch.tensor([[7.0, 0.0]])).item()     # 7 / 3 rounds to 2.25: 6.75 * 15
+    101.25
+    """
+
+    def __init__(self) -> None:
+        self.amax: dict[str, dict[str, float]] = {}
+
+    def __call__(self, site: str, kind: str, recipe: Any, operands: tuple, events: Any,
+                 result: Any) -> None:
+        from .intercept import operand_scan
+
+        seen = self.amax.setdefault(site, {})
+        for role, x in zip(("a", "b"), operands[:2]):
+            seen[role] = max(seen.get(role, 0.0), operand_scan(x)[0])
+
+
 def emulate(recipe: Recipe | Rules | str, *, capture: bool = False,
-            strict: bool = False, watch: Any = None) -> Emulation:
+            strict: bool = False, watch: Any = None,
+            amax: dict[str, dict[str, float]] | None = None) -> Emulation:
     """A context manager that computes every dot-product site of any PyTorch model under
     ``recipe`` (one ``fpsim.emulation.recipe.Recipe`` for all product sites, or
     ``fpsim.emulation.recipe.Rules`` selecting per module path and op kind, or the name
@@ -211,8 +264,9 @@ def emulate(recipe: Recipe | Rules | str, *, capture: bool = False,
     ``capture`` it also records per-site statistics.  An op that sums products and that fpsim
     does not emulate is named in ``em.missed`` / ``em.report()`` and warned about at exit;
     with ``strict`` it raises instead, naming op and module; ``watch`` is called on each
-    emulated call (``Emulation``).  See the module docstring for the
-    ops caught and how sites are named, docs/emulate.md for the whole story.
+    emulated call (``Emulation``); ``amax``: per site, the calibrated operand amaxes that a
+    recipe with ``scaling="site"`` scales by (``Calibration`` records them).  See the module
+    docstring for the ops caught and how sites are named, docs/emulate.md for the whole story.
 
     >>> with fpsim.emulate(Recipe("e4m3", scaling="tensor"), capture=True) as em:
     ...     logits = model(ids)
@@ -230,4 +284,4 @@ def emulate(recipe: Recipe | Rules | str, *, capture: bool = False,
         raise TypeError(f"fpsim.emulate(watch=...) takes a function of (site, kind, recipe, "
                         f"operands, events, result), not {type(watch).__name__}")
     return Emulation(Rules.of(recipe), check_flag(capture, "capture"),
-                     check_flag(strict, "strict"), watch)
+                     check_flag(strict, "strict"), watch, amax)

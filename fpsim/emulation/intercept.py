@@ -169,9 +169,11 @@ class Interceptor(TorchFunctionMode):
         self.counts[base] = n
         index, recipe = self.em.rules.match(path, kind)
         self.em.matched[base if n == 1 else f"{base}#{n}"] = (index, path, kind)
-        if recipe is not None:
-            self.emulated += 1
-        return (base if n == 1 else f"{base}#{n}"), recipe
+        if recipe is None:
+            return (base if n == 1 else f"{base}#{n}"), None
+        self.emulated += 1
+        name = base if n == 1 else f"{base}#{n}"
+        return name, self.em.at_site(name, recipe)
 
     def missed(self, op: AtenOp, schema: str, *ts: Any) -> None:
         """An op that sums products ran in plain torch although the rules give its kind a

@@ -303,13 +303,32 @@ class Recipe:
 
         >>> Recipe("e4m3", scaling="tensor").cast("e4m3")
         Cast(fmt='e4m3', scaling='tensor', rounding='rne', saturate=False, pow2=False, \
-history=1024, margin=0, scale_rounding=None, srbits=None, full_subnormals=False, flush=True)
+history=1024, margin=0, scale_rounding=None, srbits=None, full_subnormals=False, flush=True, \
+amax=None)
         """
         if fmt is None or isinstance(fmt, Cast):
             return fmt
         scaling = "tile2d" if self.scaling == "tile" and axis != -1 else self.scaling
         return _cast(fmt, scaling, self.rounding, self.saturate, self.scale_rounding,
                      self.srbits, self.full_subnormals, self.flush)
+
+    def at_site(self, amax: dict[str, float]) -> "Recipe":
+        """This recipe at one site when it scales per site: its operands as ``site`` Casts
+        with the site's calibrated amax (``amax``: ``"a"`` the left operand's, ``"b"`` the
+        right one's; a norm site has ``"a"`` only), named as before.
+
+        >>> r = Recipe("e4m3", scaling="site").at_site({"a": 720.0, "b": 2.0})
+        >>> r.inputs.describe(), r.weights.amax, r.name
+        ('e4m3/site', 2.0, 'e4m3/site')
+        """
+        def cast(fmt: FormatLike | None, role: str) -> Cast | None:
+            return None if fmt is None or role not in amax else Cast(
+                fmt, "site", rounding=self.rounding, saturate=self.saturate, srbits=self.srbits,
+                flush=self.flush, amax=float(amax[role]))
+
+        return dataclasses.replace(self, inputs=cast(self.inputs, "a"),
+                                   weights=cast(self.weight_format, "b"), scaling="none",
+                                   flush=True)
 
     def to_json(self) -> dict[str, Any]:
         """The recipe's fields with formats as names."""

@@ -22,6 +22,7 @@ import dataclasses
 import math
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -31,7 +32,7 @@ from ..arith import matmul as emulated_matmul
 from ..convert import quantize
 from ..formats import Format, get_format
 from ..rounding import STOCHASTIC
-from ..scaling import scaled_quantize
+from ..scaling import amax_scale, scaled_quantize
 from . import onepass
 from .casts import Cast
 from .recipe import TILE, FormatLike, Recipe
@@ -107,6 +108,11 @@ def quantize_cast(
         if c.full_subnormals:
             q = widen_subnormals(x, q, f, c.rounding, c.srbits, seed)
         return q, rounding_limit(f)
+    if c.scaling == "site":
+        scale = site_scale(c, f)
+        q = quantize(x.to(torch.float64) / scale, f, rounding=c.rounding, saturate=c.saturate,
+                     srbits=c.srbits, seed=seed) * scale
+        return q.to(x.dtype), scale * rounding_limit(f)
     if c.scaling == "tile":
         q = tile_quantize(x.movedim(axis, -1), f, -1, c.rounding, c.srbits, seed)
         return q.movedim(-1, axis), math.inf
@@ -141,6 +147,23 @@ def quantize_cast(
     if channel:
         scales = scales.reshape(*moved.shape[:-1], 1).movedim(-1, axis)
     return q, scales * rounding_limit(f)
+
+
+def site_scale(c: Cast, f: Format) -> float:
+    """A ``site`` cast's scale: its calibrated amax / ``f``'s largest value in FP32, within
+    FP32's normal range (1 for an amax of 0), as per-tensor scaling computes it from a
+    tensor's own amax (``fpsim.scaling.amax_scale``).
+
+    >>> site_scale(Cast("e4m3_ieee", "site", amax=720.0), get_format("e4m3_ieee"))
+    3.0
+    """
+    if c.amax is None:
+        raise ValueError(f"{c.describe()}: per-site scaling reads the site's calibrated amax; "
+                         "run the model under fpsim.emulate(..., amax=...), whose amax "
+                         "fpsim.emulation.Calibration records")
+    if c.amax == 0:
+        return 1.0
+    return float(amax_scale(np.array([c.amax]), f.max, "fp32", 0)[0])
 
 
 def widen_subnormals(x: Tensor, q: Tensor, f: Format, rounding: str = "rne",
@@ -223,7 +246,7 @@ def _quantize_counted(
 ) -> tuple[Tensor, dict[str, int] | None]:
     q, limit = quantize_operand(x, fmt, recipe, axis, with_limit=count)
     events = operand_events(x, q, limit) if count else None
-    return unflush(x, q, recipe), events
+    return unflush(x, q, recipe.cast(fmt, axis) or recipe), events
 
 
 def unflush(x: Tensor, q: Tensor, recipe: Recipe | Cast) -> Tensor:
@@ -438,14 +461,21 @@ def causal_matmul(recipe: Recipe, p: Tensor, v: Tensor, events: dict | None = No
     return round_output(y + extra.to(y.dtype), recipe)
 
 
+def _norm_operand(recipe: Recipe, x: Tensor, events: dict | None) -> Tensor:
+    """A norm statistic's input quantized like a left operand, as a product's is (counted in
+    ``events["a"]``; flushed values put back when the recipe's or its Cast's ``flush`` is
+    off)."""
+    qx, ev = _quantize_counted(x, recipe.inputs, recipe, -1, events is not None)
+    if events is not None:
+        events["a"] = ev
+    return qx
+
+
 def _layernorm_parts(
     recipe: Recipe, x: Tensor, events: dict | None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Centred quantized input ``d``, per-row mean and sum of squares ``d . d`` under ``recipe``."""
-    qx, limit = quantize_operand(x, recipe.inputs, recipe, axis=-1,
-                                 with_limit=events is not None)
-    if events is not None:
-        events["a"] = operand_events(x, qx, limit)
+    qx = _norm_operand(recipe, x, events)
     mean = round_output(_row_dot(recipe, qx, torch.ones_like(qx)), recipe) / x.shape[-1]
     d = qx - mean[..., None]
     return d, mean, round_output(_row_dot(recipe, d, d, events), recipe)
@@ -484,10 +514,7 @@ def layernorm(
 def sum_squares(recipe: Recipe, x: Tensor, events: dict | None = None) -> Tensor:
     """Per-row ``x . x`` (RMSNorm's statistic times the row length) under ``recipe``: ``x``
     quantized like a left operand, the dot product accumulated and written as the recipe says."""
-    qx, limit = quantize_operand(x, recipe.inputs, recipe, axis=-1,
-                                 with_limit=events is not None)
-    if events is not None:
-        events["a"] = operand_events(x, qx, limit)
+    qx = _norm_operand(recipe, x, events)
     return round_output(_row_dot(recipe, qx, qx, events), recipe)
 
 
