@@ -240,7 +240,7 @@ def kernel_bits(t: Tensor) -> tuple[Any, int, int] | None:
             _inf_bits(t.dtype))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _inf_bits(dtype: torch.dtype) -> int:
     """The magnitude bits of inf in ``dtype`` (its largest finite value's + 1)."""
     return _magnitude(math.inf, dtype)
