@@ -90,3 +90,66 @@ def test_a_weight_is_scanned_again_after_it_changes():
     assert st.calls == 2
     assert st.amax == float(lin.weight.detach().abs().max())
     assert st.nonzero == 2 * (int(torch.count_nonzero(x)) + lin.weight.numel())
+
+
+def edge_values(dtype) -> torch.Tensor:
+    """Signed zeros, the least subnormal and normal, ones, the largest finite value and the next
+    values above it in float64, inf and NaN, of ``dtype``."""
+    fi = torch.finfo(dtype)
+    top = float(fi.max)
+    tiny = float(fi.smallest_normal)
+    sub = tiny * float(fi.eps)                  # the least subnormal (float64 and below)
+    vals = [0.0, -0.0, sub, -sub, tiny, -tiny, 1.0, -1.5, top, -top, math.inf, -math.inf,
+            math.nan, 3.0, 448.0, 464.0, -480.0, 1e-9]
+    return torch.tensor(vals, dtype=torch.float64).to(dtype)
+
+
+def by_numpy(x, q, limit):
+    """The counts' definition in NumPy float64, on the values (not the bits)."""
+    import numpy as np
+
+    xd, qd = x.double().numpy(), q.double().numpy()
+    lim = limit.double().numpy() if isinstance(limit, torch.Tensor) else limit
+    fx, fq = np.isfinite(xd), np.isfinite(qd)
+    with np.errstate(invalid="ignore"):
+        return {"elements": xd.size, "overflow": int((fx & ~fq).sum()),
+                "saturated": int((fx & fq & (np.abs(xd) >= lim)).sum()),
+                "flushed": int((fx & (xd != 0) & (qd == 0)).sum())}
+
+
+@pytest.mark.parametrize("numba", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_operand_counts_equal_numpy_on_edge_values(dtype, numba):
+    """operand_events' counts and operand_scan's amax and non-zeros, in the compiled pass over
+    the bits and without numba, equal NumPy's on the values: every edge value of the dtype
+    against quantizations that keep it, flush it, saturate it or overflow it, under scalar
+    limits at and between the dtype's values (a Python float, a 0-dim and a one-element tensor,
+    inf, 0) and a per-row tensor limit."""
+    import numpy as np
+
+    from fpsim.emulation.sites import operand_events
+
+    if numba and not jit.available():
+        pytest.skip("numba is not installed")
+    base = edge_values(dtype)
+    n = base.numel()
+    x = base.repeat(5).reshape(5, n)
+    g = torch.Generator().manual_seed(3)
+    fate = torch.randint(0, 5, x.shape, generator=g)
+    q = torch.where(fate == 1, 0.0, x)
+    q = torch.where(fate == 2, torch.tensor(math.inf, dtype=dtype), q)
+    q = torch.where(fate == 3, torch.tensor(math.nan, dtype=dtype), q)
+    q = torch.where(fate == 4, x.clamp(-448, 448), q)
+    limits = [448.0, 448.5, 464.0, float(torch.finfo(dtype).max), math.inf, 0.0, 1e-9,
+              torch.tensor(464.0, dtype=torch.float64), torch.full((1, 1), 3.0),
+              torch.tensor([[448.0], [1.0], [math.inf], [0.0], [1e300]], dtype=torch.float64)]
+    finite = np.isfinite(x.double().numpy())
+    want_scan = (float(np.abs(x.double().numpy()[finite]).max()),
+                 int((x.double().numpy() != 0).sum()))
+    with mock.patch.object(jit, "available", lambda: numba):
+        for limit in limits:
+            assert operand_events(x, q, limit) == by_numpy(x, q, limit), limit
+        assert intercept.operand_scan(x) == want_scan
+        assert intercept.operand_scan(x.t()) == want_scan          # strided
+    got = by_numpy(x, q, 448.0)
+    assert got["overflow"] and got["saturated"] and got["flushed"]

@@ -812,31 +812,81 @@ def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk, kind,
 
 
 # ----------------------------------------------------------------------------------------------
-# capture's error statistics (fpsim.emulation.intercept.error_energy)
+# capture's statistics (fpsim.emulation.intercept.error_energy and operand_scan,
+# fpsim.emulation.sites.operand_events)
 # ----------------------------------------------------------------------------------------------
+@njit(inline="always", **JIT_OPTIONS)
+def _energy_term(a, b):
+    """One result ``b`` against its reference ``a``: whether ``b`` is inf/NaN where ``a`` is
+    finite, and (0 unless both are finite) ``a * a`` and ``(b - a)^2``."""
+    fr, fy = abs(a) < np.inf, abs(b) < np.inf      # False for inf and NaN
+    ok = fr & fy
+    d = b - a
+    return fr & (not fy), a * a if ok else 0.0, d * d if ok else 0.0
+
+
 @njit(**JIT_OPTIONS)
 def error_energy(y, r):
     """Results ``y`` (float32 or float64) against the reference ``r`` (float64), both flat: the
     count of ``y`` inf/NaN where ``r`` is finite, and over the elements finite in both the sums
-    of ``r * r`` and ``(y - r)^2`` in float64, in one pass (eight running sums of each, added
-    in order at the end: the same on every machine)."""
+    of ``r * r`` and ``(y - r)^2`` in float64, in one pass (eight running sums of each, element
+    ``i`` into sum ``i % 8``, added in order at the end: the same on every machine).  Whole
+    groups of eight first (a fixed trip count, which LLVM unrolls), then the tail."""
     sig = np.zeros(8)
     noi = np.zeros(8)
     bad = 0
     n = y.size
-    for i0 in range(0, n, 8):
-        for q in range(min(8, n - i0)):
-            a = r[i0 + q]
-            b = np.float64(y[i0 + q])
-            fr, fy = abs(a) < np.inf, abs(b) < np.inf      # False for inf and NaN
-            ok = fr & fy
-            bad += fr & (not fy)
-            d = b - a
-            sig[q] += a * a if ok else 0.0
-            noi[q] += d * d if ok else 0.0
+    full = n - n % 8
+    for i0 in range(0, full, 8):
+        for q in range(8):
+            c, s, e = _energy_term(r[i0 + q], np.float64(y[i0 + q]))
+            bad += c
+            sig[q] += s
+            noi[q] += e
+    for q in range(n - full):
+        c, s, e = _energy_term(r[full + q], np.float64(y[full + q]))
+        bad += c
+        sig[q] += s
+        noi[q] += e
     s = 0.0
     e = 0.0
     for q in range(8):
         s += sig[q]
         e += noi[q]
     return bad, s, e
+
+
+@njit(**JIT_OPTIONS)
+def operand_scan(u, mag, inf):
+    """A floating operand's bits ``u`` (flat signed integers of its width; ``mag``: the mask
+    of the magnitude bits, ``inf``: the magnitude bits of inf) in one pass: the largest
+    magnitude bits of a finite element (0 if none: a finite magnitude orders as its bits) and
+    the count of non-zero elements (NaN and inf included, -0 not)."""
+    top = 0
+    nonzero = 0
+    for i in range(u.size):
+        m = u[i] & mag
+        nonzero += m != 0
+        top = max(top, m if m < inf else 0)
+    return top, nonzero
+
+
+@njit(**JIT_OPTIONS)
+def operand_events(u, v, mag, inf, limit):
+    """``fpsim.emulation.sites.operand_events`` on the bits ``u`` of an operand and ``v`` of
+    its quantization (flat, the same width; ``mag`` and ``inf`` as in ``operand_scan``;
+    ``limit``: the magnitude bits of the least value of the width at or above the scalar
+    limit) in one pass: the elements finite in ``u`` and inf/NaN in ``v`` (overflowed),
+    finite in both with ``|u|`` at the limit or above (saturated), and non-zero finite in
+    ``u`` but zero in ``v`` (flushed)."""
+    over = 0
+    saturated = 0
+    flushed = 0
+    for i in range(u.size):
+        a = u[i] & mag
+        b = v[i] & mag
+        fx, fq = a < inf, b < inf
+        over += fx & (not fq)
+        saturated += fx & fq & (a >= limit)
+        flushed += fx & (a != 0) & (b == 0)
+    return over, saturated, flushed

@@ -641,8 +641,10 @@ class Interceptor(TorchFunctionMode):
 
 
 def operand_scan(x: Tensor) -> tuple[float, int]:
-    """Largest finite magnitude of ``x`` (0.0 if none) and its count of non-zero elements: two
-    passes without temporaries (the inf-norm, ``count_nonzero``) when ``x`` is all finite.
+    """Largest finite magnitude of ``x`` (0.0 if none) and its count of non-zero elements: one
+    compiled pass over its bits (``fpsim.arith._jit_kernels.operand_scan``) on the CPU with
+    numba, else two passes without temporaries (the inf-norm, ``count_nonzero``) when ``x`` is
+    all finite.
 
     >>> operand_scan(torch.tensor([0.0, -3.0, 2.0, float("inf")]))
     (3.0, 3)
@@ -650,6 +652,10 @@ def operand_scan(x: Tensor) -> tuple[float, int]:
     x = x.detach()
     if not x.numel():
         return 0.0, 0
+    bits = sites.kernel_bits(x)
+    if bits is not None:
+        top, nonzero = jit._kernels().operand_scan(*bits)
+        return sites.bits_value(top, x.dtype), int(nonzero)
     m = float(torch.linalg.vector_norm(x, math.inf))      # max |x|; inf or NaN propagate
     if not math.isfinite(m):                               # inf or NaN among them
         fin = x[torch.isfinite(x)]

@@ -19,6 +19,7 @@ torch; ``import fpsim`` does not import it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import mx
+from ..arith import jit
 from ..arith import matmul as emulated_matmul
 from ..convert import quantize
 from ..formats import Format, get_format
@@ -216,6 +218,18 @@ def operand_events(x: Tensor, q: Tensor, limit: Any) -> dict[str, int]:
 
     Saturated: ``q`` finite although ``|x|`` reached ``limit`` (see ``quantize_operand``).
     """
+    if (isinstance(limit, (int, float)) or limit.numel() == 1) and x.is_floating_point() \
+            and x.element_size() in (2, 4, 8):
+        # the least value of x's dtype at or above the limit: |x| >= it, compared in x's
+        # dtype (as torch compares a scalar), exactly when |x| >= limit
+        bits = limit_bits(float(limit), x.dtype)
+        limit = bits_value(bits, x.dtype)
+        u, v = kernel_bits(x), kernel_bits(q)
+        if u is not None and v is not None and x.shape == q.shape and x.dtype == q.dtype:
+            over, saturated, flushed = jit._kernels().operand_events(u[0], v[0], u[1], u[2],
+                                                                     bits)
+            return {"elements": x.numel(), "overflow": int(over),
+                    "saturated": int(saturated), "flushed": int(flushed)}   # one pass
     lim = limit if isinstance(limit, (int, float)) else float(limit.min()) if limit.numel() \
         else math.inf
     if x.numel() and finite_below(x, lim) and finite_below(q, math.inf):
@@ -231,6 +245,54 @@ def operand_events(x: Tensor, q: Tensor, limit: Any) -> dict[str, int]:
         "saturated": int((fx & fq & (x.abs() >= limit)).sum()),
         "flushed": int((fx & (x != 0) & (q == 0)).sum()),
     }
+
+
+def kernel_bits(t: Tensor) -> tuple[Any, int, int] | None:
+    """``t``'s bits as the compiled capture kernels read them (``_jit_kernels.operand_scan``
+    and ``operand_events``): a flat NumPy array of signed integers of its width, the mask of
+    its magnitude bits and the magnitude bits of inf; None where they do not run (no numba,
+    not on the CPU, not a real floating dtype of 2, 4 or 8 bytes).
+
+    >>> kernel_bits(torch.tensor([-1.0]))[0].tolist() if jit.available() else [-1082130432]
+    [-1082130432]
+    """
+    if t.device.type != "cpu" or not t.is_floating_point() or t.element_size() not in (2, 4, 8) \
+            or not jit.available():
+        return None
+    return (_bits(t.detach()).reshape(-1).numpy(), (1 << (8 * t.element_size() - 1)) - 1,
+            _inf_bits(t.dtype))
+
+
+@functools.cache
+def _inf_bits(dtype: torch.dtype) -> int:
+    """The magnitude bits of inf in ``dtype`` (its largest finite value's + 1)."""
+    return _magnitude(math.inf, dtype)
+
+
+def _magnitude(x: float, dtype: torch.dtype) -> int:
+    """The magnitude bits of ``x`` (non-negative) rounded to nearest in ``dtype``."""
+    return int(_bits(torch.tensor([x], dtype=torch.float64).to(dtype))[0])
+
+
+def limit_bits(limit: float, dtype: torch.dtype) -> int:
+    """The magnitude bits of the least value of ``dtype`` at or above ``limit`` (>= 0): a
+    finite ``x`` has ``|x| >= limit`` exactly when its magnitude bits reach them (inf's bits
+    when no finite value of ``dtype`` does).
+
+    >>> limit_bits(448.0, torch.float16), limit_bits(448.1, torch.float16)
+    (24320, 24321)
+    """
+    bits = _magnitude(limit, dtype)
+    return bits + 1 if bits_value(bits, dtype) < limit else bits
+
+
+def bits_value(bits: int, dtype: torch.dtype) -> float:
+    """The value of ``dtype`` whose bits are ``bits`` (``kernel_bits``' width).
+
+    >>> bits_value(0x3F800000, torch.float32)
+    1.0
+    """
+    return float(torch.tensor([bits]).to(_WIDTH[dtype.itemsize]).view(dtype)[0])
 
 
 def finite_below(t: Tensor, limit: float) -> bool:
@@ -287,10 +349,12 @@ class Recent(dict):
             del self[next(iter(self))]
 
 
+_WIDTH = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+
+
 def _bits(t: Tensor) -> Tensor:
     """``t``'s bits as integers (-0.0 and 0.0 differ, a NaN equals itself)."""
-    return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[
-        t.element_size()])
+    return t.view(_WIDTH[t.element_size()])
 
 
 def _operands(
