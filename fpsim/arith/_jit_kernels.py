@@ -709,6 +709,29 @@ def _cdna3_group(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, ps, u0, u1, 
 
 
 @njit(inline="always", **JIT_OPTIONS)
+def _merge_halves(t0, t1, v0, v1, n, f):
+    """The even and odd halves' cut sums brought to the larger of their exponents and added
+    (into ``t0``, ``v0``)."""
+    for j in range(n):
+        top = max(t0[j], t1[j])
+        t0[j] = top
+        v0[j] = _floor_to(v0[j], top, f) + _floor_to(v1[j], top, f)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _with_c(c, top_sum, v, emin, halves, sum_bits, c_bits):
+    """CDNA3: the products' cut sum ``v`` (exponent ``top_sum``) and C, each cut toward -inf
+    below the larger exponent (``sum_bits`` and ``c_bits`` bits), added; with ``halves`` a C
+    more than 25 binades below is dropped."""
+    ec = _exponent(c, emin)
+    top = max(top_sum, ec)
+    cc = _floor_to(c, top, c_bits)
+    if halves and ec < top - 25:
+        cc = 0.0
+    return (_floor_to(v, top, sum_bits) + cc) + 0.0
+
+
+@njit(inline="always", **JIT_OPTIONS)
 def _tame_half(A, EA, Bm, EB, k0, k1, step, j0, n, tops, up, v, f):
     """``_half`` with cut 0 on products known finite: the scale 2^(f - top) once per column
     (``up``), and with ``step`` 1 on a multiple of four products four at a time."""
@@ -745,20 +768,12 @@ def _cdna3_tame(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, u0, u1, f, ha
     if halves:
         _tame_half(A, EA, Bm, EB, k0, k1, 2, j0, n, t0, u0, v0, f)
         _tame_half(A, EA, Bm, EB, k0 + 1, k1, 2, j0, n, t1, u1, v1, f)
-        for j in range(n):
-            top = max(t0[j], t1[j])
-            t0[j] = top
-            v0[j] = _floor_to(v0[j], top, f) + _floor_to(v1[j], top, f)
+        _merge_halves(t0, t1, v0, v1, n, f)
     else:
         _tame_half(A, EA, Bm, EB, k0, k1, 1, j0, n, t0, u0, v0, f)
     for j in range(n):
-        c = acc[j]
-        ec = _exponent(c, emin)
-        top = max(t0[j], ec)
-        cc = _floor_to(c, top, c_bits)
-        if halves and ec < top - 25:
-            cc = 0.0
-        acc[j] = _result((_floor_to(v0[j], top, sum_bits) + cc) + 0.0, spec, to)
+        acc[j] = _result(_with_c(acc[j], t0[j], v0[j], emin, halves, sum_bits, c_bits), spec,
+                         to)
 
 
 @njit(inline="always", **JIT_OPTIONS)
@@ -775,10 +790,7 @@ def _cdna3_sums(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, ps, f, cut, h
                 v1[j] = 0.0
         else:
             _half(A, EA, Bm, EB, k0 + 1, k1, 2, j0, n, t1, v1, f, cut)
-        for j in range(n):
-            top = max(t0[j], t1[j])
-            t0[j] = top
-            v0[j] = _floor_to(v0[j], top, f) + _floor_to(v1[j], top, f)
+        _merge_halves(t0, t1, v0, v1, n, f)
     else:
         _half(A, EA, Bm, EB, k0, k1, 1, j0, n, t0, v0, f, cut)
     for j in range(n):              # the products' sum; flags: a product >= 2^128 (1), <= (2)
@@ -799,12 +811,7 @@ def _cdna3_sums(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, ps, f, cut, h
             ps[j] += _product(A[k0], Bm[k0, j0 + j], True) * 0
     for j in range(n):
         c = acc[j]
-        ec = _exponent(c, emin)
-        top = max(t0[j], ec)
-        cc = _floor_to(c, top, c_bits)
-        if halves and ec < top - 25:
-            cc = 0.0
-        t = (_floor_to(v0[j], top, sum_bits) + cc) + 0.0
+        t = _with_c(c, t0[j], v0[j], emin, halves, sum_bits, c_bits)
         flags = t1[j]
         if flags == 3:
             t = np.nan
