@@ -459,6 +459,13 @@ def _truncated(s, f):
     return _float(b & ~((1 << drop) - 1))
 
 
+@njit(**JIT_OPTIONS)
+def _rounded_call(s, f):
+    """``_rounded`` compiled once and called, not inlined: the tensor-core kernels' rare modes
+    (no preset needs it), kept out of their many inlined ``_result`` (compile time)."""
+    return _rounded(s, f)
+
+
 @njit(inline="always", **JIT_OPTIONS)
 def _result(s, f, to):
     """``s`` rounded to the format of ``f``: ``to`` 1 to nearest even by the magic constant
@@ -467,7 +474,7 @@ def _result(s, f, to):
         return _nearest(s, f)
     if to == 2:
         return _truncated(s, f)
-    return _rounded(s, f)
+    return _rounded_call(s, f)
 
 
 @njit(**JIT_OPTIONS)
@@ -621,7 +628,7 @@ def _nv_result(c, s, up, top, f, beyond, spec, to):
     return v + 0.0                             # a zero result is +0
 
 
-@njit(inline="always", **JIT_OPTIONS)
+@njit(**JIT_OPTIONS)
 def _fused_group(acc, A, EA, Bm, EB, k0, k1, j0, n, tops, up, s, ps, finite, sums, f, run,
                  cut, align, emin, beyond, spec, rdown, to):
     """GroupStep._step: products and (``align``) C aligned to the largest exponent, cut, summed
@@ -685,7 +692,7 @@ def _half(A, EA, Bm, EB, k0, k1, step, j0, n, tops, v, f, cut):
         v[j] *= _pow2(tops[j] - f)
 
 
-@njit(inline="always", **JIT_OPTIONS)
+@njit(**JIT_OPTIONS)
 def _cdna3_group(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, ps, u0, u1, f, cut, halves,
                  sum_bits, c_bits, emin, spec, to, tame):
     """GroupStep._cdna3_step: the products fused (with ``halves``: even and odd apart), their
@@ -888,7 +895,7 @@ def _tree_tame(acc, A, Bm, k0, j0, n, group, low, flush, spec, to):
         acc[j] = _onto_c(acc[j], _tree_add(g0, g1, low, spec, to), low, flush, spec, to)
 
 
-@njit(inline="always", **JIT_OPTIONS)
+@njit(**JIT_OPTIONS)
 def _tree_group(acc, A, Bm, k0, k1, j0, n, group, tree, buf, flush, tiny, spec, to, tame):
     """GroupStep._tree_step: products rounded (``tree`` rows (leaf, slot, other): a leaf puts
     product slot + k0 in ``buf[slot]``; else buf[slot] = round(buf[slot] + buf[other])), the

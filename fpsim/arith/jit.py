@@ -137,6 +137,13 @@ def _spec(fmt: Format, rounding: str) -> tuple:
             math.ldexp(1.0, fmt.emin - m))
 
 
+def _arg(x: np.ndarray, dtype: type) -> np.ndarray:
+    """``x`` as a kernel argument: C-contiguous, of ``dtype`` and writeable (a copy where it is
+    not), so that one compiled specialisation serves every caller (numba compiles a kernel
+    again for each array type, read-only ones included: minutes for the tensor-core one)."""
+    return np.require(x, dtype, ["C", "W"])
+
+
 def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.ndarray,
         idx_b: np.ndarray, init: np.ndarray | None, emins: tuple[int, int] = (-1022, -1022),
         exps: tuple[np.ndarray, np.ndarray] | None = None,
@@ -148,13 +155,12 @@ def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.nda
     exponents clamped at ``emins`` (tensor_core.exponents), or ``exps`` when given (block
     scales: integers shaped like ``a3`` and ``b3``)."""
     kern = _kernels()
-    a3 = np.ascontiguousarray(a3, dtype=np.float64)
-    b3 = np.ascontiguousarray(b3, dtype=np.float64)
-    ia, ib = (np.ascontiguousarray(i, dtype=np.int64) for i in (idx_a, idx_b))
+    a3, b3 = _arg(a3, np.float64), _arg(b3, np.float64)
+    ia, ib = _arg(idx_a, np.int64), _arg(idx_b, np.int64)
     B, (M, K, N) = len(ia), (a3.shape[1], a3.shape[2], b3.shape[2])
     out = np.empty((B, M, N))
     has_init = init is not None
-    c = (np.ascontiguousarray(init, dtype=np.float64) if has_init else np.zeros((1, 1, 1)))
+    c = _arg(init, np.float64) if has_init else np.zeros((1, 1, 1))
     shape = (B, M, N) if want_stats else (1, 1, 1)
     sw, pk = np.zeros(shape, np.int64), np.zeros(shape)
     stats = (sw, np.zeros(shape, np.int64), pk) if want_stats else ()
@@ -250,7 +256,7 @@ def _tensor_core_args(model: TensorCoreModel, chunk: int | None, prod: Profile, 
                       ib: np.ndarray, c: np.ndarray, has_init: bool, out: np.ndarray) -> tuple:
     """The arguments of ``_jit_kernels.tensor_core`` for ``model`` on products of profile
     ``prod`` (less the row blocks)."""
-    ea3, eb3 = (np.ascontiguousarray(e, dtype=np.int64) for e in exps)
+    ea3, eb3 = (_arg(e, np.int64) for e in exps)
     if model.flush_subnormals:           # CDNA2: subnormal operands are +0
         a3, b3 = (np.where(abs(x) < _pow2(Lanes(F64), e), 0.0, x) for x, e in ((a3, ea3),
                                                                                (b3, eb3)))
