@@ -319,6 +319,14 @@ MUTANTS = [
     Mutant("jit-tame-beyond", "the compiled engine takes products beyond the result format as "
            "tame", "tame = finite and prod.fits(fmt) and (prod.empty or prod.low >= fmt.emin)",
            "tame = finite and (prod.empty or prod.low >= fmt.emin)", JIT_TAME),
+    Mutant("jit-tc-rounded-call", "the compiled tensor-core kernel rounds the results of "
+           "modes other than its presets' to nearest even", "return _rounded(s, f)",
+           "return _nearest(s, f)", JIT_TC),
+    Mutant("jit-arg-read-only", "the compiled engine passes read-only arrays on as they are "
+           "(numba compiles each kernel again for them)",
+           'return np.require(x, dtype, ["C", "W"])', 'return np.require(x, dtype, ["C"])',
+           ["tests/test_jit_matmul.py::"
+            "test_read_only_and_broadcast_operands_share_one_compiled_kernel"]),
     Mutant("capture-scan-stale", "capture keeps a weight's amax after an in-place update",
            "if found is None or found[0] != x._version:         # in-place updates bump it",
            "if found is None:", CAPTURE_STATS),

@@ -563,3 +563,17 @@ def test_tensor_core_fast_paths_and_their_limits(name):
         a[:, 1], b[:, 1] = 2.0 ** 70 * signs, 2.0 ** 70
         got = assert_same(a, b, **kw)
         assert np.isnan(got[:, 1, 1]).all() or "hopper" in name
+
+
+def test_read_only_and_broadcast_operands_share_one_compiled_kernel():
+    """Read-only operands and C, a 2-D product (its batch index a read-only view) and a
+    broadcast batch (its index a copy) reach a kernel as one set of array types (jit._arg):
+    numba compiles it once, not again for each array flag (a tensor-core kernel's
+    specialisation costs tens of seconds)."""
+    rng = np.random.default_rng(3)
+    a, b, c = (operands("fp16", s, rng) for s in ((4, 6), (6, 5), (4, 5)))
+    for x in (a, b, c):
+        x.flags.writeable = False
+    assert_same(a, b, accum="fp16", c=c)
+    assert_same(np.stack([a, a]), np.broadcast_to(b, (3, 1, 6, 5)), accum="fp16")
+    assert len(jit._kernels().sequential.signatures) == 1
