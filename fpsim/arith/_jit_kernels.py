@@ -429,6 +429,10 @@ def pairwise(a3, b3, ia, ib, c, has_init, out, identity, finite, fast1, fast, rd
 # ----------------------------------------------------------------------------------------------
 # tensor-core models (fpsim.arith.tensor_core's GroupStep, scalar by scalar)
 # ----------------------------------------------------------------------------------------------
+# Compile time: the group structures (``_fused_group``, ``_cdna3_group``, ``_tree_group``) and
+# ``_rounded_call`` are functions of their own, called by ``tensor_core``, not inlined into it
+# (numba's inlining copies a callee's IR into each call site: one kernel with all of them
+# inlined took 2.5 to 5 minutes of CPU to compile, these four apart about one minute).
 TC_COLS = 256       # output columns of a tensor-core block: a group of b rows stays in L1
 FUSED, CDNA3, TREE = 0, 1, 2          # GroupStep's structures the kernel runs
 _LOW = -(1 << 30)   # below every exponent

@@ -140,7 +140,8 @@ def _spec(fmt: Format, rounding: str) -> tuple:
 def _arg(x: np.ndarray, dtype: type) -> np.ndarray:
     """``x`` as a kernel argument: C-contiguous, of ``dtype`` and writeable (a copy where it is
     not), so that one compiled specialisation serves every caller (numba compiles a kernel
-    again for each array type, read-only ones included: minutes for the tensor-core one)."""
+    again for each array type, read-only ones included: about a minute of CPU for the
+    tensor-core one)."""
     return np.require(x, dtype, ["C", "W"])
 
 
