@@ -557,6 +557,15 @@ def test_tensor_core_fast_paths_and_their_limits(name):
     kw = dict(order="tensor_core", tensor_core=name)
     assert_same(a, b, **kw)
     assert_same(a, b, c=operands(fmt, (6, 9), rng), **kw)
+    # a row of two products in one CDNA3 FP8 half (even k): 2^16 and -2^-12, 28 binades below
+    # (a fraction of a unit when aligned): cut toward zero it is gone, toward -inf it is one
+    # unit, which FP32 holds just below 2^16
+    a2, b2 = a.copy(), b.copy()
+    a2[:, 0] = 0.0
+    a2[:, 0, 2], b2[2] = 256.0, 256.0
+    a2[:, 0, 4], b2[4] = -(2.0 ** -6), 2.0 ** -6
+    got = assert_same(a2, b2, **kw)
+    assert (got[:, 0] == 2.0 ** 16).all() or name == "hopper_fp8_f16"     # FP16: inf
     if fmt == "bf16":
         signs = (-1.0) ** np.arange(16)
         a[:, 0], b[:, 0] = 2.0 ** -70, 2.0 ** -70
