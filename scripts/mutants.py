@@ -48,6 +48,7 @@ JIT = ["tests/test_jit_matmul.py"]
 JIT_TC = ["tests/test_jit_matmul.py::test_tensor_core_models_random_and_edge_operands",
           "tests/test_jit_matmul.py::test_statistics_of_the_compiled_engine",
           "tests/test_jit_matmul.py::test_tensor_core_accumulator_overflow_with_finite_operands"]
+JIT_TAME = ["tests/test_jit_matmul.py::test_tensor_core_fast_paths_and_their_limits"]
 SR_BITS = ["tests/test_stochastic_bits.py"]
 CAPTURE_STATS = ["tests/test_capture_stats.py"]
 SR_MATMUL = ["tests/test_matmul_random_bits.py"]
@@ -298,6 +299,41 @@ MUTANTS = [
     Mutant("jit-tc-stats-sums", "the compiled fused groups' statistics leave the products' "
            "sum at zero on finite operands", "if finite and cut == 0 and sums:",
            "if finite and cut == 0 and sums and not finite:", JIT_TC),
+    Mutant("jit-tc-fours-unaligned-c", "the compiled tensor-core kernel's four-at-a-time "
+           "groups leave C out of the alignment", "tops[j] = _exponent(c, emin)",
+           "tops[j] = _LOW", JIT_TC),
+    Mutant("jit-tc-raise4-three", "the compiled tensor-core kernel's four-at-a-time exponents "
+           "skip the fourth product",
+           "tops[j] = max(max(tops[j], max(e0 + r0[j], e1 + r1[j])), "
+           "max(e2 + r2[j], e3 + r3[j]))",
+           "tops[j] = max(max(tops[j], max(e0 + r0[j], e1 + r1[j])), e2 + r2[j])", JIT_TC),
+    Mutant("jit-tc-cut4-floor", "the compiled tensor-core kernel's four-at-a-time groups cut "
+           "one product toward -inf",
+           "s[j] += ((np.trunc(x0 * r0[j] * u) + np.trunc(x1 * r1[j] * u))",
+           "s[j] += ((np.floor(x0 * r0[j] * u) + np.trunc(x1 * r1[j] * u))", JIT_TC),
+    Mutant("jit-tc-tame-half-floor", "the compiled CDNA3 halves cut tame products toward -inf",
+           "v[j] += np.trunc(x * brow[j] * up[j])", "v[j] += np.floor(x * brow[j] * up[j])",
+           JIT_TC + JIT_TAME),
+    Mutant("jit-tc-tame-halves-fours", "the compiled CDNA3 halves take four consecutive "
+           "products as one run", "fours = step == 1 and (k1 - k0) % 4 == 0",
+           "fours = (k1 - k0) % 4 == 0", JIT_TC + JIT_TAME),
+    Mutant("jit-tc-tree-tame-two", "the compiled FMA trees of four tame products add only two",
+           "if group == 2:", "if group <= 4:", JIT_TC + JIT_TAME),
+    Mutant("jit-tame-flushed", "the compiled engine takes products below the result's least "
+           "normal as tame (CDNA2 flushes them)",
+           "tame = finite and prod.fits(fmt) and (prod.empty or prod.low >= fmt.emin)",
+           "tame = finite and prod.fits(fmt)", JIT_TAME),
+    Mutant("jit-tame-beyond", "the compiled engine takes products beyond the result format as "
+           "tame", "tame = finite and prod.fits(fmt) and (prod.empty or prod.low >= fmt.emin)",
+           "tame = finite and (prod.empty or prod.low >= fmt.emin)", JIT_TAME),
+    Mutant("jit-tc-rounded-call", "the compiled tensor-core kernel rounds the results of "
+           "modes other than its presets' to nearest even", "return _rounded(s, f)",
+           "return _nearest(s, f)", JIT_TC),
+    Mutant("jit-arg-read-only", "the compiled engine passes read-only arrays on as they are "
+           "(numba compiles each kernel again for them)",
+           'return np.require(x, dtype, ["C", "W"])', 'return np.require(x, dtype, ["C"])',
+           ["tests/test_jit_matmul.py::"
+            "test_read_only_and_broadcast_operands_share_one_compiled_kernel"]),
     Mutant("capture-scan-stale", "capture keeps a weight's amax after an in-place update",
            "if found is None or found[0] != x._version:         # in-place updates bump it",
            "if found is None:", CAPTURE_STATS),

@@ -540,3 +540,49 @@ def test_tensor_core_accumulator_overflow_with_finite_operands():
     for name in ("hopper_tf32", "cdna3_xf32", "cdna1_fp32", "ampere_fp16_f16"):
         got = assert_same(a, b, order="tensor_core", tensor_core=name)
         assert np.isinf(got).all() or name == "ampere_fp16_f16"
+
+
+@pytest.mark.parametrize("name", ["cdna1_bf16", "cdna2_bf16", "cdna1_fp16", "cdna3_bf16_k4",
+                                  "cdna3_fp8", "hopper_bf16", "hopper_fp8_f16"])
+def test_tensor_core_fast_paths_and_their_limits(name):
+    """Finite operands take the kernels' fast paths (products aligned and cut four at a time;
+    FMA trees and CDNA3 sums that neither round nor flag the products) only while every
+    product is a normal value of the result format: a row of products below FP32's least
+    normal (which CDNA2 flushes) and one of products beyond its largest, of both signs (inf
+    and -inf, so NaN), take the general loops.  Each gives the NumPy engine's codes."""
+    fmt = "e4m3" if "fp8" in name else ("fp16" if "fp16" in name else "bf16")
+    rng = np.random.default_rng(7)
+    a = operands(fmt, (2, 6, 16), rng, spread=3)
+    b = operands(fmt, (16, 9), rng, spread=3)
+    kw = dict(order="tensor_core", tensor_core=name)
+    assert_same(a, b, **kw)
+    assert_same(a, b, c=operands(fmt, (6, 9), rng), **kw)
+    # a row of two products in one CDNA3 FP8 half (even k): 2^16 and -2^-12, 28 binades below
+    # (a fraction of a unit when aligned): cut toward zero it is gone, toward -inf it is one
+    # unit, which FP32 holds just below 2^16
+    a2, b2 = a.copy(), b.copy()
+    a2[:, 0] = 0.0
+    a2[:, 0, 2], b2[2] = 256.0, 256.0
+    a2[:, 0, 4], b2[4] = -(2.0 ** -6), 2.0 ** -6
+    got = assert_same(a2, b2, **kw)
+    assert (got[:, 0] == 2.0 ** 16).all() or name == "hopper_fp8_f16"     # FP16: inf
+    if fmt == "bf16":
+        signs = (-1.0) ** np.arange(16)
+        a[:, 0], b[:, 0] = 2.0 ** -70, 2.0 ** -70
+        a[:, 1], b[:, 1] = 2.0 ** 70 * signs, 2.0 ** 70
+        got = assert_same(a, b, **kw)
+        assert np.isnan(got[:, 1, 1]).all() or "hopper" in name
+
+
+def test_read_only_and_broadcast_operands_share_one_compiled_kernel():
+    """Read-only operands and C, a 2-D product (its batch index a read-only view) and a
+    broadcast batch (its index a copy) reach a kernel as one set of array types (jit._arg):
+    numba compiles it once, not again for each array flag (a tensor-core kernel's
+    specialisation costs tens of seconds)."""
+    rng = np.random.default_rng(3)
+    a, b, c = (operands("fp16", s, rng) for s in ((4, 6), (6, 5), (4, 5)))
+    for x in (a, b, c):
+        x.flags.writeable = False
+    assert_same(a, b, accum="fp16", c=c)
+    assert_same(np.stack([a, a]), np.broadcast_to(b, (3, 1, 6, 5)), accum="fp16")
+    assert len(jit._kernels().sequential.signatures) == 1

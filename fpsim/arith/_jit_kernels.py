@@ -429,6 +429,10 @@ def pairwise(a3, b3, ia, ib, c, has_init, out, identity, finite, fast1, fast, rd
 # ----------------------------------------------------------------------------------------------
 # tensor-core models (fpsim.arith.tensor_core's GroupStep, scalar by scalar)
 # ----------------------------------------------------------------------------------------------
+# Compile time: the group structures (``_fused_group``, ``_cdna3_group``, ``_tree_group``) and
+# ``_rounded_call`` are functions of their own, called by ``tensor_core``, not inlined into it
+# (numba's inlining copies a callee's IR into each call site: one kernel with all of them
+# inlined took 2.5 to 5 minutes of CPU to compile, these four apart about one minute).
 TC_COLS = 256       # output columns of a tensor-core block: a group of b rows stays in L1
 FUSED, CDNA3, TREE = 0, 1, 2          # GroupStep's structures the kernel runs
 _LOW = -(1 << 30)   # below every exponent
@@ -459,6 +463,13 @@ def _truncated(s, f):
     return _float(b & ~((1 << drop) - 1))
 
 
+@njit(**JIT_OPTIONS)
+def _rounded_call(s, f):
+    """``_rounded`` compiled once and called, not inlined: the tensor-core kernels' rare modes
+    (no preset needs it), kept out of their many inlined ``_result`` (compile time)."""
+    return _rounded(s, f)
+
+
 @njit(inline="always", **JIT_OPTIONS)
 def _result(s, f, to):
     """``s`` rounded to the format of ``f``: ``to`` 1 to nearest even by the magic constant
@@ -467,7 +478,7 @@ def _result(s, f, to):
         return _nearest(s, f)
     if to == 2:
         return _truncated(s, f)
-    return _rounded(s, f)
+    return _rounded_call(s, f)
 
 
 @njit(**JIT_OPTIONS)
@@ -517,6 +528,49 @@ def _raise_to(EA, EB, k0, k1, step, j0, n, tops):
         erow = EB[k, j0:j0 + n]
         for j in range(n):
             tops[j] = max(tops[j], e + erow[j])
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _raise4(EA, EB, k, j0, n, tops):
+    """``_raise_to`` over the four products k..k+3 in one pass over the columns (``tops`` read
+    and written once, not four times)."""
+    e0, e1, e2, e3 = EA[k], EA[k + 1], EA[k + 2], EA[k + 3]
+    r0, r1 = EB[k, j0:j0 + n], EB[k + 1, j0:j0 + n]
+    r2, r3 = EB[k + 2, j0:j0 + n], EB[k + 3, j0:j0 + n]
+    for j in range(n):
+        tops[j] = max(max(tops[j], max(e0 + r0[j], e1 + r1[j])), max(e2 + r2[j], e3 + r3[j]))
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _cut4(A, Bm, k, j0, n, up, s):
+    """s[j] += the four finite products k..k+3 times ``up[j]``, each cut toward zero, in one
+    pass (the integers' float64 sum is exact, so their order does not matter)."""
+    x0, x1, x2, x3 = A[k], A[k + 1], A[k + 2], A[k + 3]
+    r0, r1 = Bm[k, j0:j0 + n], Bm[k + 1, j0:j0 + n]
+    r2, r3 = Bm[k + 2, j0:j0 + n], Bm[k + 3, j0:j0 + n]
+    for j in range(n):
+        u = up[j]
+        s[j] += ((np.trunc(x0 * r0[j] * u) + np.trunc(x1 * r1[j] * u))
+                 + (np.trunc(x2 * r2[j] * u) + np.trunc(x3 * r3[j] * u)))
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _nv_fours(acc, A, EA, Bm, EB, k0, k1, j0, n, tops, up, s, f, emin, beyond, spec, to):
+    """``_fused_group`` for NVIDIA's common case (finite operands, C aligned, terms cut toward
+    zero, no statistics) on a group of a multiple of four products: the exponents and the cut
+    products four at a time (``_raise4``, ``_cut4``), ``to`` a constant at each call."""
+    for j in range(n):
+        c = acc[j]
+        tops[j] = _exponent(c, emin)
+    for k in range(k0, k1, 4):
+        _raise4(EA, EB, k, j0, n, tops)
+    for j in range(n):
+        up[j] = _pow2(f - tops[j])
+        s[j] = 0.0
+    for k in range(k0, k1, 4):
+        _cut4(A, Bm, k, j0, n, up, s)
+    for j in range(n):
+        acc[j] = _nv_result(acc[j], s[j], up[j], tops[j], f, beyond, spec, to)
 
 
 @njit(inline="always", **JIT_OPTIONS)
@@ -578,12 +632,19 @@ def _nv_result(c, s, up, top, f, beyond, spec, to):
     return v + 0.0                             # a zero result is +0
 
 
-@njit(inline="always", **JIT_OPTIONS)
+@njit(**JIT_OPTIONS)
 def _fused_group(acc, A, EA, Bm, EB, k0, k1, j0, n, tops, up, s, ps, finite, sums, f, run,
                  cut, align, emin, beyond, spec, rdown, to):
     """GroupStep._step: products and (``align``) C aligned to the largest exponent, cut, summed
     exactly, rounded to the result (or, unaligned, added to C with one rounding); ``sums``:
     the products' float64 sum in ``ps`` too (``_cut_sum``)."""
+    if finite and align and cut == 0 and run == 1 and not sums and (k1 - k0) % 4 == 0:
+        if to == 2:                                         # NVIDIA's FP32 and E8M13 results
+            _nv_fours(acc, A, EA, Bm, EB, k0, k1, j0, n, tops, up, s, f, emin, beyond, spec, 2)
+            return
+        if to == 1:                                         # and its FP16 results
+            _nv_fours(acc, A, EA, Bm, EB, k0, k1, j0, n, tops, up, s, f, emin, beyond, spec, 1)
+            return
     _align(acc, EA, EB, k0, k1, run, j0, n, tops, emin, align)
     for j in range(n):
         up[j] = _pow2(f - tops[j])
@@ -635,18 +696,95 @@ def _half(A, EA, Bm, EB, k0, k1, step, j0, n, tops, v, f, cut):
         v[j] *= _pow2(tops[j] - f)
 
 
-@njit(inline="always", **JIT_OPTIONS)
-def _cdna3_group(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, ps, f, cut, halves,
-                 sum_bits, c_bits, emin, spec, to):
+@njit(**JIT_OPTIONS)
+def _cdna3_group(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, ps, u0, u1, f, cut, halves,
+                 sum_bits, c_bits, emin, spec, to, tame):
     """GroupStep._cdna3_step: the products fused (with ``halves``: even and odd apart), their
     sum and C cut toward -inf below the larger exponent, added, rounded (the presets' cut and
-    rounding as constants, so that the loops compile without a branch)."""
+    rounding as constants, so that the loops compile without a branch); ``tame`` (the
+    kernel's): ``_cdna3_tame``."""
+    if tame and cut == 0 and (not halves or (k1 - k0) % 2 == 0):
+        if to & 1:
+            _cdna3_tame(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, u0, u1, f, halves,
+                        sum_bits, c_bits, emin, spec, 1)
+        else:
+            _cdna3_tame(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, u0, u1, f, halves,
+                        sum_bits, c_bits, emin, spec, 0)
+        return
     if cut == 0 and to & 1:
         _cdna3_sums(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, ps, f, 0, halves,
                     sum_bits, c_bits, emin, spec, 1)
     else:
         _cdna3_sums(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, ps, f, cut, halves,
                     sum_bits, c_bits, emin, spec, to & 1)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _merge_halves(t0, t1, v0, v1, n, f):
+    """The even and odd halves' cut sums brought to the larger of their exponents and added
+    (into ``t0``, ``v0``)."""
+    for j in range(n):
+        top = max(t0[j], t1[j])
+        t0[j] = top
+        v0[j] = _floor_to(v0[j], top, f) + _floor_to(v1[j], top, f)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _with_c(c, top_sum, v, emin, halves, sum_bits, c_bits):
+    """CDNA3: the products' cut sum ``v`` (exponent ``top_sum``) and C, each cut toward -inf
+    below the larger exponent (``sum_bits`` and ``c_bits`` bits), added; with ``halves`` a C
+    more than 25 binades below is dropped."""
+    ec = _exponent(c, emin)
+    top = max(top_sum, ec)
+    cc = _floor_to(c, top, c_bits)
+    if halves and ec < top - 25:
+        cc = 0.0
+    return (_floor_to(v, top, sum_bits) + cc) + 0.0
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _tame_half(A, EA, Bm, EB, k0, k1, step, j0, n, tops, up, v, f):
+    """``_half`` with cut 0 on products known finite: the scale 2^(f - top) once per column
+    (``up``), and with ``step`` 1 on a multiple of four products four at a time."""
+    fours = step == 1 and (k1 - k0) % 4 == 0
+    for j in range(n):
+        tops[j] = _LOW
+    if fours:
+        for k in range(k0, k1, 4):
+            _raise4(EA, EB, k, j0, n, tops)
+    else:
+        _raise_to(EA, EB, k0, k1, step, j0, n, tops)
+    for j in range(n):
+        up[j] = _pow2(f - tops[j])
+        v[j] = 0.0
+    if fours:
+        for k in range(k0, k1, 4):
+            _cut4(A, Bm, k, j0, n, up, v)
+    else:
+        for k in range(k0, k1, step):
+            x = A[k]
+            brow = Bm[k, j0:j0 + n]
+            for j in range(n):
+                v[j] += np.trunc(x * brow[j] * up[j])
+    for j in range(n):
+        v[j] *= _pow2(tops[j] - f)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _cdna3_tame(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, u0, u1, f, halves,
+                sum_bits, c_bits, emin, spec, to):
+    """``_cdna3_sums`` with cut 0 where the products are tame (finite, below 2^128: no flags
+    to raise; an inf or NaN C comes through its cut as itself, the result before rounding)
+    and, with ``halves``, both halves hold products."""
+    if halves:
+        _tame_half(A, EA, Bm, EB, k0, k1, 2, j0, n, t0, u0, v0, f)
+        _tame_half(A, EA, Bm, EB, k0 + 1, k1, 2, j0, n, t1, u1, v1, f)
+        _merge_halves(t0, t1, v0, v1, n, f)
+    else:
+        _tame_half(A, EA, Bm, EB, k0, k1, 1, j0, n, t0, u0, v0, f)
+    for j in range(n):
+        acc[j] = _result(_with_c(acc[j], t0[j], v0[j], emin, halves, sum_bits, c_bits), spec,
+                         to)
 
 
 @njit(inline="always", **JIT_OPTIONS)
@@ -663,10 +801,7 @@ def _cdna3_sums(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, ps, f, cut, h
                 v1[j] = 0.0
         else:
             _half(A, EA, Bm, EB, k0 + 1, k1, 2, j0, n, t1, v1, f, cut)
-        for j in range(n):
-            top = max(t0[j], t1[j])
-            t0[j] = top
-            v0[j] = _floor_to(v0[j], top, f) + _floor_to(v1[j], top, f)
+        _merge_halves(t0, t1, v0, v1, n, f)
     else:
         _half(A, EA, Bm, EB, k0, k1, 1, j0, n, t0, v0, f, cut)
     for j in range(n):              # the products' sum; flags: a product >= 2^128 (1), <= (2)
@@ -687,12 +822,7 @@ def _cdna3_sums(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, ps, f, cut, h
             ps[j] += _product(A[k0], Bm[k0, j0 + j], True) * 0
     for j in range(n):
         c = acc[j]
-        ec = _exponent(c, emin)
-        top = max(t0[j], ec)
-        cc = _floor_to(c, top, c_bits)
-        if halves and ec < top - 25:
-            cc = 0.0
-        t = (_floor_to(v0[j], top, sum_bits) + cc) + 0.0
+        t = _with_c(c, t0[j], v0[j], emin, halves, sum_bits, c_bits)
         flags = t1[j]
         if flags == 3:
             t = np.nan
@@ -729,22 +859,60 @@ def _tree_sums(acc, A, Bm, k0, j0, n, tree, buf, tiny, flush, spec, to):
         else:
             src = buf[o]
             for j in range(n):
-                dst[j] = _flushed(_sum(dst[j], src[j], True, False, True), tiny, spec, to)
+                dst[j] = _tree_add(dst[j], src[j], tiny, spec, to)
     g = buf[0]
     for j in range(n):
-        c = acc[j]
-        if flush and abs(c) < tiny:
-            c = 0.0
-        acc[j] = _flushed(_sum(c, g[j], True, False, True), tiny, spec, to)
+        acc[j] = _onto_c(acc[j], g[j], tiny, flush, spec, to)
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _tree_group(acc, A, Bm, k0, j0, n, tree, buf, flush, tiny, spec, to):
+def _tree_add(x, y, tiny, spec, to):
+    """An addition of the FMA tree: x + y rounded (``_flushed``)."""
+    return _flushed(_sum(x, y, True, False, True), tiny, spec, to)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _onto_c(c, g, tiny, flush, spec, to):
+    """A group's sum ``g`` added to C (with ``flush``, C below ``tiny`` is 0 first), rounded."""
+    if flush and abs(c) < tiny:
+        c = 0.0
+    return _flushed(_sum(c, g, True, False, True), tiny, spec, to)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _tree_tame(acc, A, Bm, k0, j0, n, group, low, flush, spec, to):
+    """``_tree_sums`` for a full group of 2 or 4 tame products (values of the result format,
+    none below ``low``: a leaf is the product itself) in one pass, the partial sums in
+    registers: (p0 + p1) + (p2 + p3), each addition rounded, then C + that."""
+    x0, x1 = A[k0], A[k0 + 1]
+    r0, r1 = Bm[k0, j0:j0 + n], Bm[k0 + 1, j0:j0 + n]
+    if group == 2:
+        for j in range(n):
+            g = _tree_add(x0 * r0[j] + 0.0, x1 * r1[j] + 0.0, low, spec, to)
+            acc[j] = _onto_c(acc[j], g, low, flush, spec, to)
+        return
+    x2, x3 = A[k0 + 2], A[k0 + 3]
+    r2, r3 = Bm[k0 + 2, j0:j0 + n], Bm[k0 + 3, j0:j0 + n]
+    for j in range(n):
+        g0 = _tree_add(x0 * r0[j] + 0.0, x1 * r1[j] + 0.0, low, spec, to)
+        g1 = _tree_add(x2 * r2[j] + 0.0, x3 * r3[j] + 0.0, low, spec, to)
+        acc[j] = _onto_c(acc[j], _tree_add(g0, g1, low, spec, to), low, flush, spec, to)
+
+
+@njit(**JIT_OPTIONS)
+def _tree_group(acc, A, Bm, k0, k1, j0, n, group, tree, buf, flush, tiny, spec, to, tame):
     """GroupStep._tree_step: products rounded (``tree`` rows (leaf, slot, other): a leaf puts
     product slot + k0 in ``buf[slot]``; else buf[slot] = round(buf[slot] + buf[other])), the
     group's sum added to C (flushed first) with one more rounding.  ``to``: as in
-    ``_result`` (its bit 0: to nearest by the magic constant)."""
+    ``_result`` (its bit 0: to nearest by the magic constant); ``tame``: ``_tree_tame`` for
+    full groups of 2 or 4."""
     low = tiny if flush else 0.0
+    if tame and k1 - k0 == group and (group == 2 or group == 4):
+        if to & 1:
+            _tree_tame(acc, A, Bm, k0, j0, n, group, low, flush, spec, 1)
+        else:
+            _tree_tame(acc, A, Bm, k0, j0, n, group, low, flush, spec, 0)
+        return
     if to & 1:
         _tree_sums(acc, A, Bm, k0, j0, n, tree, buf, low, flush, spec, 1)
     else:
@@ -752,14 +920,16 @@ def _tree_group(acc, A, Bm, k0, j0, n, tree, buf, flush, tiny, spec, to):
 
 
 @njit(**JIT_OPTIONS)
-def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk, kind, group, f,
+def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, tame, chunk, kind, group, f,
                 run, cut, align, emin, beyond, spec, to, rdown, halves, sum_bits, c_bits, tree,
                 tail, flush, tiny, f32, sw, pk, stats, first, last):
     """tensor_core.run for blocks of ROWS x TC_COLS outputs: groups of ``group`` products (a
     GroupStep of structure ``kind``), C (``c``) starting the sum or, with ``chunk``, the FP32
     outer sum the accumulator is promoted into every ``chunk`` products; ``tree`` / ``tail``:
     the FMA tree of a full and of the last group; ``finite``: no NaN or inf among the
-    operands; ``stats``: GroupStep's counted statistics in ``sw`` and ``pk`` (C against the
+    operands; ``tame``: besides, every product a value of the result format, none below its
+    least normal (so none is rounded, flushed or beyond 2^128); ``stats``: GroupStep's
+    counted statistics in ``sw`` and ``pk`` (C against the
     products' float64 sum; a tree's flushed C against its group's sum).  Blocks of rows
     first..last-1 as in ``sequential``."""
     M, K, N = a3.shape[1], a3.shape[2], b3.shape[2]
@@ -775,6 +945,8 @@ def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk, kind,
         v0 = np.empty(TC_COLS)
         v1 = np.empty(TC_COLS)
         ps = np.empty(TC_COLS)
+        u0 = np.empty(TC_COLS)
+        u1 = np.empty(TC_COLS)
         buf = np.empty((max(group, 1), TC_COLS))
         old = np.empty(TC_COLS)
         bsw = np.zeros((ROWS, TC_COLS), np.int32)
@@ -797,11 +969,12 @@ def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk, kind,
                                      rdown, to)
                     elif kind == CDNA3:
                         _cdna3_group(acc[r], A[i], EA[i], Bm, EB, k0, k1, j0, n, t0, t1, v0,
-                                     v1, ps, f, cut, halves, sum_bits, c_bits, emin, spec, to)
+                                     v1, ps, u0, u1, f, cut, halves, sum_bits, c_bits, emin,
+                                     spec, to, tame and not stats)
                     else:
-                        _tree_group(acc[r], A[i], Bm, k0, j0, n,
+                        _tree_group(acc[r], A[i], Bm, k0, k1, j0, n, group,
                                     tree if k1 - k0 == group else tail, buf, flush, tiny, spec,
-                                    to)
+                                    to, tame and not stats)
                     if stats:
                         y = buf[0] if kind == TREE else ps
                         for j in range(n):

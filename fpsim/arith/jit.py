@@ -137,6 +137,14 @@ def _spec(fmt: Format, rounding: str) -> tuple:
             math.ldexp(1.0, fmt.emin - m))
 
 
+def _arg(x: np.ndarray, dtype: type) -> np.ndarray:
+    """``x`` as a kernel argument: C-contiguous, of ``dtype`` and writeable (a copy where it is
+    not), so that one compiled specialisation serves every caller (numba compiles a kernel
+    again for each array type, read-only ones included: about a minute of CPU for the
+    tensor-core one)."""
+    return np.require(x, dtype, ["C", "W"])
+
+
 def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.ndarray,
         idx_b: np.ndarray, init: np.ndarray | None, emins: tuple[int, int] = (-1022, -1022),
         exps: tuple[np.ndarray, np.ndarray] | None = None,
@@ -148,13 +156,12 @@ def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.nda
     exponents clamped at ``emins`` (tensor_core.exponents), or ``exps`` when given (block
     scales: integers shaped like ``a3`` and ``b3``)."""
     kern = _kernels()
-    a3 = np.ascontiguousarray(a3, dtype=np.float64)
-    b3 = np.ascontiguousarray(b3, dtype=np.float64)
-    ia, ib = (np.ascontiguousarray(i, dtype=np.int64) for i in (idx_a, idx_b))
+    a3, b3 = _arg(a3, np.float64), _arg(b3, np.float64)
+    ia, ib = _arg(idx_a, np.int64), _arg(idx_b, np.int64)
     B, (M, K, N) = len(ia), (a3.shape[1], a3.shape[2], b3.shape[2])
     out = np.empty((B, M, N))
     has_init = init is not None
-    c = (np.ascontiguousarray(init, dtype=np.float64) if has_init else np.zeros((1, 1, 1)))
+    c = _arg(init, np.float64) if has_init else np.zeros((1, 1, 1))
     shape = (B, M, N) if want_stats else (1, 1, 1)
     sw, pk = np.zeros(shape, np.int64), np.zeros(shape)
     stats = (sw, np.zeros(shape, np.int64), pk) if want_stats else ()
@@ -167,7 +174,8 @@ def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.nda
     if model is not None and model.structure != "fma":
         if exps is None:
             exps = kern.exponents(a3, emins[0]), kern.exponents(b3, emins[1])
-        args = _tensor_core_args(model, plan.chunk, a3, b3, exps, ia, ib, c, has_init, out)
+        args = _tensor_core_args(model, plan.chunk, prod, a3, b3, exps, ia, ib, c, has_init,
+                                 out)
         args += (sw, pk, want_stats)
         kern_tc = kern.tensor_core
         parallel.run(lambda lo, hi: kern_tc(*args, lo, hi), B * -(-M // kern.ROWS), grain=1)
@@ -225,30 +233,39 @@ def _to(fmt: Format, rounding: str) -> int:
     return {"rne": 1, "rtz": 2}.get(rounding, 0)
 
 
-def _tensor_core_args(model: TensorCoreModel, chunk: int | None, a3: np.ndarray,
-                      b3: np.ndarray, exps: tuple[np.ndarray, np.ndarray], ia: np.ndarray,
-                      ib: np.ndarray, c: np.ndarray, has_init: bool, out: np.ndarray) -> tuple:
-    """The arguments of ``_jit_kernels.tensor_core`` for ``model`` (less the row blocks)."""
+@functools.lru_cache(maxsize=256)
+def _model_constants(model: TensorCoreModel, tail: int) -> tuple:
+    """The scalars and FMA trees of ``_jit_kernels.tensor_core`` that depend on ``model`` alone
+    (and ``tail``, the products of a last, partial group), in the kernel's order from ``kind``
+    to ``f32``: worked out once per model, not on every call."""
     kern = _kernels()
-    fmt, K = model.accum_format, a3.shape[2]
-    ea3, eb3 = (np.ascontiguousarray(e, dtype=np.int64) for e in exps)
+    fmt = model.accum_format
     kind = {"fma_tree": kern.TREE}.get(model.structure,
                                       kern.FUSED if model.sum_bits is None else kern.CDNA3)
-    flush = model.flush_subnormals
-    if flush:                            # CDNA2: subnormal operands are +0
+    tree = _tree(model.group) if kind == kern.TREE else np.zeros((0, 3), np.int64)
+    last = _tree(tail) if kind == kern.TREE and tail else tree
+    return (kind, model.group, model.frac_bits, RUN if model.scaled == "runs" else 1,
+            CUTS[model.sum_rounding], model.align_accumulator, fmt.emin,
+            math.ldexp(1.0, fmt.emax + 1), _spec(fmt, model.rounding),
+            _to(fmt, model.rounding), model.rounding == "rdown", model.halves,
+            model.sum_bits or 0, model.c_bits or 0, tree, last, model.flush_subnormals,
+            math.ldexp(1.0, fmt.emin), _spec(FP32, "rne"))
+
+
+def _tensor_core_args(model: TensorCoreModel, chunk: int | None, prod: Profile, a3: np.ndarray,
+                      b3: np.ndarray, exps: tuple[np.ndarray, np.ndarray], ia: np.ndarray,
+                      ib: np.ndarray, c: np.ndarray, has_init: bool, out: np.ndarray) -> tuple:
+    """The arguments of ``_jit_kernels.tensor_core`` for ``model`` on products of profile
+    ``prod`` (less the row blocks)."""
+    ea3, eb3 = (_arg(e, np.int64) for e in exps)
+    if model.flush_subnormals:           # CDNA2: subnormal operands are +0
         a3, b3 = (np.where(abs(x) < _pow2(Lanes(F64), e), 0.0, x) for x, e in ((a3, ea3),
                                                                                (b3, eb3)))
-    tree = _tree(model.group) if kind == kern.TREE else np.zeros((0, 3), np.int64)
-    tail = _tree(K % model.group) if kind == kern.TREE and K % model.group else tree
-    beyond = math.ldexp(1.0, fmt.emax + 1)
     finite = bool(np.isfinite(a3).all() and np.isfinite(b3).all())
-    return (a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, chunk or 0, kind, model.group,
-            model.frac_bits, RUN if model.scaled == "runs" else 1,
-            CUTS[model.sum_rounding], model.align_accumulator, fmt.emin, beyond,
-            _spec(fmt, model.rounding), _to(fmt, model.rounding), model.rounding == "rdown",
-            model.halves,
-            model.sum_bits or 0, model.c_bits or 0, tree, tail, flush,
-            math.ldexp(1.0, fmt.emin), _spec(FP32, "rne"))
+    fmt = model.accum_format
+    tame = finite and prod.fits(fmt) and (prod.empty or prod.low >= fmt.emin)
+    return (a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, tame, chunk or 0,
+            *_model_constants(model, a3.shape[2] % model.group))
 
 
 def finish(out: np.ndarray, fmt: Format) -> np.ndarray:
