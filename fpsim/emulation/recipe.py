@@ -364,6 +364,7 @@ def element_format(fmt: FormatLike | Cast | None) -> Format:
     return mx.get_mx_format(fmt).elem if is_block_format_name(fmt) else get_format(fmt)
 
 
+@functools.lru_cache(maxsize=1024)
 def _accumulator(accum: Any, order: str | None, chunk: int | None, tensor_core: Any,
                  native_sums: str) -> Accumulator:
     """One Accumulator per distinct shorthand (checked once: a site sums at every call)."""
