@@ -167,12 +167,12 @@ class Interceptor(TorchFunctionMode):
         base = f"{path}:{op}"
         n = self.counts.get(base, 0) + 1
         self.counts[base] = n
-        index, recipe = self.em.rules.match(path, kind)
-        self.em.matched[base if n == 1 else f"{base}#{n}"] = (index, path, kind)
-        if recipe is None:
-            return (base if n == 1 else f"{base}#{n}"), None
-        self.emulated += 1
         name = base if n == 1 else f"{base}#{n}"
+        index, recipe = self.em.rules.match(path, kind)
+        self.em.matched[name] = (index, path, kind)
+        if recipe is None:
+            return name, None
+        self.emulated += 1
         return name, self.em.at_site(name, recipe)
 
     def missed(self, op: AtenOp, schema: str, *ts: Any) -> None:
