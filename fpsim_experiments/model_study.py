@@ -16,7 +16,10 @@ site's sums in FP64 rounded once to FP32).  The arms (:func:`arms`):
   calibrated by :class:`fpsim.emulation.Calibration` during the reference run; a value the
   format's errors push beyond it overflows);
 - the encodings at 8 bits, unscaled: OCP-style ``eXmYfn`` (no inf, the top binade finite) and
-  saturating (overflow clamped to the largest finite value);
+  saturating (overflow clamped to the largest finite value); and per site, saturating: a
+  static calibrated scale with a saturating cast, as FP8 inference deploys it (per-site scaling
+  lets a value the format's errors push beyond its calibrated amax overflow; saturating clamps
+  it there);
 - ablations at 8 bits, unscaled, of e3m4 and e4m3: no flush (values that round to zero keep
   their FP32 value), full-width subnormals, the norms in FP32; and, with the norms in FP32, no
   flush, full subnormals and both: the corners of the order-free attribution
@@ -136,6 +139,7 @@ def arms(quick: bool) -> list[Arm]:
     out = [arm(b, e, scaling=s) for b, es in SPLITS.items() for e in es
            for s in (("none", "tensor", "channel", "site") if b == 8 else ("none", "tensor"))]
     out += [arm(8, e, encoding=c) for e in SPLITS[8][1:] for c in ("fn", "saturating")]
+    out += [arm(8, e, encoding="saturating", scaling="site") for e in SPLITS[8][1:]]
     out += [a for e in ABLATED for a in (arm(8, e, flush=False), arm(8, e, subnormals="full"),
                                          arm(8, e, norms="fp32"))]
     out += [arm(8, e, norms="fp32", **k) for e in ABLATED for k in (
@@ -469,6 +473,17 @@ def verdict(c: dict) -> str:
     return f"{c['a']} / {c['b']}: {c['ratio']:.3g}× {fmt_ci(c['ci'])}, {side}"
 
 
+def nonfinite(run: dict, metric: str, unit: str) -> str:
+    """The arm's name and on how many units (``unit``s) its metric is inf or NaN.
+
+    >>> nonfinite({"name": "a", "metrics": {"m": {"num": [1.0, math.nan, math.inf]}}}, "m",
+    ...           "clip")
+    'a (2 of 3 clips)'
+    """
+    num = run["metrics"][metric]["num"]
+    return f"{run['name']} ({sum(not math.isfinite(v) for v in num)} of {len(num)} {unit}s)"
+
+
 def conclusions(data: dict) -> list[str]:
     """Per budget and scaling the best split; where the 8-bit unscaled splits overflow; every
     comparison's verdict."""
@@ -487,7 +502,7 @@ def conclusions(data: dict) -> list[str]:
             if finite:
                 best = min(finite, key=lambda r: r["metrics"][p]["value"])
                 parts.append(f"lowest {p} {_cell(best['metrics'][p])} at {best['name']}")
-            bad = [r["name"] for r in series if r not in finite]
+            bad = [nonfinite(r, p, data["model"]["unit"]) for r in series if r not in finite]
             parts += [f"inf/NaN at {', '.join(bad)}"] if bad else []
             out.append(f"B={b}, {'unscaled' if s == 'none' else 'per-' + s}: "
                        + "; ".join(parts) + ".")

@@ -91,6 +91,10 @@ def test_every_comparison_is_like_with_like() -> None:
     # adjacent splits: at 8 bits unscaled, per tensor, per channel and per site; 12, 16 bits
     assert sum(c[3] == "ebits" for c in full) == 3 * 4 + 3 * 2 + 2 * 2
     assert sum(c[0] == "per-site / per-tensor scaling" for c in full) == 4
+    # a static calibrated scale with a saturating cast, against the same scale overflowing
+    assert [c[1:] for c in full if c[0] == "saturating / IEEE-style" and "site" in c[1]] == [
+        (f"e{e}m{7 - e}_ieee per-site saturating", f"e{e}m{7 - e}_ieee per-site", "encoding")
+        for e in (3, 4, 5)]
 
 
 def test_metric_and_paired_ratio_resample_units() -> None:
