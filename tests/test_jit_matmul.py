@@ -567,10 +567,17 @@ def test_tensor_core_fast_paths_and_their_limits(name):
     got = assert_same(a2, b2, **kw)
     assert (got[:, 0] == 2.0 ** 16).all() or name == "hopper_fp8_f16"     # FP16: inf
     if fmt == "bf16":
-        signs = (-1.0) ** np.arange(16)
-        a[:, 0], b[:, 0] = 2.0 ** -70, 2.0 ** -70
-        a[:, 1], b[:, 1] = 2.0 ** 70 * signs, 2.0 ** 70
-        got = assert_same(a, b, **kw)
+        # each limit alone (together, either one keeps the fast paths off; mutants
+        # jit-tame-flushed and jit-tame-beyond): products of 2^-127, below FP32's least
+        # normal, which CDNA2 flushes one by one (two unflushed would make 2^-126, kept) ...
+        tiny, b_tiny = a.copy(), b.copy()
+        tiny[:, 0], b_tiny[:, 0] = 2.0 ** -64, 2.0 ** -63
+        got = assert_same(tiny, b_tiny, **kw)
+        assert (got[:, 0, 0] == 0).all() or "cdna2" not in name
+        # ... and products of ±2^140, beyond FP32's largest: inf and -inf, so NaN
+        huge, b_huge = a.copy(), b.copy()
+        huge[:, 1], b_huge[:, 1] = 2.0 ** 70 * (-1.0) ** np.arange(16), 2.0 ** 70
+        got = assert_same(huge, b_huge, **kw)
         assert np.isnan(got[:, 1, 1]).all() or "hopper" in name
 
 
