@@ -334,6 +334,9 @@ MUTANTS = [
            'return np.require(x, dtype, ["C", "W"])', 'return np.require(x, dtype, ["C"])',
            ["tests/test_jit_matmul.py::"
             "test_read_only_and_broadcast_operands_share_one_compiled_kernel"]),
+    Mutant("jit-profile-subnormal", "the compiled operand profile puts subnormals one binade "
+           "too low", "base = max(e, 1) - 1075", "base = e - 1075",
+           ["tests/test_jit_matmul.py::test_compiled_profile_equals_numpy_measure"]),
     Mutant("capture-scan-stale", "capture keeps a weight's amax after an in-place update",
            "if found is None or found[0] != x._version:         # in-place updates bump it",
            "if found is None:", CAPTURE_STATS),

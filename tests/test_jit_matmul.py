@@ -581,6 +581,27 @@ def test_tensor_core_fast_paths_and_their_limits(name):
         assert np.isnan(got[:, 1, 1]).all() or "hopper" in name
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_compiled_profile_equals_numpy_measure(dtype):
+    """lanes.profile's compiled pass gives lanes.measure's (sig, low, high) on random bit
+    patterns (every binade, subnormals, inf and NaN among them), each float format's extremes,
+    single values of every significand width, zeros only and an empty array."""
+    from fpsim.arith.lanes import EMPTY, measure, profile
+
+    info = np.finfo(dtype)
+    itype = np.uint64 if dtype is np.float64 else np.uint32
+    rng = np.random.default_rng(5)
+    rand = rng.integers(0, np.iinfo(itype).max, 3000, dtype=itype, endpoint=True).view(dtype)
+    edges = np.array([info.smallest_subnormal, info.tiny, info.max, 1.0, 3.0, -0.0, np.inf,
+                      -np.inf, np.nan, info.tiny - info.smallest_subnormal], dtype)
+    cases = [rand, edges, rand[np.isfinite(rand)] * dtype(0.0), np.empty(0, dtype)]
+    cases += [np.array([1 + info.eps * k, 2.0 ** -k], dtype) for k in range(0, info.nmant + 1)]
+    cases += [edges[i:i + 1] for i in range(len(edges))]
+    for x in cases:
+        assert profile(x) == measure(x, 1 << 16), x
+    assert profile(np.zeros((3, 0), dtype)) == EMPTY
+
+
 def test_read_only_and_broadcast_operands_share_one_compiled_kernel():
     """Read-only operands and C, a 2-D product (its batch index a read-only view) and a
     broadcast batch (its index a copy) reach a kernel as one set of array types (jit._arg):

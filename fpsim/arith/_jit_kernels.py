@@ -491,6 +491,29 @@ def exponents(x, emin):
     return out.reshape(x.shape)
 
 
+@njit(**JIT_OPTIONS)
+def profile(flat):
+    """``lanes.measure`` of a flat float32 or float64 array in one pass: (sig, low, high) of
+    its finite non-zero values (sig 0: none).  A value is s * 2^base with s an integer of
+    ``L`` bits (float64's significand, subnormals' without the hidden bit) and ``tz``
+    trailing zeros, read off the exponents of s and of its lowest set bit as floats."""
+    sig, low, high = 0, 1 << 20, -(1 << 20)
+    for i in range(flat.size):
+        v = abs(np.float64(flat[i]))
+        if v == 0 or not v < np.inf:
+            continue
+        b = _bits(v)
+        e = b >> 52
+        s = (b & _FRAC) | (1 << 52) if e else b & _FRAC
+        base = max(e, 1) - 1075
+        size = ((_bits(float(s)) >> 52) - 1022)
+        tz = ((_bits(float(s & -s)) >> 52) - 1023)
+        sig = max(sig, size - tz)
+        low = min(low, base + tz)
+        high = max(high, base + size - 1)
+    return sig, low, high
+
+
 @njit(inline="always", **JIT_OPTIONS)
 def _cut(x, mode):
     """An aligned term cut to an integer: 0 toward zero, 1 toward -inf, 2 to nearest even."""
