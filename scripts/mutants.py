@@ -337,6 +337,18 @@ MUTANTS = [
     Mutant("jit-profile-subnormal", "the compiled operand profile puts subnormals one binade "
            "too low", "base = max(e, 1) - 1075", "base = e - 1075",
            ["tests/test_jit_matmul.py::test_compiled_profile_equals_numpy_measure"]),
+    Mutant("jit-flushed-least-normal", "the compiled CDNA2 operand flush also zeroes the "
+           "least normal value", "fo[i] = 0.0 if abs(v) < _pow2(fe[i]) else v",
+           "fo[i] = 0.0 if abs(v) <= _pow2(fe[i]) else v", JIT_TC),
+    Mutant("tf32-skip-without-subnormals", "the TF32 read passes operands through unchanged "
+           "for a format without subnormals", "if (not is_torch(x) and fmt.subnormals and "
+           "profile(x).fits(fmt)", "if (not is_torch(x) and profile(x).fits(fmt)",
+           ["tests/test_jit_matmul.py::"
+            "test_truncation_to_tf32_skipped_only_where_it_changes_nothing"]),
+    Mutant("tf32-skip-non-finite", "the TF32 read passes operands with inf or NaN through "
+           "unchanged", "and bool(np.isfinite(x).all())):", "):",
+           ["tests/test_jit_matmul.py::"
+            "test_truncation_to_tf32_skipped_only_where_it_changes_nothing"]),
     Mutant("capture-scan-stale", "capture keeps a weight's amax after an in-place update",
            "if found is None or found[0] != x._version:         # in-place updates bump it",
            "if found is None:", CAPTURE_STATS),

@@ -602,6 +602,24 @@ def test_compiled_profile_equals_numpy_measure(dtype):
     assert profile(np.zeros((3, 0), dtype)) == EMPTY
 
 
+@pytest.mark.parametrize("fmt", ["tf32", NOSUB])
+def test_truncation_to_tf32_skipped_only_where_it_changes_nothing(fmt):
+    """driver._truncated (TF32/XF32 presets' read of FP32 operands) gives quantize's codes
+    (toward zero) on operands it passes through unchanged (values of the format) and on those
+    it cuts: wider significands, subnormals of a format without them, inf and NaN."""
+    from fpsim.arith.driver import _truncated
+
+    fmt = get_format(fmt)
+    rng = np.random.default_rng(9)
+    narrow = fpsim.quantize(rng.standard_normal(64), "e4m3").astype(np.float32)
+    tiny = np.float32(2.0 ** fmt.emin) * np.array([0.5, 0.75, 1.0, -0.25], np.float32)
+    payload = np.array([0x7FC00001], np.uint32).view(np.float32)   # quantize: 0x7FC00000
+    for x in (narrow, narrow + np.float32(2.0 ** -20), np.append(narrow, tiny),
+              np.append(narrow, np.inf), np.append(narrow, payload), narrow.astype(np.float64)):
+        same_codes(_truncated(x, fmt), fpsim.quantize(x, fmt, rounding="rtz"))
+    assert (_truncated(narrow, fmt) is narrow) == fmt.subnormals      # no copy for TF32
+
+
 def test_read_only_and_broadcast_operands_share_one_compiled_kernel():
     """Read-only operands and C, a 2-D product (its batch index a read-only view) and a
     broadcast batch (its index a copy) reach a kernel as one set of array types (jit._arg):

@@ -514,6 +514,18 @@ def profile(flat):
     return sig, low, high
 
 
+@njit(**JIT_OPTIONS)
+def flushed(x, ex):
+    """A copy of ``x`` with +0 where ``|x| < 2^ex`` (``ex``: its ``exponents``, clamped at the
+    format's least normal: so its subnormals and -0; CDNA2 reads them as +0)."""
+    out = np.empty_like(x)
+    fx, fe, fo = x.reshape(-1), ex.reshape(-1), out.reshape(-1)
+    for i in range(fx.size):
+        v = fx[i]
+        fo[i] = 0.0 if abs(v) < _pow2(fe[i]) else v
+    return out
+
+
 @njit(inline="always", **JIT_OPTIONS)
 def _cut(x, mode):
     """An aligned term cut to an integer: 0 toward zero, 1 toward -inf, 2 to nearest even."""
