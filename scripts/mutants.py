@@ -182,10 +182,8 @@ MUTANTS = [
            "new = p[k] + acc if self.unaligned is None else self.unaligned(acc, p[k])",
            TENSOR_CORE),
     Mutant("tf32-truncation", "TF32 presets round FP32 operands to nearest instead of truncating",
-           "ops.a, ops.b = (quantize(x, plan.model.truncate, rounding=\"rtz\") for x in (ops.a, "
-           "ops.b))",
-           "ops.a, ops.b = (quantize(x, plan.model.truncate, rounding=\"rne\") for x in (ops.a, "
-           "ops.b))", TENSOR_CORE),
+           'return quantize(x, fmt, rounding="rtz")', 'return quantize(x, fmt, rounding="rne")',
+           TENSOR_CORE),
     # the FP64 fused multiply-add
     Mutant("fma-ties", "the FP64 fma rounds ties away from zero, not to even",
            "m = m + (rbit & ((sticky | ((m & _U(1)) == 1)).astype(_U)))", "m = m + rbit", FMA),
