@@ -182,10 +182,8 @@ MUTANTS = [
            "new = p[k] + acc if self.unaligned is None else self.unaligned(acc, p[k])",
            TENSOR_CORE),
     Mutant("tf32-truncation", "TF32 presets round FP32 operands to nearest instead of truncating",
-           "ops.a, ops.b = (quantize(x, plan.model.truncate, rounding=\"rtz\") for x in (ops.a, "
-           "ops.b))",
-           "ops.a, ops.b = (quantize(x, plan.model.truncate, rounding=\"rne\") for x in (ops.a, "
-           "ops.b))", TENSOR_CORE),
+           'return quantize(x, fmt, rounding="rtz")', 'return quantize(x, fmt, rounding="rne")',
+           TENSOR_CORE),
     # the FP64 fused multiply-add
     Mutant("fma-ties", "the FP64 fma rounds ties away from zero, not to even",
            "m = m + (rbit & ((sticky | ((m & _U(1)) == 1)).astype(_U)))", "m = m + rbit", FMA),
@@ -334,6 +332,21 @@ MUTANTS = [
            'return np.require(x, dtype, ["C", "W"])', 'return np.require(x, dtype, ["C"])',
            ["tests/test_jit_matmul.py::"
             "test_read_only_and_broadcast_operands_share_one_compiled_kernel"]),
+    Mutant("jit-profile-subnormal", "the compiled operand profile puts subnormals one binade "
+           "too low", "base = max(e, 1) - 1075", "base = e - 1075",
+           ["tests/test_jit_matmul.py::test_compiled_profile_equals_numpy_measure"]),
+    Mutant("jit-flushed-least-normal", "the compiled CDNA2 operand flush also zeroes the "
+           "least normal value", "fo[i] = 0.0 if abs(v) < _pow2(fe[i]) else v",
+           "fo[i] = 0.0 if abs(v) <= _pow2(fe[i]) else v", JIT_TC),
+    Mutant("tf32-skip-without-subnormals", "the TF32 read passes operands through unchanged "
+           "for a format without subnormals", "if (not is_torch(x) and fmt.subnormals and "
+           "profile(x).fits(fmt)", "if (not is_torch(x) and profile(x).fits(fmt)",
+           ["tests/test_jit_matmul.py::"
+            "test_truncation_to_tf32_skipped_only_where_it_changes_nothing"]),
+    Mutant("tf32-skip-non-finite", "the TF32 read passes operands with inf or NaN through "
+           "unchanged", "and bool(np.isfinite(x).all())):", "):",
+           ["tests/test_jit_matmul.py::"
+            "test_truncation_to_tf32_skipped_only_where_it_changes_nothing"]),
     Mutant("capture-scan-stale", "capture keeps a weight's amax after an in-place update",
            "if found is None or found[0] != x._version:         # in-place updates bump it",
            "if found is None:", CAPTURE_STATS),

@@ -567,11 +567,57 @@ def test_tensor_core_fast_paths_and_their_limits(name):
     got = assert_same(a2, b2, **kw)
     assert (got[:, 0] == 2.0 ** 16).all() or name == "hopper_fp8_f16"     # FP16: inf
     if fmt == "bf16":
-        signs = (-1.0) ** np.arange(16)
-        a[:, 0], b[:, 0] = 2.0 ** -70, 2.0 ** -70
-        a[:, 1], b[:, 1] = 2.0 ** 70 * signs, 2.0 ** 70
-        got = assert_same(a, b, **kw)
+        # each limit alone (together, either one keeps the fast paths off; mutants
+        # jit-tame-flushed and jit-tame-beyond): products of 2^-127, below FP32's least
+        # normal, which CDNA2 flushes one by one (two unflushed would make 2^-126, kept) ...
+        tiny, b_tiny = a.copy(), b.copy()
+        tiny[:, 0], b_tiny[:, 0] = 2.0 ** -64, 2.0 ** -63
+        got = assert_same(tiny, b_tiny, **kw)
+        assert (got[:, 0, 0] == 0).all() or "cdna2" not in name
+        # ... and products of ±2^140, beyond FP32's largest: inf and -inf, so NaN
+        huge, b_huge = a.copy(), b.copy()
+        huge[:, 1], b_huge[:, 1] = 2.0 ** 70 * (-1.0) ** np.arange(16), 2.0 ** 70
+        got = assert_same(huge, b_huge, **kw)
         assert np.isnan(got[:, 1, 1]).all() or "hopper" in name
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_compiled_profile_equals_numpy_measure(dtype):
+    """lanes.profile's compiled pass gives lanes.measure's (sig, low, high) on random bit
+    patterns (every binade, subnormals, inf and NaN among them), each float format's extremes,
+    single values of every significand width, zeros only and an empty array."""
+    from fpsim.arith.lanes import EMPTY, measure, profile
+
+    info = np.finfo(dtype)
+    itype = np.uint64 if dtype is np.float64 else np.uint32
+    rng = np.random.default_rng(5)
+    rand = rng.integers(0, np.iinfo(itype).max, 3000, dtype=itype, endpoint=True).view(dtype)
+    edges = np.array([info.smallest_subnormal, info.tiny, info.max, 1.0, 3.0, -0.0, np.inf,
+                      -np.inf, np.nan, info.tiny - info.smallest_subnormal], dtype)
+    cases = [rand, edges, rand[np.isfinite(rand)] * dtype(0.0), np.empty(0, dtype)]
+    cases += [np.array([1 + info.eps * k, 2.0 ** -k], dtype) for k in range(0, info.nmant + 1)]
+    cases += [edges[i:i + 1] for i in range(len(edges))]
+    for x in cases:
+        assert profile(x) == measure(x, 1 << 16), x
+    assert profile(np.zeros((3, 0), dtype)) == EMPTY
+
+
+@pytest.mark.parametrize("fmt", ["tf32", NOSUB])
+def test_truncation_to_tf32_skipped_only_where_it_changes_nothing(fmt):
+    """driver._truncated (TF32/XF32 presets' read of FP32 operands) gives quantize's codes
+    (toward zero) on operands it passes through unchanged (values of the format) and on those
+    it cuts: wider significands, subnormals of a format without them, inf and NaN."""
+    from fpsim.arith.driver import _truncated
+
+    fmt = get_format(fmt)
+    rng = np.random.default_rng(9)
+    narrow = fpsim.quantize(rng.standard_normal(64), "e4m3").astype(np.float32)
+    tiny = np.float32(2.0 ** fmt.emin) * np.array([0.5, 0.75, 1.0, -0.25], np.float32)
+    payload = np.array([0x7FC00001], np.uint32).view(np.float32)   # quantize: 0x7FC00000
+    for x in (narrow, narrow + np.float32(2.0 ** -20), np.append(narrow, tiny),
+              np.append(narrow, np.inf), np.append(narrow, payload), narrow.astype(np.float64)):
+        same_codes(_truncated(x, fmt), fpsim.quantize(x, fmt, rounding="rtz"))
+    assert (_truncated(narrow, fmt) is narrow) == fmt.subnormals      # no copy for TF32
 
 
 def test_read_only_and_broadcast_operands_share_one_compiled_kernel():

@@ -491,6 +491,41 @@ def exponents(x, emin):
     return out.reshape(x.shape)
 
 
+@njit(**JIT_OPTIONS)
+def profile(flat):
+    """``lanes.measure`` of a flat float32 or float64 array in one pass: (sig, low, high) of
+    its finite non-zero values (sig 0: none).  A value is s * 2^base with s an integer of
+    ``L`` bits (float64's significand, subnormals' without the hidden bit) and ``tz``
+    trailing zeros, read off the exponents of s and of its lowest set bit as floats."""
+    sig, low, high = 0, 1 << 20, -(1 << 20)
+    for i in range(flat.size):
+        v = abs(np.float64(flat[i]))
+        if v == 0 or not v < np.inf:
+            continue
+        b = _bits(v)
+        e = b >> 52
+        s = (b & _FRAC) | (1 << 52) if e else b & _FRAC
+        base = max(e, 1) - 1075
+        size = ((_bits(float(s)) >> 52) - 1022)
+        tz = ((_bits(float(s & -s)) >> 52) - 1023)
+        sig = max(sig, size - tz)
+        low = min(low, base + tz)
+        high = max(high, base + size - 1)
+    return sig, low, high
+
+
+@njit(**JIT_OPTIONS)
+def flushed(x, ex):
+    """A copy of ``x`` with +0 where ``|x| < 2^ex`` (``ex``: its ``exponents``, clamped at the
+    format's least normal: so its subnormals and -0; CDNA2 reads them as +0)."""
+    out = np.empty_like(x)
+    fx, fe, fo = x.reshape(-1), ex.reshape(-1), out.reshape(-1)
+    for i in range(fx.size):
+        v = fx[i]
+        fo[i] = 0.0 if abs(v) < _pow2(fe[i]) else v
+    return out
+
+
 @njit(inline="always", **JIT_OPTIONS)
 def _cut(x, mode):
     """An aligned term cut to an integer: 0 toward zero, 1 toward -inf, 2 to nearest even."""
@@ -632,7 +667,7 @@ def _nv_result(c, s, up, top, f, beyond, spec, to):
     return v + 0.0                             # a zero result is +0
 
 
-@njit(**JIT_OPTIONS)
+@njit(inline="always", **JIT_OPTIONS)
 def _fused_group(acc, A, EA, Bm, EB, k0, k1, j0, n, tops, up, s, ps, finite, sums, f, run,
                  cut, align, emin, beyond, spec, rdown, to):
     """GroupStep._step: products and (``align``) C aligned to the largest exponent, cut, summed
@@ -696,7 +731,7 @@ def _half(A, EA, Bm, EB, k0, k1, step, j0, n, tops, v, f, cut):
         v[j] *= _pow2(tops[j] - f)
 
 
-@njit(**JIT_OPTIONS)
+@njit(inline="always", **JIT_OPTIONS)
 def _cdna3_group(acc, A, EA, Bm, EB, k0, k1, j0, n, t0, t1, v0, v1, ps, u0, u1, f, cut, halves,
                  sum_bits, c_bits, emin, spec, to, tame):
     """GroupStep._cdna3_step: the products fused (with ``halves``: even and odd apart), their
@@ -899,7 +934,7 @@ def _tree_tame(acc, A, Bm, k0, j0, n, group, low, flush, spec, to):
         acc[j] = _onto_c(acc[j], _tree_add(g0, g1, low, spec, to), low, flush, spec, to)
 
 
-@njit(**JIT_OPTIONS)
+@njit(inline="always", **JIT_OPTIONS)
 def _tree_group(acc, A, Bm, k0, k1, j0, n, group, tree, buf, flush, tiny, spec, to, tame):
     """GroupStep._tree_step: products rounded (``tree`` rows (leaf, slot, other): a leaf puts
     product slot + k0 in ``buf[slot]``; else buf[slot] = round(buf[slot] + buf[other])), the
@@ -919,13 +954,74 @@ def _tree_group(acc, A, Bm, k0, k1, j0, n, group, tree, buf, flush, tiny, spec, 
         _tree_sums(acc, A, Bm, k0, j0, n, tree, buf, low, flush, spec, 0)
 
 
+@njit(inline="always", **JIT_OPTIONS)
+def _tally_group(bsw, bpk, y, old, new, n, floor):
+    """GroupStep's counted statistics of one group for one row: C before it (``old``; 0 where
+    below ``floor``: a tree's flushed C) against ``y`` (the products' float64 sum, or a
+    tree's group sum) and the result ``new`` (``_count``)."""
+    for j in range(n):
+        o = 0.0 if abs(old[j]) < floor else old[j]
+        _count(bsw, bpk, j, y[j], o, new[j])
+
+
+@njit(**JIT_OPTIONS)
+def _fused_span(acc, A, EA, Bm, EB, i0, rows, s0, s1, group, j0, n, tops, up, s, ps, old, bsw,
+                bpk, finite, sums, f, run, cut, align, emin, beyond, spec, rdown, to):
+    """``_fused_group`` over the groups of products s0..s1-1 (a span between promotions) and
+    the block's rows, with (``sums``) the statistics: one call per span, not per group and
+    row (the calls' cost was most of a small group's time)."""
+    for k0 in range(s0, s1, group):
+        k1 = min(s1, k0 + group)
+        for r in range(rows):
+            if sums:
+                old[:n] = acc[r, :n]
+            _fused_group(acc[r], A[i0 + r], EA[i0 + r], Bm, EB, k0, k1, j0, n, tops, up, s, ps,
+                         finite, sums, f, run, cut, align, emin, beyond, spec, rdown, to)
+            if sums:
+                _tally_group(bsw[r], bpk[r], ps, old, acc[r], n, 0.0)
+
+
+@njit(**JIT_OPTIONS)
+def _cdna3_span(acc, A, EA, Bm, EB, i0, rows, s0, s1, group, j0, n, t0, t1, v0, v1, ps, u0, u1,
+                old, bsw, bpk, stats, f, cut, halves, sum_bits, c_bits, emin, spec, to, tame):
+    """``_cdna3_group`` over a span's groups and the block's rows (``_fused_span``)."""
+    for k0 in range(s0, s1, group):
+        k1 = min(s1, k0 + group)
+        for r in range(rows):
+            if stats:
+                old[:n] = acc[r, :n]
+            _cdna3_group(acc[r], A[i0 + r], EA[i0 + r], Bm, EB, k0, k1, j0, n, t0, t1, v0, v1,
+                         ps, u0, u1, f, cut, halves, sum_bits, c_bits, emin, spec, to,
+                         tame and not stats)
+            if stats:
+                _tally_group(bsw[r], bpk[r], ps, old, acc[r], n, 0.0)
+
+
+@njit(**JIT_OPTIONS)
+def _tree_span(acc, A, Bm, i0, rows, s0, s1, group, j0, n, tree, tail, buf, old, bsw, bpk, stats,
+               flush, tiny, spec, to, tame):
+    """``_tree_group`` over a span's groups and the block's rows (``_fused_span``); ``tail``:
+    the tree of a last, partial group."""
+    for k0 in range(s0, s1, group):
+        k1 = min(s1, k0 + group)
+        for r in range(rows):
+            if stats:
+                old[:n] = acc[r, :n]
+            _tree_group(acc[r], A[i0 + r], Bm, k0, k1, j0, n, group,
+                        tree if k1 - k0 == group else tail, buf, flush, tiny, spec, to,
+                        tame and not stats)
+            if stats:
+                _tally_group(bsw[r], bpk[r], buf[0], old, acc[r], n, tiny if flush else 0.0)
+
+
 @njit(**JIT_OPTIONS)
 def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, tame, chunk, kind, group, f,
                 run, cut, align, emin, beyond, spec, to, rdown, halves, sum_bits, c_bits, tree,
                 tail, flush, tiny, f32, sw, pk, stats, first, last):
     """tensor_core.run for blocks of ROWS x TC_COLS outputs: groups of ``group`` products (a
     GroupStep of structure ``kind``), C (``c``) starting the sum or, with ``chunk``, the FP32
-    outer sum the accumulator is promoted into every ``chunk`` products; ``tree`` / ``tail``:
+    outer sum the accumulator is promoted into every ``chunk`` products (a multiple of
+    ``group``, as ``fpsim.Accumulator`` requires); ``tree`` / ``tail``:
     the FMA tree of a full and of the last group; ``finite``: no NaN or inf among the
     operands; ``tame``: besides, every product a value of the result format, none below its
     least normal (so none is rounded, flushed or beyond 2^128); ``stats``: GroupStep's
@@ -934,6 +1030,7 @@ def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, tame, chunk,
     first..last-1 as in ``sequential``."""
     M, K, N = a3.shape[1], a3.shape[2], b3.shape[2]
     nrb = (M + ROWS - 1) // ROWS
+    span = chunk if chunk > 0 else K
     for task in range(first, last):
         bi, i0, rows = _task(task, nrb, M)
         A, Bm, Ob = a3[ia[bi]], b3[ib[bi]], out[bi]
@@ -954,32 +1051,21 @@ def tensor_core(a3, b3, ea3, eb3, ia, ib, c, has_init, out, finite, tame, chunk,
         for j0 in range(0, N, TC_COLS):
             n = min(TC_COLS, N - j0)
             _start(acc, tot, bsw, bpk, c, has_init, bi, i0, j0, rows, n, 0.0, chunk)
-            for k0 in range(0, K, group):
-                if chunk > 0 and k0 > 0 and k0 % chunk == 0:
+            for s0 in range(0, K, span):
+                if s0 > 0:
                     _promote(tot, acc, rows, n, 0.0, False, f32, bsw, bpk, stats)
-                k1 = min(K, k0 + group)
-                for r in range(rows):
-                    i = i0 + r
-                    if stats:
-                        for j in range(n):
-                            old[j] = acc[r, j]
-                    if kind == FUSED:                   # statistics need the products' sum
-                        _fused_group(acc[r], A[i], EA[i], Bm, EB, k0, k1, j0, n, t0, v1, v0,
-                                     ps, finite, stats, f, run, cut, align, emin, beyond, spec,
-                                     rdown, to)
-                    elif kind == CDNA3:
-                        _cdna3_group(acc[r], A[i], EA[i], Bm, EB, k0, k1, j0, n, t0, t1, v0,
-                                     v1, ps, u0, u1, f, cut, halves, sum_bits, c_bits, emin,
-                                     spec, to, tame and not stats)
-                    else:
-                        _tree_group(acc[r], A[i], Bm, k0, k1, j0, n, group,
-                                    tree if k1 - k0 == group else tail, buf, flush, tiny, spec,
-                                    to, tame and not stats)
-                    if stats:
-                        y = buf[0] if kind == TREE else ps
-                        for j in range(n):
-                            o = 0.0 if kind == TREE and flush and abs(old[j]) < tiny else old[j]
-                            _count(bsw[r], bpk[r], j, y[j], o, acc[r, j])
+                s1 = min(K, s0 + span)
+                if kind == FUSED:                   # statistics need the products' sum
+                    _fused_span(acc, A, EA, Bm, EB, i0, rows, s0, s1, group, j0, n, t0, v1, v0,
+                                ps, old, bsw, bpk, finite, stats, f, run, cut, align, emin,
+                                beyond, spec, rdown, to)
+                elif kind == CDNA3:
+                    _cdna3_span(acc, A, EA, Bm, EB, i0, rows, s0, s1, group, j0, n, t0, t1, v0,
+                                v1, ps, u0, u1, old, bsw, bpk, stats, f, cut, halves, sum_bits,
+                                c_bits, emin, spec, to, tame)
+                else:
+                    _tree_span(acc, A, Bm, i0, rows, s0, s1, group, j0, n, tree, tail, buf,
+                               old, bsw, bpk, stats, flush, tiny, spec, to, tame)
             _block_out(tot, acc, bsw, bpk, Ob, sw, pk, bi, i0, j0, rows, n, 0.0, False, f32,
                        chunk, stats)
 

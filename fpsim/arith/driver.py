@@ -21,7 +21,7 @@ import numpy as np
 from .. import dispatch
 from ..backend import is_torch, is_torch_generator
 from ..convert import quantize
-from ..formats import Format
+from ..formats import Format, get_format
 from ..inputs import check_flag, check_input, check_seed
 from ..rounding import F32, F64, STOCHASTIC
 from . import accumulate, block_scaled, fused, given_bits, jit
@@ -146,7 +146,7 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format | Accumula
     if fb is not None:
         ops.b = quantize(ops.b, fb)
     if plan.model is not None and plan.model.truncate is not None:   # TF32 reads 19 bits
-        ops.a, ops.b = (quantize(x, plan.model.truncate, rounding="rtz") for x in (ops.a, ops.b))
+        ops.a, ops.b = (_truncated(x, plan.model.truncate) for x in (ops.a, ops.b))
     init = None if c is None else addend(c, ops, plan.c_format, use_torch)
     bits = given_bits.check(random_bits, plan, seed, ops, c is not None)
     emins = tuple((f or g).emin if (f or g) else -1022 for f, g in zip(plan.inputs, ops.formats))
@@ -191,6 +191,18 @@ def dot(a: Any, b: Any, **options: Any) -> Any:
             raise ValueError(f"dot: operand {which} has shape {tuple(np.shape(x))}; dot takes "
                              "two vectors (use matmul for matrices)")
     return matmul(a, b, **options)
+
+
+def _truncated(x: Any, fmt: str | Format) -> Any:
+    """``x`` cut toward zero to ``fmt`` (a TF32/XF32 instruction's read of FP32 registers), or
+    ``x`` itself when it holds values of ``fmt`` only (finite, within its precision and
+    range, and ``fmt`` has subnormals: the cut changes nothing; a NumPy array, whose
+    ``profile`` is one compiled pass)."""
+    fmt = get_format(fmt)
+    if (not is_torch(x) and fmt.subnormals and profile(x).fits(fmt)
+            and bool(np.isfinite(x).all())):
+        return x
+    return quantize(x, fmt, rounding="rtz")
 
 
 def _compiled_engine(plan: Plan, prod: Profile, use_torch: bool, want_stats: bool,

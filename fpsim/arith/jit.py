@@ -36,10 +36,9 @@ import numpy as np
 from .. import parallel
 from ..formats import Format
 from ..rounding import F64
-from .lanes import Lanes, Profile, guarded, lane_max
+from .lanes import Profile, guarded, lane_max
 from .plan import FP32, Plan
 from .tc_models import RUN, TensorCoreModel
-from .tensor_core import _pow2
 
 #: ``rounding=`` modes the kernels implement (stochastic rounding stays with NumPy/torch).
 MODES = {"rne": 0, "rna": 1, "rtz": 2, "rup": 3, "rdown": 4, "rto": 5}
@@ -259,8 +258,7 @@ def _tensor_core_args(model: TensorCoreModel, chunk: int | None, prod: Profile, 
     ``prod`` (less the row blocks)."""
     ea3, eb3 = (_arg(e, np.int64) for e in exps)
     if model.flush_subnormals:           # CDNA2: subnormal operands are +0
-        a3, b3 = (np.where(abs(x) < _pow2(Lanes(F64), e), 0.0, x) for x, e in ((a3, ea3),
-                                                                               (b3, eb3)))
+        a3, b3 = _kernels().flushed(a3, ea3), _kernels().flushed(b3, eb3)
     finite = bool(np.isfinite(a3).all() and np.isfinite(b3).all())
     fmt = model.accum_format
     tame = finite and prod.fits(fmt) and (prod.empty or prod.low >= fmt.emin)

@@ -57,7 +57,23 @@ def profile(x: Any, chunk: int | None = None) -> Profile:
     """Measure the finite non-zero values of a float32/float64 array or torch tensor (inf and
     NaN are exact), a slice of ``chunk`` elements at a time so that memory stays small.  A tensor
     is measured on its own device (no copy to the host); its default slices are larger (2^22
-    elements, not 2^16) since each one synchronises a GPU three times."""
+    elements, not 2^16) since each one synchronises a GPU three times.  A float32/float64 array
+    is measured in one compiled pass when numba is installed (``measure``).
+
+    >>> profile(np.array([0.75, -6.0, 0.0, np.inf]))
+    Profile(sig=2, low=-2, high=2)
+    """
+    if not is_torch(x) and chunk is None and x.dtype in (np.float32, np.float64):
+        from . import jit                   # not at import: jit imports this module
+
+        if jit.available():
+            sig, low, high = jit._kernels().profile(x.reshape(-1))
+            return Profile(sig, low, high) if sig else EMPTY
+    return measure(x, chunk)
+
+
+def measure(x: Any, chunk: int | None = None) -> Profile:
+    """``profile`` by NumPy (or torch) array operations, ``chunk`` elements at a time."""
     tensor = is_torch(x)
     flat = x.reshape(-1)
     size = flat.numel() if tensor else flat.size

@@ -7,6 +7,7 @@ against the GPUs; ``tests/data/mmasim_fixture.npz`` holds MMA-Sim's own outputs 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ..formats import Format, get_format
@@ -158,11 +159,12 @@ class TensorCoreModel:
         """
         return not self.operands or any(fits(fmt, wide) for wide in self.operands)
 
-    @property
+    @functools.cached_property
     def accum_format(self) -> Format:
+        """The result format (parsed once per model: every product reads it several times)."""
         return get_format(self.accum)
 
-    @property
+    @functools.cached_property
     def c_format(self) -> Format:
         """The register format of C and D: FP16 or FP64 for such results, else FP32."""
         fmt = self.accum_format
