@@ -58,9 +58,9 @@ class MatmulStats:
 def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format | Accumulator = "fp32",
            order: str | None = None, chunk: int | None = None, product: str | Format = "exact",
            rounding: str = "rne", output: str | Format | None = None,
-           return_stats: bool | str = False, seed: Any = None, srbits: int | None = None, random_bits: Any = None,
-           tensor_core: str | TensorCoreModel | None = None, backend: str = "auto",
-           engine: str | None = None, c: Any = None) -> Any:
+           return_stats: bool | str = False, seed: Any = None, srbits: int | None = None,
+           random_bits: Any = None, tensor_core: str | TensorCoreModel | None = None,
+           backend: str = "auto", engine: str | None = None, c: Any = None) -> Any:
     """Matrix product ``a @ b`` (NumPy ``matmul`` semantics) with emulated arithmetic, plus
     ``c`` when given: D = A·B + C, as the matrix instructions compute it.
 
@@ -110,11 +110,12 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format | Accumula
     Returns an array of float32 when the result's format fits it, else float64 (a torch tensor
     on the operands' device when either operand is one) and, with ``return_stats``, a
     ``MatmulStats``; ``return_stats="swamped"`` leaves its ``max_partial`` None, which the
-    compiled engine's sequential sums then do not track (faster).  Exactly zero sums follow IEEE 754 §6.3: +0 (-0 when both addends
-    are -0), except with ``rounding="rdown"``, where they are -0 (+0 when both addends are +0).
-    With ``order="tensor_core"`` zeros are +0 (any rounding) and NaN is NVIDIA's 0x7FFFFFFF,
-    as MMA-Sim has them; the FMA-chain presets (FP64 DMMA/MFMA, AMD FP32 MFMA) follow IEEE
-    754's fma instead (-0·x + -0 is -0; NumPy's NaN), and FP64 ones run on NumPy only.
+    compiled engine's sequential sums then do not track (faster).  Exactly zero sums follow
+    IEEE 754 §6.3: +0 (-0 when both addends are -0), except with ``rounding="rdown"``, where
+    they are -0 (+0 when both addends are +0).  With ``order="tensor_core"`` zeros are +0 (any
+    rounding) and NaN is NVIDIA's 0x7FFFFFFF, as MMA-Sim has them; the FMA-chain presets (FP64
+    DMMA/MFMA, AMD FP32 MFMA) follow IEEE 754's fma instead (-0·x + -0 is -0; NumPy's NaN), and
+    FP64 ones run on NumPy only.
 
     >>> import numpy as np, fpsim
     >>> ones = np.ones((1, 4096), np.float16)

@@ -153,9 +153,9 @@ def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.nda
     from ``init`` (batch, M, N) when given, as float64 (batch, M, N), and with ``want_stats``
     the NumPy engine's statistics (swamped additions, underflowed products: none, they are
     exact, and the largest partial sums, left undefined by sequential sums without ``peak``;
-    else ()).  A tensor-core model reads the operands'
-    exponents clamped at ``emins`` (tensor_core.exponents), or ``exps`` when given (block
-    scales: integers shaped like ``a3`` and ``b3``)."""
+    else ()).  A tensor-core model reads the operands' exponents clamped at ``emins``
+    (tensor_core.exponents), or ``exps`` when given (block scales: integers shaped like ``a3``
+    and ``b3``)."""
     kern = _kernels()
     a3, b3 = _arg(a3, np.float64), _arg(b3, np.float64)
     ia, ib = _arg(idx_a, np.int64), _arg(idx_b, np.int64)
@@ -200,8 +200,7 @@ def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.nda
         kernel = kern.pairwise
     else:
         args = (a3, b3, ia, ib, c, has_init, out, plan.chunk or 0, identity, finite, acc_prod,
-                mode == "rdown", magic, spec, _spec(FP32, "rne"), sw, pk, want_stats,
-                peak)
+                mode == "rdown", magic, spec, _spec(FP32, "rne"), sw, pk, want_stats, peak)
         kernel = kern.sequential
     # blocks of rows over the cores (the kernels release the GIL): fpsim's thread pool, not
     # numba's OpenMP layer, whose spinning threads starve other OpenMP pools such as torch's
