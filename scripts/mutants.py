@@ -49,6 +49,9 @@ JIT_TC = ["tests/test_jit_matmul.py::test_tensor_core_models_random_and_edge_ope
           "tests/test_jit_matmul.py::test_statistics_of_the_compiled_engine",
           "tests/test_jit_matmul.py::test_tensor_core_accumulator_overflow_with_finite_operands"]
 JIT_TAME = ["tests/test_jit_matmul.py::test_tensor_core_fast_paths_and_their_limits"]
+SWAMPED_ONLY = ["tests/test_jit_matmul.py::test_swamped_counts_after_an_overflow_in_one_chunk",
+                "tests/test_jit_matmul.py::test_swamped_counts_from_an_infinite_addend_c",
+                "tests/test_jit_matmul.py::test_return_stats_refuses_other_words"]
 SR_BITS = ["tests/test_stochastic_bits.py"]
 CAPTURE_STATS = ["tests/test_capture_stats.py"]
 SR_MATMUL = ["tests/test_matmul_random_bits.py"]
@@ -287,13 +290,28 @@ MUTANTS = [
            JIT),
     Mutant("jit-quick-zero-addend", "the compiled statistics count quickly (every addend "
            "non-zero) although b's row holds a zero",
-           "bsw[r], bpk[r], careful or zeros > 0)", "bsw[r], bpk[r], careful)",
+           "bsw[r], bpk[r], careful or zeros > 0, peak)", "bsw[r], bpk[r], careful, peak)",
            ["tests/test_jit_matmul.py::test_statistics_with_zero_operands_and_an_overflow"]),
     Mutant("jit-overflow-recount", "the compiled statistics keep the quick counts of a block "
            "whose partial sum overflowed",
-           "if stats and _overflowed(bpk, rows, n):     # the quick counts are wrong after inf",
+           "if stats and _overflowed(bpk, acc, tot, rows, n, chunk, peak):",
            "if False:", ["tests/test_jit_matmul.py::"
                          "test_statistics_with_zero_operands_and_an_overflow"]),
+    Mutant("jit-swamped-last-chunk", "return_stats='swamped' keeps the quick counts of a block "
+           "whose last chunk overflowed (only the outer sums are checked)",
+           "hit += not (abs(acc[r, j]) < np.inf and (chunk == 0 or abs(tot[r, j]) < np.inf))",
+           "hit += not (chunk == 0 or abs(tot[r, j]) < np.inf)", SWAMPED_ONLY),
+    Mutant("jit-swamped-outer-sum", "return_stats='swamped' keeps the quick counts of a block "
+           "whose earlier chunk overflowed (only the running chunk's sums are checked)",
+           "hit += not (abs(acc[r, j]) < np.inf and (chunk == 0 or abs(tot[r, j]) < np.inf))",
+           "hit += not (abs(acc[r, j]) < np.inf)", SWAMPED_ONLY),
+    Mutant("capture-peak-for-watch", "capture asks for swamped additions alone although a "
+           "watch sees the events too", "if events is not None and not self.em.watch:",
+           "if events is not None:", WATCH),
+    Mutant("capture-norm-peak", "capture's norm statistics ask for the largest partial sums "
+           "too", "events: dict = {sites.SWAMPED_ONLY: True}", "events: dict = {}", WATCH),
+    Mutant("matmul-swamped-peak", "return_stats='swamped' returns the largest partial sums "
+           "too", "return True, False", "return True, True", SWAMPED_ONLY),
     Mutant("jit-tc-stats-sums", "the compiled fused groups' statistics leave the products' "
            "sum at zero on finite operands", "if finite and cut == 0 and sums:",
            "if finite and cut == 0 and sums and not finite:", JIT_TC),

@@ -57,3 +57,36 @@ def test_watch_sees_every_emulated_call_with_the_counts_capture_sums() -> None:
 def test_watch_must_be_callable() -> None:
     with pytest.raises(TypeError, match="watch"):
         fpsim.emulate(Recipe("e4m3"), watch="print")
+
+
+def test_capture_alone_asks_the_accumulator_for_swamped_additions_only(monkeypatch) -> None:
+    """capture records swamped additions, not the largest partial sums: it asks the emulated
+    accumulator for those alone (``return_stats="swamped"``, counted faster), unless a watch,
+    which sees every event, is there too; the table is the same either way."""
+    from fpsim.emulation import sites
+
+    asked: list = []
+    real = sites.emulated_matmul
+
+    def spy(*args, **kw):
+        asked.append(kw["return_stats"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(sites, "emulated_matmul", spy)
+    model, x = _model(), torch.randn(5, 8)
+    with torch.no_grad():
+        model[1].weight[:, 0] *= 1e4           # a first product that swamps the others
+    fp16 = Recipe("fp16", accum="fp16", name="fp16")
+    rules = Rules([Rule(fp16, kind="norm")], default=fp16)
+    seen: list = []
+    with torch.no_grad():
+        with fpsim.emulate(rules, capture=True) as alone:
+            model(x)
+        assert "swamped" in asked and True not in asked       # False: a LayerNorm's mean
+        asked.clear()
+        with fpsim.emulate(rules, capture=True, watch=lambda *a: seen.append(a)) as watched:
+            model(x)
+    assert True in asked
+    assert all(isinstance(ev["accum"]["max_partial"], float) for *_, ev, _ in seen)
+    assert [s.row() for s in alone.sites.values()] == [s.row() for s in watched.sites.values()]
+    assert sum(s.swamped or 0 for s in alone.sites.values()) > 0

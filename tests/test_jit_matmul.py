@@ -479,13 +479,18 @@ def test_tensor_core_models_random_and_edge_operands(model):
 
 
 def assert_same_stats(a, b, **kw) -> None:
-    """The compiled engine's statistics are the NumPy engine's, output by output."""
+    """The compiled engine's statistics are the NumPy engine's, output by output; with
+    ``return_stats="swamped"`` too (the same results and counts, no largest sums)."""
     got = fpsim.matmul(a, b, backend="numba", return_stats=True, **kw)
     want = fpsim.matmul(a, b, backend="numpy", return_stats=True, **kw)
-    same_codes(got[0], want[0], nan_sign=False)      # NaNs of both signs meet here
+    only = fpsim.matmul(a, b, backend="numba", return_stats="swamped", **kw)
+    for y in (got[0], only[0]):
+        same_codes(y, want[0], nan_sign=False)      # NaNs of both signs meet here
+    assert only[1].max_partial is None
     for field in ("overflow", "swamped", "underflow", "max_partial"):
-        g, w = getattr(got[1], field), getattr(want[1], field)
-        assert g.dtype == w.dtype and np.array_equal(g, w), field
+        for st in (got[1], only[1]) if field != "max_partial" else (got[1],):
+            g, w = getattr(st, field), getattr(want[1], field)
+            assert g.dtype == w.dtype and np.array_equal(g, w), field
 
 
 @pytest.mark.parametrize("kw", [
@@ -528,6 +533,43 @@ def test_statistics_with_zero_operands_and_an_overflow(kw):
     b[7, 3] = b[7, 1027] = 0.0                 # a zero addend in each block
     assert_same_stats(a, b, **kw)
     assert np.isinf(fpsim.matmul(a, b, backend="numba", **kw)[0, 0])
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["first chunk", "last chunk"])
+def test_swamped_counts_after_an_overflow_in_one_chunk(late):
+    """return_stats="swamped" finds a block to count again from its sums, not its largest
+    ones: a chunk that overflows first leaves inf in the outer sum, the last one in its own
+    sum; the counts after it are the NumPy engine's either way (a sum past inf is swamped
+    by nothing)."""
+    a = np.ones((2, 24), np.float32)
+    b = np.full((24, 3), 1.0, np.float32)
+    big = slice(16, 24) if late else slice(0, 8)
+    b[big] = 2.0 ** 14                         # four of them overflow FP16 (65504), and
+    # the chunk's other four are added to inf
+    b[:, 2] = 2.0 ** -12                       # and a column of swamped additions
+    b[0, 2] = 1.0
+    assert_same_stats(a, b, accum="fp16", order="chunked", chunk=8)
+    assert np.isinf(fpsim.matmul(a, b, backend="numba", accum="fp16", order="chunked",
+                                 chunk=8)[0, 0])
+
+
+def test_swamped_counts_from_an_infinite_addend_c():
+    """An inf in ``c`` starts a sum at inf with finite operands: counted again, as the NumPy
+    engine counts (nothing swamped)."""
+    a = np.ones((2, 6), np.float32)
+    b = np.full((6, 3), 0.5, np.float32)
+    c = np.array([[np.inf, 0.0, -np.inf], [1.0, 2.0, 3.0]], np.float32)
+    assert_same_stats(a, b, accum="fp16", c=c)
+
+
+def test_return_stats_refuses_other_words():
+    """``return_stats`` takes True, False or "swamped" (the NumPy engine's stats leave the
+    largest sums None too)."""
+    x = np.ones((2, 3), np.float32)
+    assert fpsim.matmul(x, x.T, backend="numpy", accum="fp16",
+                        return_stats="swamped")[1].max_partial is None
+    with pytest.raises(TypeError, match="'swamped'"):
+        fpsim.matmul(x, x.T, return_stats="peak")
 
 
 def test_tensor_core_accumulator_overflow_with_finite_operands():

@@ -189,9 +189,15 @@ def _count(sw, pk, j, y, old, new):
     """accumulate.counted for one output: a non-zero ``y`` swallowed (``new == old``, ``old``
     finite) adds one to ``sw[j]``; ``pk[j]`` keeps the largest ``|new|`` (NaN aside).  Without
     a branch, so that the loops around it vectorise."""
-    sw[j] += (y != 0) & (new == old) & (abs(old) < np.inf)
+    _swamp(sw, j, y, old, new)
     a = abs(new)
     pk[j] = a if a > pk[j] else pk[j]
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _swamp(sw, j, y, old, new):
+    """``_count``'s swamped additions alone."""
+    sw[j] += (y != 0) & (new == old) & (abs(old) < np.inf)
 
 
 @njit(inline="always", **JIT_OPTIONS)
@@ -222,51 +228,72 @@ def _tally(sw, pk, j, old, new):
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _step_counted(row, x, brow, n, finite, fast, rdown, magic, f, sw, pk, careful):
+def _counted(sw, pk, j, y, old, new, peak):
+    """``_count``, or without ``peak`` its swamped additions alone (``_swamp``)."""
+    if peak:
+        _count(sw, pk, j, y, old, new)
+    else:
+        _swamp(sw, j, y, old, new)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _quick(row, x, brow, n, fast, rdown, f, sw, pk, peak):
+    """``_step_counted``'s finite cases where they count by ``_tally`` (with ``peak``; else by
+    its comparison alone): a loop for each, as a branch inside one would not vectorise."""
+    if peak:
+        for j in range(n):
+            old = row[j]
+            row[j] = _nearest(_sum(old, x * brow[j], fast, rdown, False), f)
+            _tally(sw, pk, j, old, row[j])
+    else:
+        for j in range(n):
+            old = row[j]
+            row[j] = _nearest(_sum(old, x * brow[j], fast, rdown, False), f)
+            sw[j] += row[j] == old
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _step_counted(row, x, brow, n, finite, fast, rdown, magic, f, sw, pk, careful, peak):
     """``_step`` (its two finite cases, else its general form: the same bits) with the
-    statistics of each addition.  Unless ``careful`` (the caller's: ``brow`` holds a zero, or
-    the block is run again because a partial sum overflowed), a finite case with ``x != 0``
-    counts by ``_tally``: its products are exact and non-zero, and a partial sum is finite
-    until it overflows, which leaves inf in ``pk``."""
+    statistics of each addition (``peak``: the largest sums too, else the swamped additions
+    alone).  Unless ``careful`` (the caller's: ``brow`` holds a zero, or the block is run
+    again because a partial sum overflowed), a finite case with ``x != 0`` counts by
+    ``_quick``: its products are exact and non-zero, and a partial sum is finite until it
+    overflows."""
     quick = not careful and x != 0
     if finite and fast and magic and not rdown:
         if quick:
-            for j in range(n):
-                old = row[j]
-                row[j] = _nearest(old + x * brow[j], f)
-                _tally(sw, pk, j, old, row[j])
+            _quick(row, x, brow, n, True, False, f, sw, pk, peak)
             return
         for j in range(n):
             old = row[j]
             p = x * brow[j]
             row[j] = _nearest(old + p, f)
-            _count(sw, pk, j, p, old, row[j])
+            _counted(sw, pk, j, p, old, row[j], peak)
         return
     if finite and magic:
         if quick:
-            for j in range(n):
-                old = row[j]
-                row[j] = _nearest(_sum(old, x * brow[j], False, rdown, False), f)
-                _tally(sw, pk, j, old, row[j])
+            _quick(row, x, brow, n, False, rdown, f, sw, pk, peak)
             return
         for j in range(n):
             old = row[j]
             p = x * brow[j]
             row[j] = _nearest(_sum(old, p, False, rdown, False), f)
-            _count(sw, pk, j, p, old, row[j])
+            _counted(sw, pk, j, p, old, row[j], peak)
         return
     for j in range(n):
         old = row[j]
         p = _product(x, brow[j], True)
         row[j] = _add(old, p, fast, rdown, magic, f)
-        _count(sw, pk, j, p, old, row[j])
+        _counted(sw, pk, j, p, old, row[j], peak)
 
 
 @njit(inline="always", **JIT_OPTIONS)
 def _sweep(A, Bm, acc, tot, bsw, bpk, i0, j0, rows, n, K, chunk, identity, finite, fast, rdown,
-           magic, f, f32, stats, careful):
+           magic, f, f32, stats, careful, peak):
     """A block's sums over the K products (with ``chunk``: promoted every chunk); with
-    ``stats`` counted (``_step_counted``; ``careful``: every addition checked)."""
+    ``stats`` counted (``_step_counted``; ``careful``: every addition checked; ``peak``: the
+    largest sums too)."""
     for k in range(K):
         if chunk > 0 and k > 0 and k % chunk == 0:
             _promote(tot, acc, rows, n, identity, f[5] != 0, f32, bsw, bpk, stats)
@@ -278,19 +305,25 @@ def _sweep(A, Bm, acc, tot, bsw, bpk, i0, j0, rows, n, K, chunk, identity, finit
                     zeros += brow[j] == 0
             for r in range(rows):
                 _step_counted(acc[r], A[i0 + r, k], brow, n, finite, fast, rdown, magic, f,
-                              bsw[r], bpk[r], careful or zeros > 0)
+                              bsw[r], bpk[r], careful or zeros > 0, peak)
         else:
             for r in range(rows):
                 _step(acc[r], A[i0 + r, k], brow, n, finite, fast, rdown, magic, f)
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _overflowed(bpk, rows, n):
-    """Whether a partial sum of the block reached inf (its largest magnitude is inf)."""
+def _overflowed(bpk, acc, tot, rows, n, chunk, peak):
+    """Whether a partial sum of the block may have reached inf: with ``peak`` its largest
+    magnitude is inf; without, a sum is not finite (on finite operands a sum that reached inf
+    stays inf or becomes NaN, and with ``chunk`` makes the outer sum so: the last chunk's is
+    in ``acc``, the others' in ``tot``)."""
     hit = 0
     for r in range(rows):
         for j in range(n):
-            hit += bpk[r, j] == np.inf
+            if peak:
+                hit += bpk[r, j] == np.inf
+            else:
+                hit += not (abs(acc[r, j]) < np.inf and (chunk == 0 or abs(tot[r, j]) < np.inf))
     return hit > 0
 
 
@@ -333,10 +366,11 @@ def _start(acc, tot, bsw, bpk, c, has_init, bi, i0, j0, rows, n, identity, chunk
 
 @njit(**JIT_OPTIONS)
 def sequential(a3, b3, ia, ib, c, has_init, out, chunk, identity, finite, fast, rdown, magic,
-               f, f32, sw, pk, stats, first, last):
+               f, f32, sw, pk, stats, peak, first, last):
     """Sequential (and fma, chunked) sums: blocks of ROWS x COLS outputs, over K; the blocks
     of rows first..last-1 (counted over the batch), so that threads share the work; with
-    ``stats``, accumulate.counted's swamped additions and largest sums in ``sw`` and ``pk``."""
+    ``stats``, accumulate.counted's swamped additions and (with ``peak``; else ``pk`` is left
+    undefined) largest sums in ``sw`` and ``pk``."""
     M, K, N = a3.shape[1], a3.shape[2], b3.shape[2]
     nrb = (M + ROWS - 1) // ROWS
     for task in range(first, last):
@@ -350,11 +384,12 @@ def sequential(a3, b3, ia, ib, c, has_init, out, chunk, identity, finite, fast, 
             n = min(COLS, N - j0)
             _start(acc, tot, bsw, bpk, c, has_init, bi, i0, j0, rows, n, identity, chunk)
             _sweep(A, Bm, acc, tot, bsw, bpk, i0, j0, rows, n, K, chunk, identity, finite, fast,
-                   rdown, magic, f, f32, stats, False)
-            if stats and _overflowed(bpk, rows, n):     # the quick counts are wrong after inf
+                   rdown, magic, f, f32, stats, False, peak)
+            # the quick counts are wrong after inf
+            if stats and _overflowed(bpk, acc, tot, rows, n, chunk, peak):
                 _start(acc, tot, bsw, bpk, c, has_init, bi, i0, j0, rows, n, identity, chunk)
                 _sweep(A, Bm, acc, tot, bsw, bpk, i0, j0, rows, n, K, chunk, identity, finite,
-                       fast, rdown, magic, f, f32, stats, True)
+                       fast, rdown, magic, f, f32, stats, True, peak)
             _block_out(tot, acc, bsw, bpk, Ob, sw, pk, bi, i0, j0, rows, n, identity,
                        f[5] != 0, f32, chunk, stats)
 

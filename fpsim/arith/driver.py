@@ -57,10 +57,10 @@ class MatmulStats:
 
 def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format | Accumulator = "fp32",
            order: str | None = None, chunk: int | None = None, product: str | Format = "exact",
-           rounding: str = "rne", output: str | Format | None = None, return_stats: bool = False,
-           seed: Any = None, srbits: int | None = None, random_bits: Any = None,
-           tensor_core: str | TensorCoreModel | None = None, backend: str = "auto",
-           engine: str | None = None, c: Any = None) -> Any:
+           rounding: str = "rne", output: str | Format | None = None,
+           return_stats: bool | str = False, seed: Any = None, srbits: int | None = None,
+           random_bits: Any = None, tensor_core: str | TensorCoreModel | None = None,
+           backend: str = "auto", engine: str | None = None, c: Any = None) -> Any:
     """Matrix product ``a @ b`` (NumPy ``matmul`` semantics) with emulated arithmetic, plus
     ``c`` when given: D = A·B + C, as the matrix instructions compute it.
 
@@ -109,11 +109,13 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format | Accumula
 
     Returns an array of float32 when the result's format fits it, else float64 (a torch tensor
     on the operands' device when either operand is one) and, with ``return_stats``, a
-    ``MatmulStats``.  Exactly zero sums follow IEEE 754 §6.3: +0 (-0 when both addends
-    are -0), except with ``rounding="rdown"``, where they are -0 (+0 when both addends are +0).
-    With ``order="tensor_core"`` zeros are +0 (any rounding) and NaN is NVIDIA's 0x7FFFFFFF,
-    as MMA-Sim has them; the FMA-chain presets (FP64 DMMA/MFMA, AMD FP32 MFMA) follow IEEE
-    754's fma instead (-0·x + -0 is -0; NumPy's NaN), and FP64 ones run on NumPy only.
+    ``MatmulStats``; ``return_stats="swamped"`` leaves its ``max_partial`` None, which the
+    compiled engine's sequential sums then do not track (faster).  Exactly zero sums follow
+    IEEE 754 §6.3: +0 (-0 when both addends are -0), except with ``rounding="rdown"``, where
+    they are -0 (+0 when both addends are +0).  With ``order="tensor_core"`` zeros are +0 (any
+    rounding) and NaN is NVIDIA's 0x7FFFFFFF, as MMA-Sim has them; the FMA-chain presets (FP64
+    DMMA/MFMA, AMD FP32 MFMA) follow IEEE 754's fma instead (-0·x + -0 is -0; NumPy's NaN), and
+    FP64 ones run on NumPy only.
 
     >>> import numpy as np, fpsim
     >>> ones = np.ones((1, 4096), np.float16)
@@ -130,7 +132,7 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format | Accumula
         backend, keyword = engine, "engine"
     plan = make_plan(inputs, accum, order, chunk, product, rounding, output, tensor_core, backend,
                      keyword, srbits)
-    return_stats = check_flag(return_stats, "return_stats")
+    return_stats, peak = _stats_wanted(return_stats)
     use_torch = plan.backend in ("torch", "compiled") or (plan.backend == "auto" and (
         any(is_torch(x) and dispatch.device_kind(x) != "cpu" for x in (a, b)) or is_torch_generator(seed)))
     scaled = block_scaled.split(a, b, plan.model)
@@ -158,7 +160,7 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format | Accumula
         b3, idx_b = batched(ops.b, ops.batch)
         exps3 = exps and (batched(exps.a, ops.batch)[0], batched(exps.b, ops.batch)[0])
         out, stats = jit.run(plan, prod, a3, b3, idx_a, idx_b, init, emins, exps3,
-                             return_stats)
+                             return_stats, peak)
     else:
         with np.errstate(invalid="ignore", over="ignore"):      # inf - inf inside TwoSum
             out, stats = _run(plan, lanes, prod, ops, emins, seed, return_stats, init, exps,
@@ -172,9 +174,20 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format | Accumula
     out = deliver(out.reshape(ops.shape), ops.device)
     if not return_stats:
         return out
-    swamped, underflow, peak = (deliver(s.reshape(ops.shape), ops.device) for s in stats)
+    swamped, underflow, largest = (deliver(s.reshape(ops.shape), ops.device) for s in stats)
     overflow = ~(out.isfinite() if ops.device is not None else np.isfinite(out))
-    return out, MatmulStats(overflow, peak, swamped, underflow)
+    return out, MatmulStats(overflow, largest if peak else None, swamped, underflow)
+
+
+def _stats_wanted(value: Any) -> tuple[bool, bool]:
+    """``matmul``'s ``return_stats`` as (statistics wanted, largest partial sums wanted)."""
+    if isinstance(value, str):
+        if value != "swamped":
+            raise TypeError(f"return_stats={value!r}: pass True, False or 'swamped' (the "
+                            "swamped additions without the largest partial sums)")
+        return True, False
+    wanted = check_flag(value, "return_stats")
+    return wanted, wanted
 
 
 def dot(a: Any, b: Any, **options: Any) -> Any:

@@ -147,13 +147,14 @@ def _arg(x: np.ndarray, dtype: type) -> np.ndarray:
 def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.ndarray,
         idx_b: np.ndarray, init: np.ndarray | None, emins: tuple[int, int] = (-1022, -1022),
         exps: tuple[np.ndarray, np.ndarray] | None = None,
-        want_stats: bool = False) -> tuple[np.ndarray, tuple]:
+        want_stats: bool = False, peak: bool = True) -> tuple[np.ndarray, tuple]:
     """The sums of ``a3[idx_a] @ b3[idx_b]`` (float64 (batch, M, K) and (batch, K, N)), starting
     from ``init`` (batch, M, N) when given, as float64 (batch, M, N), and with ``want_stats``
     the NumPy engine's statistics (swamped additions, underflowed products: none, they are
-    exact, and the largest partial sums; else ()).  A tensor-core model reads the operands'
-    exponents clamped at ``emins`` (tensor_core.exponents), or ``exps`` when given (block
-    scales: integers shaped like ``a3`` and ``b3``)."""
+    exact, and the largest partial sums, left undefined by sequential sums without ``peak``;
+    else ()).  A tensor-core model reads the operands' exponents clamped at ``emins``
+    (tensor_core.exponents), or ``exps`` when given (block scales: integers shaped like ``a3``
+    and ``b3``)."""
     kern = _kernels()
     a3, b3 = _arg(a3, np.float64), _arg(b3, np.float64)
     ia, ib = _arg(idx_a, np.int64), _arg(idx_b, np.int64)
@@ -198,7 +199,7 @@ def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.nda
         kernel = kern.pairwise
     else:
         args = (a3, b3, ia, ib, c, has_init, out, plan.chunk or 0, identity, finite, acc_prod,
-                mode == "rdown", magic, spec, _spec(FP32, "rne"), sw, pk, want_stats)
+                mode == "rdown", magic, spec, _spec(FP32, "rne"), sw, pk, want_stats, peak)
         kernel = kern.sequential
     # blocks of rows over the cores (the kernels release the GIL): fpsim's thread pool, not
     # numba's OpenMP layer, whose spinning threads starve other OpenMP pools such as torch's

@@ -245,6 +245,8 @@ class Interceptor(TorchFunctionMode):
         a, b = a.to(dt), b.to(dt)
         bias = None if bias is None else bias.to(dt)
         events: dict | None = {} if self.em.capture or self.em.watch else None
+        if events is not None and not self.em.watch:        # capture alone: no largest sums
+            events[sites.SWAMPED_ONLY] = True
         cache = self.cache if _parameter(b) else self.recent if _recurring(b) else None
         if recipe is None:
             y = native()
@@ -582,7 +584,7 @@ class Interceptor(TorchFunctionMode):
         same bits again), so capturing changes no result."""
         if not self.em.capture:
             return
-        events: dict = {}
+        events: dict = {sites.SWAMPED_ONLY: True}
         if recipe is None:
             self.record(name, "norm", None, (x,), events, None, None)
             return

@@ -386,13 +386,21 @@ def _operands(
 # --------------------------------------------------------------------------------------------
 # Accumulation and output
 # --------------------------------------------------------------------------------------------
+#: a key of an ``events`` dict, True where its reader wants the accumulator's swamped additions
+#: but not its largest partial sum (``fpsim.emulate``'s capture, which records no such column):
+#: the compiled engine's sequential sums then do not track it, and ``events["accum"]``'s
+#: ``max_partial`` is None
+SWAMPED_ONLY = "swamped_only"
+
+
 def _emulated_matmul(a: Tensor, b: Tensor, recipe: Recipe, events: dict | None) -> Tensor:
     """``a @ b`` (matmul broadcasting) with the accumulator emulated by ``fpsim.matmul``.
 
     Products are exact (float64 operands: a float64 multiply, as the FP64 hardware rounds
     it); fills ``events["accum"]`` with the accumulator's overflow, largest
-    partial sum and swamped additions when ``events`` is given.
+    partial sum (None under ``SWAMPED_ONLY``) and swamped additions when ``events`` is given.
     """
+    peak = events is not None and not events.get(SWAMPED_ONLY, False)
     y = emulated_matmul(
         a,
         b,
@@ -401,7 +409,7 @@ def _emulated_matmul(a: Tensor, b: Tensor, recipe: Recipe, events: dict | None) 
         rounding=recipe.rounding,
         seed=generator(a.device) if recipe.rounding in STOCHASTIC else None,
         srbits=recipe.srbits,
-        return_stats=events is not None,
+        return_stats=False if events is None else True if peak else "swamped",
     )
     if events is None:
         return y.to(a.dtype)
@@ -409,7 +417,8 @@ def _emulated_matmul(a: Tensor, b: Tensor, recipe: Recipe, events: dict | None) 
     events["accum"] = {
         "outputs": y.numel(),
         "overflow": int(stats.overflow.sum()),
-        "max_partial": float(stats.max_partial.max()) if y.numel() else 0.0,
+        "max_partial": None if not peak else float(stats.max_partial.max()) if y.numel()
+        else 0.0,
         "swamped": int(stats.swamped.sum()),
     }
     return y.to(a.dtype)
