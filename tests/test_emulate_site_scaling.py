@@ -101,6 +101,26 @@ def test_a_convolution_calibrates_scales_per_site_and_keeps_flushed_values_witho
             assert conv(x).flatten().tolist() == [240.0, small], flush
 
 
+def test_per_site_weights_are_quantized_once_over_calls(monkeypatch):
+    """Without gradients a per-site recipe goes the way of the other scalings, whose quantized
+    weights are kept between calls (a greedy decoder's output layer at every token)."""
+    from fpsim.emulation import quantizers
+
+    torch.manual_seed(0)
+    layer, x = torch.nn.Linear(8, 4), torch.randn(3, 8)
+    cal = Calibration()
+    with torch.no_grad(), fpsim.emulate(FP32, watch=cal):
+        layer(x)
+    shapes, cast = [], sites.quantize_cast
+    for module in (sites, quantizers):
+        monkeypatch.setattr(module, "quantize_cast", lambda t, *a, **k: shapes.append(
+            tuple(t.shape)) or cast(t, *a, **k))
+    with torch.no_grad(), fpsim.emulate(Recipe("e4m3_ieee", scaling="site"), amax=cal.amax):
+        first = layer(x)
+        assert _bits(layer(x)) == _bits(first)
+    assert shapes == [(3, 8), (8, 4), (3, 8)]
+
+
 def test_per_site_scaling_without_its_calibration_is_refused():
     layer = torch.nn.Linear(2, 1, bias=False)
     with pytest.raises(ValueError, match="site ':linear' has no calibrated amax"):

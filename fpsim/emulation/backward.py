@@ -40,8 +40,9 @@ _DEFAULT = Backward()
 
 def handles(recipe: Recipe, *tensors: Tensor | None) -> bool:
     """Whether a product site goes through this module: a gradient is wanted, or the recipe
-    has casts only this module applies (TE / torchao scalings, NVFP4 2-D blocks, delays)."""
-    if any(isinstance(f, Cast) for f in (recipe.inputs, recipe.weights)):
+    has casts only this module applies (TE / torchao scalings, NVFP4 2-D blocks, delays; not
+    per-site scaling's, which ``sites`` applies with its caches of quantized weights)."""
+    if any(isinstance(f, Cast) and f.scaling != "site" for f in (recipe.inputs, recipe.weights)):
         return True
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
