@@ -47,8 +47,7 @@ from torch import Tensor
 from .. import convert, parallel
 from ..blockrules import nvfp4_tensor_scale
 from ..mx import get_block_format
-from .backward import axis_free
-from .casts import Cast
+from .backward import axis_free, training_casts
 from .recipe import Recipe
 from .sites import _product, operand_events, quantize_operand, round_output, unflush
 
@@ -283,7 +282,7 @@ def _tensor_scale(recipe: Recipe, xp: Tensor) -> float | None:
 def quantize_weights(recipe: Recipe, wd: Tensor, groups: int, events: dict | None) -> Tensor:
     """The right operand ``[groups, K, C_out/groups]`` rounded to the recipe's weight format,
     scaled along K (every convolution's first step: it refuses training casts here)."""
-    if any(isinstance(f, Cast) and f.scaling != "site" for f in (recipe.inputs, recipe.weights)):
+    if training_casts(recipe):
         raise ValueError(f"recipe {recipe.name!r}: a convolution site takes formats (with the "
                          "recipe's scaling), not training casts (Cast: TE / torchao scalings, "
                          "2-D blocks, delays), which apply to linear and matmul sites; give "
