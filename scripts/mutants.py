@@ -910,7 +910,7 @@ MUTANTS = [
            "return any(isinstance(f, Cast) for f in (recipe.inputs, recipe.weights))",
            SITE_SCALING),
     Mutant("recent-widened-anew", "a recurring operand is widened to FP64 again at every call",
-           "if entry[1] is q:", "if entry[1] is q and False:",
+           "if entry[1] is q and key in self.recurred:", "if False:",
            ["tests/test_emulate.py::test_recurring_operands_are_quantized_once"]),
     Mutant("softmax-chunk-rows", "the chunked FP64 softmax skips a row chunk's last row",
            "flat[i:i + step] = torch.softmax(rows[i:i + step].double(), dim=-1)",

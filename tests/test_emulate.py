@@ -305,9 +305,9 @@ def test_only_parameters_are_cached():
 
 
 def test_recurring_operands_are_quantized_once(monkeypatch):
-    """A right operand that recurs unchanged (a decoder's cached keys) is quantized and
-    widened to FP64 once, its result the same bits; a weight is widened to FP64 once, whatever
-    the calls."""
+    """A right operand that recurs unchanged (a decoder's cached keys) is quantized once and
+    widened to FP64 once it recurs, its result the same bits; a weight is widened to FP64
+    once, whatever the calls."""
     from fpsim.emulation import sites
 
     calls, widened = [], []
@@ -323,8 +323,9 @@ def test_recurring_operands_are_quantized_once(monkeypatch):
     with torch.no_grad(), fpsim.emulate(Recipe("e4m3", scaling="tensor")):
         first = x @ k
         assert torch.equal(x @ k, first) and len(calls) == 3     # x, k, then x only
+        assert torch.equal(x @ k, first)
         assert torch.equal(layer(x), layer(x))
-    assert widened == [(8, 5), (8, 4)]
+    assert widened == [(8, 5), (8, 5), (8, 4)]           # k's first use, then kept
     monkeypatch.undo()
     other = torch.nn.Linear(8, 4)                        # a weight of the same shape
     with torch.no_grad(), fpsim.emulate(Recipe("e4m3", scaling="tensor")):

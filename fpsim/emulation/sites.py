@@ -333,6 +333,7 @@ class Recent(dict):
     def __init__(self, size: int) -> None:
         super().__init__()
         self.size = size
+        self.recurred: set = set()             # keys that ``find`` found
 
     def find(self, key: Any, b: Tensor) -> tuple | None:
         """The entry of ``key`` when ``b`` holds the bits it was made from, else None."""
@@ -340,13 +341,15 @@ class Recent(dict):
         if entry is None or not torch.equal(_bits(entry[0]), _bits(b)):
             return None
         dict.__setitem__(self, key, self.pop(key))    # the most recently used last
+        self.recurred.add(key)
         return entry
 
     def widened(self, q: Tensor) -> Tensor:
         """``q`` in FP64, kept with the entry whose quantization ``q`` is (the most recent
-        first) while that entry lives; made anew for a ``q`` of no entry."""
+        first) once that entry has recurred (``find``), while it lives; made anew for a ``q``
+        of no such entry (an encoder's keys, used once, keep no FP64 copy)."""
         for key, entry in reversed(self.items()):
-            if entry[1] is q:
+            if entry[1] is q and key in self.recurred:
                 if len(entry) == 3:
                     dict.__setitem__(self, key, (*entry, q.to(torch.float64)))
                 return self[key][3]
@@ -354,9 +357,11 @@ class Recent(dict):
 
     def __setitem__(self, key: Any, entry: tuple) -> None:
         self.pop(key, None)
+        self.recurred.discard(key)
         super().__setitem__(key, (entry[0].clone(), *entry[1:]))
         while len(self) > self.size:
-            del self[next(iter(self))]
+            self.recurred.discard(old := next(iter(self)))
+            del self[old]
 
 
 _WIDTH = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
