@@ -62,6 +62,7 @@ from fpsim.emulation.recipe import FP32
 
 from . import bootstrap, likewise, models
 from .bootstrap import fmt_ci
+from .models.base import Scores, pieces
 from .range_findings import INTERACT_ABOVE, INTERACT_BELOW
 from .report import finish, num, page, pct, table, versions
 from .sweep import runner
@@ -322,15 +323,24 @@ def _sites(table_rows: list[dict]) -> list[dict]:
 def run_arm(adapter: models.Adapter, model: Any, units: list, ref: list, arm_: Arm,
             capture: int, amax: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
     """One arm: its metrics on every unit, then its sites captured on the first ``capture``
-    (``amax``: per-site scaling's calibration)."""
-    start = time.perf_counter()
-    with fpsim.emulate(arm_.rules(), amax=amax) as em:
-        out = adapter.run(model, units, ref)
-    seconds = time.perf_counter() - start
+    (``amax``: per-site scaling's calibration).  The units run and are scored piece by piece
+    (``pieces``) in one emulation, entered once per piece, so only a piece's
+    outputs are held; ``seconds`` counts the runs, not the scoring."""
+    em, seconds = fpsim.emulate(arm_.rules(), amax=amax), 0.0
+    scores: Scores = {}
+    for part in pieces(adapter, len(units)):
+        start = time.perf_counter()
+        with em:
+            out = adapter.run(model, units[part], ref[part])
+        seconds += time.perf_counter() - start
+        for k, (num_, den) in adapter.score(units[part], ref[part], out).items():
+            kept = scores.setdefault(k, ([], []))
+            kept[0].extend(num_)
+            kept[1].extend(den)
     with fpsim.emulate(arm_.rules(), capture=True, amax=amax) as cap:
         adapter.trace(model, units[:capture], ref[:capture])
     return {"name": arm_.name, "factors": arm_.factors, "recipe": arm_.recipe.to_json(),
-            "metrics": summarize(adapter.score(units, ref, out)),
+            "metrics": summarize(scores),
             "sites": _sites(cap.table()), "missed": {site: stats.calls for site, stats in em.missed.items()},
             "seconds": round(seconds, 2)}
 
@@ -366,7 +376,8 @@ class StudyWork:
             _ADAPTERS[self.source] = models.get(self.source)
         if ref not in _SAVED:
             _SAVED.clear()
-            _SAVED[ref] = torch.load(ref, weights_only=False)
+            # mapped, not read: the workers of a pool share the reference's pages
+            _SAVED[ref] = torch.load(ref, weights_only=False, mmap=True)
         adapter, (inputs, out, amax) = _ADAPTERS[self.source], _SAVED[ref]
         return {**run_arm(adapter, adapter.model(), inputs, out, task, self.capture, amax),
                 "versions": versions()}
@@ -390,7 +401,8 @@ def study(adapter: models.Adapter, quick: bool, units: int | None = None,
     ref_seconds = time.perf_counter() - start
     start = time.perf_counter()
     with torch.no_grad():
-        adapter.run(model, inputs)
+        for part in pieces(adapter, len(inputs)):     # outputs dropped piece by piece
+            adapter.run(model, inputs[part])
     native = time.perf_counter() - start
     capture = min(len(inputs), CAPTURE_UNITS[size])
     amax = None if cal is None else cal.amax

@@ -927,6 +927,29 @@ MUTANTS = [
     Mutant("study-calibration-unsaved", "the workers' saved reference has no calibration",
            "torch.save((inputs, ref, amax), saved)", "torch.save((inputs, ref, None), saved)",
            STUDY_SITE),
+    # the cost of Whisper's study (issues 41, 42): per-site convolutions, caches, pieces
+    Mutant("conv-site-unwatched", "a convolution site is not seen by the watch (no calibration)",
+           "if recipe is not None and ic.em.watch is not None:    # as a product site's",
+           "if False:", SITE_SCALING),
+    Mutant("conv-site-flush", "a per-site convolution flushes its input under flush=False",
+           "xp = unflush(xp, xq, recipe.cast(recipe.inputs) or recipe)",
+           "xp = unflush(xp, xq, recipe)", SITE_SCALING),
+    Mutant("site-through-backward", "a per-site product goes the training way, its weights "
+           "quantized again at every call",
+           'return any(isinstance(f, Cast) and f.scaling != "site" for f in (recipe.inputs, '
+           'recipe.weights))',
+           "return any(isinstance(f, Cast) for f in (recipe.inputs, recipe.weights))",
+           SITE_SCALING),
+    Mutant("recent-widened-anew", "a recurring operand is widened to FP64 again at every call",
+           "if entry[1] is q and key in self.recurred:", "if False:",
+           ["tests/test_emulate.py::test_recurring_operands_are_quantized_once"]),
+    Mutant("softmax-chunk-rows", "the chunked FP64 softmax skips a row chunk's last row",
+           "flat[i:i + step] = torch.softmax(rows[i:i + step].double(), dim=-1)",
+           "flat[i:i + step - 1] = torch.softmax(rows[i:i + step - 1].double(), dim=-1)",
+           ["tests/test_docs.py::test_docstring_examples_print_what_they_show"
+            "[fpsim.emulation.sites]"]),
+    Mutant("study-piece-denominators", "an arm run piece by piece keeps numerators as "
+           "denominators", "kept[1].extend(den)", "kept[1].extend(num_)", MODEL_STUDY),
 ]
 
 

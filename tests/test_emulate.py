@@ -305,25 +305,27 @@ def test_only_parameters_are_cached():
 
 
 def test_recurring_operands_are_quantized_once(monkeypatch):
-    """A right operand that recurs unchanged (a decoder's cached keys) is quantized once, its
-    result the same bits; a weight is widened to FP64 once, whatever the calls."""
+    """A right operand that recurs unchanged (a decoder's cached keys) is quantized once and
+    widened to FP64 once it recurs, its result the same bits; a weight is widened to FP64
+    once, whatever the calls."""
     from fpsim.emulation import sites
 
     calls, widened = [], []
     quantize, to = sites._quantize_counted, torch.Tensor.to
     monkeypatch.setattr(sites, "_quantize_counted", lambda x, *a: calls.append(x.shape) or
                         quantize(x, *a))
+    monkeypatch.setattr(torch.Tensor, "to", lambda t, *a, **kw: (
+        widened.append(t.shape) if t.shape in ((8, 4), (8, 5)) and a == (torch.float64,)
+        else None) or to(t, *a, **kw))
     torch.manual_seed(0)
     x, k = torch.randn(3, 8), torch.randn(8, 5)
     layer = torch.nn.Linear(8, 4)
     with torch.no_grad(), fpsim.emulate(Recipe("e4m3", scaling="tensor")):
         first = x @ k
         assert torch.equal(x @ k, first) and len(calls) == 3     # x, k, then x only
-        monkeypatch.setattr(torch.Tensor, "to", lambda t, *a, **kw: (
-            widened.append(t.shape) if t.shape == (8, 4) and a == (torch.float64,) else None)
-            or to(t, *a, **kw))
+        assert torch.equal(x @ k, first)
         assert torch.equal(layer(x), layer(x))
-    assert widened == [(8, 4)]
+    assert widened == [(8, 5), (8, 5), (8, 4)]           # k's first use, then kept
     monkeypatch.undo()
     other = torch.nn.Linear(8, 4)                        # a weight of the same shape
     with torch.no_grad(), fpsim.emulate(Recipe("e4m3", scaling="tensor")):

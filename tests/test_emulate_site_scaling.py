@@ -70,18 +70,55 @@ def test_per_site_equals_per_tensor_where_calibration_saw_the_same_operands():
     torch.manual_seed(0)
     x = torch.randn(4, 16) * 30
     rules = lambda r: Rules([Rule(r, kind="norm"), Rule(r)], default=FP32)  # noqa: E731
+    conv = lambda t: torch.nn.Conv1d(4, 8, 3, padding=1)(t.view(4, 4, 4))  # noqa: E731
     for module, site in ((torch.nn.LayerNorm(16), ":layer_norm"),
-                         (torch.nn.Linear(16, 8), ":linear")):
+                         (torch.nn.Linear(16, 8), ":linear"), (conv, ":conv")):
         cal = Calibration()
         with torch.no_grad(), fpsim.emulate(rules(FP32), watch=cal):
+            torch.manual_seed(1)
             module(x)
         assert list(cal.amax) == [site] and cal.amax[site]["a"] == float(x.abs().max())
         runs = {}
         for scaling in ("site", "tensor"):
             r = Recipe("e4m3_ieee", scaling=scaling, name="r")
             with torch.no_grad(), fpsim.emulate(rules(r), amax=cal.amax):
+                torch.manual_seed(1)
                 runs[scaling] = module(x)
         assert _bits(runs["site"]) == _bits(runs["tensor"]), site
+
+
+def test_a_convolution_calibrates_scales_per_site_and_keeps_flushed_values_without_flush():
+    conv = torch.nn.Conv1d(1, 1, 1, bias=False)
+    conv.weight.data.fill_(1.0)
+    x = torch.tensor([[[240.0, 1e-4]]])                 # 1e-4: below E4M3's least subnormal
+    cal = Calibration()
+    with torch.no_grad(), fpsim.emulate(FP32, watch=cal):
+        conv(x)
+    assert cal.amax == {":conv": {"a": 240.0, "b": 1.0}}
+    for flush, small in ((True, 0.0), (False, float(x[0, 0, 1]))):
+        with torch.no_grad(), fpsim.emulate(Recipe("e4m3_ieee", scaling="site", flush=flush),
+                                            amax=cal.amax):
+            assert conv(x).flatten().tolist() == [240.0, small], flush
+
+
+def test_per_site_weights_are_quantized_once_over_calls(monkeypatch):
+    """Without gradients a per-site recipe goes the way of the other scalings, whose quantized
+    weights are kept between calls (a greedy decoder's output layer at every token)."""
+    from fpsim.emulation import quantizers
+
+    torch.manual_seed(0)
+    layer, x = torch.nn.Linear(8, 4), torch.randn(3, 8)
+    cal = Calibration()
+    with torch.no_grad(), fpsim.emulate(FP32, watch=cal):
+        layer(x)
+    shapes, cast = [], sites.quantize_cast
+    for module in (sites, quantizers):
+        monkeypatch.setattr(module, "quantize_cast", lambda t, *a, **k: shapes.append(
+            tuple(t.shape)) or cast(t, *a, **k))
+    with torch.no_grad(), fpsim.emulate(Recipe("e4m3_ieee", scaling="site"), amax=cal.amax):
+        first = layer(x)
+        assert _bits(layer(x)) == _bits(first)
+    assert shapes == [(3, 8), (8, 4), (3, 8)]
 
 
 def test_per_site_scaling_without_its_calibration_is_refused():

@@ -254,6 +254,24 @@ def test_per_site_arms_are_calibrated_on_the_reference_run(hf_dirs: dict, tmp_pa
         model_study.render(data, tmp_path)
 
 
+def test_an_arm_run_piece_by_piece_gives_the_whole_run(hf_dirs: dict) -> None:
+    """``Adapter.piece``: the units run and scored a batch at a time (Whisper's way, to hold
+    one batch's logits) give every number of the run of all units at once."""
+    from fpsim_experiments.models import lm
+
+    adapter = get(str(hf_dirs["llama"]))
+    model, units = adapter.model(), adapter.inputs(lm.BATCH + 2)
+    with torch.no_grad(), fpsim.emulate(model_study.REFERENCE):
+        ref = adapter.run(model, units)
+    arm = model_study.arm(8, 4, scaling="tensor")
+    whole = model_study.run_arm(adapter, model, units, ref, arm, 1)
+    adapter.piece = lm.BATCH
+    assert [p.stop for p in model_study.pieces(adapter, len(units))] == [8, 16]
+    split = model_study.run_arm(adapter, model, units, ref, arm, 1)
+    assert len(split["metrics"]["kl"]["num"]) == len(units)
+    assert json.dumps({**whole, "seconds": 0}) == json.dumps({**split, "seconds": 0})
+
+
 @pytest.mark.parametrize("name, kind, metrics", [
     ("bert", "encoder", {"one_minus_cos", "nn"}), ("t5", "seq2seq", {"kl", "top1_changed"})])
 def test_encoders_and_encoder_decoders(hf_dirs: dict, name: str, kind: str,

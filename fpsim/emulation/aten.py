@@ -157,7 +157,7 @@ class AtenMode(TorchDispatchMode):
         if ic.left_to_torch(entry.kind, path):
             return ic.untouched(entry.kind, lambda: func(**a), (entry.site, (x, w)), path=path)
         name, recipe = ic.site(entry.kind, entry.site, path)
-        events: dict | None = {} if ic.em.capture else None
+        events: dict | None = {} if ic.em.capture or ic.em.watch else None
         geometry = (a["stride"], a["padding"], a["dilation"], a["transposed"],
                     a["output_padding"], a["groups"])
         qw = None
@@ -170,7 +170,10 @@ class AtenMode(TorchDispatchMode):
                 qw = ic.cache[key] = convolution.quantize_weights(recipe, wd,
                                                                   geometry[5], None)
         y = convolution.conv(recipe, x, w, bias, *geometry, events=events, qw=qw)
-        if events is not None:
+        if recipe is not None and ic.em.watch is not None:    # as a product site's
+            ic.em.watch(name, entry.kind, recipe, (x, w) if bias is None else (x, w, bias),
+                        events, y)
+        if events is not None and ic.em.capture:
             d = {k: v for k, v in a.items()}
             d.update(input=x.double(), weight=w.double(),
                      bias=None if bias is None else bias.double())

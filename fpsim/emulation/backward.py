@@ -38,10 +38,21 @@ from .recipe import Recipe
 _DEFAULT = Backward()
 
 
+def training_casts(recipe: Recipe) -> bool:
+    """Whether ``recipe`` has casts only this module applies (TE / torchao scalings, NVFP4 2-D
+    blocks, delays; not per-site scaling's, which ``sites`` applies with its caches of
+    quantized weights).
+
+    >>> training_casts(Recipe("e4m3", scaling="site").at_site({"a": 1.0, "b": 1.0}))
+    False
+    """
+    return any(isinstance(f, Cast) and f.scaling != "site" for f in (recipe.inputs, recipe.weights))
+
+
 def handles(recipe: Recipe, *tensors: Tensor | None) -> bool:
     """Whether a product site goes through this module: a gradient is wanted, or the recipe
-    has casts only this module applies (TE / torchao scalings, NVFP4 2-D blocks, delays)."""
-    if any(isinstance(f, Cast) for f in (recipe.inputs, recipe.weights)):
+    has ``training_casts``."""
+    if training_casts(recipe):
         return True
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 

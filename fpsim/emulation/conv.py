@@ -47,8 +47,7 @@ from torch import Tensor
 from .. import convert, parallel
 from ..blockrules import nvfp4_tensor_scale
 from ..mx import get_block_format
-from .backward import axis_free
-from .casts import Cast
+from .backward import axis_free, training_casts
 from .recipe import Recipe
 from .sites import _product, operand_events, quantize_operand, round_output, unflush
 
@@ -206,7 +205,7 @@ def _direct_conv(recipe: Recipe, xp: Tensor, wd: Tensor, bias: Tensor | None,
         xq, limit = quantize_operand(xp, recipe.inputs, recipe, axis=-1)
         if count:
             events["a"] = operand_events(xp, xq, limit)
-        xp = unflush(xp, xq, recipe)
+        xp = unflush(xp, xq, recipe.cast(recipe.inputs) or recipe)
     elif _channel_blocks(recipe, xp.shape[1] // groups):
         per_pixel = xp.reshape(xp.shape[0], groups, -1, *xp.shape[2:])
         xq, limit = quantize_operand(per_pixel, recipe.inputs, recipe, axis=2, with_limit=count)
@@ -283,7 +282,7 @@ def _tensor_scale(recipe: Recipe, xp: Tensor) -> float | None:
 def quantize_weights(recipe: Recipe, wd: Tensor, groups: int, events: dict | None) -> Tensor:
     """The right operand ``[groups, K, C_out/groups]`` rounded to the recipe's weight format,
     scaled along K (every convolution's first step: it refuses training casts here)."""
-    if any(isinstance(f, Cast) for f in (recipe.inputs, recipe.weights)):
+    if training_casts(recipe):
         raise ValueError(f"recipe {recipe.name!r}: a convolution site takes formats (with the "
                          "recipe's scaling), not training casts (Cast: TE / torchao scalings, "
                          "2-D blocks, delays), which apply to linear and matmul sites; give "
@@ -292,7 +291,7 @@ def quantize_weights(recipe: Recipe, wd: Tensor, groups: int, events: dict | Non
     q, limit = quantize_operand(wm, recipe.weight_format, recipe, axis=-2)
     if events is not None:
         events["b"] = operand_events(wm, q, limit)
-    return unflush(wm, q, recipe)
+    return unflush(wm, q, recipe.cast(recipe.weight_format, -2) or recipe)
 
 
 def _pieces(n: int, rows: int, step: int) -> list[tuple[int, int, int, int]]:

@@ -322,7 +322,7 @@ class Recent(dict):
     parameters but recur, such as a decoder's cached cross-attention keys and values: quantized
     once per clip instead of at every token.  An entry keeps a copy of its operand and is used
     only while the operand still holds the same bits (``find``): a write through ``.data``
-    changes no version counter.
+    changes no version counter.  ``widened`` keeps an entry's quantization in FP64 with it.
 
     >>> r = Recent(1); x = torch.ones(2); r[1] = (x, "q", None); r.find(1, x)[1]
     'q'
@@ -333,20 +333,35 @@ class Recent(dict):
     def __init__(self, size: int) -> None:
         super().__init__()
         self.size = size
+        self.recurred: set = set()             # keys that ``find`` found
 
     def find(self, key: Any, b: Tensor) -> tuple | None:
         """The entry of ``key`` when ``b`` holds the bits it was made from, else None."""
         entry = self.get(key)
         if entry is None or not torch.equal(_bits(entry[0]), _bits(b)):
             return None
-        self[key] = self.pop(key)                 # the most recently used last
+        dict.__setitem__(self, key, self.pop(key))    # the most recently used last
+        self.recurred.add(key)
         return entry
+
+    def widened(self, q: Tensor) -> Tensor:
+        """``q`` in FP64, kept with the entry whose quantization ``q`` is (the most recent
+        first) once that entry has recurred (``find``), while it lives; made anew for a ``q``
+        of no such entry (an encoder's keys, used once, keep no FP64 copy)."""
+        for key, entry in reversed(self.items()):
+            if entry[1] is q and key in self.recurred:
+                if len(entry) == 3:
+                    dict.__setitem__(self, key, (*entry, q.to(torch.float64)))
+                return self[key][3]
+        return q.to(torch.float64)
 
     def __setitem__(self, key: Any, entry: tuple) -> None:
         self.pop(key, None)
+        self.recurred.discard(key)
         super().__setitem__(key, (entry[0].clone(), *entry[1:]))
         while len(self) > self.size:
-            del self[next(iter(self))]
+            self.recurred.discard(old := next(iter(self)))
+            del self[old]
 
 
 _WIDTH = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
@@ -377,7 +392,7 @@ def _operands(
         found = (b, *_quantize_counted(b, recipe.weight_format, recipe, -2, count))
         if cache is not None:
             cache[key] = found
-    _, qb, ev_b = found
+    qb, ev_b = found[1], found[2]
     if count:
         events["a"], events["b"] = ev_a, ev_b
     return qa, qb
@@ -449,9 +464,11 @@ def widened(t: Tensor, cache: dict | None) -> Tensor:
     """``t`` in FP64, kept in ``cache`` (by storage, version, shape and strides) when one is
     given, so that a greedy decoder does not widen its output weight again at every token.
     The entry holds ``t`` too: its storage cannot be freed and reused by another tensor while
-    the cache lives."""
-    if cache is None or isinstance(cache, Recent) or t.dtype == torch.float64:
-        return t.to(torch.float64)           # a Recent keeps operands whose bits it checks
+    the cache lives.  A ``Recent`` keeps it with the entry ``t`` is the quantization of."""
+    if cache is None or t.dtype == torch.float64:
+        return t.to(torch.float64)
+    if isinstance(cache, Recent):
+        return cache.widened(t)
     key = ("fp64", t.data_ptr(), t._version, tuple(t.shape), t.stride(), t.dtype)
     if key not in cache:
         cache[key] = (t, t.to(torch.float64))
@@ -501,7 +518,7 @@ def matmul(recipe: Recipe, a: Tensor, b: Tensor, events: dict | None = None,
     """Batched ``a @ b`` under ``recipe``; fills ``events`` if given (``cache``: ``b``'s
     quantization kept, as ``_operands`` says)."""
     qa, qb = _operands(recipe, a, b, events, cache)
-    return round_output(_product(recipe, qa, qb, None, events), recipe)
+    return round_output(_product(recipe, qa, qb, None, events, cache), recipe)
 
 
 def causal_matmul(recipe: Recipe, p: Tensor, v: Tensor, events: dict | None = None) -> Tensor:
@@ -614,6 +631,22 @@ def _affine(y: Tensor, weight: Tensor | None, bias: Tensor | None) -> Tensor:
     return y if bias is None else y + bias
 
 
-def softmax(x: Tensor) -> Tensor:
-    """Softmax over the last axis computed in FP64 and rounded to ``x``'s dtype (deterministic)."""
-    return torch.softmax(x.double(), dim=-1).to(x.dtype)
+def softmax(x: Tensor, chunk: int = 1 << 20) -> Tensor:
+    """Softmax over the last axis computed in FP64 and rounded to ``x``'s dtype (deterministic).
+
+    Without autograd, rows go through FP64 ``chunk`` elements at a time (each row is computed
+    alone, so the bits are those of one call; an encoder's ``[8, 6, 1500, 1500]`` attention
+    scores would otherwise be widened whole, 0.9 GB, several times slower).
+
+    >>> x = torch.randn(5, 3, 7)                  # 15 rows, two at a time
+    >>> torch.equal(softmax(x, chunk=14), torch.softmax(x.double(), -1).float())
+    True
+    """
+    n = x.shape[-1] if x.dim() else 1
+    if x.numel() <= chunk or (torch.is_grad_enabled() and x.requires_grad):
+        return torch.softmax(x.double(), dim=-1).to(x.dtype)
+    rows, out = x.reshape(-1, n), torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    step, flat = max(1, chunk // n), out.view(-1, n)
+    for i in range(0, rows.shape[0], step):
+        flat[i:i + step] = torch.softmax(rows[i:i + step].double(), dim=-1)
+    return out

@@ -22,7 +22,10 @@ class Adapter:
     ``name``: how reports call it; ``unit``: the independent unit its inputs come in;
     ``metrics``: metric -> what it is (the first is the one comparisons use; every metric is
     lower-is-better); ``sizes``: units of a ``--quick`` and of a full run; ``source``: what
-    ``models.get`` made it from (None: made otherwise).
+    ``models.get`` made it from (None: made otherwise); ``piece``: units that ``run`` and
+    ``score`` take this many at a time with the same results as all at once (a multiple
+    of the model's batch, so every batch is the same; a study then holds one piece's outputs,
+    not every unit's), or None (a metric that compares units with each other).
     """
 
     source: str | None = None
@@ -30,6 +33,7 @@ class Adapter:
     unit: str = ""
     metrics: ClassVar[dict[str, str]] = {}
     sizes: ClassVar[dict[str, int]] = {}
+    piece: int | None = None
 
     def build(self) -> Any:
         """The FP32 model in eval mode (a new one each call; :meth:`model` keeps one)."""
@@ -102,6 +106,16 @@ def embedding_scores(ref: list[Tensor], out: list[Tensor]) -> Scores:
     changed = (nearest(r) != nearest(z)) | ~torch.isfinite(z).all(-1)
     return {"one_minus_cos": ([float(1 - c) for c in cos], ones),
             "nn": ([float(c) for c in changed], ones)}
+
+
+def pieces(adapter: Adapter, n: int) -> list[slice]:
+    """The slices of ``n`` units that ``adapter`` runs and scores apart (``Adapter.piece``).
+
+    >>> pieces(Adapter(), 3)
+    [slice(0, 3, None)]
+    """
+    step = adapter.piece or max(n, 1)
+    return [slice(lo, lo + step) for lo in range(0, n, step)]
 
 
 def batches(items: list[Any], size: int) -> list[list[Any]]:

@@ -68,6 +68,7 @@ class WhisperTinyEn(Adapter):
                "wer_fp32": "greedy word error rate against the FP32 transcript",
                "wer_text": "greedy word error rate against the spoken text"}
     sizes: ClassVar[dict[str, int]] = {"quick": 2, "full": 300}
+    piece = BATCH
 
     def build(self) -> Any:
         return whisper.build()

@@ -206,10 +206,12 @@ def greedy(model: Any, enc: Tensor, limit: list[int] | None = None) -> list[list
 @torch.no_grad()
 def teacher_forced(model: Any, enc: Tensor, tokens: list[list[int]]) -> list[Tensor]:
     """Per clip, the decoder's logits ``[len + 1, vocab]`` predicting each token of ``tokens``
-    and then the end token, given the prompt and the tokens before it."""
+    and then the end token, given the prompt and the tokens before it (each a tensor of its
+    own: a view would keep the whole batch's padded logits)."""
     width = max(map(len, tokens)) + len(PROMPT)
     ids = torch.full((len(tokens), width), END)
     for i, t in enumerate(tokens):
         ids[i, :len(PROMPT) + len(t)] = torch.tensor([*PROMPT, *t])
     logits = model(encoder_outputs=(enc,), decoder_input_ids=ids, use_cache=False).logits
-    return [logits[i, len(PROMPT) - 1:len(PROMPT) + len(t)] for i, t in enumerate(tokens)]
+    return [logits[i, len(PROMPT) - 1:len(PROMPT) + len(t)].clone()
+            for i, t in enumerate(tokens)]
