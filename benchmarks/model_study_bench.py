@@ -131,6 +131,16 @@ def merge(paths: list[Path]) -> dict:
     return {"rows": rows}
 
 
+def reprice(data: dict) -> dict:
+    """``data`` with each row's full study priced at :func:`model_study.arms`'s present count
+    from the row's measured CPU seconds per unit (its units kept)."""
+    arms = len(model_study.arms(False))
+    for row in data["rows"]:
+        row["full_study"] = full_study(row["cpu_seconds_per_unit"], row["full_study"]["units"],
+                                       arms)
+    return data
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=1)
@@ -139,7 +149,15 @@ def main() -> None:
     p.add_argument("--json", type=Path)
     p.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
                    help="join earlier runs' JSON into --json (nothing measured)")
+    p.add_argument("--reprice", action="store_true",
+                   help="price every row of --json's full study at the study's present arms "
+                        "from its measured seconds per unit (nothing measured)")
     args = p.parse_args()
+    if args.reprice:
+        data = json.loads(args.json.read_text())
+        args.json.write_text(json.dumps(reprice(data), indent=1) + "\n")
+        print(table(data))
+        return
     if args.merge:
         args.json.write_text(json.dumps(merge(args.merge), indent=1) + "\n")
         print(table(json.loads(args.json.read_text())))

@@ -440,3 +440,6 @@ def test_speed_page_is_the_benchmarks_table() -> None:
     data = json.loads((root / "benchmarks" / "results" / "model_study_bench.json").read_text())
     assert bench.table(data) in (root / "docs" / "speed.md").read_text()
     assert {r["model"] for r in data["rows"]} == {"whisper-tiny.en", "minilm", "tiny"}
+    # priced at the study's present arms (``--reprice`` after adding arms)
+    assert {r["full_study"]["arms"] for r in data["rows"]} == {len(model_study.arms(False))}
+    assert bench.reprice(json.loads(json.dumps(data))) == data
