@@ -611,6 +611,8 @@ def render(data: dict, out: Path) -> str:
                   f"the FP32 reference on these {data['calibration']['units']} {unit}s "
                   f"({data['calibration']['sites']} sites), so the scales were calibrated on the "
                   "units they are scored on; a value beyond it overflows.")
+    if meta.get("resumed"):                     # how a run resumed with --resume was computed
+        intro += " " + meta["resumed"]
     run = meta.get("arms", {})
     if run and run["run"] < run["of"]:
         intro += (f" Arms: {run['run']} of the study's {run['of']} (chosen with `--cases`); "
