@@ -104,6 +104,14 @@ def test_docs_accumulation_tables_quote_the_benchmark():
     lo32, hi32 = (f(r["over_sequential_fp32"] for r in tc) for f in (min, max))
     assert (f"{lo16:.2f}–{hi16:.2f}× the sequential engine's rate with FP16 sums and "
             f"{lo32:.2f}–{hi32:.2f}× with FP32 sums") in text
+    families = {"NVIDIA presets": lambda m: not m.startswith("cdna"),
+                "CDNA3's": lambda m: m.startswith("cdna3"),
+                "CDNA1/2's": lambda m: m.startswith(("cdna1", "cdna2"))}
+    spans = {k: [r["over_sequential_fp32"] for r in tc if fam(r["model"])]
+             for k, fam in families.items()}
+    assert ("the NVIDIA presets run at {:.2f}–{:.2f}×, CDNA3's at {:.2f}–{:.2f}× and CDNA1/2's "
+            "at {:.2f}–{:.2f}×".format(*(f(v) for v in spans.values() for f in (min, max)))
+            in text)
     numpy_rate = bench["engine"]["numpy_hopper_fp8_mac_per_s"] / 1e6
     hopper = next(r for r in tc if r["model"] == "hopper_fp8" and not r["promote_every"])
     faster = hopper["mac_per_s"] / bench["engine"]["numpy_hopper_fp8_mac_per_s"]
