@@ -299,7 +299,8 @@ def holds(rows: list[Row]) -> str:
         for k in (1, 0):
             ran = [r for r in rows if r.setting == setting and r.pairs[k].side != "not run"]
             sides = {r.model: r.pairs[k].called() for r in ran}
-            shown = {r.model: f"{r.model} {r.pairs[k].short}" for r in ran}
+            shown = {r.model: r.model if r.pairs[k].side == "nan"       # says it all
+                     else f"{r.model} {r.pairs[k].short}" for r in ran}
             if not sides:
                 continue
             name = " / ".join((rows[0].pairs[k].fewer, rows[0].pairs[k].more))
