@@ -29,13 +29,14 @@ import dataclasses
 import functools
 import math
 import warnings
-from typing import Any
 
 import numpy as np
 
 from .. import parallel
 from ..formats import Format
 from ..rounding import F64
+from .compiled import available as available  # jit.available(): the engine's face
+from .compiled import kernels as _kernels
 from .lanes import Profile, guarded, lane_max
 from .plan import FP32, Plan
 from .tc_models import RUN, TensorCoreModel
@@ -71,16 +72,6 @@ def warn_missing() -> None:
                       f"and tensor-core models) runs its NumPy engine, {NUMPY_SLOWDOWN} slower "
                       "than the compiled one: pip install \"fpsim[fast]\" (or numba)",
                       RuntimeWarning, stacklevel=4)
-
-
-@functools.cache
-def available() -> bool:
-    """Whether numba can be imported (the ``fast`` extra)."""
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def reason(plan: Plan, prod: Profile) -> str | None:
@@ -277,13 +268,3 @@ def finish(out: np.ndarray, fmt: Format) -> np.ndarray:
     if fmt.nan == "fnuz":
         bits[nan | (out == 0)] &= _MAG
     return out
-
-
-@functools.cache
-def _kernels() -> Any:
-    """Compile (or load from numba's disk cache) the kernels on first use."""
-    if not available():
-        raise ImportError("backend='numba' needs numba: pip install 'fpsim[fast]' (or numba)")
-    from . import _jit_kernels
-
-    return _jit_kernels

@@ -17,6 +17,7 @@ import numpy as np
 from ..backend import NumpyOps, is_torch, ops_for
 from ..formats import Format
 from ..rounding import F32, Source
+from . import compiled
 
 _NONE = 1 << 20  # exponent sentinel of an operand without finite non-zero values
 
@@ -63,12 +64,10 @@ def profile(x: Any, chunk: int | None = None) -> Profile:
     >>> profile(np.array([0.75, -6.0, 0.0, np.inf]))
     Profile(sig=2, low=-2, high=2)
     """
-    if not is_torch(x) and chunk is None and x.dtype in (np.float32, np.float64):
-        from . import jit                   # not at import: jit imports this module
-
-        if jit.available():
-            sig, low, high = jit._kernels().profile(x.reshape(-1))
-            return Profile(sig, low, high) if sig else EMPTY
+    if not is_torch(x) and chunk is None and x.dtype in (np.float32, np.float64) \
+            and compiled.available():
+        sig, low, high = compiled.kernels().profile(x.reshape(-1))
+        return Profile(sig, low, high) if sig else EMPTY
     return measure(x, chunk)
 
 
