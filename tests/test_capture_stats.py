@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 import fpsim  # noqa: E402
 from fpsim import Recipe, Rule, Rules  # noqa: E402
-from fpsim.arith import jit  # noqa: E402
+from fpsim.arith import compiled  # noqa: E402
 from fpsim.emulation import intercept  # noqa: E402
 
 
@@ -59,7 +59,7 @@ def test_error_energy_is_the_masked_definition(n, dtype, special):
     y, ref = operands(n, dtype, special)
     want = masked_energy(y, ref)
     close(intercept.error_energy(y, ref), want)
-    with mock.patch.object(jit, "available", lambda: False):
+    with mock.patch.object(compiled, "available", lambda: False):
         close(intercept.error_energy(y, ref), want)
     if special and n > 7:
         assert want[0] > 0 and math.isfinite(want[1]) and math.isfinite(want[2])
@@ -129,7 +129,7 @@ def test_operand_counts_equal_numpy_on_edge_values(dtype, numba):
 
     from fpsim.emulation.sites import operand_events
 
-    if numba and not jit.available():
+    if numba and not compiled.available():
         pytest.skip("numba is not installed")
     base = edge_values(dtype)
     n = base.numel()
@@ -146,7 +146,7 @@ def test_operand_counts_equal_numpy_on_edge_values(dtype, numba):
     finite = np.isfinite(x.double().numpy())
     want_scan = (float(np.abs(x.double().numpy()[finite]).max()),
                  int((x.double().numpy() != 0).sum()))
-    with mock.patch.object(jit, "available", lambda: numba):
+    with mock.patch.object(compiled, "available", lambda: numba):
         for limit in limits:
             assert operand_events(x, q, limit) == by_numpy(x, q, limit), limit
         assert intercept.operand_scan(x) == want_scan

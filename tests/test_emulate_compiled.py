@@ -12,6 +12,7 @@ pytest.importorskip("numba", reason="the compiled engine needs numba (pip instal
 
 import fpsim  # noqa: E402
 from fpsim import Recipe  # noqa: E402
+from fpsim.arith import compiled as arith_compiled  # noqa: E402
 from fpsim.arith import jit  # noqa: E402
 
 ACCUMS = ("fp16", "bf16", "fp8_e5m2", "fp8_e4m3fnuz")
@@ -43,7 +44,7 @@ def run(layer: torch.nn.Module, x: torch.Tensor, recipe: Recipe,
     real = jit.run
     with monkeypatch.context() as m:
         m.setattr(jit, "run", lambda *a: calls.append(1) or real(*a))
-        m.setattr(jit, "available", lambda: compiled)
+        m.setattr(arith_compiled, "available", lambda: compiled)
         with torch.no_grad(), fpsim.emulate(recipe):
             y = layer(x)
     return y, len(calls)
@@ -106,7 +107,7 @@ def test_capture_keeps_the_compiled_engine(recipe, monkeypatch):
     with torch.no_grad(), fpsim.emulate(recipe, capture=True) as em:
         y = layer(x)
     assert calls == [1] and em.table()[0]["swamped"] is not None
-    monkeypatch.setattr(jit, "available", lambda: False)
+    monkeypatch.setattr(arith_compiled, "available", lambda: False)
     monkeypatch.setattr(jit, "_warned", [True])
     with torch.no_grad(), fpsim.emulate(recipe, capture=True) as em_numpy:
         y_numpy = layer(x)

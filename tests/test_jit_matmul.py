@@ -19,7 +19,7 @@ pytest.importorskip("numba", reason="the compiled engine needs numba (pip instal
 
 import fpsim  # noqa: E402
 from fpsim import Format, get_format  # noqa: E402
-from fpsim.arith import jit  # noqa: E402
+from fpsim.arith import compiled, jit  # noqa: E402
 
 ORDERS = ("sequential", "fma", "chunked", "pairwise")
 MODES = ("rne", "rna", "rtz", "rup", "rdown", "rto")
@@ -392,7 +392,7 @@ def test_without_numba_auto_takes_numpy(monkeypatch):
     """numba is optional: when it cannot be imported, "auto" runs the NumPy engine, and says
     so once: how much slower, what to install."""
     calls = []
-    monkeypatch.setattr(jit, "available", lambda: False)
+    monkeypatch.setattr(compiled, "available", lambda: False)
     monkeypatch.setattr(jit, "run", lambda *x: calls.append(1))
     monkeypatch.setattr(jit, "_warned", [])
     a, b = np.ones((3, 4), np.float16), np.ones((4, 2), np.float16)
@@ -488,8 +488,8 @@ def assert_same_stats(a, b, **kw) -> None:
         same_codes(y, want[0], nan_sign=False)      # NaNs of both signs meet here
     assert only[1].max_partial is None
     for field in ("overflow", "swamped", "underflow", "max_partial"):
-        for st in (got[1], only[1]) if field != "max_partial" else (got[1],):
-            g, w = getattr(st, field), getattr(want[1], field)
+        for s in (got[1], only[1]) if field != "max_partial" else (got[1],):
+            g, w = getattr(s, field), getattr(want[1], field)
             assert g.dtype == w.dtype and np.array_equal(g, w), field
 
 
@@ -673,4 +673,4 @@ def test_read_only_and_broadcast_operands_share_one_compiled_kernel():
         x.flags.writeable = False
     assert_same(a, b, accum="fp16", c=c)
     assert_same(np.stack([a, a]), np.broadcast_to(b, (3, 1, 6, 5)), accum="fp16")
-    assert len(jit._kernels().sequential.signatures) == 1
+    assert len(compiled.kernels().sequential.signatures) == 1

@@ -24,7 +24,7 @@ from ..convert import quantize
 from ..formats import Format, get_format
 from ..inputs import check_flag, check_input, check_seed
 from ..rounding import F32, F64, STOCHASTIC
-from . import accumulate, block_scaled, fused, given_bits, jit
+from . import accumulate, block_scaled, compiled, fused, given_bits, jit
 from .tensor_core import (GroupStep, TensorCoreModel, canonical_nan, exponents,
                           run as run_tensor_core)
 from .accumulate import Stats
@@ -234,7 +234,7 @@ def _compiled_engine(plan: Plan, prod: Profile, use_torch: bool, want_stats: boo
         return True
     if plan.backend != "auto" or why is not None or use_torch:
         return False
-    if not jit.available():
+    if not compiled.available():
         jit.warn_missing()
         return False
     return True

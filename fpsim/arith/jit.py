@@ -35,7 +35,6 @@ import numpy as np
 from .. import parallel
 from ..formats import Format
 from ..rounding import F64
-from .compiled import available as available  # jit.available(): the engine's face
 from .compiled import kernels as _kernels
 from .lanes import Profile, guarded, lane_max
 from .plan import FP32, Plan

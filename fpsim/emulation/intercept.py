@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import (
 )
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from ..arith import jit
+from ..arith import compiled
 from . import backward, norms, sites
 from . import conv as convolution
 from .aten import AtenMode
@@ -656,7 +656,7 @@ def operand_scan(x: Tensor) -> tuple[float, int]:
         return 0.0, 0
     bits = sites.kernel_bits(x)
     if bits is not None:
-        top, nonzero = jit._kernels().operand_scan(*bits)
+        top, nonzero = compiled.kernels().operand_scan(*bits)
         return sites.bits_value(top, x.dtype), int(nonzero)
     m = float(torch.linalg.vector_norm(x, math.inf))      # max |x|; inf or NaN propagate
     if not math.isfinite(m):                               # inf or NaN among them
@@ -677,8 +677,8 @@ def error_energy(y: Tensor, ref: Tensor) -> tuple[int, float, float]:
     (0, 7.25, 0.25)
     """
     yd, rd = y.detach().reshape(-1), ref.detach().reshape(-1).double()
-    if yd.device.type == "cpu" and yd.dtype in (torch.float32, torch.float64) and jit.available():
-        bad, signal, noise = jit._kernels().error_energy(yd.numpy(), rd.numpy())   # one pass
+    if yd.device.type == "cpu" and yd.dtype in (torch.float32, torch.float64) and compiled.available():
+        bad, signal, noise = compiled.kernels().error_energy(yd.numpy(), rd.numpy())   # one pass
         return int(bad), float(signal), float(noise)
     d = torch.sub(yd, rd)                                  # FP64: y converted exactly
     signal, noise = float(torch.dot(rd, rd)), float(torch.dot(d, d))

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import mx
-from ..arith import jit
+from ..arith import compiled
 from ..arith import matmul as emulated_matmul
 from ..convert import quantize
 from ..formats import Format, get_format
@@ -226,8 +226,8 @@ def operand_events(x: Tensor, q: Tensor, limit: Any) -> dict[str, int]:
         limit = bits_value(bits, x.dtype)
         u, v = kernel_bits(x), kernel_bits(q)
         if u is not None and v is not None and x.shape == q.shape and x.dtype == q.dtype:
-            over, saturated, flushed = jit._kernels().operand_events(u[0], v[0], u[1], u[2],
-                                                                     bits)
+            over, saturated, flushed = compiled.kernels().operand_events(u[0], v[0], u[1], u[2],
+                                                                          bits)
             return {"elements": x.numel(), "overflow": int(over),
                     "saturated": int(saturated), "flushed": int(flushed)}   # one pass
     lim = limit if isinstance(limit, (int, float)) else float(limit.min()) if limit.numel() \
@@ -253,11 +253,11 @@ def kernel_bits(t: Tensor) -> tuple[Any, int, int] | None:
     its magnitude bits and the magnitude bits of inf; None where they do not run (no numba,
     not on the CPU, not a real floating dtype of 2, 4 or 8 bytes).
 
-    >>> kernel_bits(torch.tensor([-1.0]))[0].tolist() if jit.available() else [-1082130432]
+    >>> kernel_bits(torch.tensor([-1.0]))[0].tolist() if compiled.available() else [-1082130432]
     [-1082130432]
     """
     if t.device.type != "cpu" or not t.is_floating_point() or t.element_size() not in (2, 4, 8) \
-            or not jit.available():
+            or not compiled.available():
         return None
     return (_bits(t.detach()).reshape(-1).numpy(), (1 << (8 * t.element_size() - 1)) - 1,
             _inf_bits(t.dtype))
