@@ -78,6 +78,7 @@ def test_ci_runs_the_readme_test_command_in_a_new_environment() -> None:
     """.ci/run makes a new virtual environment and runs the README's marked test block."""
     ci = (REPO / ".ci" / "run").read_text()
     assert "python3 -m venv" in ci and "<!-- ci: test -->" in ci
+    assert "trap 'rm -rf \"$tmp\"' EXIT" in ci       # a run's venv (GBs) goes when it ends
     readme = (REPO / "README.md").read_text().splitlines()
     at = readme.index("<!-- ci: test -->")
     assert readme[at + 1] == "```bash" and "python -m pytest" in readme[at + 2]
