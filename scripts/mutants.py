@@ -366,6 +366,10 @@ MUTANTS = [
            "unchanged", "and bool(np.isfinite(x).all())):", "):",
            ["tests/test_jit_matmul.py::"
             "test_truncation_to_tf32_skipped_only_where_it_changes_nothing"]),
+    Mutant("jit-fours-sum-drop", "the fast path's products sum for the statistics drops the "
+           "fourth product of each four",
+           "ps[j] = (((ps[j] + p0) + p1) + p2) + p3", "ps[j] = ((ps[j] + p0) + p1) + p2",
+           ["tests/test_jit_matmul.py::test_tensor_core_statistics_on_the_fast_path"]),
     Mutant("capture-scan-stale", "capture keeps a weight's amax after an in-place update",
            "if found is None or found[0] != x._version:         # in-place updates bump it",
            "if found is None:", CAPTURE_STATS),

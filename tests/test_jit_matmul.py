@@ -19,7 +19,7 @@ pytest.importorskip("numba", reason="the compiled engine needs numba (pip instal
 
 import fpsim  # noqa: E402
 from fpsim import Format, get_format  # noqa: E402
-from fpsim.arith import compiled, jit  # noqa: E402
+from fpsim.arith import TENSOR_CORES, compiled, jit  # noqa: E402
 
 ORDERS = ("sequential", "fma", "chunked", "pairwise")
 MODES = ("rne", "rna", "rtz", "rup", "rdown", "rto")
@@ -582,6 +582,26 @@ def test_tensor_core_accumulator_overflow_with_finite_operands():
     for name in ("hopper_tf32", "cdna3_xf32", "cdna1_fp32", "ampere_fp16_f16"):
         got = assert_same(a, b, order="tensor_core", tensor_core=name)
         assert np.isinf(got).all() or name == "ampere_fp16_f16"
+
+
+@pytest.mark.parametrize("name", ["hopper_fp8", "ampere_fp16_f16", "blackwell_fp8_f16"])
+@pytest.mark.parametrize("at", range(4))
+def test_tensor_core_statistics_on_the_fast_path(name, at):
+    """Statistics no longer turn the NVIDIA fast path off: it sums the products for them in
+    the order the general loop does.  A group whose only non-zero product sits at position
+    ``at`` of a four and is swamped by C counts as swamped, as in the NumPy engine; a group
+    whose products cancel exactly counts as none."""
+    g = TENSOR_CORES[name].group
+    a = np.zeros((2, 3 * g), np.float32)
+    b = np.ones((3 * g, 5), np.float32)
+    a[:, 0] = 256.0                              # C of the second group: 256
+    a[0, g + at] = 2.0 ** -9                     # its one product, swamped
+    a[1, g + at], a[1, g + (at + 1) % 4] = 2.0 ** -9, -(2.0 ** -9)   # cancels
+    a[:, 2 * g:] = 1.0                           # a third group that changes C
+    kw = dict(order="tensor_core", tensor_core=name)
+    assert_same_stats(a, b, **kw)
+    sw = fpsim.matmul(a, b, backend="numba", return_stats=True, **kw)[1].swamped
+    assert (sw[0] == 1).all() and (sw[1] == 0).all()
 
 
 @pytest.mark.parametrize("name", ["cdna1_bf16", "cdna2_bf16", "cdna1_fp16", "cdna3_bf16_k4",

@@ -625,10 +625,26 @@ def _cut4(A, Bm, k, j0, n, up, s):
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _nv_fours(acc, A, EA, Bm, EB, k0, k1, j0, n, tops, up, s, f, emin, beyond, spec, to):
+def _cut4_sum(A, Bm, k, j0, n, up, s, ps):
+    """``_cut4``, and the four products added to ``ps`` in the order k..k+3 (``_cut_sum``'s, so
+    the statistics' test of that sum against zero is the same)."""
+    x0, x1, x2, x3 = A[k], A[k + 1], A[k + 2], A[k + 3]
+    r0, r1 = Bm[k, j0:j0 + n], Bm[k + 1, j0:j0 + n]
+    r2, r3 = Bm[k + 2, j0:j0 + n], Bm[k + 3, j0:j0 + n]
+    for j in range(n):
+        u = up[j]
+        p0, p1, p2, p3 = x0 * r0[j], x1 * r1[j], x2 * r2[j], x3 * r3[j]
+        s[j] += (np.trunc(p0 * u) + np.trunc(p1 * u)) + (np.trunc(p2 * u) + np.trunc(p3 * u))
+        ps[j] = (((ps[j] + p0) + p1) + p2) + p3
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _nv_fours(acc, A, EA, Bm, EB, k0, k1, j0, n, tops, up, s, ps, sums, f, emin, beyond, spec,
+              to):
     """``_fused_group`` for NVIDIA's common case (finite operands, C aligned, terms cut toward
-    zero, no statistics) on a group of a multiple of four products: the exponents and the cut
-    products four at a time (``_raise4``, ``_cut4``), ``to`` a constant at each call."""
+    zero) on a group of a multiple of four products: the exponents and the cut products four
+    at a time (``_raise4``, ``_cut4``; with ``sums`` the statistics' products sum in ``ps``
+    too, ``_cut4_sum``), ``to`` a constant at each call."""
     for j in range(n):
         c = acc[j]
         tops[j] = _exponent(c, emin)
@@ -637,8 +653,14 @@ def _nv_fours(acc, A, EA, Bm, EB, k0, k1, j0, n, tops, up, s, f, emin, beyond, s
     for j in range(n):
         up[j] = _pow2(f - tops[j])
         s[j] = 0.0
-    for k in range(k0, k1, 4):
-        _cut4(A, Bm, k, j0, n, up, s)
+    if sums:
+        for j in range(n):
+            ps[j] = 0.0
+        for k in range(k0, k1, 4):
+            _cut4_sum(A, Bm, k, j0, n, up, s, ps)
+    else:
+        for k in range(k0, k1, 4):
+            _cut4(A, Bm, k, j0, n, up, s)
     for j in range(n):
         acc[j] = _nv_result(acc[j], s[j], up[j], tops[j], f, beyond, spec, to)
 
@@ -708,12 +730,14 @@ def _fused_group(acc, A, EA, Bm, EB, k0, k1, j0, n, tops, up, s, ps, finite, sum
     """GroupStep._step: products and (``align``) C aligned to the largest exponent, cut, summed
     exactly, rounded to the result (or, unaligned, added to C with one rounding); ``sums``:
     the products' float64 sum in ``ps`` too (``_cut_sum``)."""
-    if finite and align and cut == 0 and run == 1 and not sums and (k1 - k0) % 4 == 0:
+    if finite and align and cut == 0 and run == 1 and (k1 - k0) % 4 == 0:
         if to == 2:                                         # NVIDIA's FP32 and E8M13 results
-            _nv_fours(acc, A, EA, Bm, EB, k0, k1, j0, n, tops, up, s, f, emin, beyond, spec, 2)
+            _nv_fours(acc, A, EA, Bm, EB, k0, k1, j0, n, tops, up, s, ps, sums, f, emin, beyond,
+                      spec, 2)
             return
         if to == 1:                                         # and its FP16 results
-            _nv_fours(acc, A, EA, Bm, EB, k0, k1, j0, n, tops, up, s, f, emin, beyond, spec, 1)
+            _nv_fours(acc, A, EA, Bm, EB, k0, k1, j0, n, tops, up, s, ps, sums, f, emin, beyond,
+                      spec, 1)
             return
     _align(acc, EA, EB, k0, k1, run, j0, n, tops, emin, align)
     for j in range(n):
