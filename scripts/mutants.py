@@ -366,6 +366,14 @@ MUTANTS = [
            "unchanged", "and bool(np.isfinite(x).all())):", "):",
            ["tests/test_jit_matmul.py::"
             "test_truncation_to_tf32_skipped_only_where_it_changes_nothing"]),
+    Mutant("capture-counts-reference", "capture='counts' computes the FP64 reference anyway",
+           'self.reference = capture_mode(capture) is True',
+           'self.reference = capture_mode(capture) is not False',
+           ["tests/test_emulate_capture.py::test_capture_counts_is_capture_without_the_reference"]),
+    Mutant("capture-counts-nonfinite", "capture='counts' counts no inf/NaN result",
+           "nonfinite, signal, noise = y.numel() - int(torch.isfinite(y).sum()), 0.0, 0.0",
+           "nonfinite, signal, noise = 0, 0.0, 0.0",
+           ["tests/test_emulate_capture.py::test_capture_counts_counts_inf_and_nan_results"]),
     Mutant("jit-fours-sum-drop", "the fast path's products sum for the statistics drops the "
            "fourth product of each four",
            "ps[j] = (((ps[j] + p0) + p1) + p2) + p3", "ps[j] = ((ps[j] + p0) + p1) + p2",

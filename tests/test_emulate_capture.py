@@ -145,3 +145,60 @@ def test_every_model_native_and_captured_alike(name):
         assert same(outputs(model, inputs, "native", capture, True), ref), capture
     check_capture(model, inputs, ["e4m3/tensor", "nvfp4", "te-delayed", "e4m3 stochastic"],
                   backward=name not in FORWARD_ONLY)
+
+
+def _sites(model, inputs, rules, capture) -> dict:
+    args, kwargs = ((), inputs) if isinstance(inputs, dict) else (inputs, {})
+    torch.manual_seed(123)
+    with fpsim.emulate(rules, capture=capture) as em:
+        y = model(*args, **kwargs)
+        y = y if isinstance(y, torch.Tensor) else getattr(y, "logits", None)
+        if y is None:
+            y = model(*args, **kwargs).last_hidden_state
+        w = torch.randn(y.shape, generator=torch.Generator().manual_seed(9), dtype=y.dtype)
+        (y * w).sum().backward()
+    return em.sites
+
+
+@pytest.mark.parametrize("name", ["resnet (BatchNorm)", "bert"])
+@pytest.mark.parametrize("recipe", ["e4m3/tensor", "fp16 acc", "e2m1 sat"])
+def test_capture_counts_is_capture_without_the_reference(name, recipe):
+    """``capture="counts"`` changes no result (forward and every gradient) and records every
+    statistic ``capture=True`` does, bit for bit, except the SNR (no FP64 reference)."""
+    model, inputs = _model(name)
+    model.train(False)
+    rules = RECIPES[recipe]
+    outputs(model, inputs, None, False, True)
+    assert same(outputs(model, inputs, rules, False, True),
+                outputs(model, inputs, rules, "counts", True))
+    full, counts = (_sites(model, inputs, rules, c) for c in (True, "counts"))
+    assert list(full) == list(counts) and any("/" in s for s in counts)   # backward rows too
+    for site, st in full.items():
+        got = counts[site]
+        assert not got.reference and got.signal == got.noise == 0.0
+        assert got.row()["snr_db"] is None and st.row()["snr_db"] is not None
+        for key in ("calls", "elements", "amax", "overflow", "saturated", "flushed",
+                    "nonzero", "outputs", "swamped", "nonfinite"):   # references all finite
+            assert getattr(got, key) == getattr(st, key), (site, key)
+
+
+def test_capture_refuses_what_it_cannot_mean():
+    for bad in ("yes", "count", None, 2):
+        with pytest.raises(TypeError, match="'counts'"):
+            fpsim.emulate(Recipe("e4m3"), capture=bad)
+    assert fpsim.emulate(Recipe("e4m3"), capture="counts").capture
+    assert not fpsim.emulate(Recipe("e4m3"), capture="counts").reference
+
+
+def test_capture_counts_counts_inf_and_nan_results():
+    """Without a reference ``nonfinite`` counts every inf/NaN result: here each output overflows
+    (unscaled E4M3's operands NaN) while FP64 is finite, so both modes count them all."""
+    layer = torch.nn.Linear(4, 3)
+    x = torch.full((2, 4), 1e6)
+    rows = {}
+    for capture in (True, "counts"):
+        with torch.no_grad(), fpsim.emulate(Recipe("e4m3"), capture=capture) as em:
+            layer(x)
+        (st,) = em.sites.values()
+        rows[capture] = (st.outputs, st.nonfinite, st.overflow)
+    assert rows[True] == rows["counts"] == (6, 6, 8)

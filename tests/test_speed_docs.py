@@ -94,8 +94,9 @@ def test_docs_accumulation_tables_quote_the_benchmark():
     assert rows == want
     assert all(r["same_bits_as_numpy"] for r in bench["engine"]["rows"])
     doc = (ROOT / "docs" / "speed.md").read_text()
-    model = re.findall(r"^\| ([^|]+?) \| (yes|no) \| ([\d,]+) ms \| ([\d.]+)× \|$", doc, re.M)
-    assert model == [(r["recipe"], "yes" if r["capture"] else "no",
+    model = re.findall(r"^\| ([^|]+?) \| (yes|counts|no) \| ([\d,]+) ms \| ([\d.]+)× \|$", doc,
+                       re.M)
+    assert model == [(r["recipe"], {True: "yes", False: "no"}.get(r["capture"], r["capture"]),
                       f"{r['forward_s'] * 1e3:,.0f}", f"{r['ratio']:.2f}")
                      for r in bench["model"]["rows"]]
     text = " ".join(doc.split())
@@ -118,7 +119,12 @@ def test_docs_accumulation_tables_quote_the_benchmark():
     assert (f"NumPy engine ran `hopper_fp8` at {numpy_rate:.1f} M multiply-adds/s, "
             f"{faster:.0f}× slower") in text
     assert f"and {faster:.0f}× for `hopper_fp8`" in text
-    captured = {r["recipe"]: r["capture_over_without"] for r in bench["model"]["rows"]
-                if r["capture"]}
-    assert "capture=True` costs " + ", ".join(
-        f"{v:.2f}×" for v in captured.values()) in text
+    for mode, words in ((True, "capture=True` costs "), ("counts", 'capture="counts"` costs ')):
+        over = [r["capture_over_without"] for r in bench["model"]["rows"] if r["capture"] == mode]
+        assert over and words + ", ".join(f"{v:.2f}×" for v in over) in text, mode
+    spans = {mode: [r["capture_over_without"] for r in bench["model"]["rows"]
+                    if r["capture"] == mode] for mode in (True, "counts")}
+    emulate = " ".join((ROOT / "docs" / "emulate.md").read_text().split())
+    assert ("costs {:.2f}–{:.2f}× the run without it this way, against {:.2f}–{:.2f}× with the "
+            "SNR".format(*(f(spans[m]) for m in ("counts", True) for f in (min, max)))
+            in emulate)

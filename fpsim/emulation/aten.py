@@ -177,7 +177,7 @@ class AtenMode(TorchDispatchMode):
             d = {k: v for k, v in a.items()}
             d.update(input=x.double(), weight=w.double(),
                      bias=None if bias is None else bias.double())
-            ic.record(name, entry.kind, recipe, (x, w), events, y, func(**d))
+            ic.record(name, entry.kind, recipe, (x, w), events, y, ic.reference(lambda: func(**d)))
         return y
 
     @emulates(*(f"aten::{n}" for n in ATTENTION_KERNELS))

@@ -26,6 +26,7 @@ the unquantized operands.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -170,7 +171,7 @@ class Site:
             qbT, _ = self.operand(bT, wspec, "w", -2, None, "b", saved["sb"])
         da = _reduce(sites._product(acc, qdy, qbT, None, ev), a.shape)
         if ev is not None:
-            self.record("dgrad", dy, ev, da, dy.double() @ bT.double())
+            self.record("dgrad", dy, ev, da, lambda: dy.double() @ bT.double())
         return da, qdy, sdy, dy_events
 
     def wgrad(self, a: Tensor, b: Tensor, dy: Tensor, saved: dict, qdy: Tensor | None,
@@ -202,13 +203,15 @@ class Site:
                 qd2, _ = self.operand(d2, gspec, "dy", -2, ev, "b", sdy)
         db = _reduce(sites._product(acc, qaT, qd2, None, ev), b.shape)
         if ev is not None:
-            self.record("wgrad", dy, ev, db, aT.double() @ d2.double())
+            self.record("wgrad", dy, ev, db, lambda: aT.double() @ d2.double())
         return db
 
-    def record(self, gemm: str, dy: Tensor, events: dict, y: Tensor, ref: Tensor) -> None:
-        """A capture row for a backward GEMM: the gradient operand's events, the result's SNR."""
-        self.interceptor.record(f"{self.name}/{gemm}", gemm, self.recipe, (dy,), events,
-                                y, _reduce(ref, y.shape))
+    def record(self, gemm: str, dy: Tensor, events: dict, y: Tensor,
+               ref: Callable[[], Tensor]) -> None:
+        """A capture row for a backward GEMM: the gradient operand's events, the result's SNR
+        against ``ref()`` (its FP64 result, not computed under ``capture="counts"``)."""
+        r = self.interceptor.reference(lambda: _reduce(ref(), y.shape))
+        self.interceptor.record(f"{self.name}/{gemm}", gemm, self.recipe, (dy,), events, y, r)
 
 
 def bias_gradient(dy: Tensor) -> Tensor:

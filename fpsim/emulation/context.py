@@ -16,7 +16,10 @@ module that calls the same op again in one forward pass gets ``#2``, ``#3``...  
 ``capture=True`` the context also keeps per-site statistics (``SiteStats``: operand amax,
 overflowed / saturated / flushed operand elements, SNR of the result against FP64 arithmetic
 on the same operands, swamped additions of an emulated accumulator) in ``em.sites``;
-``em.table()`` lists them with the rule that chose each recipe.
+``em.table()`` lists them with the rule that chose each recipe.  ``capture="counts"`` records
+the same statistics except the SNR: no FP64 reference is computed, which halves capture's cost
+where that reference GEMM dominates it (a CPU's FP64 GEMM runs at half its FP32 rate, most
+GPUs' at 1/64 or less); its ``nonfinite`` counts every inf/NaN result.
 
 ``em.attach(model)`` enters the context around every forward call of ``model`` instead of a
 ``with`` block (``fpsim.nn.quantize_linear_layers`` is built on it).
@@ -62,10 +65,12 @@ class Emulation:
     element, where ``capture`` keeps sums only.
     """
 
-    def __init__(self, rules: Rules, capture: bool, strict: bool = False,
+    def __init__(self, rules: Rules, capture: bool | str, strict: bool = False,
                  watch: Any = None, amax: dict[str, dict[str, float]] | None = None) -> None:
         self.rules = rules
-        self.capture = capture
+        #: whether per-site statistics are recorded, and (``reference``) the SNR against FP64
+        self.capture = capture_mode(capture) is not False
+        self.reference = capture_mode(capture) is True
         self.strict = strict
         self.watch = watch
         #: per-site scaling's calibration: site -> {"a": amax, "b": amax} (``Calibration``)
@@ -253,7 +258,23 @@ class Calibration:
             seen[role] = max(seen.get(role, 0.0), operand_scan(x)[0])
 
 
-def emulate(recipe: Recipe | Rules | str, *, capture: bool = False,
+def capture_mode(capture: Any) -> bool | str:
+    """``emulate``'s ``capture``: True, False or ``"counts"`` (the statistics without the FP64
+    reference, so without SNR); anything else is refused, naming the three.
+
+    >>> capture_mode("counts"), capture_mode(1)
+    ('counts', True)
+    """
+    if isinstance(capture, str) and capture == "counts":
+        return "counts"
+    try:
+        return check_flag(capture, "capture")
+    except TypeError:
+        raise TypeError(f"capture={capture!r}: pass True (statistics with SNR against FP64), "
+                        "'counts' (the same without the FP64 reference) or False") from None
+
+
+def emulate(recipe: Recipe | Rules | str, *, capture: bool | str = False,
             strict: bool = False, watch: Any = None,
             amax: dict[str, dict[str, float]] | None = None) -> Emulation:
     """A context manager that computes every dot-product site of any PyTorch model under
@@ -261,7 +282,8 @@ def emulate(recipe: Recipe | Rules | str, *, capture: bool = False,
     ``fpsim.emulation.recipe.Rules`` selecting per module path and op kind, or the name
     of a preset of ``fpsim.emulation.presets``: ``"native"`` is torch's own arithmetic bit
     for bit, ``"torchao-float8-tensorwise"``... on the linear layers); with
-    ``capture`` it also records per-site statistics.  An op that sums products and that fpsim
+    ``capture`` it also records per-site statistics (``"counts"``: all but the SNR, which
+    needs an FP64 reference of every result).  An op that sums products and that fpsim
     does not emulate is named in ``em.missed`` / ``em.report()`` and warned about at exit;
     with ``strict`` it raises instead, naming op and module; ``watch`` is called on each
     emulated call (``Emulation``); ``amax``: per site, the calibrated operand amaxes that a
@@ -283,5 +305,5 @@ def emulate(recipe: Recipe | Rules | str, *, capture: bool = False,
     if watch is not None and not callable(watch):
         raise TypeError(f"fpsim.emulate(watch=...) takes a function of (site, kind, recipe, "
                         f"operands, events, result), not {type(watch).__name__}")
-    return Emulation(Rules.of(recipe), check_flag(capture, "capture"),
+    return Emulation(Rules.of(recipe), capture,
                      check_flag(strict, "strict"), watch, amax)

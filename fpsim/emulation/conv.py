@@ -407,9 +407,9 @@ def _dgrad(site: Any, xp: Tensor, wd: Tensor, qwm: Tensor, dy: Tensor, stride: S
                              piece=dyp.numel() * math.prod(wd.shape[2:]))
     dy_events = None if ev is None else ev.get("a")
     if ev is not None:
-        ref = torch.ops.aten.convolution(spread(dy).double(), wt.double(), None, [1] * d,
-                                         [0] * d, dilation, False, [0] * d, groups)
-        site.record("dgrad", dy, ev, dxp, ref)
+        site.record("dgrad", dy, ev, dxp, lambda: torch.ops.aten.convolution(
+            spread(dy).double(), wt.double(), None, [1] * d, [0] * d, dilation, False, [0] * d,
+            groups))
     return dxp, qdy, sdy, dy_events
 
 

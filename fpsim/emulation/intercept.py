@@ -259,9 +259,8 @@ class Interceptor(TorchFunctionMode):
         else:
             y = sites.linear(recipe, a, b, bias, events, cache)
         if events is not None and self.em.capture:          # a watch alone records no row
-            with torch.no_grad():
-                ref = sites.linear(FP64, a.double(), b.double(),
-                                   None if bias is None else bias.double())
+            ref = self.reference(lambda: sites.linear(FP64, a.double(), b.double(),
+                                                      None if bias is None else bias.double()))
             self.record(name, kind, recipe, (a, b), events, y, ref)
         if recipe is not None and self.em.watch is not None:
             self.em.watch(name, kind, recipe, (a, b) if bias is None else (a, b, bias), events,
@@ -358,10 +357,9 @@ class Interceptor(TorchFunctionMode):
         y = convolution.trainable(backward.Site(self, name, recipe), x, w, bias, stride,
                                   padding, dilation, transposed, output_padding, groups, events)
         if events is not None:
-            with torch.no_grad():
-                ref = torch.ops.aten.convolution(
-                    x.double(), w.double(), None if bias is None else bias.double(), stride,
-                    padding, dilation, transposed, output_padding, groups)
+            ref = self.reference(lambda: torch.ops.aten.convolution(
+                x.double(), w.double(), None if bias is None else bias.double(), stride,
+                padding, dilation, transposed, output_padding, groups))
             self.record(name, "conv", recipe, (x, w), events, y, ref)
         return y[0] if unbatched else y
 
@@ -591,21 +589,31 @@ class Interceptor(TorchFunctionMode):
         with same_random(x.device):
             y = stat(recipe, x, events)
         y = y[1] if isinstance(y, tuple) else y
-        self.record(name, "norm", recipe, (x,), events, y, stat(FP64, x.double()))
+        self.record(name, "norm", recipe, (x,), events, y,
+                    self.reference(lambda: stat(FP64, x.double())))
 
     # ---------------------------------------------------------------------------------------
     # Capture
     # ---------------------------------------------------------------------------------------
+    def reference(self, compute: Callable[[], Any]) -> Any:
+        """``compute()`` (a result in FP64, without gradients), or None under
+        ``capture="counts"``, which measures no SNR."""
+        if not self.em.reference:
+            return None
+        with torch.no_grad():
+            return compute()
+
     def record(self, name: str, kind: str, recipe: Recipe | None, operands: tuple,
                events: dict, y: Tensor | None, ref: Any) -> None:
-        """Add one call of site ``name`` to its ``SiteStats``."""
+        """Add one call of site ``name`` to its ``SiteStats`` (``ref``: the FP64 result, None
+        under ``capture="counts"``)."""
         ref = ref[1] if isinstance(ref, tuple) else ref
         st = self.em.sites.get(name)
         if st is None:
             index = self.em.matched[name.split("/")[0]][0]   # a dgrad/wgrad row: its site's
             st = self.em.sites[name] = SiteStats(
                 name, kind, None if recipe is None else recipe.name,
-                "default" if index is None else f"rule {index}")
+                "default" if index is None else f"rule {index}", reference=self.em.reference)
         st.calls += 1
         for x in operands:
             amax, nonzero = self.scanned(x)
@@ -624,7 +632,10 @@ class Interceptor(TorchFunctionMode):
             st.swamped = (st.swamped or 0) + events["accum"]["swamped"]
         if y is None:
             return
-        nonfinite, signal, noise = error_energy(y, ref)
+        if ref is None:                                   # capture="counts": no SNR
+            nonfinite, signal, noise = y.numel() - int(torch.isfinite(y).sum()), 0.0, 0.0
+        else:
+            nonfinite, signal, noise = error_energy(y, ref)
         st.outputs += y.numel()
         st.nonfinite += nonfinite
         st.signal += signal

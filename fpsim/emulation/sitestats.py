@@ -27,7 +27,9 @@ class SiteStats:
     results, ``nonfinite`` those inf/NaN where the FP64 reference is finite; ``signal`` /
     ``noise``: energy of the FP64 reference and of the error, over results finite in both;
     ``swamped``: additions an emulated accumulator left unchanged although the addend was
-    non-zero (None: the accumulator is torch's, not measured).
+    non-zero (None: the accumulator is torch's, not measured).  ``reference``: False under
+    ``capture="counts"``, which computes no FP64 reference: ``snr_db`` is not measured (None in
+    ``row``) and ``nonfinite`` counts every inf/NaN result.
     """
 
     site: str
@@ -46,6 +48,7 @@ class SiteStats:
     signal: float = 0.0
     noise: float = 0.0
     swamped: int | None = None
+    reference: bool = True
 
     @property
     def snr_db(self) -> float:
@@ -59,4 +62,5 @@ class SiteStats:
         if self.recipe == "not emulated":            # only counted: nothing was measured
             return {c: getattr(self, c) if c in ("site", "kind", "recipe", "calls") else None
                     for c in COLUMNS}
-        return {c: self.snr_db if c == "snr_db" else getattr(self, c) for c in COLUMNS}
+        return {c: (self.snr_db if self.reference else None) if c == "snr_db"
+                else getattr(self, c) for c in COLUMNS}
