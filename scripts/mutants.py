@@ -367,8 +367,7 @@ MUTANTS = [
            ["tests/test_jit_matmul.py::"
             "test_truncation_to_tf32_skipped_only_where_it_changes_nothing"]),
     Mutant("capture-counts-reference", "capture='counts' computes the FP64 reference anyway",
-           'self.reference = capture_mode(capture) is True',
-           'self.reference = capture_mode(capture) is not False',
+           'self.reference = mode is True', 'self.reference = mode is not False',
            ["tests/test_emulate_capture.py::test_capture_counts_is_capture_without_the_reference"]),
     Mutant("capture-counts-nonfinite", "capture='counts' counts no inf/NaN result",
            "nonfinite, signal, noise = y.numel() - int(torch.isfinite(y).sum()), 0.0, 0.0",

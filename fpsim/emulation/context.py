@@ -69,8 +69,9 @@ class Emulation:
                  watch: Any = None, amax: dict[str, dict[str, float]] | None = None) -> None:
         self.rules = rules
         #: whether per-site statistics are recorded, and (``reference``) the SNR against FP64
-        self.capture = capture_mode(capture) is not False
-        self.reference = capture_mode(capture) is True
+        mode = capture_mode(capture)
+        self.capture = mode is not False
+        self.reference = mode is True
         self.strict = strict
         self.watch = watch
         #: per-site scaling's calibration: site -> {"a": amax, "b": amax} (``Calibration``)

@@ -688,7 +688,8 @@ def error_energy(y: Tensor, ref: Tensor) -> tuple[int, float, float]:
     (0, 7.25, 0.25)
     """
     yd, rd = y.detach().reshape(-1), ref.detach().reshape(-1).double()
-    if yd.device.type == "cpu" and yd.dtype in (torch.float32, torch.float64) and compiled.available():
+    if yd.device.type == "cpu" and yd.dtype in (torch.float32, torch.float64) \
+            and compiled.available():
         bad, signal, noise = compiled.kernels().error_energy(yd.numpy(), rd.numpy())   # one pass
         return int(bad), float(signal), float(noise)
     d = torch.sub(yd, rd)                                  # FP64: y converted exactly
