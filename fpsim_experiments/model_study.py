@@ -39,14 +39,17 @@ Each arm is a task of the sweep runner (``fpsim_experiments.sweep.runner.execute
 process, on a local process pool or on Ray, its result written to ``OUT/.../tasks`` as it
 ends, so ``--resume`` computes only the arms a killed run left.  The driver computes the
 inputs and the FP32 reference once and saves them there (``StudyWork``); a worker reads them
-once per process, so every arm sees the same bits whichever executor runs it.
+once per process, so every arm sees the same bits whichever executor runs it, and a resumed
+run reads the reference back (:func:`saved_reference`) when its inputs are the same.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
+import pickle
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,11 +236,13 @@ def attributions(planned: list[Arm]) -> list[tuple[str, str, str, str]]:
 
 
 def run_arms(adapter: models.Adapter, inputs: list, ref: list, planned: list[Arm],
-             capture: int, ex: Execution,
-             amax: dict[str, dict[str, float]] | None = None) -> list[dict[str, Any]]:
+             capture: int, ex: Execution, amax: dict[str, dict[str, float]] | None = None,
+             ref_seconds: float = 0.0) -> list[dict[str, Any]]:
     """``run_arm`` of every planned arm on ``ex`` (``runner.execute``), in plan order
-    (``amax``: per-site scaling's calibration); raises naming every arm that failed after the
-    others ended (those are kept for ``--resume``)."""
+    (``amax``: per-site scaling's calibration; the inputs and reference, computed in
+    ``ref_seconds``, saved in the task folder for the workers and for ``--resume``: see
+    :func:`saved_reference`); raises naming every arm that failed after the others ended
+    (those are kept for ``--resume``)."""
     source = adapter.source
     if ex.executor != "inprocess" and source is None:
         raise ValueError(f"--executor {ex.executor} rebuilds the model in each worker, and this "
@@ -250,8 +255,11 @@ def run_arms(adapter: models.Adapter, inputs: list, ref: list, planned: list[Arm
         saved = ""
     else:
         folder.mkdir(parents=True, exist_ok=True)
-        saved = str(folder / "reference.pt")
-        torch.save((inputs, ref, amax), saved)
+        saved = str(folder / REFERENCE_FILE)
+        part = folder / f"{REFERENCE_FILE}.part"     # replaced whole: a worker may map it
+        torch.save({"inputs": inputs, "reference": ref, "amax": amax, "seconds": ref_seconds,
+                    "versions": versions()}, part)
+        os.replace(part, saved)
     _ADAPTERS.clear()
     _ADAPTERS[source] = adapter
     _SAVED.clear()
@@ -377,10 +385,70 @@ class StudyWork:
         if ref not in _SAVED:
             _SAVED.clear()
             # mapped, not read: the workers of a pool share the reference's pages
-            _SAVED[ref] = torch.load(ref, weights_only=False, mmap=True)
+            d = torch.load(ref, weights_only=False, mmap=True)
+            _SAVED[ref] = d["inputs"], d["reference"], d["amax"]
         adapter, (inputs, out, amax) = _ADAPTERS[self.source], _SAVED[ref]
         return {**run_arm(adapter, adapter.model(), inputs, out, task, self.capture, amax),
                 "versions": versions()}
+
+
+def reference(adapter: models.Adapter, model: Any, inputs: list, calibrate: bool
+              ) -> tuple[list, dict[str, dict[str, float]] | None, float]:
+    """The FP32 reference run on ``inputs``: its outputs, with ``calibrate`` every site's
+    operand amax in it (per-site scaling's calibration, else None), and its seconds."""
+    cal = Calibration() if calibrate else None
+    start = time.perf_counter()
+    with torch.no_grad(), fpsim.emulate(REFERENCE, watch=cal):
+        ref = adapter.run(model, inputs)
+    return ref, None if cal is None else cal.amax, time.perf_counter() - start
+
+
+def same(a: Any, b: Any) -> bool:
+    """Whether two inputs are equal bit for bit: tensors and arrays by dtype, shape and value,
+    dataclasses field by field, lists, tuples and dicts item by item, anything else by ``==``.
+
+    >>> same([torch.tensor([1.0, -0.0])], [torch.tensor([1.0, -0.0])])
+    True
+    >>> same({"x": np.zeros(2)}, {"x": np.zeros(2, np.float32)})
+    False
+    """
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and np.array_equal(a, b)
+    if dataclasses.is_dataclass(a):
+        return all(same(getattr(a, f.name), getattr(b, f.name))
+                   for f in dataclasses.fields(a))
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(map(same, a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+#: the inputs and FP32 reference a study saves beside its task files
+REFERENCE_FILE = "reference.pt"
+
+
+def saved_reference(ex: Execution, inputs: list, calibrate: bool
+                    ) -> tuple[list, dict[str, dict[str, float]] | None, float] | None:
+    """With ``--resume``, the reference a killed run saved in the task folder (outputs,
+    calibration, seconds), when it was computed from the same inputs under the same versions
+    (:func:`.report.versions`) and holds the calibration the arms need; else None, and the
+    reference is computed again."""
+    path = None if ex.folder is None or not ex.resume else ex.folder / REFERENCE_FILE
+    if path is None or not path.is_file():
+        return None
+    try:
+        d = torch.load(path, weights_only=False)
+    except (OSError, EOFError, RuntimeError, pickle.UnpicklingError):   # cut short by a kill
+        return None
+    if not isinstance(d, dict) or d.get("versions") != versions() \
+            or (calibrate and d["amax"] is None) or not same(d["inputs"], inputs):
+        return None
+    return d["reference"], d["amax"] if calibrate else None, d["seconds"]
 
 
 def study(adapter: models.Adapter, quick: bool, units: int | None = None,
@@ -393,20 +461,17 @@ def study(adapter: models.Adapter, quick: bool, units: int | None = None,
     model = adapter.model()
     inputs = adapter.inputs(units or adapter.sizes[size])
     planned = arms(quick) if planned is None else planned
-    # per-site scaling's calibration: every site's operand amax in the reference run
-    cal = Calibration() if any(a.factors["scaling"] == "site" for a in planned) else None
-    start = time.perf_counter()
-    with torch.no_grad(), fpsim.emulate(REFERENCE, watch=cal):
-        ref = adapter.run(model, inputs)
-    ref_seconds = time.perf_counter() - start
+    execution = execution or Execution()
+    calibrate = any(a.factors["scaling"] == "site" for a in planned)
+    kept = saved_reference(execution, inputs, calibrate)
+    ref, amax, ref_seconds = kept or reference(adapter, model, inputs, calibrate)
     start = time.perf_counter()
     with torch.no_grad():
         for part in pieces(adapter, len(inputs)):     # outputs dropped piece by piece
             adapter.run(model, inputs[part])
     native = time.perf_counter() - start
     capture = min(len(inputs), CAPTURE_UNITS[size])
-    amax = None if cal is None else cal.amax
-    runs = run_arms(adapter, inputs, ref, planned, capture, execution or Execution(), amax)
+    runs = run_arms(adapter, inputs, ref, planned, capture, execution, amax, ref_seconds)
     baseline = summarize(adapter.score(inputs, ref, ref))
     by = {r["name"]: r for r in runs}
     primary = next(iter(adapter.metrics))
@@ -432,7 +497,8 @@ def study(adapter: models.Adapter, quick: bool, units: int | None = None,
             "attributions": attrs,
             **({} if amax is None else {"calibration": {"units": len(inputs),
                                                         "sites": len(amax)}}),
-            "seconds": {"native": round(native, 2), "reference": round(ref_seconds, 2)}}
+            "seconds": {"native": round(native, 2), "reference": round(ref_seconds, 2),
+                        **({"reference_reused": True} if kept else {})}}
 
 
 # --------------------------------------------------------------------------------------------
@@ -613,6 +679,9 @@ def render(data: dict, out: Path) -> str:
                   "units they are scored on; a value beyond it overflows.")
     if meta.get("resumed"):                     # how a run resumed with --resume was computed
         intro += " " + meta["resumed"]
+    if data["seconds"].get("reference_reused"):
+        intro += (" The FP32 reference was read from the task folder, where the run this one "
+                  "resumed had saved it from the same inputs (`--resume`).")
     run = meta.get("arms", {})
     if run and run["run"] < run["of"]:
         intro += (f" Arms: {run['run']} of the study's {run['of']} (chosen with `--cases`); "

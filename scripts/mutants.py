@@ -73,6 +73,8 @@ SWEEP_RETRY = ["tests/test_sweep.py::test_attempts_count_retries"]
 SWEEP_ORDER = ["tests/test_sweep.py::test_failures_are_listed_in_plan_order"]
 PROGRESS = ["tests/test_progress.py"]
 MODEL_STUDY = ["tests/test_model_study.py"]
+RESUMED_REFERENCE = ["tests/test_model_study.py::"
+                     "test_resume_reads_the_reference_a_killed_run_saved"]
 ACROSS = ["tests/test_across_models.py"]
 ATTRIBUTION = ["tests/test_model_study.py::test_attribution_splits_the_ratio_order_free_by_hand",
                "tests/test_likewise.py"]
@@ -971,6 +973,13 @@ MUTANTS = [
             "[fpsim.emulation.sites]"]),
     Mutant("study-piece-denominators", "an arm run piece by piece keeps numerators as "
            "denominators", "kept[1].extend(den)", "kept[1].extend(num_)", MODEL_STUDY),
+    Mutant("study-reference-other-inputs", "--resume reads back a reference saved from other "
+           "inputs", "or (calibrate and d[\"amax\"] is None) or not same(d[\"inputs\"], inputs):",
+           "or (calibrate and d[\"amax\"] is None):", RESUMED_REFERENCE),
+    Mutant("study-reference-uncalibrated", "--resume reads back a reference without the "
+           "calibration a per-site arm needs",
+           "or (calibrate and d[\"amax\"] is None) or not same(d[\"inputs\"], inputs):",
+           "or not same(d[\"inputs\"], inputs):", RESUMED_REFERENCE),
 ]
 
 

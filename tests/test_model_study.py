@@ -245,13 +245,63 @@ def test_per_site_arms_are_calibrated_on_the_reference_run(hf_dirs: dict, tmp_pa
     emulated = {s["site"] for s in model_study._emulated(site)}
     assert data["calibration"] == {"units": 2, "sites": len(emulated)}
     # the saved file carries the calibration to the workers: each site's operand amaxes
-    _, _, amax = torch.load(tmp_path / "tasks" / "reference.pt", weights_only=False)
+    amax = torch.load(tmp_path / "tasks" / "reference.pt", weights_only=False)["amax"]
     assert set(amax) == emulated and all(set(v) <= {"a", "b"} for v in amax.values())
     assert [(c["question"], c["a"], c["b"]) for c in data["comparisons"]] == [
         ("per-site / per-tensor scaling", "e4m3_ieee per-site", "e4m3_ieee per-tensor")]
     data["meta"] = {"seconds": 1, "quick": True, "model": "bert"}
     assert "Per-site scaling (`per-site`): one scale per site and operand" in \
         model_study.render(data, tmp_path)
+
+
+def test_resume_reads_the_reference_a_killed_run_saved(hf_dirs: dict, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """--resume reads the inputs' FP32 reference from the task folder instead of computing it
+    again, and gives the numbers of a run from scratch; a reference saved from other inputs or
+    other versions, an older file's tuple, a file cut short, or one without the calibration a
+    per-site arm needs is computed again."""
+    adapter = get(str(hf_dirs["bert"]))
+    planned = model_study.chosen(["e4m3_ieee", "e4m3_ieee per-site"], quick=False)
+    fresh = model_study.study(adapter, True, units=2, planned=planned)
+    tasks = tmp_path / "tasks"
+    model_study.study(adapter, True, units=2, planned=planned[:1],     # a run killed after one arm
+                      execution=model_study.Execution(folder=tasks))
+    inputs = adapter.inputs(2)
+    resume = model_study.Execution(folder=tasks, resume=True)
+    assert model_study.saved_reference(resume, inputs, True) is None      # no calibration
+    assert model_study.saved_reference(model_study.Execution(folder=tasks), inputs, False) \
+        is None                                                          # without --resume
+    assert model_study.saved_reference(resume, adapter.inputs(3), False) is None
+    model_study.study(adapter, True, units=2, planned=planned[:1] + planned,  # calibrated now
+                      execution=model_study.Execution(folder=tmp_path / "cal"))
+    calibrated = model_study.Execution(folder=tmp_path / "cal", resume=True)
+    assert model_study.saved_reference(calibrated, inputs, True) is not None
+    shutil.copytree(tmp_path / "cal", tasks, dirs_exist_ok=True)
+    for f in tasks.glob("*.json"):                   # the second arm's result: not computed
+        if "per-site" in f.name:
+            f.unlink()
+
+    def computed(*args: object) -> None:
+        raise AssertionError("the reference was computed again")
+    monkeypatch.setattr(model_study, "reference", computed)
+    data = model_study.study(adapter, True, units=2, planned=planned, execution=resume)
+    assert data["seconds"]["reference_reused"] is True
+    meta = {"seconds": 1, "quick": True, "model": "bert"}
+    assert "The FP32 reference was read from the task folder" in \
+        model_study.render({**data, "meta": meta}, tasks)
+    for d in (data, fresh):
+        del d["seconds"]
+        for r in d["runs"]:
+            del r["seconds"]
+    assert json.dumps(data, sort_keys=True) == json.dumps(fresh, sort_keys=True)   # NaN too
+    saved = torch.load(tasks / "reference.pt", weights_only=False)
+    with monkeypatch.context() as m:
+        m.setattr(model_study, "versions", lambda: {**saved["versions"], "torch": "other"})
+        assert model_study.saved_reference(resume, inputs, False) is None
+    torch.save((saved["inputs"], saved["reference"], saved["amax"]), tasks / "reference.pt")
+    assert model_study.saved_reference(resume, inputs, False) is None   # an older run's tuple
+    (tasks / "reference.pt").write_bytes(b"PK\x03\x04 cut")
+    assert model_study.saved_reference(resume, inputs, False) is None
 
 
 def test_an_arm_run_piece_by_piece_gives_the_whole_run(hf_dirs: dict) -> None:
