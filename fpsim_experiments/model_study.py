@@ -14,7 +14,10 @@ site's sums in FP64 rounded once to FP32).  The arms (:func:`arms`):
   site (one scale per site and operand, fixed over calls: the largest |value| the operand
   reaches there in the FP32 reference on the same units / format max, ``scaling="site"``
   calibrated by :class:`fpsim.emulation.Calibration` during the reference run; a value the
-  format's errors push beyond it overflows);
+  format's errors push beyond it overflows), and per tensor with the scale a power of two
+  (``per-tensor pow2``: the smallest one that keeps the amax within the format, as
+  :class:`fpsim.emulation.casts.Cast`'s ``pow2`` takes it), which keeps on the format's grid
+  every value that is on it unscaled, as an exact amax / max scale does not;
 - the encodings at 8 bits, unscaled: OCP-style ``eXmYfn`` (no inf, the top binade finite) and
   saturating (overflow clamped to the largest finite value); and per site, saturating: a
   static calibrated scale with a saturating cast, as FP8 inference deploys it (per-site scaling
@@ -61,6 +64,7 @@ import torch
 import fpsim
 from fpsim import Recipe, Rule, Rules
 from fpsim.emulation import Calibration
+from fpsim.emulation.casts import Cast
 from fpsim.emulation.recipe import FP32
 
 from . import bootstrap, likewise, models
@@ -80,6 +84,8 @@ CAPTURE_UNITS = {"quick": 1, "full": 8}
 FACTORS = ("budget", "ebits", "encoding", "scaling", "flush", "subnormals", "norms")
 #: the order-free attribution: the factors removed from a base arm (unscaled, norms in FP32)
 ATTRIBUTION = ("flush", "subnormals")
+#: an arm's name for a scaling other than ``per-<scaling>``
+SCALING_WORDS = {"pow2": "per-tensor pow2"}
 #: the reference: FP32 at every product and every norm's statistics, named for each kind
 REFERENCE = Rules([Rule(FP32, kind="norm")], default=FP32)
 
@@ -121,13 +127,18 @@ def arm(budget: int, ebits: int, *, encoding: str = "ieee", scaling: str = "none
     """The arm of a split with the given factors (its recipe named after what differs)."""
     fmt = split(ebits, budget, encoding)
     words = [fmt]
-    words += [] if scaling == "none" else [f"per-{scaling}"]
+    words += [] if scaling == "none" else [SCALING_WORDS.get(scaling, f"per-{scaling}")]
     words += ["saturating"] if encoding == "saturating" else []
     words += [] if flush else ["no flush"]
     words += ["full subnormals"] if subnormals == "full" else []
     words += ["norms FP32"] if norms == "fp32" else []
-    recipe = Recipe(fmt, scaling=scaling, saturate=encoding == "saturating", flush=flush,
-                    full_subnormals=subnormals == "full", name=" ".join(words))
+    if scaling == "pow2":
+        recipe = Recipe(Cast(fmt, "tensor", pow2=True, saturate=encoding == "saturating",
+                             flush=flush, full_subnormals=subnormals == "full"),
+                        name=" ".join(words))
+    else:
+        recipe = Recipe(fmt, scaling=scaling, saturate=encoding == "saturating", flush=flush,
+                        full_subnormals=subnormals == "full", name=" ".join(words))
     return Arm(recipe, {"budget": budget, "ebits": ebits, "encoding": encoding,
                         "scaling": scaling, "flush": flush, "subnormals": subnormals,
                         "norms": norms})
@@ -144,6 +155,7 @@ def arms(quick: bool) -> list[Arm]:
            for s in (("none", "tensor", "channel", "site") if b == 8 else ("none", "tensor"))]
     out += [arm(8, e, encoding=c) for e in SPLITS[8][1:] for c in ("fn", "saturating")]
     out += [arm(8, e, encoding="saturating", scaling="site") for e in SPLITS[8][1:]]
+    out += [arm(8, e, scaling="pow2") for e in SPLITS[8][1:]]
     out += [a for e in ABLATED for a in (arm(8, e, flush=False), arm(8, e, subnormals="full"),
                                          arm(8, e, norms="fp32"))]
     out += [arm(8, e, norms="fp32", **k) for e in ABLATED for k in (
@@ -198,6 +210,10 @@ def comparisons(planned: list[Arm]) -> list[tuple[str, str, str, str]]:
                 out.append(("per-channel / per-tensor scaling", a.name, b, "scaling"))
             if f["scaling"] == "site" and (b := other(f, scaling="tensor")):
                 out.append(("per-site / per-tensor scaling", a.name, b, "scaling"))
+            if f["scaling"] == "pow2" and (b := other(f, scaling="tensor")):
+                out.append(("power-of-two / exact per-tensor scale", a.name, b, "scaling"))
+            if f["scaling"] == "pow2" and (b := other(f, scaling="none")):
+                out.append(("power-of-two per-tensor scale / unscaled", a.name, b, "scaling"))
             continue
         ieee = other(f, **PLAIN)
         if ieee is None or sum(f[k] != v for k, v in PLAIN.items()) != 1:
@@ -571,7 +587,7 @@ def conclusions(data: dict) -> list[str]:
             and r["factors"]["flush"] and r["factors"]["subnormals"] == "format"
             and r["factors"]["norms"] == "format"]
     for b in sorted({r["factors"]["budget"] for r in runs}):
-        for s in ("none", "tensor", "channel", "site"):
+        for s in ("none", "tensor", "pow2", "channel", "site"):
             series = [r for r in runs if r["factors"]["budget"] == b and r["factors"]["scaling"] == s]
             finite = [r for r in series if math.isfinite(r["metrics"][p]["value"])]
             if not series:
@@ -582,8 +598,8 @@ def conclusions(data: dict) -> list[str]:
                 parts.append(f"lowest {p} {_cell(best['metrics'][p])} at {best['name']}")
             bad = [nonfinite(r, p, data["model"]["unit"]) for r in series if r not in finite]
             parts += [f"inf/NaN at {', '.join(bad)}"] if bad else []
-            out.append(f"B={b}, {'unscaled' if s == 'none' else 'per-' + s}: "
-                       + "; ".join(parts) + ".")
+            label = "unscaled" if s == "none" else SCALING_WORDS.get(s, f"per-{s}")
+            out.append(f"B={b}, {label}: " + "; ".join(parts) + ".")
     for r in runs:
         if r["factors"]["budget"] == 8 and r["factors"]["scaling"] == "none":
             over, flushed, _, elements = trouble(r)

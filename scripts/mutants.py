@@ -971,6 +971,9 @@ MUTANTS = [
            "flat[i:i + step - 1] = torch.softmax(rows[i:i + step - 1].double(), dim=-1)",
            ["tests/test_docs.py::test_docstring_examples_print_what_they_show"
             "[fpsim.emulation.sites]"]),
+    Mutant("cast-pow2-dropped", "fpsim's own tensor, channel and site scalings ignore pow2=True",
+           'scale_dtype = "e8m0" if c.pow2 else "fp32"', 'scale_dtype = "fp32"',
+           ["tests/test_training_presets.py::test_pow2_scales_of_fpsims_own_scalings"]),
     Mutant("study-piece-denominators", "an arm run piece by piece keeps numerators as "
            "denominators", "kept[1].extend(den)", "kept[1].extend(num_)", MODEL_STUDY),
     Mutant("study-reference-other-inputs", "--resume reads back a reference saved from other "

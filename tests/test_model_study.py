@@ -88,13 +88,42 @@ def test_every_comparison_is_like_with_like() -> None:
             if factor == "ebits":
                 assert fb["ebits"] == fa["ebits"] + 1
     full = model_study.comparisons(model_study.arms(False))
-    # adjacent splits: at 8 bits unscaled, per tensor, per channel and per site; 12, 16 bits
-    assert sum(c[3] == "ebits" for c in full) == 3 * 4 + 3 * 2 + 2 * 2
+    # adjacent splits: at 8 bits unscaled, per tensor, per channel and per site; 12, 16 bits;
+    # per tensor with power-of-two scales (e3m4, e4m3, e5m2)
+    assert sum(c[3] == "ebits" for c in full) == 3 * 4 + 3 * 2 + 2 * 2 + 2
     assert sum(c[0] == "per-site / per-tensor scaling" for c in full) == 4
+    # a power-of-two per-tensor scale against the exact one and against no scale
+    assert [c[1:3] for c in full if c[0].startswith("power-of-two")] == [
+        (f"e{e}m{7 - e}_ieee per-tensor pow2", f"e{e}m{7 - e}_ieee{s}")
+        for e in (3, 4, 5) for s in (" per-tensor", "")]
     # a static calibrated scale with a saturating cast, against the same scale overflowing
     assert [c[1:] for c in full if c[0] == "saturating / IEEE-style" and "site" in c[1]] == [
         (f"e{e}m{7 - e}_ieee per-site saturating", f"e{e}m{7 - e}_ieee per-site", "encoding")
         for e in (3, 4, 5)]
+
+
+def test_a_pow2_arm_scales_both_operands_by_a_power_of_two() -> None:
+    """``per-tensor pow2``: a linear layer's input and weight each quantized with the smallest
+    power-of-two scale that keeps its amax in range, summed in FP64 and rounded once to FP32."""
+
+    a = model_study.chosen(["e4m3_ieee per-tensor pow2"], quick=False)[0]
+    assert a.recipe.cast(a.recipe.inputs).pow2 and a.recipe.cast(a.recipe.weight_format).pow2
+    gen = torch.Generator().manual_seed(3)
+    lin = torch.nn.Linear(24, 5, bias=False)
+    x = torch.randn(7, 24, generator=gen) * 300.0
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(5, 24, generator=gen) * 0.3)
+        with fpsim.emulate(a.rules()):
+            got = lin(x)
+
+    def q(t: torch.Tensor) -> torch.Tensor:
+        top = float(t.abs().max()) / 240.0                     # e4m3_ieee's largest value
+        scale = 2.0 ** math.ceil(math.log2(top))
+        assert top <= scale < 2 * top
+        return fpsim.quantize(t.double() / scale, "e4m3_ieee") * scale
+
+    want = (q(x) @ q(lin.weight.detach()).T).float()
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
 def test_metric_and_paired_ratio_resample_units() -> None:

@@ -380,3 +380,66 @@ def test_a_casts_ablations_that_do_not_apply_are_refused():
         Cast("int8", full_subnormals=True)
     with pytest.raises(ValueError, match="give the Cast full_subnormals=True or flush=False"):
         Recipe(Cast("e4m3"), Cast("e4m3"), flush=False)
+
+
+# ---------------------------------------------------------------------------------------
+# pow2: every scaling with a scale of its own rounds it to a power of two, or refuses the flag
+# (a tensor, channel or site Cast dropped pow2=True without a word)
+def _pow2_scale(amax: float, fmax: float) -> float:
+    """The smallest power of two 2^k (k in E8M0's [-127, 127]) with amax / 2^k <= fmax,
+    found with exact rationals."""
+    from fractions import Fraction
+
+    if amax == 0:
+        return 1.0
+    k = math.frexp(amax / fmax)[1] - 2
+    while Fraction(amax) > Fraction(fmax) * Fraction(2) ** k:
+        k += 1
+    return math.ldexp(1.0, min(max(k, -127), 127))
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e4m3_ieee", "e5m2", "e2m1"])
+@pytest.mark.parametrize("scaling", ["tensor", "channel", "site"])
+def test_pow2_scales_of_fpsims_own_scalings(monkeypatch, fmt, scaling):
+    """Values are quantize(x / 2^k) * 2^k, 2^k the smallest power of two that keeps the amax
+    within the format (per tensor, per row along the reduction axis, or the site's calibrated
+    amax), bit for bit on the compiled pass and the general one; the amax exactly the
+    format's max times a power of two, ties, zeros and an amax below E8M0's range included."""
+    from fpsim.emulation import onepass, sites
+
+    f = get_format(fmt)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 40, generator=gen) * 37.0
+    x[1] *= 2.0 ** -20
+    x[2] = 0.0
+    x[3, :3] = torch.tensor([f.max * 8, -0.0, f.max * 8 * 0.75])   # amax: max * 2^3 exactly
+    x[4] *= 2.0 ** -140 / 37.0                                    # below 2^-127 * max
+    for axis in (-1, 0):
+        amax = 1.7 * float(x.abs().max()) if scaling == "site" else None
+        c = Cast(fmt, scaling, pow2=True, amax=amax)
+        x64 = x.double().movedim(axis, -1)
+        if scaling == "channel":
+            spans = x64.abs().amax(dim=-1, keepdim=True)
+            scale = torch.tensor([[_pow2_scale(float(s), f.max)] for s in spans])
+        else:
+            top = amax if scaling == "site" else float(x64.abs().max())
+            scale = torch.tensor(_pow2_scale(top, f.max), dtype=torch.float64)
+        want = (fpsim.quantize(x64 / scale, f) * scale).movedim(-1, axis).float()
+        paths = {"compiled": sites.quantize_cast(x, c, axis)[0]}
+        with monkeypatch.context() as m:
+            m.setattr(onepass, "tensor_scaled", lambda *a: None)
+            paths["general"] = sites.quantize_cast(x, c, axis)[0]
+        for name, got in paths.items():
+            assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (name, axis)
+    y = x[:1] * 1.3                                   # an amax / max that is no power of two
+    two, exact = (Cast(fmt, scaling, pow2=p, amax=1.7 * float(y.abs().max())
+                       if scaling == "site" else None) for p in (True, False))
+    assert not torch.equal(sites.quantize_cast(y, two, -1)[0], sites.quantize_cast(y, exact, -1)[0])
+
+
+def test_pow2_is_refused_where_a_cast_has_no_scale_of_its_own():
+    for scaling, fmt in (("none", "e4m3"), ("block", "mxfp8_e4m3"), ("tile", "e4m3"),
+                         ("delayed", "e4m3")):
+        with pytest.raises(ValueError, match=f"a '{scaling}' cast has none of its own to round"):
+            Cast(fmt, scaling, pow2=True)
+    assert Cast("e4m3", "tensor", pow2=True).describe() == "e4m3/tensor pow2"

@@ -34,7 +34,8 @@ class Scaling:
     whether its format is an MX / NVFP4 block format (``block``), whether ``fpsim quantize
     --scaling`` takes it (``cli``: ``fpsim.scaled_quantize``'s, no reduction axis) and whether
     its amax comes from a calibration run, per site (``calibrated``: ``fpsim.emulate(...,
-    amax=)``, ``fpsim.emulation.Calibration``)."""
+    amax=)``, ``fpsim.emulation.Calibration``), and whether its scales can be powers of two
+    (``pow2``: a ``Cast``'s ``pow2=True``)."""
 
     doc: str
     recipe: bool = False
@@ -42,6 +43,7 @@ class Scaling:
     block: bool = False
     cli: bool = False
     calibrated: bool = False
+    pow2: bool = False
 
 
 #: Every scaling, the one table: fpsim's own (scale = amax / format max, values = code *
@@ -55,13 +57,14 @@ class Scaling:
 SCALINGS: dict[str, Scaling] = {
     "none": Scaling("values rounded to the format, no scale", recipe=True, axis_free=True,
                     cli=True),
-    "tensor": Scaling("one amax scale per tensor", recipe=True, axis_free=True, cli=True),
+    "tensor": Scaling("one amax scale per tensor", recipe=True, axis_free=True, cli=True,
+                      pow2=True),
     "site": Scaling("one amax scale per site and operand, the same at every call: the "
                     "operand's largest |value| at that site in a calibration run / format "
                     "max; a value beyond it overflows (or saturates)", recipe=True,
-                    axis_free=True, calibrated=True),
+                    axis_free=True, calibrated=True, pow2=True),
     "channel": Scaling("one amax scale per index beside the reduction axis", recipe=True,
-                       cli=True),
+                       cli=True, pow2=True),
     "block": Scaling("MX / NVFP4 blocks along the reduction axis", recipe=True, block=True,
                      cli=True),
     "tile": Scaling("DeepSeek-V3: amax scales per 1 x 128 tile along the reduction axis (a "
@@ -69,8 +72,10 @@ SCALINGS: dict[str, Scaling] = {
     "tile2d": Scaling("DeepSeek-V3: amax scales per 128 x 128 block"),
     "block2d": Scaling("NVFP4 16 x 16 blocks: the same values whichever axis a GEMM reduces",
                        block=True),
-    "tensorwise": Scaling("TE / torchao: one scale per tensor from its amax", axis_free=True),
-    "rowwise": Scaling("TE / torchao: one scale per index beside the reduction axis"),
+    "tensorwise": Scaling("TE / torchao: one scale per tensor from its amax", axis_free=True,
+                          pow2=True),
+    "rowwise": Scaling("TE / torchao: one scale per index beside the reduction axis",
+                       pow2=True),
     "delayed": Scaling("TE DelayedScaling: the scale from the amax history of earlier calls",
                        axis_free=True),
 }
@@ -87,8 +92,10 @@ class Cast:
     makes a run repeatable) or any other mode of [``fpsim.quantize``][]; ``srbits``: the
     number of random bits of a stochastic rounding (None: all, docs/stochastic.md);
     ``saturate``: clamp at the format's largest value (the scaled casts of TE and torchao
-    always saturate); ``pow2``: scales rounded down to a power of two
-    (torchao's ``round_scales_to_power_of_2``); ``history`` and ``margin``: delayed scaling's
+    always saturate); ``pow2``: every scale a power of two, the one that keeps the amax
+    within the format's largest value (torchao's ``round_scales_to_power_of_2``, which rounds
+    its multiplier max / amax down; fpsim's own scalings take the smallest power of two at or
+    above amax / max, ``fpsim.scaled_quantize``'s ``scale_dtype="e8m0"``); ``history`` and ``margin``: delayed scaling's
     amax history length and margin in binades (TE ``DelayedScaling``); ``scale_rounding``: the
     MX scale rule (None: OCP floor); ``full_subnormals`` and ``flush=False``: the ablations of
     ``fpsim.emulation.recipe.Recipe`` (subnormals at full width, flushed values kept);
@@ -121,6 +128,10 @@ class Cast:
             object.__setattr__(self, "scaling", "block")    # a block format's only scaling
         if self.scaling not in SCALINGS:
             raise ValueError(f"Cast scaling {self.scaling!r} is not one of {tuple(SCALINGS)}")
+        if self.pow2 and not SCALINGS[self.scaling].pow2:
+            raise ValueError(f"Cast(pow2=True) rounds scales to powers of two, and a "
+                             f"{self.scaling!r} cast has none of its own to round: use one of "
+                             f"{tuple(k for k, v in SCALINGS.items() if v.pow2)}, or drop pow2")
         if SCALINGS[self.scaling].block:
             spec = mx.get_mx_format(self.fmt)
             if self.scaling == "block2d" and spec.is_mx:

@@ -58,11 +58,12 @@ def _table(f: Format, rounding: str, wide: bool = True) -> tuple[Any, np.ndarray
     return jit, table, utype(shift), utype(below), convert.decode_table(f)
 
 
-def tensor_scaled(x: Tensor, f: Format, rounding: str, axis: int) -> tuple[Tensor, float] | None:
+def tensor_scaled(x: Tensor, f: Format, rounding: str, axis: int, scale_dtype: str = "fp32"
+                  ) -> tuple[Tensor, float] | None:
     """``x`` quantized to ``f`` with one amax scale (``fpsim.scaled_quantize``'s rules,
-    saturating) and the scale, as ``quantize_operand`` computes them, or None where the
-    compiled pass does not apply (see the module doc).  ``axis`` (the reduction axis) only
-    sets the result's strides, as the general path's."""
+    saturating; ``scale_dtype`` its) and the scale, as ``quantize_operand`` computes them, or
+    None where the compiled pass does not apply (see the module doc).  ``axis`` (the reduction
+    axis) only sets the result's strides, as the general path's."""
     if (x.device.type != "cpu" or x.dtype not in _DTYPES or f.is_int or rounding in STOCHASTIC
             or x.numel() == 0 or (x.requires_grad and torch.is_grad_enabled())):
         return None
@@ -73,7 +74,8 @@ def tensor_scaled(x: Tensor, f: Format, rounding: str, axis: int) -> tuple[Tenso
     span = max(-float(lo), float(hi))
     if not math.isfinite(span):                   # NaN or inf: a NaN scale, the general path
         return None
-    scale = 1.0 if span == 0 else float(amax_scale(np.array([[span]]), f.max, "fp32", 0)[0, 0])
+    scale = 1.0 if span == 0 else float(amax_scale(np.array([[span]]), f.max, scale_dtype,
+                                                    0)[0, 0])
     jit, table, shift, below, values = plan
     moved = x.detach().movedim(axis, -1).contiguous()
     out = torch.empty(moved.shape, dtype=x.dtype)

@@ -124,8 +124,9 @@ def quantize_cast(
     if c.scaling not in ("tensor", "channel"):
         raise ValueError(f"{c.describe()}: a {c.scaling} cast is applied by "
                          "fpsim.emulation.quantizers.cast, not quantize_cast")
+    scale_dtype = "e8m0" if c.pow2 else "fp32"
     if c.scaling == "tensor" and c.srbits is None:
-        fast = onepass.tensor_scaled(x, f, c.rounding, axis)   # None: not applicable
+        fast = onepass.tensor_scaled(x, f, c.rounding, axis, scale_dtype)   # None: not applicable
         if fast is not None:
             q, scale = fast
             return q, torch.tensor(scale, dtype=torch.float64) * rounding_limit(f)
@@ -140,6 +141,7 @@ def quantize_cast(
         f,
         granularity=c.scaling,
         axis=0 if channel else None,
+        scale_dtype=scale_dtype,
         rounding=c.rounding,
         srbits=c.srbits,
         seed=seed,
@@ -153,11 +155,14 @@ def quantize_cast(
 
 def site_scale(c: Cast, f: Format) -> float:
     """A ``site`` cast's scale: its calibrated amax / ``f``'s largest value in FP32, within
-    FP32's normal range (1 for an amax of 0), as per-tensor scaling computes it from a
-    tensor's own amax (``fpsim.scaling.amax_scale``).
+    FP32's normal range (1 for an amax of 0; with ``pow2`` the smallest power of two at or
+    above it), as per-tensor scaling computes it from a tensor's own amax
+    (``fpsim.scaling.amax_scale``).
 
     >>> site_scale(Cast("e4m3_ieee", "site", amax=720.0), get_format("e4m3_ieee"))
     3.0
+    >>> site_scale(Cast("e4m3_ieee", "site", amax=720.0, pow2=True), get_format("e4m3_ieee"))
+    4.0
     """
     if c.amax is None:
         raise ValueError(f"{c.describe()}: per-site scaling reads the site's calibrated amax; "
@@ -165,7 +170,7 @@ def site_scale(c: Cast, f: Format) -> float:
                          "fpsim.emulation.Calibration records")
     if c.amax == 0:
         return 1.0
-    return float(amax_scale(np.array([c.amax]), f.max, "fp32", 0)[0])
+    return float(amax_scale(np.array([c.amax]), f.max, "e8m0" if c.pow2 else "fp32", 0)[0])
 
 
 def widen_subnormals(x: Tensor, q: Tensor, f: Format, rounding: str = "rne",
