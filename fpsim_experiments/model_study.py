@@ -15,8 +15,8 @@ site's sums in FP64 rounded once to FP32).  The arms (:func:`arms`):
   reaches there in the FP32 reference on the same units / format max, ``scaling="site"``
   calibrated by :class:`fpsim.emulation.Calibration` during the reference run; a value the
   format's errors push beyond it overflows), and per tensor with the scale a power of two
-  (``per-tensor pow2``: the smallest one that keeps the amax within the format, as
-  :class:`fpsim.emulation.casts.Cast`'s ``pow2`` takes it), which keeps on the format's grid
+  (``per-tensor pow2``: the smallest one that keeps the amax within the format,
+  :class:`fpsim.Recipe`'s ``pow2``), which keeps on the format's grid
   every value that is on it unscaled, as an exact amax / max scale does not;
 - the encodings at 8 bits, unscaled: OCP-style ``eXmYfn`` (no inf, the top binade finite) and
   saturating (overflow clamped to the largest finite value); and per site, saturating: a
@@ -64,7 +64,6 @@ import torch
 import fpsim
 from fpsim import Recipe, Rule, Rules
 from fpsim.emulation import Calibration
-from fpsim.emulation.casts import Cast
 from fpsim.emulation.recipe import FP32
 
 from . import bootstrap, likewise, models
@@ -132,13 +131,10 @@ def arm(budget: int, ebits: int, *, encoding: str = "ieee", scaling: str = "none
     words += [] if flush else ["no flush"]
     words += ["full subnormals"] if subnormals == "full" else []
     words += ["norms FP32"] if norms == "fp32" else []
-    if scaling == "pow2":
-        recipe = Recipe(Cast(fmt, "tensor", pow2=True, saturate=encoding == "saturating",
-                             flush=flush, full_subnormals=subnormals == "full"),
-                        name=" ".join(words))
-    else:
-        recipe = Recipe(fmt, scaling=scaling, saturate=encoding == "saturating", flush=flush,
-                        full_subnormals=subnormals == "full", name=" ".join(words))
+    pow2 = scaling == "pow2"                      # per tensor, power-of-two scales
+    recipe = Recipe(fmt, scaling="tensor" if pow2 else scaling, pow2=pow2,
+                    saturate=encoding == "saturating", flush=flush,
+                    full_subnormals=subnormals == "full", name=" ".join(words))
     return Arm(recipe, {"budget": budget, "ebits": ebits, "encoding": encoding,
                         "scaling": scaling, "flush": flush, "subnormals": subnormals,
                         "norms": norms})

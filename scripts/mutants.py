@@ -974,6 +974,10 @@ MUTANTS = [
     Mutant("cast-pow2-dropped", "fpsim's own tensor, channel and site scalings ignore pow2=True",
            'scale_dtype = "e8m0" if c.pow2 else "fp32"', 'scale_dtype = "fp32"',
            ["tests/test_training_presets.py::test_pow2_scales_of_fpsims_own_scalings"]),
+    Mutant("recipe-pow2-dropped", "a Recipe's pow2=True does not reach its operands' Casts",
+           "self.srbits, self.full_subnormals, self.flush, self.pow2)",
+           "self.srbits, self.full_subnormals, self.flush)",
+           ["tests/test_training_presets.py::test_pow2_is_refused_where_a_cast_has_no_scale_of_its_own"]),
     Mutant("study-piece-denominators", "an arm run piece by piece keeps numerators as "
            "denominators", "kept[1].extend(den)", "kept[1].extend(num_)", MODEL_STUDY),
     Mutant("study-reference-other-inputs", "--resume reads back a reference saved from other "

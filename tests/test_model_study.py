@@ -108,13 +108,17 @@ def test_a_pow2_arm_scales_both_operands_by_a_power_of_two() -> None:
 
     a = model_study.chosen(["e4m3_ieee per-tensor pow2"], quick=False)[0]
     assert a.recipe.cast(a.recipe.inputs).pow2 and a.recipe.cast(a.recipe.weight_format).pow2
+    assert a.recipe.to_json()["pow2"] is True and "pow2" not in model_study.arm(8, 4).recipe.to_json()
     gen = torch.Generator().manual_seed(3)
     lin = torch.nn.Linear(24, 5, bias=False)
+    conv = torch.nn.Conv1d(24, 5, 1, bias=False)          # Whisper's convolutions take it too
     x = torch.randn(7, 24, generator=gen) * 300.0
     with torch.no_grad():
         lin.weight.copy_(torch.randn(5, 24, generator=gen) * 0.3)
+        conv.weight.copy_(lin.weight[:, :, None])
         with fpsim.emulate(a.rules()):
             got = lin(x)
+            by_conv = conv(x.T[None])[0].T
 
     def q(t: torch.Tensor) -> torch.Tensor:
         top = float(t.abs().max()) / 240.0                     # e4m3_ieee's largest value
@@ -124,6 +128,7 @@ def test_a_pow2_arm_scales_both_operands_by_a_power_of_two() -> None:
 
     want = (q(x) @ q(lin.weight.detach()).T).float()
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert torch.equal(by_conv.contiguous().view(torch.int32), want.view(torch.int32))
 
 
 def test_metric_and_paired_ratio_resample_units() -> None:

@@ -443,3 +443,10 @@ def test_pow2_is_refused_where_a_cast_has_no_scale_of_its_own():
         with pytest.raises(ValueError, match=f"a '{scaling}' cast has none of its own to round"):
             Cast(fmt, scaling, pow2=True)
     assert Cast("e4m3", "tensor", pow2=True).describe() == "e4m3/tensor pow2"
+    r = Recipe("e4m3", scaling="channel", pow2=True)          # a Recipe passes it to its Casts
+    assert r.describe() == "e4m3/channel pow2" and r.cast("e4m3").pow2
+    assert Recipe("e4m3", scaling="site", pow2=True).at_site({"a": 3.0, "b": 1.0}).weights.pow2
+    assert "pow2" not in Recipe("e4m3", scaling="tensor").to_json()   # earlier JSON unchanged
+    for bad in ({}, {"scaling": "block"}, {"scaling": "tile"}):
+        with pytest.raises(ValueError, match="pow2=True rounds the scales"):
+            Recipe("mxfp8_e4m3" if bad.get("scaling") == "block" else "e4m3", pow2=True, **bad)

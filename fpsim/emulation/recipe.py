@@ -81,6 +81,8 @@ class Recipe:
     ``order="tensor_core"``).  ``output``: the
     format the result is rounded to (None keeps it).  ``saturate``: clamp overflow to the
     largest finite value instead of inf/NaN (operands without scaling and the output).
+    ``pow2``: the scales of a ``tensor``, ``channel`` or ``site`` scaling rounded up to a power
+    of two (the smallest that keeps the amax within the format; ``Cast``'s ``pow2``).
     ``rounding``: the rounding mode of operands, accumulator and output; ``srbits``: its number
     of random bits when stochastic (None: every dropped bit; e.g. ``rounding="stochastic",
     srbits=8``, docs/stochastic.md).  ``flush``: False keeps nonzero operand values that round
@@ -115,6 +117,7 @@ class Recipe:
     tensor_core: str | None = None
     output: FormatLike | None = None
     saturate: bool = False
+    pow2: bool = False
     rounding: str = "rne"
     flush: bool = True
     scale_rounding: str | None = None
@@ -128,7 +131,7 @@ class Recipe:
             raise TypeError(f"Recipe name must be a string, got {self.name!r}")
         check_saturate(self.saturate)
         check_srbits(self.srbits, check_mode(self.rounding))
-        for flag in ("flush", "full_subnormals"):     # "no" would count as True
+        for flag in ("flush", "full_subnormals", "pow2"):     # "no" would count as True
             check_flag(getattr(self, flag), flag)
         if isinstance(self.accum, Accumulator):
             self._unpack(self.accum)
@@ -157,8 +160,13 @@ class Recipe:
         if self.backward is not None and not isinstance(self.backward, Backward):
             raise TypeError(f"recipe {self.name!r}: backward= takes a Backward, not "
                             f"{self.backward!r}")
+        if self.pow2 and not CAST_SCALINGS[self.scaling].pow2:
+            raise ValueError(f"recipe {self.name!r}: pow2=True rounds the scales of a "
+                             f"'tensor', 'channel' or 'site' scaling to powers of two, and "
+                             f"scaling={self.scaling!r} has none to round")
         casts = [f for f in (self.inputs, self.weights) if isinstance(f, Cast)]
-        if casts and (self.scaling != "none" or self.full_subnormals or not self.flush):
+        if casts and (self.scaling != "none" or self.full_subnormals or not self.flush
+                      or self.pow2):
             raise ValueError(f"recipe {self.name!r}: a Cast operand carries its own scaling "
                              "and ablations; leave scaling='none', full_subnormals and flush "
                              "as they are (give the Cast full_subnormals=True or flush=False)")
@@ -251,7 +259,8 @@ class Recipe:
             words.append(acc if self.chunk is None else f"{acc}/{self.chunk}")
         if self.output is not None:
             words.append(f"out={format_name(self.output)}")
-        for flag, word in ((self.saturate, "sat"), (not self.flush, "no-flush"),
+        for flag, word in ((self.saturate, "sat"), (self.pow2, "pow2"),
+                           (not self.flush, "no-flush"),
                            (self.full_subnormals, "full-subnormals")):
             if flag:
                 words.append(word)
@@ -310,7 +319,7 @@ amax=None)
             return fmt
         scaling = "tile2d" if self.scaling == "tile" and axis != -1 else self.scaling
         return _cast(fmt, scaling, self.rounding, self.saturate, self.scale_rounding,
-                     self.srbits, self.full_subnormals, self.flush)
+                     self.srbits, self.full_subnormals, self.flush, self.pow2)
 
     def at_site(self, amax: dict[str, float]) -> "Recipe":
         """This recipe at one site when it scales per site: its operands as ``site`` Casts
@@ -324,15 +333,17 @@ amax=None)
         def cast(fmt: FormatLike | None, role: str) -> Cast | None:
             return None if fmt is None or role not in amax else Cast(
                 fmt, "site", rounding=self.rounding, saturate=self.saturate, srbits=self.srbits,
-                flush=self.flush, amax=float(amax[role]))
+                flush=self.flush, amax=float(amax[role]), pow2=self.pow2)
 
         return dataclasses.replace(self, inputs=cast(self.inputs, "a"),
                                    weights=cast(self.weight_format, "b"), scaling="none",
-                                   flush=True)
+                                   flush=True, pow2=False)
 
     def to_json(self) -> dict[str, Any]:
         """The recipe's fields with formats as names."""
         d = dataclasses.asdict(self)
+        if not self.pow2:               # a field added later: earlier recipes' JSON unchanged
+            del d["pow2"]
         for key in ("inputs", "weights", "output"):
             d[key] = format_name(getattr(self, key))
         d["backward"] = None if self.backward is None else self.backward.describe()
@@ -342,9 +353,9 @@ amax=None)
 @functools.lru_cache(maxsize=1024)
 def _cast(fmt: FormatLike, scaling: str, rounding: str, saturate: bool,
           scale_rounding: str | None, srbits: int | None, full_subnormals: bool,
-          flush: bool) -> Cast:
+          flush: bool, pow2: bool = False) -> Cast:
     """One Cast per distinct description (checked once: a site quantizes at every call)."""
-    return Cast(fmt, scaling, rounding=rounding, saturate=saturate,
+    return Cast(fmt, scaling, rounding=rounding, saturate=saturate, pow2=pow2,
                 scale_rounding=scale_rounding, srbits=srbits, full_subnormals=full_subnormals,
                 flush=flush)
 
