@@ -516,9 +516,9 @@ MUTANTS = [
            'qbT, _ = self.operand(bT, wspec, "w", -2, None, "b", saved["sb"])',
            'qbT, _ = self.operand(bT, wspec, "w", -1, None, "b", saved["sb"])', TRAINING),
     Mutant("wgrad-reuse-rowwise", "rowwise casts are reused across GEMMs as if axis-free",
-           '"rowwise": Scaling("TE / torchao: one scale per index beside the reduction axis"),',
+           '"rowwise": Scaling("TE / torchao: one scale per index beside the reduction axis",',
            '"rowwise": Scaling("TE / torchao: one scale per index beside the reduction axis", '
-           'axis_free=True),', TRAINING),
+           'axis_free=True,', TRAINING),
     Mutant("delayed-tiny-amax", "a delayed scale that overflows FP32 stays infinite (TE: FP32 max)",
            "self.scale = s if math.isfinite(s) else float(torch.finfo(torch.float32).max)",
            "self.scale = s", TRAINING),
@@ -918,8 +918,9 @@ MUTANTS = [
            "if ieee is None or sum(f[k] != v for k, v in PLAIN.items()) != 1:",
            "if ieee is None:", STUDY_ARMS),
     Mutant("site-scale-margin", "a site's scale is twice its amax / format max",
-           'return float(amax_scale(np.array([c.amax]), f.max, "fp32", 0)[0])',
-           'return float(amax_scale(np.array([c.amax]), f.max, "fp32", 1)[0])', SITE_SCALING),
+           'return float(amax_scale(np.array([c.amax]), f.max, "e8m0" if c.pow2 else "fp32", 0)[0])',
+           'return float(amax_scale(np.array([c.amax]), f.max, "e8m0" if c.pow2 else "fp32", 1)[0])',
+           SITE_SCALING),
     Mutant("site-saturate-ignored", "a per-site recipe's saturate=True is ignored",
            "q = quantize(x.to(torch.float64) / scale, f, rounding=c.rounding, saturate=c.saturate,",
            "q = quantize(x.to(torch.float64) / scale, f, rounding=c.rounding, saturate=False,",
@@ -948,7 +949,8 @@ MUTANTS = [
            'return f"{run[\'name\']} ({sum(math.isnan(v) for v in num)} of {len(num)} '
            '{unit}s)"', EXPERIMENT_DOCS),
     Mutant("study-calibration-unsaved", "the workers' saved reference has no calibration",
-           "torch.save((inputs, ref, amax), saved)", "torch.save((inputs, ref, None), saved)",
+           'torch.save({"inputs": inputs, "reference": ref, "amax": amax, "seconds": ref_seconds,',
+           'torch.save({"inputs": inputs, "reference": ref, "amax": None, "seconds": ref_seconds,',
            STUDY_SITE),
     # the cost of Whisper's study (issues 41, 42): per-site convolutions, caches, pieces
     Mutant("conv-site-unwatched", "a convolution site is not seen by the watch (no calibration)",
