@@ -249,12 +249,12 @@ def attributions(planned: list[Arm]) -> list[tuple[str, str, str, str]]:
 
 def run_arms(adapter: models.Adapter, inputs: list, ref: list, planned: list[Arm],
              capture: int, ex: Execution, amax: dict[str, dict[str, float]] | None = None,
-             ref_seconds: float = 0.0) -> list[dict[str, Any]]:
+             ref_seconds: float = 0.0, kept: bool = False) -> list[dict[str, Any]]:
     """``run_arm`` of every planned arm on ``ex`` (``runner.execute``), in plan order
     (``amax``: per-site scaling's calibration; the inputs and reference, computed in
-    ``ref_seconds``, saved in the task folder for the workers and for ``--resume``: see
-    :func:`saved_reference`); raises naming every arm that failed after the others ended
-    (those are kept for ``--resume``)."""
+    ``ref_seconds``, saved in the task folder for the workers and for ``--resume``, unless
+    ``kept``: the folder's file already holds them, :func:`saved_reference`); raises naming
+    every arm that failed after the others ended (those are kept for ``--resume``)."""
     source = adapter.source
     if ex.executor != "inprocess" and source is None:
         raise ValueError(f"--executor {ex.executor} rebuilds the model in each worker, and this "
@@ -268,10 +268,11 @@ def run_arms(adapter: models.Adapter, inputs: list, ref: list, planned: list[Arm
     else:
         folder.mkdir(parents=True, exist_ok=True)
         saved = str(folder / REFERENCE_FILE)
-        part = folder / f"{REFERENCE_FILE}.part"     # replaced whole: a worker may map it
-        torch.save({"inputs": inputs, "reference": ref, "amax": amax, "seconds": ref_seconds,
-                    "versions": versions()}, part)
-        os.replace(part, saved)
+        if not kept:
+            part = folder / f"{REFERENCE_FILE}.part"     # replaced whole: a worker may map it
+            torch.save({"inputs": inputs, "reference": ref, "amax": amax,
+                        "seconds": ref_seconds, "versions": versions()}, part)
+            os.replace(part, saved)
     _ADAPTERS.clear()
     _ADAPTERS[source] = adapter
     _SAVED.clear()
@@ -483,7 +484,8 @@ def study(adapter: models.Adapter, quick: bool, units: int | None = None,
             adapter.run(model, inputs[part])
     native = time.perf_counter() - start
     capture = min(len(inputs), CAPTURE_UNITS[size])
-    runs = run_arms(adapter, inputs, ref, planned, capture, execution, amax, ref_seconds)
+    runs = run_arms(adapter, inputs, ref, planned, capture, execution, amax, ref_seconds,
+                    kept=kept is not None)
     baseline = summarize(adapter.score(inputs, ref, ref))
     by = {r["name"]: r for r in runs}
     primary = next(iter(adapter.metrics))

@@ -949,8 +949,8 @@ MUTANTS = [
            'return f"{run[\'name\']} ({sum(math.isnan(v) for v in num)} of {len(num)} '
            '{unit}s)"', EXPERIMENT_DOCS),
     Mutant("study-calibration-unsaved", "the workers' saved reference has no calibration",
-           'torch.save({"inputs": inputs, "reference": ref, "amax": amax, "seconds": ref_seconds,',
-           'torch.save({"inputs": inputs, "reference": ref, "amax": None, "seconds": ref_seconds,',
+           'torch.save({"inputs": inputs, "reference": ref, "amax": amax,',
+           'torch.save({"inputs": inputs, "reference": ref, "amax": None,',
            STUDY_SITE),
     # the cost of Whisper's study (issues 41, 42): per-site convolutions, caches, pieces
     Mutant("conv-site-unwatched", "a convolution site is not seen by the watch (no calibration)",

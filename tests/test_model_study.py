@@ -318,8 +318,10 @@ def test_resume_reads_the_reference_a_killed_run_saved(hf_dirs: dict, tmp_path: 
     def computed(*args: object) -> None:
         raise AssertionError("the reference was computed again")
     monkeypatch.setattr(model_study, "reference", computed)
+    written = (tasks / "reference.pt").stat().st_mtime_ns
     data = model_study.study(adapter, True, units=2, planned=planned, execution=resume)
     assert data["seconds"]["reference_reused"] is True
+    assert (tasks / "reference.pt").stat().st_mtime_ns == written    # read, not written again
     meta = {"seconds": 1, "quick": True, "model": "bert"}
     assert "The FP32 reference was read from the task folder" in \
         model_study.render({**data, "meta": meta}, tasks)

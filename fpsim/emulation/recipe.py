@@ -161,8 +161,9 @@ class Recipe:
             raise TypeError(f"recipe {self.name!r}: backward= takes a Backward, not "
                             f"{self.backward!r}")
         if self.pow2 and not CAST_SCALINGS[self.scaling].pow2:
+            takes = " or ".join(repr(k) for k in SCALINGS if CAST_SCALINGS[k].pow2)
             raise ValueError(f"recipe {self.name!r}: pow2=True rounds the scales of a "
-                             f"'tensor', 'channel' or 'site' scaling to powers of two, and "
+                             f"{takes} scaling to powers of two, and "
                              f"scaling={self.scaling!r} has none to round")
         casts = [f for f in (self.inputs, self.weights) if isinstance(f, Cast)]
         if casts and (self.scaling != "none" or self.full_subnormals or not self.flush
