@@ -71,6 +71,7 @@ SWEEP_JOIN = ["tests/test_sweep.py::test_combined_numbers_are_one_pass_over_all_
 SWEEP_RESUME = ["tests/test_sweep.py::test_pool_gives_the_same_bytes_and_resume_computes_nothing"]
 SWEEP_RETRY = ["tests/test_sweep.py::test_attempts_count_retries"]
 SWEEP_ORDER = ["tests/test_sweep.py::test_failures_are_listed_in_plan_order"]
+SWEEP_ORPHANS = ["tests/test_sweep.py::test_a_killed_pool_driver_leaves_no_worker_running"]
 PROGRESS = ["tests/test_progress.py"]
 MODEL_STUDY = ["tests/test_model_study.py"]
 RESUMED_REFERENCE = ["tests/test_model_study.py::"
@@ -989,6 +990,8 @@ MUTANTS = [
            "calibration a per-site arm needs",
            "or (calibrate and d[\"amax\"] is None) or not same(d[\"inputs\"], inputs):",
            "or not same(d[\"inputs\"], inputs):", RESUMED_REFERENCE),
+    Mutant("pool-orphans", "a pool worker whose driver was killed goes on computing",
+           "os._exit(1)", "return", SWEEP_ORPHANS),
 ]
 
 

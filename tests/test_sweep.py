@@ -230,6 +230,74 @@ def test_killed_driver_resumes_with_only_the_missing_tasks(serial: Path, tmp_pat
     assert (out / "results.json").read_bytes() == (serial / "results.json").read_bytes()
 
 
+SLEEPING_POOL = """\
+import os, sys, time
+from pathlib import Path
+from fpsim_experiments.sweep import executors
+
+
+class Task:
+    ref_key, name = "ref", "sleep"
+
+
+class Sleep:                       # each task says its worker's pid, then sleeps
+    def reference(self, task, device):
+        return None
+
+    def compute(self, task, ref, device):
+        (Path(sys.argv[1]) / str(os.getpid())).touch()
+        time.sleep(600)
+        return {}
+
+
+if __name__ == "__main__":
+    nothing = lambda *a: None
+    executors.run_pool(Sleep(), [Task(), Task()], "cpu", 0, nothing, nothing, nothing,
+                       workers=2)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited but not yet reaped by its new parent, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_pool_driver_leaves_no_worker_running(tmp_path: Path, sig: int) -> None:
+    """A pool run's driver killed mid-task (as one stops a run to --resume it): its workers,
+    busy with 10-minute tasks, end too instead of computing for nobody."""
+    script = tmp_path / "driver.py"
+    script.write_text(SLEEPING_POOL)
+    started = tmp_path / "started"
+    started.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    driver = subprocess.Popen([sys.executable, str(script), str(started)], cwd=REPO, env=env,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while len(list(started.iterdir())) < 2 and driver.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        workers = [int(p.name) for p in started.iterdir()]
+        assert len(workers) == 2 and driver.poll() is None
+        driver.send_signal(sig)
+        assert driver.wait(timeout=60) == -sig
+        deadline = time.monotonic() + 120             # each worker looks every 0.5 s
+        while any(map(_alive, workers)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in workers if _alive(pid)]
+    finally:
+        driver.kill()
+        for p in started.iterdir():
+            if _alive(int(p.name)):
+                os.kill(int(p.name), signal.SIGKILL)
+
+
 def test_failing_task_is_named_and_the_others_finish(tmp_path: Path) -> None:
     s = with_bad({**SMALL, "recipes": {"bf16": "bf16", "bad": BAD}})
     outcome = sweep.run(s, tmp_path, retries=1, progress=False)

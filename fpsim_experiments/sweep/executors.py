@@ -14,6 +14,8 @@ also reruns a task whose worker died) before it counts as failed.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -93,11 +95,25 @@ def run_inprocess(work: Any, tasks: list[Task], device: str, retries: int, done:
                 done(t, result)
 
 
-def _pool_init(threads: int) -> None:
+def _pool_init(threads: int, driver: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
     os.environ["FPSIM_THREADS"] = str(threads)
+    threading.Thread(target=exit_with, args=(driver,), daemon=True).start()
+
+
+def exit_with(driver: int, every: float = 0.5) -> None:
+    """End this process (a pool worker) once ``driver``, the process that spawned it, is gone.
+
+    A driver killed by a signal (``pkill``, SIGKILL, a job's time limit) cannot shut its pool
+    down; without this its workers went on computing tasks whose results nobody would receive,
+    each holding a core.  The worker is then the child of another process, which is how this
+    watch, polling every ``every`` seconds, sees it.
+    """
+    while os.getppid() == driver:
+        time.sleep(every)
+    os._exit(1)
 
 
 def run_pool(work: Any, tasks: list[Task], device: str, retries: int, done: Done,
@@ -106,7 +122,8 @@ def run_pool(work: Any, tasks: list[Task], device: str, retries: int, done: Done
     """The tasks on ``workers`` local processes (spawned; the cores shared out between them).
 
     A worker that dies takes the pool with it: the tasks still pending are reported failed
-    with that error, and ``--resume`` computes them.
+    with that error, and ``--resume`` computes them.  A driver that dies takes its workers with
+    it (:func:`exit_with`).
     """
     import multiprocessing
 
@@ -114,7 +131,7 @@ def run_pool(work: Any, tasks: list[Task], device: str, retries: int, done: Done
     threads = max(1, (os.cpu_count() or 1) // workers)
     groups = _groups(tasks)
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_pool_init, initargs=(threads,))
+                               initializer=_pool_init, initargs=(threads, os.getpid()))
     try:
         jobs: dict[Future, tuple[str, Any, int]] = {}
 
