@@ -96,8 +96,9 @@ class Cast:
     within the format's largest value (torchao's ``round_scales_to_power_of_2``, which rounds
     its multiplier max / amax down; fpsim's own scalings take the smallest power of two at or
     above amax / max, ``fpsim.scaled_quantize``'s ``scale_dtype="e8m0"``); ``history`` and
-    ``margin``: delayed scaling's amax history length and margin in binades (TE ``DelayedScaling``); ``scale_rounding``: the
-    MX scale rule (None: OCP floor); ``full_subnormals`` and ``flush=False``: the ablations of
+    ``margin``: delayed scaling's amax history length and margin in binades (TE
+    ``DelayedScaling``); ``scale_rounding``: the MX scale rule (None: OCP floor);
+    ``full_subnormals`` and ``flush=False``: the ablations of
     ``fpsim.emulation.recipe.Recipe`` (subnormals at full width, flushed values kept);
     ``amax``: a ``site`` cast's calibrated largest |value|, its scale ``amax / format max`` in
     FP32 as per-tensor scaling's (``fpsim.emulate`` fills it per site from its ``amax=``).
