@@ -72,6 +72,8 @@ SWEEP_RESUME = ["tests/test_sweep.py::test_pool_gives_the_same_bytes_and_resume_
 SWEEP_RETRY = ["tests/test_sweep.py::test_attempts_count_retries"]
 SWEEP_ORDER = ["tests/test_sweep.py::test_failures_are_listed_in_plan_order"]
 SWEEP_ORPHANS = ["tests/test_sweep.py::test_a_killed_pool_driver_leaves_no_worker_running"]
+SWEEP_CODE = ["tests/test_sweep.py::"
+              "test_pool_workers_refuse_tasks_when_the_code_changed_after_the_driver_started"]
 PROGRESS = ["tests/test_progress.py"]
 MODEL_STUDY = ["tests/test_model_study.py"]
 RESUMED_REFERENCE = ["tests/test_model_study.py::"
@@ -992,6 +994,8 @@ MUTANTS = [
            "or not same(d[\"inputs\"], inputs):", RESUMED_REFERENCE),
     Mutant("pool-orphans", "a pool worker whose driver was killed goes on computing",
            "os._exit(1)", "return", SWEEP_ORPHANS),
+    Mutant("pool-code-unchecked", "a pool worker computes with code changed after its driver "
+           "started", 'if settings["code"] != IMPORTED:', "if False:", SWEEP_CODE),
 ]
 
 

@@ -298,6 +298,33 @@ def test_a_killed_pool_driver_leaves_no_worker_running(tmp_path: Path, sig: int)
                 os.kill(int(p.name), signal.SIGKILL)
 
 
+def test_pool_workers_refuse_tasks_when_the_code_changed_after_the_driver_started(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spawned worker imports fpsim again from disk: when its files are not those the
+    driver imported (here the driver's record of them is changed), every task fails, named
+    with the reason, instead of mixing two versions of the code."""
+    monkeypatch.setattr(executors, "IMPORTED", "not the code on disk")
+    s = sweep.from_dict(SMALL)
+    done, failures = [], []
+    executors.run_pool(work.SweepWork(s), runner.plan(s)[:2], "cpu", 0,
+                       lambda t, r: done.append(t), lambda t, e: failures.append(e),
+                       lambda n: None, workers=1)
+    assert not done and len(failures) == 2
+    assert all("changed after this run started" in e for e in failures), failures
+
+
+def test_code_digest_follows_the_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = tmp_path / "some_pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "mod.py").write_text("x = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = executors.code_digest(("some_pkg",))
+    assert executors.code_digest(("some_pkg",)) == before
+    (pkg / "sub" / "mod.py").write_text("x = 2\n")
+    assert executors.code_digest(("some_pkg",)) != before
+
+
 def test_failing_task_is_named_and_the_others_finish(tmp_path: Path) -> None:
     s = with_bad({**SMALL, "recipes": {"bf16": "bf16", "bad": BAD}})
     outcome = sweep.run(s, tmp_path, retries=1, progress=False)

@@ -13,12 +13,15 @@ also reruns a task whose worker died) before it counts as failed.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import os
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 from typing import Any
 
 from .config import REPO
@@ -32,16 +35,47 @@ Done = Callable[[Task, dict], None]
 Failed = Callable[[Task, str], None]
 Running = Callable[[int], None]
 
+#: the packages whose code a spawned worker imports again from disk
+PACKAGES = ("fpsim", "fpsim_experiments")
+
+
+def code_digest(packages: tuple[str, ...] = PACKAGES) -> str:
+    """A hash of the Python files of ``packages`` as they are on disk now.
+
+    >>> len(code_digest())
+    16
+    """
+    h = hashlib.sha256()
+    for name in packages:
+        spec = importlib.util.find_spec(name)
+        for root in (spec.submodule_search_locations or []) if spec else []:
+            for path in sorted(Path(root).rglob("*.py")):
+                h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+#: the code this process imported (``code_digest`` when this module was imported)
+IMPORTED = code_digest()
+#: why this pool worker refuses its tasks ("": it does not)
+_refusal = [""]
+
+
+def _refuse() -> None:
+    if _refusal[0]:
+        raise RuntimeError(_refusal[0])
+
 
 def reference(work: Any, task: Task, device: str) -> Any:
     """``task``'s reference, computed by ``work`` (a module-level function: what a pool or Ray
     worker runs)."""
+    _refuse()
     return work.reference(task, device)
 
 
 def compute(work: Any, task: Task, ref: Any, device: str) -> dict:
     """``task``'s result against ``ref``, computed by ``work`` (Ray titles its worker
     ``ray::compute`` while it runs)."""
+    _refuse()
     return work.compute(task, ref, device)
 
 
@@ -95,12 +129,22 @@ def run_inprocess(work: Any, tasks: list[Task], device: str, retries: int, done:
                 done(t, result)
 
 
-def _pool_init(threads: int, driver: int) -> None:
+def pool_init(settings: dict[str, Any]) -> None:
+    """A pool worker's start: ``settings["threads"]`` for torch and fpsim, a watch on the
+    driver (:func:`exit_with`), and a refusal of every task when the code on disk, which a
+    spawned worker imports, is not the code the driver imported (``settings["code"]``,
+    :data:`IMPORTED`): the files changed after the driver started, and the results would mix
+    two versions of the code."""
     import torch
 
-    torch.set_num_threads(threads)
-    os.environ["FPSIM_THREADS"] = str(threads)
-    threading.Thread(target=exit_with, args=(driver,), daemon=True).start()
+    torch.set_num_threads(settings["threads"])
+    os.environ["FPSIM_THREADS"] = str(settings["threads"])
+    threading.Thread(target=exit_with, args=(settings["driver"],), daemon=True).start()
+    if settings["code"] != IMPORTED:
+        _refusal[0] = (f"the Python files of {' and '.join(PACKAGES)} changed after this run "
+                       "started (a pool's workers import them again, so they would compute "
+                       "with other code than the driver): rerun it (with --resume the tasks "
+                       "already written are kept)")
 
 
 def exit_with(driver: int, every: float = 0.5) -> None:
@@ -131,7 +175,9 @@ def run_pool(work: Any, tasks: list[Task], device: str, retries: int, done: Done
     threads = max(1, (os.cpu_count() or 1) // workers)
     groups = _groups(tasks)
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_pool_init, initargs=(threads, os.getpid()))
+                               initializer=pool_init,
+                               initargs=({"threads": threads, "driver": os.getpid(),
+                                          "code": IMPORTED},))
     try:
         jobs: dict[Future, tuple[str, Any, int]] = {}
 
