@@ -501,8 +501,8 @@ def study(adapter: models.Adapter, quick: bool, units: int | None = None,
         attrs.append({"runs": dict(zip(("base", "first", "second", "both"), names)),
                       "factors": list(ATTRIBUTION), "metric": primary, "terms": terms})
     family = comps + [t for a in attrs for t in a["terms"].values() if t["decides"]]
-    for c, kept in zip(family, bootstrap.holm([c["p"] for c in family])):
-        c["holm"] = kept
+    for c, survives in zip(family, bootstrap.holm([c["p"] for c in family])):
+        c["holm"] = survives
     return {"model": {"name": adapter.name, "unit": adapter.unit,
                       "parameters": sum(p.numel() for p in model.parameters()),
                       **adapter.describe(inputs)},
