@@ -995,7 +995,7 @@ MUTANTS = [
     Mutant("pool-orphans", "a pool worker whose driver was killed goes on computing",
            "os._exit(1)", "return", SWEEP_ORPHANS),
     Mutant("pool-code-unchecked", "a pool worker computes with code changed after its driver "
-           "started", 'if settings["code"] != IMPORTED:', "if False:", SWEEP_CODE),
+           "started", "if code is not None and code != IMPORTED:", "if False:", SWEEP_CODE),
     Mutant("study-reuse-shadowed", "the study's Holm loop overwrites the flag that says the FP32 "
            "reference was read back", 'c["holm"] = survives', 'c["holm"] = kept = survives',
            RESUMED_REFERENCE),

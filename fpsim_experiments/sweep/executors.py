@@ -56,26 +56,31 @@ def code_digest(packages: tuple[str, ...] = PACKAGES) -> str:
 
 #: the code this process imported (``code_digest`` when this module was imported)
 IMPORTED = code_digest()
-#: why this pool worker refuses its tasks ("": it does not)
-_refusal = [""]
 
 
-def _refuse() -> None:
-    if _refusal[0]:
-        raise RuntimeError(_refusal[0])
+def same_code(code: str | None) -> None:
+    """Refuse to compute when ``code``, the driver's :data:`IMPORTED`, is not this worker's: a
+    pool's or Ray's workers import fpsim from disk themselves, and files changed between the
+    driver's import and theirs would mix two versions of the code in one result (None: the
+    caller is the driver itself)."""
+    if code is not None and code != IMPORTED:
+        raise RuntimeError(f"the Python files of {' and '.join(PACKAGES)} this worker imported "
+                           "are not those the driver imported (they changed on disk after one "
+                           "of them started): rerun with the same code everywhere (with "
+                           "--resume the tasks already written are kept)")
 
 
-def reference(work: Any, task: Task, device: str) -> Any:
+def reference(work: Any, task: Task, device: str, code: str | None = None) -> Any:
     """``task``'s reference, computed by ``work`` (a module-level function: what a pool or Ray
-    worker runs)."""
-    _refuse()
+    worker runs) if ``code`` is this worker's (:func:`same_code`)."""
+    same_code(code)
     return work.reference(task, device)
 
 
-def compute(work: Any, task: Task, ref: Any, device: str) -> dict:
-    """``task``'s result against ``ref``, computed by ``work`` (Ray titles its worker
-    ``ray::compute`` while it runs)."""
-    _refuse()
+def compute(work: Any, task: Task, ref: Any, device: str, code: str | None = None) -> dict:
+    """``task``'s result against ``ref``, computed by ``work`` if ``code`` is this worker's
+    (Ray titles its worker ``ray::compute`` while it runs)."""
+    same_code(code)
     return work.compute(task, ref, device)
 
 
@@ -130,21 +135,13 @@ def run_inprocess(work: Any, tasks: list[Task], device: str, retries: int, done:
 
 
 def pool_init(settings: dict[str, Any]) -> None:
-    """A pool worker's start: ``settings["threads"]`` for torch and fpsim, a watch on the
-    driver (:func:`exit_with`), and a refusal of every task when the code on disk, which a
-    spawned worker imports, is not the code the driver imported (``settings["code"]``,
-    :data:`IMPORTED`): the files changed after the driver started, and the results would mix
-    two versions of the code."""
+    """A pool worker's start: ``settings["threads"]`` for torch and fpsim, and a watch on the
+    driver (:func:`exit_with`)."""
     import torch
 
     torch.set_num_threads(settings["threads"])
     os.environ["FPSIM_THREADS"] = str(settings["threads"])
     threading.Thread(target=exit_with, args=(settings["driver"],), daemon=True).start()
-    if settings["code"] != IMPORTED:
-        _refusal[0] = (f"the Python files of {' and '.join(PACKAGES)} changed after this run "
-                       "started (a pool's workers import them again, so they would compute "
-                       "with other code than the driver): rerun it (with --resume the tasks "
-                       "already written are kept)")
 
 
 def exit_with(driver: int, every: float = 0.5) -> None:
@@ -176,15 +173,14 @@ def run_pool(work: Any, tasks: list[Task], device: str, retries: int, done: Done
     groups = _groups(tasks)
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                                initializer=pool_init,
-                               initargs=({"threads": threads, "driver": os.getpid(),
-                                          "code": IMPORTED},))
+                               initargs=({"threads": threads, "driver": os.getpid()},))
     try:
         jobs: dict[Future, tuple[str, Any, int]] = {}
 
         def submit(kind: str, item: Any, tries: int, ref: Any = None) -> None:
             args = (reference, work, item[0]) if kind == "ref" else (compute, work, item, ref)
             try:
-                fut = pool.submit(*args, device)
+                fut = pool.submit(*args, device, IMPORTED)
             except BrokenProcessPool as exc:             # a worker died: fail, do not raise
                 fut = Future()
                 fut.set_exception(exc)
@@ -264,9 +260,9 @@ def run_ray(work: Any, tasks: list[Task], device: str, retries: int, done: Done,
     pending: dict[Any, Task] = {}
     for key, group in _groups(tasks).items():
         ref = ray.put(refs[key]) if refs and key in refs else \
-            remote_reference.remote(shared, group[0], device)
+            remote_reference.remote(shared, group[0], device, IMPORTED)
         for t in group:
-            pending[remote_compute.remote(shared, t, ref, device)] = t
+            pending[remote_compute.remote(shared, t, ref, device, IMPORTED)] = t
         del ref                    # the tasks hold it; the object store frees it after them
     while pending:
         running(min(slots, len(pending)))
