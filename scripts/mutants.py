@@ -996,6 +996,9 @@ MUTANTS = [
            "os._exit(1)", "return", SWEEP_ORPHANS),
     Mutant("pool-code-unchecked", "a pool worker computes with code changed after its driver "
            "started", "if code is not None and code != IMPORTED:", "if False:", SWEEP_CODE),
+    Mutant("blas-order-unpinned", "importing fpsim_experiments leaves MKL to pick its summation "
+           "order by CPU", 'os.environ.setdefault("MKL_CBWR", REPRODUCIBLE_BLAS)', "pass",
+           ["tests/test_sweep.py::test_the_experiments_pin_mkls_summation_order_unless_told"]),
     Mutant("study-reuse-shadowed", "the study's Holm loop overwrites the flag that says the FP32 "
            "reference was read back", 'c["holm"] = survives', 'c["holm"] = kept = survives',
            RESUMED_REFERENCE),

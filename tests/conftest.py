@@ -1,6 +1,11 @@
-"""Shared test set-up: Triton runs through its interpreter where no GPU is present."""
+"""Shared test set-up: Triton runs through its interpreter where no GPU is present, and MKL
+sums in one order on every CPU (``fpsim_experiments.REPRODUCIBLE_BLAS``)."""
 
 import os
+
+# before the first BLAS call: MKL otherwise picks its kernels (hence its summation order) by
+# CPU, and the committed numbers and torchao's bits hold only in its CPU-independent order
+os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
 
 
 def _has_cuda() -> bool:

@@ -660,3 +660,17 @@ def test_docs_state_the_benchmarked_cost() -> None:
     assert bench.summary(data) in docs
     readme = " ".join((REPO / "README.md").read_text().split())
     assert bench.readme(data) in readme
+
+
+@pytest.mark.parametrize("given", [None, "AVX2"])
+def test_the_experiments_pin_mkls_summation_order_unless_told(given: str | None) -> None:
+    """Importing fpsim_experiments sets MKL_CBWR=COMPATIBLE (MKL's CPU-independent kernels)
+    before any matmul, so that FP64 sums round alike on every CPU; a value already set wins."""
+    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
+    if given:
+        env["MKL_CBWR"] = given
+    code = "import os, fpsim_experiments; print(os.environ['MKL_CBWR'])"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO,
+                         env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                         timeout=300)
+    assert out.stdout.strip() == (given or "COMPATIBLE"), out.stderr

@@ -33,7 +33,8 @@ SCALINGS = tuple(name for name, s in CAST_SCALINGS.items() if s.recipe)
 TILE = 128  # DeepSeek-V3 fine-grained scaling: 1 x TILE activations, TILE x TILE weights
 NATIVE = ("fp32", "fp64")  # accumulators summed in FP64 by torch and rounded once to themselves
 #: How a native FP32 accumulator is summed (``Recipe.native_sums``): "fp64" in FP64 and rounded
-#: once (the same bits on every machine), "host" by the host's own FP32 GEMM (not reproducible).
+#: once (the same bits on every thread count, and on every machine where torch's BLAS sums in
+#: one order: MKL_CBWR=COMPATIBLE), "host" by the host's own FP32 GEMM (not reproducible).
 NATIVE_SUMS = ("fp64", "host")
 #: Op kinds a ``Rule`` selects: ``linear`` (F.linear, addmm, F.bilinear, any product with a
 #: module's parameter: a layer's product and bias), ``matmul`` (matmul / @ / mm / bmm / baddbmm /
@@ -91,7 +92,11 @@ class Recipe:
     full mantissa width, as if its exponent range went on downwards (an ablation that removes the precision subnormals lose; needs
     ``scaling='none'`` and a floating-point format).  ``native_sums``: how a native FP32
     accumulator (``accum="fp32"``, ``order=None``) sums: ``"fp64"`` (default) in FP64, rounded
-    once to FP32: deterministic, the same bits on every machine and thread count;
+    once to FP32: deterministic, the same bits on every thread count, and on every machine
+    when torch's BLAS sums in a fixed order (MKL picks its kernels by CPU unless
+    ``MKL_CBWR=COMPATIBLE`` is set before its first call, as ``fpsim_experiments`` and the
+    tests do: FP64 sums of wide-range operands are not exact, so their order can move the
+    FP32 result by an ulp);
     ``"host"``: torch's own FP32 matmul, as fast as the host's GEMM but NOT deterministic (its
     summation order, hence its bits, depend on the machine, the BLAS library and the thread
     count), the bias added to its FP32 result afterwards (with torch's own gradient), as

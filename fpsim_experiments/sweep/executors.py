@@ -240,7 +240,8 @@ def start_ray(address: str | None, workers: int | None) -> bool:
         path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
         ray.init(num_cpus=workers or os.cpu_count(), include_dashboard=False,
                  log_to_driver=False,     # one CPU per task: one thread for torch and fpsim
-                 runtime_env={"env_vars": {"PYTHONPATH": path, "FPSIM_THREADS": "1"}})
+                 runtime_env={"env_vars": {"PYTHONPATH": path, "FPSIM_THREADS": "1",
+                                              "MKL_CBWR": os.environ["MKL_CBWR"]}})
     return True
 
 
