@@ -3,9 +3,10 @@ sums in one order on every CPU (``fpsim_experiments.REPRODUCIBLE_BLAS``)."""
 
 import os
 
-# before the first BLAS call: MKL otherwise picks its kernels (hence its summation order) by
-# CPU, and the committed numbers and torchao's bits hold only in its CPU-independent order
-os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
+# sets MKL_CBWR before the first BLAS call: MKL otherwise picks its kernels (hence its
+# summation order) by CPU, and the committed numbers and torchao's bits hold only in its
+# CPU-independent order
+import fpsim_experiments  # noqa: E402,F401
 
 
 def _has_cuda() -> bool:

@@ -134,14 +134,14 @@ def run_inprocess(work: Any, tasks: list[Task], device: str, retries: int, done:
                 done(t, result)
 
 
-def pool_init(settings: dict[str, Any]) -> None:
-    """A pool worker's start: ``settings["threads"]`` for torch and fpsim, and a watch on the
-    driver (:func:`exit_with`)."""
+def _pool_init(threads: int, driver: int) -> None:
+    """A pool worker's start: ``threads`` for torch and fpsim, and a watch on ``driver``
+    (:func:`exit_with`)."""
     import torch
 
-    torch.set_num_threads(settings["threads"])
-    os.environ["FPSIM_THREADS"] = str(settings["threads"])
-    threading.Thread(target=exit_with, args=(settings["driver"],), daemon=True).start()
+    torch.set_num_threads(threads)
+    os.environ["FPSIM_THREADS"] = str(threads)
+    threading.Thread(target=exit_with, args=(driver,), daemon=True).start()
 
 
 def exit_with(driver: int, every: float = 0.5) -> None:
@@ -172,8 +172,7 @@ def run_pool(work: Any, tasks: list[Task], device: str, retries: int, done: Done
     threads = max(1, (os.cpu_count() or 1) // workers)
     groups = _groups(tasks)
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=pool_init,
-                               initargs=({"threads": threads, "driver": os.getpid()},))
+                               initializer=_pool_init, initargs=(threads, os.getpid()))
     try:
         jobs: dict[Future, tuple[str, Any, int]] = {}
 
