@@ -23,8 +23,14 @@ torch and fpsim threads, the load average before and after, and the machine are 
 
     PYTHONPATH=. python benchmarks/accumulation_bench.py [--repeat 3] [--model-repeat 3]
 
-``--model-only`` reruns the model table alone into the JSON at ``--json``, keeping its engine
-tables (the model table then records its own command).
+Statistics (``statistics``): what ``return_stats`` (``capture=True``'s counts) costs the
+compiled engine, on the engine table's operands and on the same with a third of each operand
+zero (as ReLU activations and coarsely quantized weights are): sequential FP16 and FP32 sums
+and ``hopper_fp8``, without statistics, with the swamped additions alone and with the largest
+partial sums too; each count checked against the NumPy engine's.
+
+``--only model`` (or ``statistics``) reruns that table alone into the JSON at ``--json``,
+keeping the others (the table then records its own command and machine).
 """
 
 from __future__ import annotations
@@ -195,6 +201,52 @@ def model_rows(repeat: int) -> dict:
             "load_average_before": load0, "load_average_after": os.getloadavg(), "rows": rows}
 
 
+#: the statistics table's sums, and what it asks ``return_stats`` for
+STATS_SUMS = {"sequential fp16": dict(accum="fp16"), "sequential fp32": dict(accum="fp32"),
+              "hopper_fp8": dict(order="tensor_core", tensor_core="hopper_fp8")}
+STATS_ASKED = {"none": False, "swamped": "swamped", "all": True}
+
+
+def stats_rows(repeat: int) -> dict:
+    """Multiply-adds per second of each of ``STATS_SUMS`` with each of ``STATS_ASKED``, on
+    dense E4M3 operands and on the same with a third of each operand zero, interleaved best of
+    ``repeat``, and whether each count is the NumPy engine's."""
+    M, K, N = SHAPE
+    rng = np.random.default_rng(0)
+    a = fpsim.quantize(rng.standard_normal((M, K)), "e4m3").astype(np.float32)
+    b = fpsim.quantize(rng.standard_normal((K, N)), "e4m3").astype(np.float32)
+    sparse = tuple(np.where(rng.random(x.shape) < 1 / 3, np.float32(0), x) for x in (a, b))
+    operands = {"as drawn": (a, b), "a third zero": sparse}
+    keys = [(o, s, q) for o in operands for s in STATS_SUMS for q in STATS_ASKED]
+    fns = {(o, s, q): (lambda x=operands[o], kw=STATS_SUMS[s], q=q:
+                       fpsim.matmul(*x, backend="numba", return_stats=STATS_ASKED[q], **kw))
+           for o, s, q in keys}
+    load0 = os.getloadavg()
+    best = best_times(fns, repeat, CLOCK)
+    rows = []
+    for (o, s, q), t in best.items():
+        row = {"operands": o, "sums": s, "statistics": q, "mac_per_s": round(M * K * N / t),
+               "over_without": round(best[o, s, "none"] / t, 2)}
+        if q != "none":
+            got = fns[o, s, q]()[1]
+            want = fpsim.matmul(*operands[o], backend="numpy", return_stats=True,
+                                **STATS_SUMS[s])[1]
+            row["same_counts_as_numpy"] = bool(
+                np.array_equal(got.swamped, want.swamped)
+                and (q == "swamped" or np.array_equal(got.max_partial, want.max_partial)))
+        rows.append(row)
+    zeros = {o: ", ".join(f"{np.mean(x == 0):.4f} of {n}" for n, x in zip("ab", xs))
+             for o, xs in operands.items()}
+    return {"shape": dict(zip("MKN", SHAPE)),
+            "operands": f"'as drawn': E4M3 (RNE) of normal(0, 1), zero: {zeros['as drawn']} "
+                        f"(a step whose row of b holds a zero: "
+                        f"{np.mean((b == 0).any(axis=1)):.2f} of them); 'a third zero': the "
+                        f"same with zero: {zeros['a third zero']}",
+            "clock": "CPU seconds of the one thread (time.thread_time)",
+            "threads": fpsim.parallel.workers(), "load_average_before": load0,
+            "load_average_after": os.getloadavg(), "rows": rows}
+
+
 def _row(r: dict, second: object) -> str:
     """An engine row of the tables: its name, ``second`` column, rate and ratios."""
     name = f"`{r['model']}`" if r["order"] == "tensor_core" else f"sequential {r['model']}"
@@ -217,6 +269,12 @@ def markdown(result: dict) -> str:
         lines += ["", "| preset | backward GEMM | M MAC/s | ÷ sequential FP16 | "
                   "÷ sequential FP32 |", "|---|---|---|---|---|"]
         lines += [_row(r, r["layout"]) for r in result["engine"]["backward"]]
+    if "statistics" in result:
+        lines += ["", "| sums | operands | statistics | M MAC/s | ÷ without statistics |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {r['sums']} | {r['operands']} | {r['statistics']} | "
+                  f"{r['mac_per_s'] / 1e6:,.0f} | {r['over_without']:.2f}× |"
+                  for r in result["statistics"]["rows"]]
     if "model" in result:
         lines += ["", "| linear layers under | capture | CPU time per forward | ÷ native |",
                   "|---|---|---|---|"]
@@ -234,9 +292,8 @@ def main() -> None:
                     help="torch threads, and FPSIM_THREADS unless set (default 1: on a shared "
                          "machine a second thread mostly waits)")
     ap.add_argument("--skip-model", action="store_true")
-    ap.add_argument("--model-only", action="store_true",
-                    help="rerun the model table alone into the JSON at --json, keeping its "
-                         "engine tables")
+    ap.add_argument("--only", choices=("model", "statistics"),
+                    help="rerun this table alone into the JSON at --json, keeping the others")
     ap.add_argument("--markdown", action="store_true",
                     help="print the tables of the JSON at --json and exit")
     ap.add_argument("--json", default=str(Path(__file__).parent / "results" /
@@ -249,22 +306,25 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     os.environ.setdefault("FPSIM_THREADS", str(args.threads))
-    if args.model_only:
+    if args.only:
         out = Path(args.json)
         if not out.exists():
-            raise SystemExit(f"--model-only: no JSON at {out} to keep the engine tables of; run "
-                             "the benchmark without --model-only first")
+            raise SystemExit(f"--only {args.only}: no JSON at {out} to keep the other tables "
+                             f"of; run the benchmark without --only first")
         result = json.loads(out.read_text())
-        result["model"] = {**model_rows(args.model_repeat), "machine": machine(),
-                           "command": "PYTHONPATH=. python benchmarks/accumulation_bench.py "
-                           f"--model-only --model-repeat {args.model_repeat} --threads "
-                           f"{args.threads}"}
+        table = (model_rows(args.model_repeat) if args.only == "model"
+                 else stats_rows(args.repeat))
+        result[args.only] = {**table, "machine": machine(),
+                             "command": "PYTHONPATH=. python benchmarks/accumulation_bench.py "
+                             f"--only {args.only} --repeat {args.repeat} --model-repeat "
+                             f"{args.model_repeat} --threads {args.threads}"}
         out.write_text(json.dumps(result, indent=1) + "\n")
         print(markdown(result))
         return
     result = {"machine": machine(), "command": "PYTHONPATH=. python benchmarks/"
               f"accumulation_bench.py --repeat {args.repeat} --model-repeat {args.model_repeat}"
-              f" --threads {args.threads}", "engine": engine_rows(args.repeat)}
+              f" --threads {args.threads}", "engine": engine_rows(args.repeat),
+              "statistics": stats_rows(args.repeat)}
     e = result["engine"]
     print(f"engine: E4M3 operands {SHAPE}, {e['threads']} thread(s), load "
           f"{e['load_average_before'][0]:.1f} -> {e['load_average_after'][0]:.1f}; NumPy engine "

@@ -49,6 +49,7 @@ JIT_TC = ["tests/test_jit_matmul.py::test_tensor_core_models_random_and_edge_ope
           "tests/test_jit_matmul.py::test_statistics_of_the_compiled_engine",
           "tests/test_jit_matmul.py::test_tensor_core_accumulator_overflow_with_finite_operands"]
 JIT_TAME = ["tests/test_jit_matmul.py::test_tensor_core_fast_paths_and_their_limits"]
+SWAMPED_ZEROS = ["tests/test_jit_matmul.py::test_statistics_on_operands_full_of_zeros"]
 SWAMPED_ONLY = ["tests/test_jit_matmul.py::test_swamped_counts_after_an_overflow_in_one_chunk",
                 "tests/test_jit_matmul.py::test_swamped_counts_from_an_infinite_addend_c",
                 "tests/test_jit_matmul.py::test_return_stats_refuses_other_words"]
@@ -294,10 +295,20 @@ MUTANTS = [
            "if chunk > 0 and k > 0 and k % chunk == 0:",
            "if chunk > 0 and k > 0 and k % (chunk + 1) == 0:",
            JIT),
-    Mutant("jit-quick-zero-addend", "the compiled statistics count quickly (every addend "
-           "non-zero) although b's row holds a zero",
-           "bsw[r], bpk[r], careful or zeros > 0, peak)", "bsw[r], bpk[r], careful, peak)",
+    Mutant("jit-quick-zero-addend", "the compiled statistics count as if every addend were "
+           "non-zero although b's row holds a zero",
+           "bsw[r], bpk[r], careful, zeros > 0, peak)", "bsw[r], bpk[r], careful, False, peak)",
            ["tests/test_jit_matmul.py::test_statistics_with_zero_operands_and_an_overflow"]),
+    Mutant("jit-quick-zero-x", "the compiled statistics count a step whose a element is zero "
+           "as if its addends were not", "zeros = zeros or x == 0", "zeros = zeros",
+           ["tests/test_jit_matmul.py::test_statistics_on_operands_full_of_zeros"]),
+    Mutant("jit-quick-zero-swamped", "the compiled swamped count (no largest sums) takes a "
+           "zero addend that leaves its sum unchanged as swamped",
+           "sw[j] += (row[j] == old) & (p != 0)", "sw[j] += row[j] == old", SWAMPED_ZEROS),
+    Mutant("jit-quick-zero-peak", "the compiled statistics with the largest sums take a zero "
+           "addend that leaves its sum unchanged as swamped",
+           "_tally(sw, pk, j, old, row[j], p != 0)", "_tally(sw, pk, j, old, row[j], True)",
+           SWAMPED_ZEROS),
     Mutant("jit-overflow-recount", "the compiled statistics keep the quick counts of a block "
            "whose partial sum overflowed",
            "if stats and _overflowed(bpk, acc, tot, rows, n, chunk, peak):",

@@ -535,6 +535,24 @@ def test_statistics_with_zero_operands_and_an_overflow(kw):
     assert np.isinf(fpsim.matmul(a, b, backend="numba", **kw)[0, 0])
 
 
+@pytest.mark.parametrize("kw", [dict(accum="fp16"), dict(accum="fp32"),
+                                dict(accum="fp16", order="chunked", chunk=16),
+                                dict(accum="bf16", rounding="rtz")], ids=str)
+def test_statistics_on_operands_full_of_zeros(kw):
+    """Operands as sparse as ReLU activations and coarsely quantized weights (a third of
+    each zero, of both signs) count on the quick path too: a zero addend leaves its sum
+    unchanged and is not swamped, the others are counted as the NumPy engine counts them."""
+    rng = np.random.default_rng(5)
+    a = operands("e4m3", (2, 9, 70), rng, spread=8)
+    b = operands("e4m3", (70, 11), rng, spread=8)
+    b[:, 0] = 2.0 ** -9                      # small terms swamped by a large first one
+    a[..., 0] = 448.0
+    for x in (a, b):
+        x[rng.random(x.shape) < 1 / 6] = 0.0
+        x[rng.random(x.shape) < 1 / 6] = -0.0
+    assert_same_stats(a, b, **kw)
+
+
 @pytest.mark.parametrize("late", [False, True], ids=["first chunk", "last chunk"])
 def test_swamped_counts_after_an_overflow_in_one_chunk(late):
     """return_stats="swamped" finds a block to count again from its sums, not its largest

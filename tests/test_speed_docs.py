@@ -128,3 +128,26 @@ def test_docs_accumulation_tables_quote_the_benchmark():
     assert ("costs {:.2f}–{:.2f}× the run without it this way, against {:.2f}–{:.2f}× with the "
             "SNR".format(*(f(spans[m]) for m in ("counts", True) for f in (min, max)))
             in emulate)
+
+
+def test_docs_statistics_table_quotes_the_benchmark():
+    """What return_stats costs the compiled engine (docs/speed.md), now and before a zero
+    addend was counted quickly, is benchmarks/results/accumulation_bench.json's; every count
+    was the NumPy engine's."""
+    bench = load("accumulation_bench.json")
+    doc = (ROOT / "docs" / "speed.md").read_text()
+    rows = re.findall(r"^\| ([\w ]+) \| (as drawn|a third zero) \| (none|swamped|all) \| "
+                      r"([\d,]+) \| ([\d.]+)× \|$", doc, re.M)
+    assert rows == [(r["sums"], r["operands"], r["statistics"], f"{r['mac_per_s'] / 1e6:,.0f}",
+                     f"{r['over_without']:.2f}") for r in bench["statistics"]["rows"]]
+    for table in ("statistics", "statistics_before"):
+        assert all(r["same_counts_as_numpy"] for r in bench[table]["rows"]
+                   if r["statistics"] != "none"), table
+    swamped = {(r["sums"], r["operands"]): r["over_without"]
+               for r in bench["statistics_before"]["rows"] if r["statistics"] == "swamped"}
+    text = " ".join(doc.split())
+    assert ("with the swamped count alone, sequential FP16 sums ran at {:.2f}× and {:.2f}× the "
+            "rate without statistics, as drawn and a third zero, sequential FP32 sums at {:.2f}× "
+            "and {:.2f}×".format(*(swamped[s, o] for s in ("sequential fp16", "sequential fp32")
+                                   for o in ("as drawn", "a third zero")))) in text
+

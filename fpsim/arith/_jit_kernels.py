@@ -219,10 +219,10 @@ def _promote(tot, acc, rows, n, identity, fnuz, f32, sw, pk, stats):
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _tally(sw, pk, j, old, new):
-    """``_count`` where the addend is known non-zero and ``old`` finite (see ``_step_counted``):
-    one comparison and one maximum."""
-    sw[j] += new == old
+def _tally(sw, pk, j, old, new, nonzero):
+    """``_count`` where ``old`` is known finite (see ``_step_counted``) and ``nonzero`` says
+    whether the addend is: one comparison and one maximum."""
+    sw[j] += (new == old) & nonzero
     a = abs(new)
     pk[j] = a if a > pk[j] else pk[j]
 
@@ -237,14 +237,28 @@ def _counted(sw, pk, j, y, old, new, peak):
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _quick(row, x, brow, n, fast, rdown, f, sw, pk, peak):
+def _quick(row, x, brow, n, fast, rdown, f, sw, pk, peak, zeros):
     """``_step_counted``'s finite cases where they count by ``_tally`` (with ``peak``; else by
-    its comparison alone): a loop for each, as a branch inside one would not vectorise."""
-    if peak:
+    its comparison alone).  ``zeros``: an addend may be zero (``x`` is, or ``brow`` holds
+    one), so each is tested, as a sum that a zero leaves unchanged is not swamped.  A loop
+    for each, as a branch inside one would not vectorise."""
+    if zeros and peak:
+        for j in range(n):
+            old = row[j]
+            p = x * brow[j]
+            row[j] = _nearest(_sum(old, p, fast, rdown, False), f)
+            _tally(sw, pk, j, old, row[j], p != 0)
+    elif zeros:
+        for j in range(n):
+            old = row[j]
+            p = x * brow[j]
+            row[j] = _nearest(_sum(old, p, fast, rdown, False), f)
+            sw[j] += (row[j] == old) & (p != 0)
+    elif peak:
         for j in range(n):
             old = row[j]
             row[j] = _nearest(_sum(old, x * brow[j], fast, rdown, False), f)
-            _tally(sw, pk, j, old, row[j])
+            _tally(sw, pk, j, old, row[j], True)
     else:
         for j in range(n):
             old = row[j]
@@ -253,17 +267,18 @@ def _quick(row, x, brow, n, fast, rdown, f, sw, pk, peak):
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _step_counted(row, x, brow, n, finite, fast, rdown, magic, f, sw, pk, careful, peak):
+def _step_counted(row, x, brow, n, finite, fast, rdown, magic, f, sw, pk, careful, zeros,
+                  peak):
     """``_step`` (its two finite cases, else its general form: the same bits) with the
     statistics of each addition (``peak``: the largest sums too, else the swamped additions
-    alone).  Unless ``careful`` (the caller's: ``brow`` holds a zero, or the block is run
-    again because a partial sum overflowed), a finite case with ``x != 0`` counts by
-    ``_quick``: its products are exact and non-zero, and a partial sum is finite until it
-    overflows."""
-    quick = not careful and x != 0
+    alone).  Unless ``careful`` (the caller's: the block is run again because a partial sum
+    overflowed), a finite case counts by ``_quick``: its products are exact, and a partial
+    sum is finite until it overflows; ``zeros``: ``brow`` holds a zero."""
+    quick = not careful
+    zeros = zeros or x == 0
     if finite and fast and magic and not rdown:
         if quick:
-            _quick(row, x, brow, n, True, False, f, sw, pk, peak)
+            _quick(row, x, brow, n, True, False, f, sw, pk, peak, zeros)
             return
         for j in range(n):
             old = row[j]
@@ -273,7 +288,7 @@ def _step_counted(row, x, brow, n, finite, fast, rdown, magic, f, sw, pk, carefu
         return
     if finite and magic:
         if quick:
-            _quick(row, x, brow, n, False, rdown, f, sw, pk, peak)
+            _quick(row, x, brow, n, False, rdown, f, sw, pk, peak, zeros)
             return
         for j in range(n):
             old = row[j]
@@ -305,7 +320,7 @@ def _sweep(A, Bm, acc, tot, bsw, bpk, i0, j0, rows, n, K, chunk, identity, finit
                     zeros += brow[j] == 0
             for r in range(rows):
                 _step_counted(acc[r], A[i0 + r, k], brow, n, finite, fast, rdown, magic, f,
-                              bsw[r], bpk[r], careful or zeros > 0, peak)
+                              bsw[r], bpk[r], careful, zeros > 0, peak)
         else:
             for r in range(rows):
                 _step(acc[r], A[i0 + r, k], brow, n, finite, fast, rdown, magic, f)
