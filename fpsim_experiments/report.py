@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -65,9 +66,10 @@ def load_json(path: Path) -> dict:
 
 
 def versions() -> dict[str, str]:
-    """What produced the numbers: Python, torch and fpsim versions, the machine, and the CPU
+    """What produced the numbers: Python, torch and fpsim versions, the machine, the CPU
     kernels torch runs (``cpu_kernels``: its float64 log-softmax and sums, which the metrics
-    use, round differently in the last bits under AVX2 and AVX-512)."""
+    use, round differently in the last bits under AVX2 and AVX-512) and MKL's summation order
+    (``blas_order``: ``MKL_CBWR``, which this package pins, see ``fpsim_experiments``)."""
     import platform
     import sys
 
@@ -77,6 +79,7 @@ def versions() -> dict[str, str]:
     return {"python": sys.version.split()[0], "torch": torch.__version__,
             "fpsim": fpsim.__version__, "machine": platform.machine(),
             "cpu_kernels": torch.backends.cpu.get_cpu_capability(),
+            "blas_order": os.environ.get("MKL_CBWR", "unpinned"),
             "host_dependent": HOST_DEPENDENT}
 
 

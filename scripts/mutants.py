@@ -1010,6 +1010,12 @@ MUTANTS = [
     Mutant("blas-order-unpinned", "importing fpsim_experiments leaves MKL to pick its summation "
            "order by CPU", 'os.environ.setdefault("MKL_CBWR", REPRODUCIBLE_BLAS)', "pass",
            ["tests/test_sweep.py::test_the_experiments_pin_mkls_summation_order_unless_told"]),
+    Mutant("resume-versions-unchecked", "--resume mixes in task files computed under other "
+           "versions or another BLAS order", 'if result.get("versions") != here:', "if False:",
+           ["tests/test_sweep.py::test_resume_refuses_results_computed_under_other_versions"]),
+    Mutant("versions-no-blas-order", "the recorded versions leave out MKL's summation order",
+           '"blas_order": os.environ.get("MKL_CBWR", "unpinned"),', "",
+           ["tests/test_sweep.py::test_resume_refuses_results_computed_under_other_versions"]),
     Mutant("study-reuse-shadowed", "the study's Holm loop overwrites the flag that says the FP32 "
            "reference was read back", 'c["holm"] = survives', 'c["holm"] = kept = survives',
            RESUMED_REFERENCE),

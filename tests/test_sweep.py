@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -185,6 +186,22 @@ def test_existing_results_need_resume_and_the_same_config(serial: Path, tmp_path
         sweep.run(sweep.from_dict(SMALL), serial, progress=False)
     with pytest.raises(ValueError, match="another configuration"):
         sweep.run(sweep.from_dict({**SMALL, "batch": 1}), serial, resume=True, progress=False)
+
+
+def test_resume_refuses_results_computed_under_other_versions(serial: Path,
+                                                             tmp_path: Path) -> None:
+    """A task file computed under another BLAS order (or other library versions) is not mixed
+    into a resumed run: the refusal names the file, what differs and how to match it."""
+    out = tmp_path / "run"
+    shutil.copytree(serial, out)
+    task = min((out / "tasks").glob("*.json"))
+    data = json.loads(task.read_text())
+    assert data["result"]["versions"]["blas_order"] == os.environ["MKL_CBWR"]
+    data["result"]["versions"]["blas_order"] = "AVX512"
+    task.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=rf"{task.name} was computed under other versions "
+                                         r"\(blas_order: .*'AVX512'.*MKL_CBWR"):
+        sweep.run(sweep.from_dict(SMALL), out, resume=True, progress=False)
 
 
 KILL_AFTER_TWO = """\

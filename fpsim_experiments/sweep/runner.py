@@ -162,8 +162,9 @@ def _load() -> float | None:
 
 def saved(folder: Path, tasks: list[Task], specs: dict[Task, dict], files: dict[Task, Path],
           resume: bool) -> dict[Task, dict]:
-    """The results already in ``folder``: refused without ``resume``, and when a file is not
-    one of ``tasks`` with its spec."""
+    """The results already in ``folder``: refused without ``resume``, when a file is not one
+    of ``tasks`` with its spec, and when it was computed under other versions than this
+    process runs (``report.versions``: its numbers would not be comparable with the rest)."""
     on_disk = {p.name for p in folder.glob("*.json")}
     foreign = on_disk - {p.name for p in files.values()}
     if on_disk and not resume:
@@ -173,13 +174,23 @@ def saved(folder: Path, tasks: list[Task], specs: dict[Task, dict], files: dict[
         raise ValueError(f"{folder} holds {len(foreign)} result(s) of another configuration "
                          f"(e.g. {sorted(foreign)[0]}); --resume continues the same one only: "
                          "choose another --out")
-    results = {}
+    results, here = {}, versions()
     for t in tasks:
         if files[t].name in on_disk:
             if digest(json.loads(files[t].read_text()).get("spec")) != digest(specs[t]):
                 raise ValueError(f"{files[t]} was not made by this task ({t.name}); remove it "
                                  "or choose another --out")
-            results[t] = load_json(files[t])["result"]
+            result = load_json(files[t])["result"]
+            if result.get("versions") != here:
+                theirs = result.get("versions") or {}
+                differ = sorted(k for k in {*theirs, *here} if theirs.get(k) != here.get(k))
+                raise ValueError(
+                    f"{files[t]} was computed under other versions ({', '.join(differ)}: "
+                    f"{ {k: theirs.get(k) for k in differ} } there, "
+                    f"{ {k: here.get(k) for k in differ} } here), so its numbers would not be "
+                    "comparable with this run's: --resume under the same ones (blas_order is "
+                    "MKL_CBWR, cpu_kernels ATEN_CPU_CAPABILITY) or choose another --out")
+            results[t] = result
     return results
 
 
