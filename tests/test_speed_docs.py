@@ -98,7 +98,7 @@ def test_docs_accumulation_tables_quote_the_benchmark():
                        re.M)
     assert model == [(r["recipe"], {True: "yes", False: "no"}.get(r["capture"], r["capture"]),
                       f"{r['forward_s'] * 1e3:,.0f}", f"{r['ratio']:.2f}")
-                     for r in bench["model"]["rows"]]
+                     for table in ("model", "model_xeon") for r in bench[table]["rows"]]
     text = " ".join(doc.split())
     tc = [r for r in bench["engine"]["rows"] if r["order"] == "tensor_core"]
     lo16, hi16 = (f(r["over_sequential_fp16"] for r in tc) for f in (min, max))
@@ -150,4 +150,31 @@ def test_docs_statistics_table_quotes_the_benchmark():
             "rate without statistics, as drawn and a third zero, sequential FP32 sums at {:.2f}× "
             "and {:.2f}×".format(*(swamped[s, o] for s in ("sequential fp16", "sequential fp32")
                                    for o in ("as drawn", "a third zero")))) in text
+
+
+def test_docs_xeon_model_table_sentences_quote_the_benchmark():
+    """The MiniLM table rerun on an Intel Xeon: its ratios, capture's costs and the engine
+    rates beside the EPYC's in docs/speed.md are benchmarks/results/accumulation_bench.json's."""
+    bench = load("accumulation_bench.json")
+    text = " ".join((ROOT / "docs" / "speed.md").read_text().split())
+    rows = {(r["recipe"], r["capture"]): r for r in bench["model_xeon"]["rows"]}
+    native = {t: next(r["forward_s"] for r in bench[t]["rows"] if r["recipe"].startswith("native"))
+              for t in ("model", "model_xeon")}
+    seq_here = next(r["mac_per_s"] for r in bench["statistics"]["rows"]
+                    if (r["sums"], r["operands"], r["statistics"])
+                    == ("sequential fp16", "as drawn", "none"))
+    seq_there = next(r["mac_per_s"] for r in bench["engine"]["rows"]
+                     if (r["order"], r["model"]) == ("sequential", "fp16"))
+    deepseek = "deepseek-v3 preset (Hopper FP8 tensor core, promotion every 128)"
+    assert (f"the FP16 row runs at {rows['FP16 operands, FP16 sequential sums', False]['ratio']:.2f}"
+            f"× native and `deepseek-v3` at {rows[deepseek, False]['ratio']:.2f}×") in text
+    assert (f"native FP32 is faster here ({native['model_xeon'] * 1e3:,.0f} ms against "
+            f"{native['model'] * 1e3:,.0f})") in text
+    assert (f"at {seq_here / 1e6:,.0f} M/s here, {seq_there / 1e6:,.0f} M/s there") in text
+    for mode, words in ((True, "capture=True` costs "), ("counts", 'capture="counts"` ')):
+        over = [r["capture_over_without"] for r in bench["model_xeon"]["rows"]
+                if r["capture"] == mode]
+        assert words + ", ".join(f"{v:.2f}×" for v in over) in text, mode
+    assert bench["model_xeon"]["machine"]["cpu"].startswith("Intel")
+    assert bench["statistics"]["machine"]["cpu"].startswith("Intel")
 
