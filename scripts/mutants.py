@@ -1010,6 +1010,16 @@ MUTANTS = [
     Mutant("blas-order-unpinned", "importing fpsim_experiments leaves MKL to pick its summation "
            "order by CPU", 'os.environ.setdefault("MKL_CBWR", REPRODUCIBLE_BLAS)', "pass",
            ["tests/test_sweep.py::test_the_experiments_pin_mkls_summation_order_unless_told"]),
+    Mutant("weights-delayed-kept", "a delayed cast's weight is quantized once per context, so "
+           "its amax history stops",
+           'return cast is None or (cast.scaling != "delayed" and cast.rounding not in STOCHASTIC)',
+           "return cast is None or cast.rounding not in STOCHASTIC",
+           ["tests/test_emulate.py::test_scaled_cast_weights_are_quantized_once"]),
+    Mutant("weights-scaled-key", "a scaled cast's kept weight is found by the cast alone, "
+           "not with its scale, so a plain recipe's entry can answer it",
+           '(q, scale), ev = sites.cached(cache, b, ("with its scale", how), count, make)',
+           "(q, scale), ev = sites.cached(cache, b, how, count, make)",
+           ["tests/test_emulate.py::test_a_weight_shared_by_a_plain_and_a_scaled_recipe"]),
     Mutant("resume-versions-unchecked", "--resume mixes in task files computed under other "
            "versions or another BLAS order", 'if result.get("versions") != here:', "if False:",
            ["tests/test_sweep.py::test_resume_refuses_results_computed_under_other_versions"]),

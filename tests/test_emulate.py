@@ -304,6 +304,73 @@ def test_only_parameters_are_cached():
             assert torch.equal(torch.addmm(torch.zeros(8), x, w), torch.full((2, 8), 8 * scale))
 
 
+@pytest.mark.parametrize("preset", ["deepseek-v3", "torchao-float8-rowwise", "te-current",
+                                    "te-mxfp8", "nvfp4", "te-delayed"])
+def test_scaled_cast_weights_are_quantized_once(monkeypatch, preset):
+    """A preset whose weights take a scaled cast (DeepSeek's tiles, torchao's and TE's
+    scales) quantizes a parameter once per context, as plain recipes do, with the bits and
+    captured counts of quantizing it every call; a delayed cast quantizes it every call, as
+    each call advances its amax history."""
+    from fpsim.emulation import backward, quantizers
+    from fpsim.emulation.presets import get_preset
+
+    calls = []
+    cast = quantizers.cast
+    monkeypatch.setattr(quantizers, "cast", lambda x, c, axis, **kw: calls.append(axis) or
+                        cast(x, c, axis, **kw))
+    torch.manual_seed(0)
+    layer, x = torch.nn.Linear(64, 32), torch.randn(3, 64)
+    recipe = get_preset(preset).recipe
+
+    def three_calls() -> tuple[list, list, int]:
+        calls.clear()
+        with torch.no_grad(), fpsim.emulate(recipe, capture=True) as em:
+            ys = [layer(x).view(torch.int32) for _ in range(3)]
+        return ys, em.table(), calls.count(-2)
+
+    kept, rows, quantized = three_calls()
+    delayed = recipe.cast(recipe.weight_format, -2).scaling == "delayed"
+    assert quantized == (3 if delayed else 1), preset
+    monkeypatch.setattr(backward, "reusable", lambda cast: False)
+    again, rows_again, quantized_again = three_calls()
+    assert quantized_again == 3
+    assert all(torch.equal(y, z) for y, z in zip(kept, again)) and rows == rows_again, preset
+
+
+def test_a_weight_shared_by_a_plain_and_a_scaled_recipe():
+    """Two sites whose weights share one storage, one under a plain recipe and one whose
+    inputs take a Cast (its weight the same cast), keep an entry each: both give what they
+    give alone."""
+    from fpsim.emulation.casts import Cast
+
+    class Two(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.p, self.q = nn.Linear(16, 8), nn.Linear(16, 8)
+            self.q.weight = nn.Parameter(self.p.weight.data)    # the same storage
+            with torch.no_grad():
+                self.q.weight.mul_(1.0)         # and version as p's (its init wrote in place)
+            assert self.q.weight._version == self.p.weight._version
+
+        def forward(self, x: torch.Tensor) -> tuple:
+            return self.p(x), self.q(x)
+
+    torch.manual_seed(0)
+    net, x = Two(), torch.randn(4, 16)
+    plain = Recipe("e4m3")
+    scaled = Recipe(inputs=Cast("e4m3", "tensor"), weights="e4m3")      # its weight: plain's
+    rules = Rules([Rule(plain, "p"), Rule(scaled, "q")])
+    with torch.no_grad():
+        with fpsim.emulate(Rules([Rule(plain, "p")], default=None)):
+            alone_p = net(x)[0]
+        with fpsim.emulate(Rules([Rule(scaled, "q")], default=None)):
+            alone_q = net(x)[1]
+        with fpsim.emulate(rules):
+            for _ in range(2):
+                p, q = net(x)
+                assert torch.equal(p, alone_p) and torch.equal(q, alone_q)
+
+
 def test_recurring_operands_are_quantized_once(monkeypatch):
     """A right operand that recurs unchanged (a decoder's cached keys) is quantized once and
     widened to FP64 once it recurs, its result the same bits; a weight is widened to FP64

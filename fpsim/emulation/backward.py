@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..rounding import STOCHASTIC
 from . import hadamard, quantizers, sites
 from .casts import SCALINGS, Backward, Cast
 from .recipe import Recipe
@@ -70,6 +71,12 @@ def product(interceptor: Any, name: str, recipe: Recipe, a: Tensor, b: Tensor,
     return site.forward(a, b, bias, events, cache)[0]
 
 
+def reusable(cast: Cast | None) -> bool:
+    """Whether a weight quantized by ``cast`` may be kept between calls: not a delayed cast
+    (each call advances its amax history) nor a stochastic one (each call draws new bits)."""
+    return cast is None or (cast.scaling != "delayed" and cast.rounding not in STOCHASTIC)
+
+
 def axis_free(spec: Any, recipe: Recipe) -> bool:
     """True when ``spec`` (a Cast, a format under ``recipe``'s scaling, or None) gives the
     same values whichever axis a GEMM reduces."""
@@ -103,6 +110,27 @@ class Site:
             events[key] = sites.operand_events(x, q, limit)
         return sites.unflush(x, q, spec), used
 
+    def weight(self, b: Tensor, events: dict | None,
+               cache: dict | None) -> tuple[Tensor, Tensor | None]:
+        """``b`` quantized by the recipe's weight cast, as ``operand``, kept in ``cache`` when
+        that is a model's parameter cache (``sites.cached``), unless the cast keeps an amax
+        history or draws random bits: quantizing again is then part of the arithmetic."""
+        spec = self.recipe.weight_format
+        how = self.recipe.cast(spec, -2)
+        if type(cache) is not dict or not reusable(how):
+            return self.operand(b, spec, "w", -2, events, "b")
+        count = events is not None
+
+        def make() -> tuple[tuple, dict | None]:
+            ev: dict | None = {} if count else None
+            q, scale = self.operand(b, spec, "w", -2, ev, "b")
+            return (q, scale), None if ev is None else ev["b"]
+
+        (q, scale), ev = sites.cached(cache, b, ("with its scale", how), count, make)
+        if count:
+            events["b"] = ev
+        return q, scale
+
     def history(self, role: str, spec: Cast) -> quantizers.AmaxHistory:
         """The site's amax history of tensor ``role`` (made on first use)."""
         if self.interceptor is None:
@@ -126,7 +154,7 @@ class Site:
             sa = sb = None
         else:
             qa, sa = self.operand(a, r.inputs, "x", -1, events, "a")
-            qb, sb = self.operand(b, r.weight_format, "w", -2, events, "b")
+            qb, sb = self.weight(b, events, cache)
         y = sites.round_output(sites._product(r, qa, qb, bias, events), r)
         return y, {"qa": qa, "qb": qb, "sa": sa, "sb": sb}
 

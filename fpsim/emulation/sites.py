@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -377,6 +378,28 @@ def _bits(t: Tensor) -> Tensor:
     return t.view(_WIDTH[t.element_size()])
 
 
+def cached(cache: dict | None, b: Tensor, how: Any, count: bool,
+           make: Callable[[], tuple[Any, dict | None]]) -> tuple[Any, dict | None]:
+    """``make()``'s quantization of ``b`` and its events (None when not ``count``ed), kept in
+    ``cache`` (a dict, or a ``Recent``; None: made each time) by ``b``'s storage, version
+    (in-place updates bump it), shape, strides, dtype and ``how`` it is quantized.
+
+    >>> cache, w = {}, torch.ones(2)
+    >>> cached(cache, w, "e4m3", False, lambda: ("q", None))
+    ('q', None)
+    >>> cached(cache, w, "e4m3", False, lambda: ("made again", None))[0]
+    'q'
+    """
+    key = (b.data_ptr(), b._version, tuple(b.shape), b.stride(), b.dtype, how)
+    found = None if cache is None else cache.find(key, b) if isinstance(cache, Recent) \
+        else cache.get(key)
+    if found is None or (count and found[2] is None):
+        found = (b, *make())
+        if cache is not None:
+            cache[key] = found
+    return found[1], found[2]
+
+
 def _operands(
     recipe: Recipe, a: Tensor, b: Tensor, events: dict | None, cache: dict | None = None
 ) -> tuple[Tensor, Tensor]:
@@ -389,15 +412,8 @@ def _operands(
     """
     count = events is not None
     qa, ev_a = _quantize_counted(a, recipe.inputs, recipe, -1, count)
-    key = (b.data_ptr(), b._version, tuple(b.shape), b.stride(), b.dtype,
-           recipe.cast(recipe.weight_format, -2))
-    found = None if cache is None else cache.find(key, b) if isinstance(cache, Recent) \
-        else cache.get(key)
-    if found is None or (count and found[2] is None):
-        found = (b, *_quantize_counted(b, recipe.weight_format, recipe, -2, count))
-        if cache is not None:
-            cache[key] = found
-    qb, ev_b = found[1], found[2]
+    qb, ev_b = cached(cache, b, recipe.cast(recipe.weight_format, -2), count,
+                      lambda: _quantize_counted(b, recipe.weight_format, recipe, -2, count))
     if count:
         events["a"], events["b"] = ev_a, ev_b
     return qa, qb
