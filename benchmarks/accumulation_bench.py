@@ -79,15 +79,18 @@ def compiled_presets() -> list[str]:
             if m.scaled is None and m.accum_format.name != "fp64"]
 
 
+def e4m3_operands(rng: np.random.Generator, *shapes: tuple[int, int]) -> list[np.ndarray]:
+    """E4M3 (RNE) of normal(0, 1) draws from ``rng`` of each of ``shapes``, in float32: the
+    engine and statistics tables' operands."""
+    return [fpsim.quantize(rng.standard_normal(s), "e4m3").astype(np.float32) for s in shapes]
+
+
 def engine_rows(repeat: int) -> dict:
     """Multiply-adds per second of each tensor-core preset, with and without promotion, beside
     sequential FP16 and FP32 sums on the same E4M3 operands, interleaved best of ``repeat``;
     and without promotion in the backward GEMMs' layouts (``LAYOUTS``)."""
     M, K, N = SHAPE
-    rng = np.random.default_rng(0)
-    a = fpsim.quantize(rng.standard_normal((M, K)), "e4m3").astype(np.float32)
-    b = fpsim.quantize(rng.standard_normal((K, N)), "e4m3").astype(np.float32)
-    dy = fpsim.quantize(rng.standard_normal((M, N)), "e4m3").astype(np.float32)
+    a, b, dy = e4m3_operands(np.random.default_rng(0), (M, K), (K, N), (M, N))
     operands = {"forward": (a, b)} | {k: f(a, b, dy) for k, f in LAYOUTS.items()}
     kws = {("sequential", "fp16", None): dict(accum="fp16"),
            ("sequential", "fp32", None): dict(accum="fp32")}
@@ -213,8 +216,7 @@ def stats_rows(repeat: int) -> dict:
     ``repeat``, and whether each count is the NumPy engine's."""
     M, K, N = SHAPE
     rng = np.random.default_rng(0)
-    a = fpsim.quantize(rng.standard_normal((M, K)), "e4m3").astype(np.float32)
-    b = fpsim.quantize(rng.standard_normal((K, N)), "e4m3").astype(np.float32)
+    a, b = e4m3_operands(rng, (M, K), (K, N))
     sparse = tuple(np.where(rng.random(x.shape) < 1 / 3, np.float32(0), x) for x in (a, b))
     operands = {"as drawn": (a, b), "a third zero": sparse}
     keys = [(o, s, q) for o in operands for s in STATS_SUMS for q in STATS_ASKED]

@@ -602,7 +602,7 @@ MUTANTS = [
            "e2e = ctx.end_to_end_ops(ops, ref, ctx.model64 if task.fp64 else None)",
            "e2e = ctx.end_to_end_ops(ops, ref, None)", SWEEP_RUNS),
     Mutant("runner-versions", "a result computed under other versions or CPU kernels is kept",
-           'if result["versions"] != here:', "if False:",
+           'if diff := differing(result["versions"], here):', "if False:",
            ["tests/test_sweep.py::test_a_worker_on_other_cpu_kernels_fails_by_name"]),
     Mutant("runs-reference-handed", "the driver's reference logits are not handed to the runs "
            "(each executor computes them again)",
@@ -1021,7 +1021,8 @@ MUTANTS = [
            "(q, scale), ev = sites.cached(cache, b, how, count, make)",
            ["tests/test_emulate.py::test_a_weight_shared_by_a_plain_and_a_scaled_recipe"]),
     Mutant("resume-versions-unchecked", "--resume mixes in task files computed under other "
-           "versions or another BLAS order", 'if result.get("versions") != here:', "if False:",
+           "versions or another BLAS order",
+           'if diff := differing(result.get("versions"), here):', "if False:",
            ["tests/test_sweep.py::test_resume_refuses_results_computed_under_other_versions"]),
     Mutant("versions-no-blas-order", "the recorded versions leave out MKL's summation order",
            '"blas_order": os.environ.get("MKL_CBWR", "unpinned"),', "",

@@ -160,11 +160,22 @@ def _load() -> float | None:
         return None
 
 
+def differing(theirs: dict | None, here: dict) -> str:
+    """The fields in which ``theirs`` (a result's ``versions``) and ``here`` differ, with both
+    values ("" when none does)."""
+    theirs = theirs or {}
+    keys = sorted(k for k in {*theirs, *here} if theirs.get(k) != here.get(k))
+    if not keys:
+        return ""
+    return (f"{', '.join(keys)}: { {k: theirs.get(k) for k in keys} } there, "
+            f"{ {k: here.get(k) for k in keys} } here")
+
+
 def saved(folder: Path, tasks: list[Task], specs: dict[Task, dict], files: dict[Task, Path],
-          resume: bool) -> dict[Task, dict]:
+          resume: bool, here: dict) -> dict[Task, dict]:
     """The results already in ``folder``: refused without ``resume``, when a file is not one
-    of ``tasks`` with its spec, and when it was computed under other versions than this
-    process runs (``report.versions``: its numbers would not be comparable with the rest)."""
+    of ``tasks`` with its spec, and when it was computed under other versions than ``here``,
+    this process's (``report.versions``: its numbers would not be comparable with the rest)."""
     on_disk = {p.name for p in folder.glob("*.json")}
     foreign = on_disk - {p.name for p in files.values()}
     if on_disk and not resume:
@@ -174,22 +185,19 @@ def saved(folder: Path, tasks: list[Task], specs: dict[Task, dict], files: dict[
         raise ValueError(f"{folder} holds {len(foreign)} result(s) of another configuration "
                          f"(e.g. {sorted(foreign)[0]}); --resume continues the same one only: "
                          "choose another --out")
-    results, here = {}, versions()
+    results = {}
     for t in tasks:
         if files[t].name in on_disk:
             if digest(json.loads(files[t].read_text()).get("spec")) != digest(specs[t]):
                 raise ValueError(f"{files[t]} was not made by this task ({t.name}); remove it "
                                  "or choose another --out")
             result = load_json(files[t])["result"]
-            if result.get("versions") != here:
-                theirs = result.get("versions") or {}
-                differ = sorted(k for k in {*theirs, *here} if theirs.get(k) != here.get(k))
+            if diff := differing(result.get("versions"), here):
                 raise ValueError(
-                    f"{files[t]} was computed under other versions ({', '.join(differ)}: "
-                    f"{ {k: theirs.get(k) for k in differ} } there, "
-                    f"{ {k: here.get(k) for k in differ} } here), so its numbers would not be "
-                    "comparable with this run's: --resume under the same ones (blas_order is "
-                    "MKL_CBWR, cpu_kernels ATEN_CPU_CAPABILITY) or choose another --out")
+                    f"{files[t]} was computed under other versions ({diff}), so its numbers "
+                    "would not be comparable with this run's: --resume under the same ones "
+                    "(blas_order is MKL_CBWR, cpu_kernels ATEN_CPU_CAPABILITY) or choose "
+                    "another --out")
             results[t] = result
     return results
 
@@ -252,22 +260,24 @@ def execute(job: Any, tasks: list, specs: dict, folder: Path | None, executor: s
     """
     check_executor(executor)
     files: dict = {}
+    here = versions()
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
         files = {t: task_file(folder, t, specs[t]) for t in tasks}
-        results = saved(folder, tasks, specs, files, resume)
+        results = saved(folder, tasks, specs, files, resume, here)
     else:
         results = {}
     outcome = Outcome(folder, skipped=[t.name for t in results], results=results)
     todo = [t for t in tasks if t not in results]
     bar = progress_bar(len(tasks), desc, "task", initial=len(results), enabled=progress)
-    state, here = {"running": 0}, versions()
+    state = {"running": 0}
 
     def done(t: Any, result: dict) -> None:
-        if result["versions"] != here:
-            return failed(t, f"its worker ran {result['versions']}, this process {here}: the "
-                             "numbers would not be comparable; install the same versions there "
-                             "(cpu_kernels: set ATEN_CPU_CAPABILITY to the same on every node)")
+        if diff := differing(result["versions"], here):
+            return failed(t, f"its worker ran other versions ({diff}): the numbers would not "
+                             "be comparable; install the same versions there (cpu_kernels: set "
+                             "ATEN_CPU_CAPABILITY to the same on every node, blas_order: "
+                             "MKL_CBWR)")
         outcome.seconds[t.name] = result["seconds"]
         if files:
             write_atomically(files[t], {"task": t.name, "spec": specs[t], "result": result})
