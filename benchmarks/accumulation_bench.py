@@ -29,8 +29,16 @@ zero (as ReLU activations and coarsely quantized weights are): sequential FP16 a
 and ``hopper_fp8``, without statistics, with the swamped additions alone and with the largest
 partial sums too; each count checked against the NumPy engine's.
 
-``--only model`` (or ``statistics``) reruns that table alone into the JSON at ``--json``,
-keeping the others (the table then records its own command and machine).
+Vector width (``vectors``, ``--only vectors``): the compiled kernels as they are (LLVM asked
+for 512-bit vectors) beside the same source with the width set to 256 (x86's own tuning on
+AVX-512 hosts), both in one process: the rates of ``VECTOR_SUMS`` on E4M3 operands of the
+engine table's shape and of MiniLM's largest linear layer, and MiniLM's forward under
+``VECTOR_MODEL``, widths interleaved in every round; each result's bits and counts compared
+between the widths.
+
+``--only model`` (or ``statistics``, ``vectors``) reruns that table alone into the JSON at
+``--json``, keeping the others (the table then records its own command and machine); ``--as
+KEY`` stores it under another key (``model_xeon``: the model table on a second host).
 """
 
 from __future__ import annotations
@@ -40,12 +48,14 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
 import fpsim
-from fpsim.arith import TENSOR_CORES
+from fpsim.arith import TENSOR_CORES, compiled
 
 from timing import best_times, machine
 
@@ -147,46 +157,52 @@ def minilm() -> tuple:
     return model, batch
 
 
-def model_rows(repeat: int) -> dict:
-    """Best forward time of MiniLM natively and with its linear layers under each recipe of
-    ``MODEL_RECIPES`` (and for ``CAPTURED`` with ``capture=True`` and ``"counts"``), rounds
-    interleaved."""
-    import torch
-
+def recipe_rules(spec: dict | str) -> fpsim.Rules:
+    """Rules putting the linear layers under ``spec`` (a preset's name, or Recipe fields)."""
     from fpsim import Recipe, Rule, Rules
     from fpsim.emulation.presets import get_preset
 
-    model, batch = minilm()
+    recipe = get_preset(spec).recipe if isinstance(spec, str) else Recipe(name="bench", **spec)
+    return Rules([Rule(recipe, kind="linear")], default=None)
 
-    def rules(spec: dict | str) -> Rules:
-        recipe = get_preset(spec).recipe if isinstance(spec, str) else Recipe(name="bench",
-                                                                              **spec)
-        return Rules([Rule(recipe, kind="linear")], default=None)
+
+def forward_time(model: object, batch: dict, spec: dict | str | None,
+                 capture: bool | str) -> tuple[float, float]:
+    """CPU and wall seconds of one forward of ``model`` natively (``spec`` None) or with its
+    linear layers under ``spec``, in a context whose weights one forward already quantized."""
+    import torch
 
     def once() -> tuple[float, float]:
         t, w = time.process_time(), time.perf_counter()
         model(**batch)
         return time.process_time() - t, time.perf_counter() - w
 
-    def timed(name: str, capture: bool | str) -> tuple[float, float]:
-        spec = MODEL_RECIPES[name]
-        with torch.no_grad():
-            if spec is None:
-                model(**batch)
-                return once()
-            with fpsim.emulate(rules(spec), capture=capture):
-                model(**batch)                      # fills the weight cache
-                return once()
+    with torch.no_grad():
+        if spec is None:
+            model(**batch)
+            return once()
+        with fpsim.emulate(recipe_rules(spec), capture=capture):
+            model(**batch)                      # fills the weight cache
+            return once()
 
+
+def model_rows(repeat: int) -> dict:
+    """Best forward time of MiniLM natively and with its linear layers under each recipe of
+    ``MODEL_RECIPES`` (and for ``CAPTURED`` with ``capture=True`` and ``"counts"``), rounds
+    interleaved."""
+    import torch
+
+    model, batch = minilm()
     keys = [(n, False) for n in MODEL_RECIPES] + [(n, c) for c in (True, "counts")
                                                   for n in CAPTURED]
     load0 = os.getloadavg()
     best = {k: float("inf") for k in keys}
     wall = dict(best)
     for _ in range(repeat):
-        for k in keys:
-            cpu, w = timed(*k)
-            best[k], wall[k] = min(best[k], cpu), min(wall[k], w)
+        for name, capture in keys:
+            cpu, w = forward_time(model, batch, MODEL_RECIPES[name], capture)
+            best[name, capture] = min(best[name, capture], cpu)
+            wall[name, capture] = min(wall[name, capture], w)
     native = best["native FP32 (no emulation)", False]
     rows = []
     for (name, capture), t in best.items():
@@ -202,6 +218,105 @@ def model_rows(repeat: int) -> dict:
                      "thread), wall seconds beside",
             "torch_threads": torch.get_num_threads(), "fpsim_threads": fpsim.parallel.workers(),
             "load_average_before": load0, "load_average_after": os.getloadavg(), "rows": rows}
+
+
+#: the vector-width table's sums (return_stats: what capture asks the kernel for)
+VECTOR_SUMS = {"sequential fp16": dict(accum="fp16"), "sequential fp32": dict(accum="fp32"),
+               "pairwise fp16": dict(accum="fp16", order="pairwise"),
+               "sequential fp16, swamped count": dict(accum="fp16", return_stats="swamped"),
+               "volta_fp16": dict(order="tensor_core", tensor_core="volta_fp16"),
+               "hopper_fp8": dict(order="tensor_core", tensor_core="hopper_fp8"),
+               "cdna3_fp8": dict(order="tensor_core", tensor_core="cdna3_fp8")}
+#: its shapes: the engine table's, and MiniLM's largest linear layer on the model table's batch
+VECTOR_SHAPES = {"64x384x384": SHAPE, "480x384x1536": (480, 384, 1536)}
+#: its model rows (``MODEL_RECIPES``' names)
+VECTOR_MODEL = ("FP16 operands, FP16 sequential sums",
+                "deepseek-v3 preset (Hopper FP8 tensor core, promotion every 128)")
+
+
+def narrow_kernels(folder: Path) -> ModuleType:
+    """``fpsim.arith._jit_kernels`` compiled for 256-bit vectors (x86's own tuning on AVX-512
+    hosts): its source with ``WIDE``'s width 256, written to ``folder`` and loaded as a module
+    of its own (numba compiles and caches it there)."""
+    import importlib.util
+    import sys
+
+    kern = compiled.kernels()
+    src = Path(kern.__file__).read_text()
+    line = f"WIDE = {kern.WIDE!r}"
+    if src.count(line) != 1 or "512" not in line:
+        raise SystemExit(f"--only vectors: {kern.__file__} no longer holds one line {line!r}; "
+                         "update narrow_kernels to how the kernels ask for their width")
+    path = folder / "_jit_kernels_256.py"
+    path.write_text(src.replace(line, line.replace("512", "256")))
+    spec = importlib.util.spec_from_file_location("fpsim.arith._jit_kernels_256", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod                # numba's cache pickles the module's name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def vectors_rows(repeat: int, model_repeat: int) -> dict:
+    """The compiled kernels at 256- and 512-bit vectors in one process: the rates of
+    ``VECTOR_SUMS`` on E4M3 operands of ``VECTOR_SHAPES`` (thread CPU time) and MiniLM's
+    forward under ``VECTOR_MODEL`` (process CPU time), widths interleaved in every round, best
+    of ``repeat`` (``model_repeat``); each result's bits (and counts) the same at both widths."""
+    import torch
+    from unittest import mock
+
+    kernels = {"256": narrow_kernels(Path(tempfile.mkdtemp(prefix="fpsim_narrow"))),
+               "512": compiled.kernels()}
+    rng = np.random.default_rng(0)
+    operands = {name: e4m3_operands(rng, (m, k), (k, n))
+                for name, (m, k, n) in VECTOR_SHAPES.items()}
+
+    def under(width: str, fn: Callable[[], object]) -> Callable[[], object]:
+        def run() -> object:
+            with mock.patch.object(compiled, "kernels", lambda: kernels[width]):
+                return fn()
+        return run
+
+    fns = {(shape, sums, width): under(width, lambda x=operands[shape], kw=kw:
+                                       fpsim.matmul(*x, backend="numba", **kw))
+           for shape in VECTOR_SHAPES for sums, kw in VECTOR_SUMS.items() for width in kernels}
+    load0 = os.getloadavg()
+    best = best_times(fns, repeat, CLOCK)
+    rows = []
+    for shape, (m, k, n) in VECTOR_SHAPES.items():
+        for sums in VECTOR_SUMS:
+            got = {w: fns[shape, sums, w]() for w in kernels}
+            bits = [np.concatenate([g.reshape(-1).view(np.uint32) if isinstance(g, np.ndarray)
+                                    else np.asarray(g.swamped).reshape(-1).view(np.uint32)
+                                    for g in (r if isinstance(r, tuple) else (r,))])
+                    for r in got.values()]
+            rate = {w: round(m * k * n / best[shape, sums, w]) for w in kernels}
+            rows.append({"shape": shape, "sums": sums, "mac_per_s_256": rate["256"],
+                         "mac_per_s_512": rate["512"],
+                         "gain": round(best[shape, sums, "256"] / best[shape, sums, "512"], 2),
+                         "same_bits": bool(np.array_equal(*bits))})
+    model, batch = minilm()
+    keys = [("native FP32 (no emulation)", None)] + [(r, w) for r in VECTOR_MODEL
+                                                     for w in kernels]
+    forward = {k: float("inf") for k in keys}
+    for _ in range(model_repeat):
+        for name, width in keys:
+            run = under(width or "512", lambda name=name: forward_time(
+                model, batch, MODEL_RECIPES[name], False)[0])
+            forward[name, width] = min(forward[name, width], run())
+    native = forward["native FP32 (no emulation)", None]
+    model_rows_ = [{"recipe": name, "forward_s_256": round(forward[name, "256"], 4),
+                    "forward_s_512": round(forward[name, "512"], 4),
+                    "ratio_256": round(forward[name, "256"] / native, 2),
+                    "ratio_512": round(forward[name, "512"] / native, 2)}
+                   for name in VECTOR_MODEL]
+    return {"operands": "E4M3 (RNE) of normal(0, 1)",
+            "kernels": "fpsim/arith/_jit_kernels.py as it is (512) and with WIDE's width 256",
+            "clock": "CPU seconds of the one thread (time.thread_time); the model rows the "
+                     "process's (time.process_time)",
+            "threads": fpsim.parallel.workers(), "torch_threads": torch.get_num_threads(),
+            "native_forward_s": round(native, 4), "tokens": int(batch["attention_mask"].sum()),
+            "load_average_before": load0, "load_average_after": os.getloadavg(),
+            "rows": rows, "model_rows": model_rows_}
 
 
 #: the statistics table's sums, and what it asks ``return_stats`` for
@@ -261,28 +376,41 @@ def capture_cell(capture: bool | str) -> str:
     return capture if isinstance(capture, str) else "yes" if capture else "no"
 
 
+def _table(*columns: str) -> list[str]:
+    """A markdown table's header and rule, after a blank line."""
+    return ["", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
 def markdown(result: dict) -> str:
-    """The tables of docs/speed.md (model) and docs/speed-tables.md (engine), from the JSON."""
-    lines = ["| preset | promote every | M MAC/s | ÷ sequential FP16 | ÷ sequential FP32 |",
-             "|---|---|---|---|---|"]
-    for r in result["engine"]["rows"]:
-        lines.append(_row(r, r["promote_every"] or "–"))
+    """The tables of docs/speed.md (model, vector width) and docs/speed-tables.md (engine),
+    from the JSON."""
+    lines = _table("preset", "promote every", "M MAC/s", "÷ sequential FP16",
+                   "÷ sequential FP32")[1:]
+    lines += [_row(r, r["promote_every"] or "–") for r in result["engine"]["rows"]]
     if "backward" in result["engine"]:                  # recorded since the backward layouts
-        lines += ["", "| preset | backward GEMM | M MAC/s | ÷ sequential FP16 | "
-                  "÷ sequential FP32 |", "|---|---|---|---|---|"]
+        lines += _table("preset", "backward GEMM", "M MAC/s", "÷ sequential FP16",
+                        "÷ sequential FP32")
         lines += [_row(r, r["layout"]) for r in result["engine"]["backward"]]
     if "statistics" in result:
-        lines += ["", "| sums | operands | statistics | M MAC/s | ÷ without statistics |",
-                  "|---|---|---|---|---|"]
+        lines += _table("sums", "operands", "statistics", "M MAC/s", "÷ without statistics")
         lines += [f"| {r['sums']} | {r['operands']} | {r['statistics']} | "
                   f"{r['mac_per_s'] / 1e6:,.0f} | {r['over_without']:.2f}× |"
                   for r in result["statistics"]["rows"]]
-    if "model" in result:
-        lines += ["", "| linear layers under | capture | CPU time per forward | ÷ native |",
-                  "|---|---|---|---|"]
-        for r in result["model"]["rows"]:
-            lines.append(f"| {r['recipe']} | {capture_cell(r['capture'])} | "
-                         f"{r['forward_s'] * 1e3:,.0f} ms | {r['ratio']:.2f}× |")
+    for key in ("model", "model_xeon"):
+        if key in result:
+            lines += _table("linear layers under", "capture", "CPU time per forward", "÷ native")
+            lines += [f"| {r['recipe']} | {capture_cell(r['capture'])} | "
+                      f"{r['forward_s'] * 1e3:,.0f} ms | {r['ratio']:.2f}× |"
+                      for r in result[key]["rows"]]
+    if "vectors" in result:
+        lines += _table("shape", "sums", "M MAC/s, 256-bit", "M MAC/s, 512-bit", "gain")
+        lines += [f"| {r['shape']} | {r['sums']} | {r['mac_per_s_256'] / 1e6:,.0f} | "
+                  f"{r['mac_per_s_512'] / 1e6:,.0f} | {r['gain']:.2f}× |"
+                  for r in result["vectors"]["rows"]]
+        lines += _table("MiniLM, linear layers under", "256-bit", "512-bit")
+        lines += [f"| {r['recipe']} | {r['forward_s_256'] * 1e3:,.0f} ms ({r['ratio_256']:.2f}×) "
+                  f"| {r['forward_s_512'] * 1e3:,.0f} ms ({r['ratio_512']:.2f}×) |"
+                  for r in result["vectors"]["model_rows"]]
     return "\n".join(lines)
 
 
@@ -294,8 +422,12 @@ def main() -> None:
                     help="torch threads, and FPSIM_THREADS unless set (default 1: on a shared "
                          "machine a second thread mostly waits)")
     ap.add_argument("--skip-model", action="store_true")
-    ap.add_argument("--only", choices=("model", "statistics"),
-                    help="rerun this table alone into the JSON at --json, keeping the others")
+    ap.add_argument("--only", choices=("model", "statistics", "vectors"),
+                    help="rerun this table alone into the JSON at --json, keeping the others "
+                         "(vectors: only this way)")
+    ap.add_argument("--as", dest="key", metavar="KEY",
+                    help="with --only: store the table under KEY (e.g. model_xeon: another "
+                         "host's run beside the committed one)")
     ap.add_argument("--markdown", action="store_true",
                     help="print the tables of the JSON at --json and exit")
     ap.add_argument("--json", default=str(Path(__file__).parent / "results" /
@@ -314,12 +446,15 @@ def main() -> None:
             raise SystemExit(f"--only {args.only}: no JSON at {out} to keep the other tables "
                              f"of; run the benchmark without --only first")
         result = json.loads(out.read_text())
-        table = (model_rows(args.model_repeat) if args.only == "model"
-                 else stats_rows(args.repeat))
-        result[args.only] = {**table, "machine": machine(),
-                             "command": "PYTHONPATH=. python benchmarks/accumulation_bench.py "
-                             f"--only {args.only} --repeat {args.repeat} --model-repeat "
-                             f"{args.model_repeat} --threads {args.threads}"}
+        table = {"model": lambda: model_rows(args.model_repeat),
+                 "statistics": lambda: stats_rows(args.repeat),
+                 "vectors": lambda: vectors_rows(args.repeat, args.model_repeat)}[args.only]()
+        key = args.key or args.only
+        result[key] = {**table, "machine": machine(),
+                       "command": "PYTHONPATH=. python benchmarks/accumulation_bench.py "
+                       f"--only {args.only}{f' --as {key}' if args.key else ''} --repeat "
+                       f"{args.repeat} --model-repeat {args.model_repeat} --threads "
+                       f"{args.threads}"}
         out.write_text(json.dumps(result, indent=1) + "\n")
         print(markdown(result))
         return

@@ -299,6 +299,10 @@ MUTANTS = [
            "non-zero although b's row holds a zero",
            "bsw[r], bpk[r], careful, zeros > 0, peak)", "bsw[r], bpk[r], careful, False, peak)",
            ["tests/test_jit_matmul.py::test_statistics_with_zero_operands_and_an_overflow"]),
+    Mutant("jit-narrow-vectors", "the compiled kernels no longer ask LLVM for the host's "
+           "widest vectors (the same bits, 1.2-1.35x slower on AVX-512)",
+           "set.add(builder.function.attributes, WIDE)", "pass",
+           ["tests/test_jit_matmul.py::test_kernels_ask_llvm_for_the_widest_vectors"]),
     Mutant("jit-quick-zero-x", "the compiled statistics count a step whose a element is zero "
            "as if its addends were not", "zeros = zeros or x == 0", "zeros = zeros",
            ["tests/test_jit_matmul.py::test_statistics_on_operands_full_of_zeros"]),

@@ -92,6 +92,34 @@ def test_narrow_dtypes_as_operands(dtype, order):
         assert_same(a, b, accum=accum, order=order)
 
 
+def test_kernels_ask_llvm_for_the_widest_vectors():
+    """``_wide`` puts the attribute in the kernel's IR (llvmlite might stop taking it: the
+    kernels would compile, only slower), and every compiled kernel with a loop calls it."""
+    import inspect
+
+    from numba import njit
+
+    kern = compiled.kernels()
+
+    @njit(cache=False)
+    def doubled(x):  # noqa: ANN001, ANN202
+        kern._wide()
+        for i in range(x.size):
+            x[i] = x[i] * 2.0
+
+    x = np.arange(4.0)
+    doubled(x)
+    assert np.array_equal(x, [0.0, 2.0, 4.0, 6.0])
+    ir = "".join(doubled.inspect_llvm().values())
+    assert kern.WIDE in ir
+    loops = [name for name, f in vars(kern).items()
+             if hasattr(f, "py_func") and not f.targetoptions.get("inline") == "always"
+             and " for " in inspect.getsource(f.py_func)]
+    assert len(loops) >= 10
+    missing = [n for n in loops if "_wide()" not in inspect.getsource(vars(kern)[n].py_func)]
+    assert not missing, missing
+
+
 def test_benchmark_shape_fp16():
     """The benchmark's case, fp16 operands and accumulator, at a GPT-2 width."""
     rng = np.random.default_rng(0)

@@ -153,28 +153,63 @@ def test_docs_statistics_table_quotes_the_benchmark():
 
 
 def test_docs_xeon_model_table_sentences_quote_the_benchmark():
-    """The MiniLM table rerun on an Intel Xeon: its ratios, capture's costs and the engine
-    rates beside the EPYC's in docs/speed.md are benchmarks/results/accumulation_bench.json's."""
+    """The MiniLM table rerun on an Intel Xeon: its ratios, capture's costs, the run before
+    and the engine rates beside the EPYC's in docs/speed.md are
+    benchmarks/results/accumulation_bench.json's."""
     bench = load("accumulation_bench.json")
     text = " ".join((ROOT / "docs" / "speed.md").read_text().split())
-    rows = {(r["recipe"], r["capture"]): r for r in bench["model_xeon"]["rows"]}
+    rows, before = ({(r["recipe"], r["capture"]): r for r in bench[t]["rows"]}
+                    for t in ("model_xeon", "model_xeon_before"))
     native = {t: next(r["forward_s"] for r in bench[t]["rows"] if r["recipe"].startswith("native"))
-              for t in ("model", "model_xeon")}
-    seq_here = next(r["mac_per_s"] for r in bench["statistics"]["rows"]
-                    if (r["sums"], r["operands"], r["statistics"])
-                    == ("sequential fp16", "as drawn", "none"))
+              for t in ("model", "model_xeon", "model_xeon_before")}
+    seq_here = next(r["mac_per_s_512"] for r in bench["vectors"]["rows"]
+                    if (r["shape"], r["sums"]) == ("64x384x384", "sequential fp16"))
     seq_there = next(r["mac_per_s"] for r in bench["engine"]["rows"]
                      if (r["order"], r["model"]) == ("sequential", "fp16"))
-    deepseek = "deepseek-v3 preset (Hopper FP8 tensor core, promotion every 128)"
-    assert (f"the FP16 row runs at {rows['FP16 operands, FP16 sequential sums', False]['ratio']:.2f}"
-            f"× native and `deepseek-v3` at {rows[deepseek, False]['ratio']:.2f}×") in text
-    assert (f"native FP32 is faster here ({native['model_xeon'] * 1e3:,.0f} ms against "
+    fp16, deepseek = ("FP16 operands, FP16 sequential sums",
+                      "deepseek-v3 preset (Hopper FP8 tensor core, promotion every 128)")
+    assert (f"the FP16 row runs at {rows[fp16, False]['ratio']:.2f}× native and `deepseek-v3` at "
+            f"{rows[deepseek, False]['ratio']:.2f}×: `deepseek-v3` is under the 30×") in text
+    assert rows[deepseek, False]["ratio"] <= 30 < before[deepseek, False]["ratio"]
+    assert (f"Native FP32 is faster here ({native['model_xeon'] * 1e3:,.0f} ms against "
             f"{native['model'] * 1e3:,.0f})") in text
     assert (f"at {seq_here / 1e6:,.0f} M/s here, {seq_there / 1e6:,.0f} M/s there") in text
     for mode, words in ((True, "capture=True` costs "), ("counts", 'capture="counts"` ')):
         over = [r["capture_over_without"] for r in bench["model_xeon"]["rows"]
                 if r["capture"] == mode]
         assert words + ", ".join(f"{v:.2f}×" for v in over) in text, mode
-    assert bench["model_xeon"]["machine"]["cpu"].startswith("Intel")
-    assert bench["statistics"]["machine"]["cpu"].startswith("Intel")
+    assert (f"gave the FP16 row {before[fp16, False]['ratio']:.2f}× and `deepseek-v3` "
+            f"{before[deepseek, False]['ratio']:.2f}×, against a native forward of "
+            f"{native['model_xeon_before'] * 1e3:,.0f} ms") in text
+    assert (f"`capture=True`: {before[fp16, True]['capture_over_without']:.2f}× then, "
+            f"{rows[fp16, True]['capture_over_without']:.2f}× now") in text
+    for t in ("model_xeon", "model_xeon_before", "statistics", "vectors"):
+        assert bench[t]["machine"]["cpu"].startswith("Intel"), t
 
+
+def test_docs_vector_width_tables_quote_the_benchmark():
+    """The kernels at 256- and 512-bit vectors (docs/speed.md): the tables and ranges are
+    benchmarks/results/accumulation_bench.json's, every result the same bits at both widths."""
+    bench = load("accumulation_bench.json")["vectors"]
+    doc = (ROOT / "docs" / "speed.md").read_text()
+    assert all(r["same_bits"] for r in bench["rows"])
+    rows = re.findall(r"^\| (\d+x\d+x\d+) \| ([\w ,]+) \| ([\d,]+) \| ([\d,]+) \| ([\d.]+)× \|$",
+                      doc, re.M)
+    assert rows == [(r["shape"], r["sums"], f"{r['mac_per_s_256'] / 1e6:,.0f}",
+                     f"{r['mac_per_s_512'] / 1e6:,.0f}", f"{r['gain']:.2f}")
+                    for r in bench["rows"]]
+    cell = r"([\d,]+) ms \(([\d.]+)×\)"
+    model = re.findall(rf"^\| ([^|]+?) \| {cell} \| {cell} \|$", doc, re.M)
+    assert model == [(r["recipe"], f"{r['forward_s_256'] * 1e3:,.0f}", f"{r['ratio_256']:.2f}",
+                      f"{r['forward_s_512'] * 1e3:,.0f}", f"{r['ratio_512']:.2f}")
+                     for r in bench["model_rows"]]
+    text = " ".join(doc.split())
+    tc = ("volta", "hopper", "cdna")
+    spans = [[r["gain"] for r in bench["rows"] if r["sums"].startswith(tc) == want]
+             for want in (False, True)]
+    assert ("The sequential and pairwise kernels run {:.2f}–{:.2f}× faster, the tensor-core "
+            "kernels {:.2f}–{:.2f}×".format(*(f(g) for g in spans for f in (min, max)))) in text
+    fp16, deepseek = bench["model_rows"]
+    assert (f"the FP16 row falls from {fp16['ratio_256']:.2f}× native to {fp16['ratio_512']:.2f}× "
+            f"and `deepseek-v3` from {deepseek['ratio_256']:.2f}× to "
+            f"{deepseek['ratio_512']:.2f}×") in text

@@ -35,7 +35,7 @@ import numpy as np
 from .. import parallel
 from ..formats import Format
 from ..rounding import F64
-from .compiled import kernels as _kernels
+from . import compiled
 from .lanes import Profile, guarded, lane_max
 from .plan import FP32, Plan
 from .tc_models import RUN, TensorCoreModel
@@ -145,7 +145,7 @@ def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.nda
     else ()).  A tensor-core model reads the operands' exponents clamped at ``emins``
     (tensor_core.exponents), or ``exps`` when given (block scales: integers shaped like ``a3``
     and ``b3``)."""
-    kern = _kernels()
+    kern = compiled.kernels()
     a3, b3 = _arg(a3, np.float64), _arg(b3, np.float64)
     ia, ib = _arg(idx_a, np.int64), _arg(idx_b, np.int64)
     B, (M, K, N) = len(ia), (a3.shape[1], a3.shape[2], b3.shape[2])
@@ -228,7 +228,7 @@ def _model_constants(model: TensorCoreModel, tail: int) -> tuple:
     """The scalars and FMA trees of ``_jit_kernels.tensor_core`` that depend on ``model`` alone
     (and ``tail``, the products of a last, partial group), in the kernel's order from ``kind``
     to ``f32``: worked out once per model, not on every call."""
-    kern = _kernels()
+    kern = compiled.kernels()
     fmt = model.accum_format
     kind = {"fma_tree": kern.TREE}.get(model.structure,
                                       kern.FUSED if model.sum_bits is None else kern.CDNA3)
@@ -249,7 +249,7 @@ def _tensor_core_args(model: TensorCoreModel, chunk: int | None, prod: Profile, 
     ``prod`` (less the row blocks)."""
     ea3, eb3 = (_arg(e, np.int64) for e in exps)
     if model.flush_subnormals:           # CDNA2: subnormal operands are +0
-        a3, b3 = _kernels().flushed(a3, ea3), _kernels().flushed(b3, eb3)
+        a3, b3 = compiled.kernels().flushed(a3, ea3), compiled.kernels().flushed(b3, eb3)
     finite = bool(np.isfinite(a3).all() and np.isfinite(b3).all())
     fmt = model.accum_format
     tame = finite and prod.fits(fmt) and (prod.empty or prod.low >= fmt.emin)
