@@ -36,21 +36,30 @@ engine table's shape and of MiniLM's largest linear layer, and MiniLM's forward 
 ``VECTOR_MODEL``, widths interleaved in every round; each result's bits and counts compared
 between the widths.
 
-``--only model`` (or ``statistics``, ``vectors``) reruns that table alone into the JSON at
-``--json``, keeping the others (the table then records its own command and machine); ``--as
-KEY`` stores it under another key (``model_xeon``: the model table on a second host).
+Bound (``bound``, ``--only bound``): the sequential and pairwise kernels as they are, rounding
+without clamp and overflow test where ``fpsim.arith.jit.bounded`` proves every partial sum
+within the accumulator's range, beside the same with the bound made to answer no, in one
+process: rates on the vector table's operands, with and without statistics, and MiniLM's
+FP16 row with and without ``capture=True``; bits and counts compared between the two.
+
+``--only model`` (or ``statistics``, ``vectors``, ``bound``) reruns that table alone into the
+JSON at ``--json``, keeping the others (the table then records its own command and machine);
+``--as KEY`` stores it under another key (``model_xeon``: the model table on a second host).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from types import ModuleType
+from unittest import mock
 
 import numpy as np
 
@@ -256,67 +265,102 @@ def narrow_kernels(folder: Path) -> ModuleType:
     return mod
 
 
-def vectors_rows(repeat: int, model_repeat: int) -> dict:
-    """The compiled kernels at 256- and 512-bit vectors in one process: the rates of
-    ``VECTOR_SUMS`` on E4M3 operands of ``VECTOR_SHAPES`` (thread CPU time) and MiniLM's
-    forward under ``VECTOR_MODEL`` (process CPU time), widths interleaved in every round, best
-    of ``repeat`` (``model_repeat``); each result's bits (and counts) the same at both widths."""
-    import torch
-    from unittest import mock
+def _parts(result: object, kw: dict) -> list[np.ndarray]:
+    """A matmul's result and the statistics ``kw`` asked for, as arrays."""
+    fields = {False: (), "swamped": ("swamped",),
+              True: ("swamped", "max_partial")}[kw.get("return_stats", False)]
+    return [result] if not fields else [result[0], *(getattr(result[1], f) for f in fields)]
 
-    kernels = {"256": narrow_kernels(Path(tempfile.mkdtemp(prefix="fpsim_narrow"))),
-               "512": compiled.kernels()}
+
+def side_by_side(ways: dict[str, Callable[[], AbstractContextManager]], sums: dict[str, dict],
+                 repeat: int, gain: tuple[str, str]) -> list[dict]:
+    """The rate of each of ``sums`` on E4M3 operands of each of ``VECTOR_SHAPES`` inside each
+    of ``ways`` (a context entered around each call), all interleaved, best of ``repeat``;
+    ``gain``: the first way's time over the second's; ``same_bits``: every result and count
+    the same in every way."""
     rng = np.random.default_rng(0)
     operands = {name: e4m3_operands(rng, (m, k), (k, n))
                 for name, (m, k, n) in VECTOR_SHAPES.items()}
 
-    def under(width: str, fn: Callable[[], object]) -> Callable[[], object]:
+    def inside(way: str, fn: Callable[[], object]) -> Callable[[], object]:
         def run() -> object:
-            with mock.patch.object(compiled, "kernels", lambda: kernels[width]):
+            with ways[way]():
                 return fn()
         return run
 
-    fns = {(shape, sums, width): under(width, lambda x=operands[shape], kw=kw:
-                                       fpsim.matmul(*x, backend="numba", **kw))
-           for shape in VECTOR_SHAPES for sums, kw in VECTOR_SUMS.items() for width in kernels}
-    load0 = os.getloadavg()
+    fns = {(shape, name, way): inside(way, lambda x=operands[shape], kw=kw:
+                                      fpsim.matmul(*x, backend="numba", **kw))
+           for shape in VECTOR_SHAPES for name, kw in sums.items() for way in ways}
     best = best_times(fns, repeat, CLOCK)
     rows = []
     for shape, (m, k, n) in VECTOR_SHAPES.items():
-        for sums in VECTOR_SUMS:
-            got = {w: fns[shape, sums, w]() for w in kernels}
-            bits = [np.concatenate([g.reshape(-1).view(np.uint32) if isinstance(g, np.ndarray)
-                                    else np.asarray(g.swamped).reshape(-1).view(np.uint32)
-                                    for g in (r if isinstance(r, tuple) else (r,))])
-                    for r in got.values()]
-            rate = {w: round(m * k * n / best[shape, sums, w]) for w in kernels}
-            rows.append({"shape": shape, "sums": sums, "mac_per_s_256": rate["256"],
-                         "mac_per_s_512": rate["512"],
-                         "gain": round(best[shape, sums, "256"] / best[shape, sums, "512"], 2),
-                         "same_bits": bool(np.array_equal(*bits))})
+        for name, kw in sums.items():
+            got = [_parts(fns[shape, name, w](), kw) for w in ways]
+            same = all(np.array_equal(np.asarray(u).view(np.uint8), np.asarray(v).view(np.uint8))
+                       for other in got[1:] for u, v in zip(got[0], other))
+            rows.append({"shape": shape, "sums": name,
+                         **{f"mac_per_s_{w}": round(m * k * n / best[shape, name, w])
+                            for w in ways},
+                         "gain": round(best[shape, name, gain[0]] / best[shape, name, gain[1]], 2),
+                         "same_bits": bool(same)})
+    return rows
+
+
+def forwards_side_by_side(ways: dict[str, Callable[[], AbstractContextManager]],
+                          recipes: tuple[tuple[str, bool], ...], repeat: int) -> tuple:
+    """MiniLM's forward (CPU seconds) under each of ``recipes`` (``MODEL_RECIPES``' names and
+    capture) inside each of ``ways``, and natively, interleaved, best of ``repeat``: (rows of
+    the seconds and ratios to native by way, native seconds, tokens)."""
     model, batch = minilm()
-    keys = [("native FP32 (no emulation)", None)] + [(r, w) for r in VECTOR_MODEL
-                                                     for w in kernels]
-    forward = {k: float("inf") for k in keys}
-    for _ in range(model_repeat):
-        for name, width in keys:
-            run = under(width or "512", lambda name=name: forward_time(
-                model, batch, MODEL_RECIPES[name], False)[0])
-            forward[name, width] = min(forward[name, width], run())
-    native = forward["native FP32 (no emulation)", None]
-    model_rows_ = [{"recipe": name, "forward_s_256": round(forward[name, "256"], 4),
-                    "forward_s_512": round(forward[name, "512"], 4),
-                    "ratio_256": round(forward[name, "256"] / native, 2),
-                    "ratio_512": round(forward[name, "512"] / native, 2)}
-                   for name in VECTOR_MODEL]
+    keys = [("native FP32 (no emulation)", False, None)] + [
+        (name, capture, way) for name, capture in recipes for way in ways]
+    best = {k: float("inf") for k in keys}
+    for _ in range(repeat):
+        for name, capture, way in keys:
+            with ways[way]() if way else contextlib.nullcontext():
+                cpu = forward_time(model, batch, MODEL_RECIPES[name], capture)[0]
+            best[name, capture, way] = min(best[name, capture, way], cpu)
+    native = best["native FP32 (no emulation)", False, None]
+    rows = [{"recipe": name, "capture": capture,
+             **{f"forward_s_{w}": round(best[name, capture, w], 4) for w in ways},
+             **{f"ratio_{w}": round(best[name, capture, w] / native, 2) for w in ways}}
+            for name, capture in recipes]
+    return rows, native, int(batch["attention_mask"].sum())
+
+
+def side_by_side_table(ways: dict[str, Callable[[], AbstractContextManager]],
+                       sums: dict[str, dict], gain: tuple[str, str],
+                       recipes: tuple[tuple[str, bool], ...], repeat: int,
+                       model_repeat: int) -> dict:
+    """``side_by_side``'s rows and ``forwards_side_by_side``'s, with clocks, threads and load."""
+    import torch
+
+    load0 = os.getloadavg()
+    rows = side_by_side(ways, sums, repeat, gain)
+    model_rows_, native, tokens = forwards_side_by_side(ways, recipes, model_repeat)
     return {"operands": "E4M3 (RNE) of normal(0, 1)",
-            "kernels": "fpsim/arith/_jit_kernels.py as it is (512) and with WIDE's width 256",
             "clock": "CPU seconds of the one thread (time.thread_time); the model rows the "
                      "process's (time.process_time)",
             "threads": fpsim.parallel.workers(), "torch_threads": torch.get_num_threads(),
-            "native_forward_s": round(native, 4), "tokens": int(batch["attention_mask"].sum()),
+            "native_forward_s": round(native, 4), "tokens": tokens,
             "load_average_before": load0, "load_average_after": os.getloadavg(),
             "rows": rows, "model_rows": model_rows_}
+
+
+def vectors_rows(repeat: int, model_repeat: int) -> dict:
+    """The compiled kernels at 256- and 512-bit vectors in one process (``side_by_side``):
+    ``VECTOR_SUMS``' rates (thread CPU time) and MiniLM's forward under ``VECTOR_MODEL``
+    (process CPU time); each result's bits (and counts) the same at both widths."""
+    narrow = narrow_kernels(Path(tempfile.mkdtemp(prefix="fpsim_narrow")))
+    ways = {"256": lambda: mock.patch.object(compiled, "kernels", lambda: narrow),
+            "512": contextlib.nullcontext}
+    table = side_by_side_table(ways, VECTOR_SUMS, ("256", "512"),
+                               tuple((name, False) for name in VECTOR_MODEL), repeat,
+                               model_repeat)
+    for r in table["model_rows"]:
+        del r["capture"]
+    return {**table, "kernels": "fpsim/arith/_jit_kernels.py as it is (512) and with WIDE's "
+                                "width 256"}
 
 
 #: the statistics table's sums, and what it asks ``return_stats`` for
@@ -362,6 +406,40 @@ def stats_rows(repeat: int) -> dict:
             "clock": "CPU seconds of the one thread (time.thread_time)",
             "threads": fpsim.parallel.workers(), "load_average_before": load0,
             "load_average_after": os.getloadavg(), "rows": rows}
+
+
+#: the bound table's sums (return_stats: what capture asks the kernel for)
+BOUND_SUMS = {"sequential fp16": dict(accum="fp16"), "sequential fp32": dict(accum="fp32"),
+              "chunked fp16, every 128": dict(accum="fp16", order="chunked", chunk=128),
+              "pairwise fp16": dict(accum="fp16", order="pairwise"),
+              "sequential fp16, swamped count": dict(accum="fp16", return_stats="swamped"),
+              "sequential fp16, all statistics": dict(accum="fp16", return_stats=True)}
+#: its model rows (``MODEL_RECIPES``' names, with capture)
+BOUND_MODEL = (("FP16 operands, FP16 sequential sums", False),
+               ("FP16 operands, FP16 sequential sums", True))
+
+
+def bound_rows(repeat: int, model_repeat: int) -> dict:
+    """The sequential and pairwise kernels with ``jit.bounded`` as it is and made to answer
+    False (every sum clamped and tested for overflow), in one process (``side_by_side``):
+    ``BOUND_SUMS``' rates and MiniLM's forward under ``BOUND_MODEL``; each result's bits and
+    counts the same both ways."""
+    from fpsim.arith import jit
+
+    ways = {"unbounded": lambda: mock.patch.object(jit, "bounded", lambda *args: False),
+            "bounded": contextlib.nullcontext}
+    table = side_by_side_table(ways, BOUND_SUMS, ("unbounded", "bounded"), BOUND_MODEL,
+                               repeat, model_repeat)
+    rng = np.random.default_rng(0)
+    operands = {name: e4m3_operands(rng, (m, k), (k, n))
+                for name, (m, k, n) in VECTOR_SHAPES.items()}
+    for r in table["rows"]:
+        kw = BOUND_SUMS[r["sums"]]
+        x = operands[r["shape"]]
+        r["bounded"] = jit.bounded(fpsim.get_format(kw["accum"]),
+                                   *(y[None].astype(float) for y in x), None,
+                                   kw.get("chunk") or x[0].shape[1])
+    return table
 
 
 def _row(r: dict, second: object) -> str:
@@ -411,6 +489,17 @@ def markdown(result: dict) -> str:
         lines += [f"| {r['recipe']} | {r['forward_s_256'] * 1e3:,.0f} ms ({r['ratio_256']:.2f}×) "
                   f"| {r['forward_s_512'] * 1e3:,.0f} ms ({r['ratio_512']:.2f}×) |"
                   for r in result["vectors"]["model_rows"]]
+    if "bound" in result:
+        lines += _table("shape", "sums", "within the bound", "M MAC/s, clamped",
+                        "M MAC/s, as it is", "gain")
+        lines += [f"| {r['shape']} | {r['sums']} | {'yes' if r['bounded'] else 'no'} | "
+                  f"{r['mac_per_s_unbounded'] / 1e6:,.0f} | {r['mac_per_s_bounded'] / 1e6:,.0f} | "
+                  f"{r['gain']:.2f}× |" for r in result["bound"]["rows"]]
+        lines += _table("MiniLM, linear layers under", "capture", "clamped", "as it is")
+        lines += [f"| {r['recipe']} | {capture_cell(r['capture'])} | "
+                  f"{r['forward_s_unbounded'] * 1e3:,.0f} ms ({r['ratio_unbounded']:.2f}×) | "
+                  f"{r['forward_s_bounded'] * 1e3:,.0f} ms ({r['ratio_bounded']:.2f}×) |"
+                  for r in result["bound"]["model_rows"]]
     return "\n".join(lines)
 
 
@@ -422,9 +511,9 @@ def main() -> None:
                     help="torch threads, and FPSIM_THREADS unless set (default 1: on a shared "
                          "machine a second thread mostly waits)")
     ap.add_argument("--skip-model", action="store_true")
-    ap.add_argument("--only", choices=("model", "statistics", "vectors"),
+    ap.add_argument("--only", choices=("model", "statistics", "vectors", "bound"),
                     help="rerun this table alone into the JSON at --json, keeping the others "
-                         "(vectors: only this way)")
+                         "(vectors and bound: only this way)")
     ap.add_argument("--as", dest="key", metavar="KEY",
                     help="with --only: store the table under KEY (e.g. model_xeon: another "
                          "host's run beside the committed one)")
@@ -448,7 +537,8 @@ def main() -> None:
         result = json.loads(out.read_text())
         table = {"model": lambda: model_rows(args.model_repeat),
                  "statistics": lambda: stats_rows(args.repeat),
-                 "vectors": lambda: vectors_rows(args.repeat, args.model_repeat)}[args.only]()
+                 "vectors": lambda: vectors_rows(args.repeat, args.model_repeat),
+                 "bound": lambda: bound_rows(args.repeat, args.model_repeat)}[args.only]()
         key = args.key or args.only
         result[key] = {**table, "machine": machine(),
                        "command": "PYTHONPATH=. python benchmarks/accumulation_bench.py "

@@ -286,8 +286,8 @@ MUTANTS = [
     Mutant("jit-pairwise-carry", "the compiled pairwise tree drops an odd last term (K >= 3)",
            "if K % 2:", "if K % 2 and K < 3:", JIT),
     Mutant("jit-pairwise-merge", "the compiled pairwise tree merges its last partial sums left "
-           "to right", "_pair(st[q - 1], st[q - 1], st[q], n, finite, fast, rdown, magic, f)",
-           "_pair(st[0], st[0], st[q], n, finite, fast, rdown, magic, f)", JIT),
+           "to right", "_pair(st[q - 1], st[q - 1], st[q], n, finite, fast, rdown, magic, within,",
+           "_pair(st[0], st[0], st[q], n, finite, fast, rdown, magic, within,", JIT),
     Mutant("jit-exact-pairs", "the compiled pairwise tree takes sums of two products spanning "
            "55 bits as exact in float64", "exact_pairs = prod.high + 2 - prod.low <= 53",
            "exact_pairs = prod.high + 2 - prod.low <= 55", JIT),
@@ -297,8 +297,25 @@ MUTANTS = [
            JIT),
     Mutant("jit-quick-zero-addend", "the compiled statistics count as if every addend were "
            "non-zero although b's row holds a zero",
-           "bsw[r], bpk[r], careful, zeros > 0, peak)", "bsw[r], bpk[r], careful, False, peak)",
+           "within, f, bsw[r], bpk[r], careful, zeros > 0, peak)",
+           "within, f, bsw[r], bpk[r], careful, False, peak)",
            ["tests/test_jit_matmul.py::test_statistics_with_zero_operands_and_an_overflow"]),
+    Mutant("within-ignores-c", "the compiled engine's bound on partial sums leaves out the "
+           "start C", "start = float(np.abs(c).max()) if c is not None else 0.0",
+           "start = 0.0", ["tests/test_jit_matmul.py::test_sums_near_the_largest_value_round_as_without_the_bound"]),
+    Mutant("within-largest-product", "the compiled engine bounds a sum by its largest product, "
+           "not by the sum of their magnitudes",
+           "total = min(mag_a.max() * mag_b.sum(axis=1).max(), mag_a.sum(axis=2).max() * "
+           "mag_b.max())", "total = mag_a.max() * mag_b.max()", ["tests/test_jit_matmul.py::test_sums_near_the_largest_value_round_as_without_the_bound"]),
+    Mutant("nearest-within-no-floor", "the rounding of sums within the bound forgets the "
+           "subnormal spacing", "c = _float(max(b & _EXP, f[0]) + f[2])",
+           "c = _float((b & _EXP) + f[2])",
+           ["tests/test_jit_matmul.py::test_subnormal_partial_sums_overflow_and_cancellation"]),
+    Mutant("within-always", "the compiled kernels round every sum as if within the bound",
+           "return _nearest_within(s, f) if within else _nearest(s, f)",
+           "return _nearest_within(s, f)",
+           ["tests/test_jit_matmul.py::test_subnormal_partial_sums_overflow_and_cancellation",
+            "tests/test_jit_matmul.py::test_sums_near_the_largest_value_round_as_without_the_bound"]),
     Mutant("jit-narrow-vectors", "the compiled kernels no longer ask LLVM for the host's "
            "widest vectors (the same bits, 1.2-1.35x slower on AVX-512)",
            "set.add(builder.function.attributes, WIDE)", "pass",

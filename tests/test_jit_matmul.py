@@ -251,6 +251,42 @@ def test_subnormal_partial_sums_overflow_and_cancellation():
                             rounding=mode, nan_sign=order != "pairwise")
 
 
+@pytest.mark.parametrize("accum", ["fp16", "bf16", "fp8_e5m2", "fp8_e4m3", "fp32"])
+def test_sums_near_the_largest_value_round_as_without_the_bound(accum):
+    """Where ``jit.bounded`` bounds every partial sum by the format's largest value, the
+    kernels round without clamp and overflow test (``_nearest_within``): sums of same-signed
+    products swept across that bound (both sides taken), a start C beyond it and sums of
+    either sign; the NumPy engine's bits, and its largest partial sum under the bound
+    whenever the bound holds."""
+    fmt = get_format(accum)
+    rng = np.random.default_rng(7)
+    K = 48
+    a0 = np.abs(fpsim.quantize(rng.standard_normal((8, K)), "fp8_e4m3")) + 0.5
+    b0 = np.abs(fpsim.quantize(rng.standard_normal((K, 6)), "fp8_e4m3")) + 0.5
+    top = fmt.max / (np.abs(a0).sum(axis=1).max() * np.abs(b0).max())
+    seen = set()
+    for shift in range(-12, 4):                 # the bound's margin: up to 2^9 in FP8
+        scale = 2.0 ** (math.floor(math.log2(top)) + shift)
+        a = fpsim.quantize(a0 * scale, "fp32").astype(np.float64)
+        for b in (b0, b0 * np.where(rng.random(b0.shape) < 0.5, -1, 1)):
+            for order, chunk in (("sequential", None), ("pairwise", None), ("chunked", 16)):
+                within = jit.bounded(fmt, a[None], b[None], None, chunk or K)
+                seen.add(within)
+                kw = dict(accum=accum, order=order, chunk=chunk)
+                assert_same(a, b, **kw)
+                if within and order != "pairwise":
+                    stats = fpsim.matmul(a, b, backend="numpy", return_stats=True, **kw)[1]
+                    assert np.nanmax(stats.max_partial) <= fmt.max
+    assert seen == {True, False}
+    c = np.full((8, 6), fmt.max)
+    small = next(x for shift in range(-2, -20, -1)
+                 if jit.bounded(fmt, (x := a0 * 2.0 ** (math.floor(math.log2(top)) + shift))[None],
+                                 b0[None], None, K))
+    assert not jit.bounded(fmt, small[None], b0[None], c[None], K)
+    for order, chunk in (("sequential", None), ("pairwise", None), ("chunked", 16)):
+        assert_same(small, b0, c=c, accum=accum, order=order, chunk=chunk)
+
+
 @pytest.mark.parametrize("accum", ["fp8_e5m2", "fp16"])
 def test_pairwise_tree_shape_for_every_k(accum):
     """K = 1..70 on sums whose value depends on the order of the additions (large and small

@@ -213,3 +213,33 @@ def test_docs_vector_width_tables_quote_the_benchmark():
     assert (f"the FP16 row falls from {fp16['ratio_256']:.2f}× native to {fp16['ratio_512']:.2f}× "
             f"and `deepseek-v3` from {deepseek['ratio_256']:.2f}× to "
             f"{deepseek['ratio_512']:.2f}×") in text
+
+
+def test_docs_bound_tables_quote_the_benchmark():
+    """The kernels with and without the bound on partial sums (docs/speed.md): tables and
+    ranges are benchmarks/results/accumulation_bench.json's, every result and count the
+    same both ways."""
+    bench = load("accumulation_bench.json")["bound"]
+    doc = (ROOT / "docs" / "speed.md").read_text()
+    assert all(r["same_bits"] and r["bounded"] for r in bench["rows"])
+    rows = re.findall(r"^\| (\d+x\d+x\d+) \| ([\w ,]+) \| (yes|no) \| ([\d,]+) \| ([\d,]+) \| "
+                      r"([\d.]+)× \|$", doc, re.M)
+    assert rows == [(r["shape"], r["sums"], "yes" if r["bounded"] else "no",
+                     f"{r['mac_per_s_unbounded'] / 1e6:,.0f}",
+                     f"{r['mac_per_s_bounded'] / 1e6:,.0f}", f"{r['gain']:.2f}")
+                    for r in bench["rows"]]
+    cell = r"([\d,]+) ms \(([\d.]+)×\)"
+    model = re.findall(rf"^\| ([^|]+?) \| (yes|no) \| {cell} \| {cell} \|$", doc, re.M)
+    assert model == [(r["recipe"], "yes" if r["capture"] else "no",
+                      f"{r['forward_s_unbounded'] * 1e3:,.0f}", f"{r['ratio_unbounded']:.2f}",
+                      f"{r['forward_s_bounded'] * 1e3:,.0f}", f"{r['ratio_bounded']:.2f}")
+                     for r in bench["model_rows"]]
+    text = " ".join(doc.split())
+    gains = [r["gain"] for r in bench["rows"]]
+    big = [r["gain"] for r in bench["rows"] if r["shape"] == "480x384x1536"]
+    assert (f"{min(gains):.2f}–{max(gains):.2f}× on these operands "
+            f"({min(big):.2f}–{max(big):.2f}× on MiniLM's layer)") in text
+    plain, captured = bench["model_rows"]
+    assert (f"the FP16 row falls from {plain['ratio_unbounded']:.2f}× native to "
+            f"{plain['ratio_bounded']:.2f}×, and with `capture=True` from "
+            f"{captured['ratio_unbounded']:.2f}× to {captured['ratio_bounded']:.2f}×") in text

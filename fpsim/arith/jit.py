@@ -126,6 +126,33 @@ def _spec(fmt: Format, rounding: str) -> tuple:
             math.ldexp(1.0, fmt.emin - m))
 
 
+def bounded(acc: Format, a3: np.ndarray, b3: np.ndarray, c: np.ndarray | None,
+            steps: int) -> bool:
+    """Whether every partial sum of ``a3 @ b3`` (finite) summed in ``acc``, rounding to
+    nearest (from ``c`` when given; ``steps`` additions at most before a restart), stays at
+    or below ``acc.max`` in magnitude, so that ``_jit_kernels._nearest_within`` rounds it.
+    The products of one sum total at most S = min(max|a| * (b's largest column sum of |b|),
+    (a's largest row sum of |a|) * max|b|); each rounding adds at most 2^-(m+1) of the sum and
+    half a subnormal spacing, so after t additions a partial sum is at most
+    (max|c| + S + t 2^(emin-m-1)) (1 + 2^-(m+1))^t, below exp(t 2^-(m+1)) times the first
+    factor (a margin of 1.001 covers float64's own sums of the norms).
+
+    >>> from fpsim import get_format
+    >>> fp16 = get_format("fp16")
+    >>> bounded(fp16, np.ones((1, 2, 3)), np.ones((1, 3, 2)), None, 3)
+    True
+    >>> bounded(fp16, np.full((1, 1, 2), 200.0), np.full((1, 2, 1), 200.0), None, 2)
+    False
+    """
+    m = acc.mbits
+    mag_a, mag_b = np.abs(a3), np.abs(b3)
+    total = min(mag_a.max() * mag_b.sum(axis=1).max(), mag_a.sum(axis=2).max() * mag_b.max())
+    start = float(np.abs(c).max()) if c is not None else 0.0
+    grow = math.exp(steps * math.ldexp(1.0, -m - 1))
+    bound = (start + total + steps * math.ldexp(1.0, acc.emin - m - 1)) * grow * 1.001
+    return bool(bound <= acc.max)
+
+
 def _arg(x: np.ndarray, dtype: type) -> np.ndarray:
     """``x`` as a kernel argument: C-contiguous, of ``dtype`` and writeable (a copy where it is
     not), so that one compiled specialisation serves every caller (numba compiles a kernel
@@ -179,17 +206,21 @@ def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.nda
     identity = 0.0 if mode == "rdown" or model is not None else -0.0
     finite = bool(np.isfinite(a3).all() and np.isfinite(b3).all())
     acc_prod = _fast(plan, prod.sig <= 51 - acc.mbits)
-    if plan.order == "pairwise":
+    pairs = plan.order == "pairwise"          # C joins a pairwise tree's sum at the end
+    within = finite and magic and bounded(acc, a3, b3, c if has_init and not pairs else None,
+                                           plan.chunk or K)
+    if pairs:
         # two products, multiples of 2^low below 2^(high+1): their float64 sum is exact when
         # it spans at most 53 bits (then any mode rounds it once), else fused.py's bound
         exact_pairs = prod.high + 2 - prod.low <= 53
         prod_prod = exact_pairs or _fast(plan, prod.low >= acc.emax - 52)
         args = (a3, b3, ia, ib, c, has_init, out, identity, finite, prod_prod, acc_prod,
-                mode == "rdown", magic, spec)
+                mode == "rdown", magic, within, spec)
         kernel = kern.pairwise
     else:
         args = (a3, b3, ia, ib, c, has_init, out, plan.chunk or 0, identity, finite, acc_prod,
-                mode == "rdown", magic, spec, _spec(FP32, "rne"), sw, pk, want_stats, peak)
+                mode == "rdown", magic, within, spec, _spec(FP32, "rne"), sw, pk, want_stats,
+                peak)
         kernel = kern.sequential
     # blocks of rows over the cores (the kernels release the GIL): fpsim's thread pool, not
     # numba's OpenMP layer, whose spinning threads starve other OpenMP pools such as torch's
