@@ -317,7 +317,7 @@ MUTANTS = [
            ["tests/test_jit_matmul.py::test_subnormal_partial_sums_overflow_and_cancellation",
             "tests/test_jit_matmul.py::test_sums_near_the_largest_value_round_as_without_the_bound"]),
     Mutant("jit-narrow-vectors", "the compiled kernels no longer ask LLVM for the host's "
-           "widest vectors (the same bits, 1.2-1.35x slower on AVX-512)",
+           "widest vectors (the same bits, 1.17-1.32x slower on AVX-512)",
            "set.add(builder.function.attributes, WIDE)", "pass",
            ["tests/test_jit_matmul.py::test_kernels_ask_llvm_for_the_widest_vectors"]),
     Mutant("jit-quick-zero-x", "the compiled statistics count a step whose a element is zero "

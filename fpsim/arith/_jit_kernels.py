@@ -48,7 +48,7 @@ def _float(typingctx, x):  # noqa: ANN001, ANN202
 def _wide(typingctx):  # noqa: ANN001, ANN202
     """Let LLVM vectorise the calling kernel with the host's widest registers: the function
     attribute of clang's -mprefer-vector-width=512.  x86's tuning otherwise keeps AVX-512
-    hosts at 256 bits; 512 measured 1.2-1.35x on the sequential and pairwise kernels
+    hosts at 256 bits; 512 measured 1.17-1.32x on the sequential and pairwise kernels
     (docs/speed.md).  Each lane's arithmetic, so every bit, is unchanged; other targets
     ignore the attribute.  llvmlite checks attribute names against a list without string
     attributes, so the set is added to directly (test_jit_matmul checks the IR)."""
@@ -79,8 +79,8 @@ def _nearest(s, f):
 def _nearest_within(s, f):
     """``_nearest`` of an ``s`` at most the format's largest value in magnitude (``within``:
     the caller's bound, ``jit.bounded``): its binade needs no clamp at the top and the result
-    cannot overflow, so both steps go (a third of the loop's instructions; measured 1.24-1.32x
-    on the sequential kernel, docs/speed.md)."""
+    cannot overflow, so both steps go (a third of the FP16 loop's instructions; what that
+    gains is docs/speed.md's bound table)."""
     b = _bits(s)
     c = _float(max(b & _EXP, f[0]) + f[2])
     r = (s + c) - c
@@ -276,8 +276,7 @@ def _quick(row, x, brow, n, fast, rdown, f, sw, pk, peak, zeros, within):
     """``_step_counted``'s finite cases where they count by ``_tally`` (with ``peak``; else by
     its comparison alone).  ``zeros``: an addend may be zero (``x`` is, or ``brow`` holds
     one), so each is tested, as a sum that a zero leaves unchanged is not swamped; ``within``
-    as in ``_step``.  A loop
-    for each, as a branch inside one would not vectorise."""
+    as in ``_step``.  A loop for each, as a branch inside one would not vectorise."""
     if zeros and peak:
         for j in range(n):
             old = row[j]
