@@ -272,15 +272,19 @@ def _parts(result: object, kw: dict) -> list[np.ndarray]:
     return [result] if not fields else [result[0], *(getattr(result[1], f) for f in fields)]
 
 
+def vector_operands() -> dict[str, list[np.ndarray]]:
+    """The E4M3 operands (a, b) of each of ``VECTOR_SHAPES``, drawn in order from seed 0."""
+    rng = np.random.default_rng(0)
+    return {name: e4m3_operands(rng, (m, k), (k, n)) for name, (m, k, n) in VECTOR_SHAPES.items()}
+
+
 def side_by_side(ways: dict[str, Callable[[], AbstractContextManager]], sums: dict[str, dict],
                  repeat: int, gain: tuple[str, str]) -> list[dict]:
     """The rate of each of ``sums`` on E4M3 operands of each of ``VECTOR_SHAPES`` inside each
     of ``ways`` (a context entered around each call), all interleaved, best of ``repeat``;
     ``gain``: the first way's time over the second's; ``same_bits``: every result and count
     the same in every way."""
-    rng = np.random.default_rng(0)
-    operands = {name: e4m3_operands(rng, (m, k), (k, n))
-                for name, (m, k, n) in VECTOR_SHAPES.items()}
+    operands = vector_operands()
 
     def inside(way: str, fn: Callable[[], object]) -> Callable[[], object]:
         def run() -> object:
@@ -430,9 +434,7 @@ def bound_rows(repeat: int, model_repeat: int) -> dict:
             "bounded": contextlib.nullcontext}
     table = side_by_side_table(ways, BOUND_SUMS, ("unbounded", "bounded"), BOUND_MODEL,
                                repeat, model_repeat)
-    rng = np.random.default_rng(0)
-    operands = {name: e4m3_operands(rng, (m, k), (k, n))
-                for name, (m, k, n) in VECTOR_SHAPES.items()}
+    operands = vector_operands()
     for r in table["rows"]:
         kw = BOUND_SUMS[r["sums"]]
         x = operands[r["shape"]]
