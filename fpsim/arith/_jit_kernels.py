@@ -8,6 +8,7 @@ magic-constant rounding to nearest even, 6-15 for the integer algorithm of
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import njit
 from numba.core import types
 from numba.extending import intrinsic
@@ -56,6 +57,20 @@ def _wide(typingctx):  # noqa: ANN001, ANN202
         set.add(builder.function.attributes, WIDE)
         return context.get_dummy_value()
     return types.none(), codegen
+
+
+@intrinsic
+def _fmuladd(typingctx, x, y, z):  # noqa: ANN001, ANN202
+    """x * y + z as LLVM's ``fmuladd``: one fused multiply-add where the host has one, else a
+    multiply and an add.  Called only where x * y is exact in float64 (the engine's products,
+    ``Profile.fits``), so that both give the bits of z + x * y: one instruction fewer in the
+    loops."""
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        f64 = ir.DoubleType()
+        fn = builder.module.declare_intrinsic("llvm.fmuladd", [f64],
+                                              ir.FunctionType(f64, [f64, f64, f64]))
+        return builder.call(fn, args)
+    return types.float64(types.float64, types.float64, types.float64), codegen
 
 
 @njit(inline="always", **JIT_OPTIONS)
@@ -174,6 +189,15 @@ def _sum(x, y, fast, rdown, nan):
 
 
 @njit(inline="always", **JIT_OPTIONS)
+def _madd(s, x, y, fast, rdown):
+    """``_sum(s, x * y, fast, rdown, False)`` (finite operands): one fused multiply-add where
+    that is float64's own sum (``fast``, not ``rdown``), x * y being exact."""
+    if fast and not rdown:
+        return _fmuladd(x, y, s)
+    return _sum(s, x * y, fast, rdown, False)
+
+
+@njit(inline="always", **JIT_OPTIONS)
 def _add(x, y, fast, rdown, magic, f):
     """x + y rounded once to the accumulator, NaNs of either operand possible."""
     s = _sum(x, y, fast, rdown, True)
@@ -196,7 +220,7 @@ def _step(row, x, brow, n, finite, fast, rdown, magic, within, f):
             row[j] = _add(row[j], x, fast, rdown, magic, f)
     elif finite and fast and magic and not rdown:
         for j in range(n):
-            row[j] = _near(row[j] + x * brow[j], f, within)
+            row[j] = _near(_madd(row[j], x, brow[j], True, False), f, within)
     elif finite and magic:
         for j in range(n):
             row[j] = _near(_sum(row[j], x * brow[j], False, rdown, False), f, within)
@@ -292,13 +316,23 @@ def _quick(row, x, brow, n, fast, rdown, f, sw, pk, peak, zeros, within):
     elif peak:
         for j in range(n):
             old = row[j]
-            row[j] = _near(_sum(old, x * brow[j], fast, rdown, False), f, within)
+            row[j] = _near(_madd(old, x, brow[j], fast, rdown), f, within)
             _tally(sw, pk, j, old, row[j], True)
     else:
         for j in range(n):
             old = row[j]
-            row[j] = _near(_sum(old, x * brow[j], fast, rdown, False), f, within)
+            row[j] = _near(_madd(old, x, brow[j], fast, rdown), f, within)
             sw[j] += row[j] == old
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _quick_within(row, x, brow, n, fast, rdown, f, sw, pk, peak, zeros, within):
+    """``_quick`` with ``within`` a constant in each copy: with ``within`` a value inside
+    them LLVM left the counted loops scalar (capture's swamped count 1.1-1.3x faster so)."""
+    if within:
+        _quick(row, x, brow, n, fast, rdown, f, sw, pk, peak, zeros, True)
+    else:
+        _quick(row, x, brow, n, fast, rdown, f, sw, pk, peak, zeros, False)
 
 
 @njit(inline="always", **JIT_OPTIONS)
@@ -313,7 +347,7 @@ def _step_counted(row, x, brow, n, finite, fast, rdown, magic, within, f, sw, pk
     zeros = zeros or x == 0
     if finite and fast and magic and not rdown:
         if quick:
-            _quick(row, x, brow, n, True, False, f, sw, pk, peak, zeros, within)
+            _quick_within(row, x, brow, n, True, False, f, sw, pk, peak, zeros, within)
             return
         for j in range(n):
             old = row[j]
@@ -323,7 +357,7 @@ def _step_counted(row, x, brow, n, finite, fast, rdown, magic, within, f, sw, pk
         return
     if finite and magic:
         if quick:
-            _quick(row, x, brow, n, False, rdown, f, sw, pk, peak, zeros, within)
+            _quick_within(row, x, brow, n, False, rdown, f, sw, pk, peak, zeros, within)
             return
         for j in range(n):
             old = row[j]
