@@ -50,6 +50,7 @@ JIT_TC = ["tests/test_jit_matmul.py::test_tensor_core_models_random_and_edge_ope
           "tests/test_jit_matmul.py::test_tensor_core_accumulator_overflow_with_finite_operands"]
 JIT_TAME = ["tests/test_jit_matmul.py::test_tensor_core_fast_paths_and_their_limits"]
 SWAMPED_ZEROS = ["tests/test_jit_matmul.py::test_statistics_on_operands_full_of_zeros"]
+HALF_SUMS = ["tests/test_jit_matmul.py::test_binary16_sums_on_the_binary16_unit"]
 SWAMPED_ONLY = ["tests/test_jit_matmul.py::test_swamped_counts_after_an_overflow_in_one_chunk",
                 "tests/test_jit_matmul.py::test_swamped_counts_from_an_infinite_addend_c",
                 "tests/test_jit_matmul.py::test_return_stats_refuses_other_words"]
@@ -320,6 +321,26 @@ MUTANTS = [
            "widest vectors (the same bits, 1.17-1.32x slower on AVX-512)",
            "set.add(builder.function.attributes, WIDE)", "pass",
            ["tests/test_jit_matmul.py::test_kernels_ask_llvm_for_the_widest_vectors"]),
+    Mutant("half-any-rounding", "binary16 sums run on the host's binary16 unit (nearest "
+           "even) whatever the plan's rounding",
+           'return (plan.accum == FP16 and plan.rounding == "rne" and plan.order in '
+           '("sequential", "fma")',
+           'return (plan.accum == FP16 and plan.order in ("sequential", "fma")',
+           ["tests/test_jit_matmul.py::test_binary16_unit_only_where_it_rounds_as_the_plan"]),
+    Mutant("half-zero-x", "the binary16 unit's swamped count takes a zero element of a as a "
+           "non-zero addend", "live = (x & _HALF_MAG) != 0", "live = True", HALF_SUMS),
+    Mutant("half-signed-zeros", "the binary16 unit's swamped count takes -0 and +0 as "
+           "different sums", "same = (new == old) | (((new | old) & _HALF_MAG) == 0)",
+           "same = new == old", HALF_SUMS),
+    Mutant("half-infinite-sum", "the binary16 unit counts additions to an infinite sum as "
+           "swamped", "return np.uint16(live & same & ((b & _HALF_MAG) != 0) & ((old & "
+           "_HALF_MAG) < _HALF_INF))", "return np.uint16(live & same & ((b & _HALF_MAG) != 0))",
+           HALF_SUMS),
+    Mutant("half-peak-sign", "the binary16 unit's largest partial sum compares codes with "
+           "their sign bit", "m = np.uint16(new & _HALF_MAG)", "m = new", HALF_SUMS),
+    Mutant("madd-always-fused", "the compiled kernels fuse the product into the sum where "
+           "float64's sum is not the one rounding (TwoSum's, round to odd)",
+           "if fast and not rdown:", "if True:", JIT),
     Mutant("jit-quick-zero-x", "the compiled statistics count a step whose a element is zero "
            "as if its addends were not", "zeros = zeros or x == 0", "zeros = zeros",
            ["tests/test_jit_matmul.py::test_statistics_on_operands_full_of_zeros"]),

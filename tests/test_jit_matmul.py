@@ -58,6 +58,15 @@ def same_codes(got: np.ndarray, want: np.ndarray, nan_sign: bool = True) -> None
                            f"{got[bad][:4]} vs {want[bad][:4]}")
 
 
+@pytest.fixture(params=["binary16 unit", "float64 kernels"])
+def unit(request, monkeypatch):
+    """Run a test on the kernels this host takes for binary16 sums (its binary16 unit where
+    ``compiled.native_half`` says so) and on the float64 kernels every other host runs."""
+    if request.param == "float64 kernels":
+        monkeypatch.setattr(compiled, "native_half", lambda: False)
+    return request.param
+
+
 def operands(fmt: str, shape: tuple, rng: np.random.Generator, spread: int = 6) -> np.ndarray:
     """Values of ``fmt`` over ``2*spread`` binades, as float64."""
     x = rng.standard_normal(shape) * 2.0 ** rng.integers(-spread, spread, shape)
@@ -69,6 +78,7 @@ def operands(fmt: str, shape: tuple, rng: np.random.Generator, spread: int = 6) 
 # ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("accum", ACCUMS)
+@pytest.mark.usefixtures("unit")
 def test_random_operands_every_mode(order, accum):
     rng = np.random.default_rng(sum(map(ord, order + accum)))
     inputs = "fp16" if get_format(accum).mbits >= 7 else "fp8_e4m3fn"
@@ -81,6 +91,7 @@ def test_random_operands_every_mode(order, accum):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"])
 @pytest.mark.parametrize("order", ["sequential", "pairwise", "chunked"])
+@pytest.mark.usefixtures("unit")
 def test_narrow_dtypes_as_operands(dtype, order):
     """fp16/bf16/fp8 arrays go in as they are (ml_dtypes for the narrow ones)."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -120,6 +131,7 @@ def test_kernels_ask_llvm_for_the_widest_vectors():
     assert not missing, missing
 
 
+@pytest.mark.usefixtures("unit")
 def test_benchmark_shape_fp16():
     """The benchmark's case, fp16 operands and accumulator, at a GPT-2 width."""
     rng = np.random.default_rng(0)
@@ -234,6 +246,7 @@ def test_sums_landing_on_every_midpoint(accum, sig, order):
         assert_same(a, b, accum=accum, order=order, rounding=mode)
 
 
+@pytest.mark.usefixtures("unit")
 def test_subnormal_partial_sums_overflow_and_cancellation():
     """Partial sums through the subnormal range, sums overflowing (inf; NaN in E4M3FN) and
     later terms that would cancel them back."""
@@ -252,6 +265,7 @@ def test_subnormal_partial_sums_overflow_and_cancellation():
 
 
 @pytest.mark.parametrize("accum", ["fp16", "bf16", "fp8_e5m2", "fp8_e4m3", "fp32"])
+@pytest.mark.usefixtures("unit")
 def test_sums_near_the_largest_value_round_as_without_the_bound(accum):
     """Where ``jit.bounded`` bounds every partial sum by the format's largest value, the
     kernels round without clamp and overflow test (``_nearest_within``): sums of same-signed
@@ -568,6 +582,7 @@ def assert_same_stats(a, b, **kw) -> None:
     dict(order="tensor_core", tensor_core="cdna3_fp8"),
     dict(order="tensor_core", tensor_core="cdna2_bf16"),
     dict(order="tensor_core", tensor_core="cdna1_fp32", chunk=8)], ids=str)
+@pytest.mark.usefixtures("unit")
 def test_statistics_of_the_compiled_engine(kw):
     """return_stats (capture=True under fpsim.emulate) in the compiled engine: swamped
     additions and largest partial sums as the NumPy engine counts them, edge operands too."""
@@ -583,6 +598,7 @@ def test_statistics_of_the_compiled_engine(kw):
 
 @pytest.mark.parametrize("kw", [dict(accum="fp16"), dict(accum="fp16", order="chunked", chunk=32),
                                 dict(accum="fp32")], ids=str)
+@pytest.mark.usefixtures("unit")
 def test_statistics_with_zero_operands_and_an_overflow(kw):
     """The compiled statistics count quickly where every addend is non-zero and every partial
     sum finite; a zero operand (in a's row or b's row) and a partial sum that overflows with
@@ -602,6 +618,7 @@ def test_statistics_with_zero_operands_and_an_overflow(kw):
 @pytest.mark.parametrize("kw", [dict(accum="fp16"), dict(accum="fp32"),
                                 dict(accum="fp16", order="chunked", chunk=16),
                                 dict(accum="bf16", rounding="rtz")], ids=str)
+@pytest.mark.usefixtures("unit")
 def test_statistics_on_operands_full_of_zeros(kw):
     """Operands as sparse as ReLU activations and coarsely quantized weights (a third of
     each zero, of both signs) count on the quick path too: a zero addend leaves its sum
@@ -776,3 +793,120 @@ def test_read_only_and_broadcast_operands_share_one_compiled_kernel():
     assert_same(a, b, accum="fp16", c=c)
     assert_same(np.stack([a, a]), np.broadcast_to(b, (3, 1, 6, 5)), accum="fp16")
     assert len(compiled.kernels().sequential.signatures) == 1
+
+
+# ----------------------------------------------------------------------------------------------
+# binary16 sums on the host's binary16 unit (sequential_half)
+# ----------------------------------------------------------------------------------------------
+HALF = pytest.mark.skipif(not compiled.native_half(), reason="the host has no binary16 fused "
+                          "multiply-add that rounds once (AVX512-FP16); the float64 kernels "
+                          "run, tested above")
+
+
+def half_operands(shape: tuple, rng: np.random.Generator) -> np.ndarray:
+    """binary16 values over its whole range: zeros of both signs, subnormals, the largest
+    finite values (sums overflow), and values whose products fall below half the least
+    subnormal (sums round to zero)."""
+    edges = np.array([0.0, -0.0, 2.0 ** -24, -(2.0 ** -24), 2.0 ** -14, 65504.0, -65504.0,
+                      1.0, 3.0, 2.0 ** -20, 1000.0, 0.5])
+    x = rng.standard_normal(shape) * 2.0 ** rng.integers(-20, 12, shape)
+    x = np.where(rng.random(shape) < 0.3, rng.choice(edges, shape), x)
+    return fpsim.quantize(x, "fp16")
+
+
+def spied_half(monkeypatch) -> list:
+    """Record each call of the binary16 kernel."""
+    kern, calls = compiled.kernels(), []
+    real = kern.sequential_half
+    monkeypatch.setattr(kern, "sequential_half", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+@HALF
+@pytest.mark.parametrize("stats", [False, "swamped", True])
+@pytest.mark.parametrize("order", ["sequential", "fma"])
+def test_binary16_sums_on_the_binary16_unit(monkeypatch, stats, order):
+    """Every step one binary16 fused multiply-add: the NumPy engine's codes, swamped counts,
+    largest partial sums and overflow, from -0 or from a start C, on operands with zeros,
+    subnormals, overflowing and vanishing sums."""
+    calls = spied_half(monkeypatch)
+    rng = np.random.default_rng(16)
+    for trial in range(12):
+        m, k, n = rng.integers(1, 40, 3)
+        a, b = half_operands((m, k), rng), half_operands((k, n), rng)
+        c = half_operands((m, n), rng) if trial % 2 else None
+        kw = dict(accum="fp16", order=order, return_stats=stats, c=c)
+        got = fpsim.matmul(a, b, backend="numba", **kw)
+        want = fpsim.matmul(a, b, backend="numpy", **kw)
+        if not stats:
+            same_codes(got, want)
+            continue
+        same_codes(got[0], want[0])
+        assert np.array_equal(got[1].swamped, want[1].swamped)
+        assert np.array_equal(got[1].overflow, want[1].overflow)
+        if stats is True:
+            same_codes(got[1].max_partial, want[1].max_partial)
+    assert len(calls) >= 12          # a call for each thread's blocks
+
+
+@HALF
+def test_binary16_fused_multiply_add_of_every_code(monkeypatch):
+    """One step (K = 1, a start C) for every finite binary16 a against 24 b's, C drawn over
+    the whole range: the exact product and sum rounded once, as the NumPy engine rounds it."""
+    calls = spied_half(monkeypatch)
+    rng = np.random.default_rng(17)
+    codes16 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float64)
+    a = codes16[np.isfinite(codes16)][:, None]
+    b = np.concatenate([[2.0 ** -24, -1.0, 65504.0, 2.0 ** -14],
+                        half_operands((20,), rng)])[None, :]
+    c = half_operands((a.shape[0], b.shape[1]), rng)
+    same_codes(fpsim.matmul(a, b, accum="fp16", c=c, backend="numba"),
+               fpsim.matmul(a, b, accum="fp16", c=c, backend="numpy"))
+    assert calls
+
+
+@HALF
+def test_binary16_unit_ignores_flush_to_zero(monkeypatch):
+    """torch.set_flush_denormal (MXCSR's FTZ and DAZ) leaves binary16 arithmetic alone: sums
+    of subnormals keep their bits."""
+    torch = pytest.importorskip("torch")
+    calls = spied_half(monkeypatch)
+    rng = np.random.default_rng(18)
+    a = fpsim.quantize(rng.standard_normal((9, 50)) * 2.0 ** -13, "fp16")
+    b = fpsim.quantize(rng.standard_normal((50, 7)) * 2.0 ** -3, "fp16")
+    want = fpsim.matmul(a, b, accum="fp16", backend="numpy")
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        got = fpsim.matmul(a, b, accum="fp16", backend="numba")
+    finally:
+        torch.set_flush_denormal(False)
+    same_codes(got, want)
+    assert (np.abs(want) < 2.0 ** -14).any() and calls
+
+
+@pytest.mark.parametrize("kw", [dict(rounding="rtz"), dict(order="chunked", chunk=8),
+                                dict(order="pairwise"), dict(inputs=None)])
+def test_binary16_unit_only_where_it_rounds_as_the_plan(monkeypatch, kw):
+    """Other modes, orders with other roundings between, and operands that are not binary16
+    values (float32 draws) keep the float64 kernels."""
+    calls = spied_half(monkeypatch)
+    rng = np.random.default_rng(19)
+    a, b = rng.standard_normal((5, 20)), rng.standard_normal((20, 3))
+    a, b = (fpsim.quantize(x, "fp32" if "inputs" in kw else "fp16") for x in (a, b))
+    assert_same(a, b, accum="fp16", **kw)
+    assert not calls
+
+
+def test_native_half_follows_numba_target(monkeypatch):
+    """The binary16 unit is used only where numba compiles for AVX512-FP16: the host's
+    features, or NUMBA_CPU_FEATURES where set; FPSIM_NATIVE_HALF=0 turns it off."""
+    from numba.core import config
+
+    check = compiled.native_half.__wrapped__
+    monkeypatch.setattr(config, "CPU_FEATURES", "+avx2,+fma,+avx512f")
+    assert check() is False
+    monkeypatch.setattr(config, "CPU_FEATURES", "+avx512f,+avx512fp16")
+    assert check() is True
+    monkeypatch.setenv("FPSIM_NATIVE_HALF", "0")
+    assert check() is False

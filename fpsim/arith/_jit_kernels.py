@@ -550,6 +550,149 @@ def pairwise(a3, b3, ia, ib, c, has_init, out, identity, finite, fast1, fast, rd
 
 
 # ----------------------------------------------------------------------------------------------
+# binary16 sums on the host's own binary16 unit (``compiled.native_half``)
+# ----------------------------------------------------------------------------------------------
+_HALF_MAG = np.uint16(0x7FFF)     # a binary16 code's magnitude bits
+_HALF_INF = np.uint16(0x7C00)     # inf's
+
+
+@intrinsic
+def _half_fma(typingctx, x, y, z):  # noqa: ANN001, ANN202
+    """x * y + z on binary16 codes (uint16), the exact product and sum rounded once to nearest
+    even (IEEE 754's fusedMultiplyAdd): one step of a binary16 sequential sum.  By the host's
+    own instruction (AVX512-FP16's ``vfmadd...ph``, 32 lanes a register) only where
+    ``compiled.native_half`` says so: elsewhere LLVM computes it in float32 and rounds twice."""
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        h = ir.HalfType()
+        fn = builder.module.declare_intrinsic("llvm.fma", [h], ir.FunctionType(h, [h, h, h]))
+        r = builder.call(fn, [builder.bitcast(v, h) for v in args])
+        return builder.bitcast(r, ir.IntType(16))
+    return types.uint16(types.uint16, types.uint16, types.uint16), codegen
+
+
+@intrinsic
+def _half_value(typingctx, x):  # noqa: ANN001, ANN202
+    """The float64 value of a binary16 code (exact)."""
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.DoubleType())
+    return types.float64(types.uint16), codegen
+
+
+@intrinsic
+def _half_code(typingctx, x):  # noqa: ANN001, ANN202
+    """The binary16 code of a float64 rounded to nearest even (exact for binary16 values)."""
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+    return types.uint16(types.float64), codegen
+
+
+@njit(**JIT_OPTIONS)
+def half_codes(x, out):
+    """``out`` (uint16, flat) = the binary16 codes of ``x`` (float64, flat), binary16 values."""
+    _wide()
+    for i in range(x.size):
+        out[i] = _half_code(x[i])
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _half_swamped(live, b, old, new):
+    """1 (as uint16) where a binary16 step was swamped as ``_swamp`` counts it in float64: a
+    non-zero product (``live``: its element of a is non-zero, and ``b``) that left a finite
+    sum ``old`` equal to ``new`` as floats (-0 == +0), else 0."""
+    same = (new == old) | (((new | old) & _HALF_MAG) == 0)
+    return np.uint16(live & same & ((b & _HALF_MAG) != 0) & ((old & _HALF_MAG) < _HALF_INF))
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _half_counted(row, x, brow, n, sw, pk, peak):
+    """``row[j] = _half_fma(x, brow[j], row[j])`` for j < n, the swamped steps counted in
+    ``sw[j]`` (``_half_swamped``; uint16: 16-bit lanes throughout, 1.7x the rate of int32
+    counts, emptied by ``sequential_half`` every HALF_COUNTS steps); with ``peak`` ``pk[j]``
+    keeps the largest magnitude (codes of non-negative values order as their values)."""
+    live = (x & _HALF_MAG) != 0
+    if peak:
+        for j in range(n):
+            old = row[j]
+            new = _half_fma(x, brow[j], old)
+            row[j] = new
+            sw[j] += _half_swamped(live, brow[j], old, new)
+            m = np.uint16(new & _HALF_MAG)
+            pk[j] = m if m > pk[j] else pk[j]
+    else:
+        for j in range(n):
+            old = row[j]
+            new = _half_fma(x, brow[j], old)
+            row[j] = new
+            sw[j] += _half_swamped(live, brow[j], old, new)
+
+
+HALF_COUNTS = 65535     # steps between emptyings of ``_half_counted``'s uint16 counts
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _half_sums(a3, b3, ia, ib, c, has_init, out, identity, sw, pk, stats, peak, first, last):
+    """``sequential_half``'s sums, with ``stats`` and ``peak`` constants in each copy (a loop
+    for each: with both loops behind a branch on ``stats`` LLVM vectorised the counted one at
+    half its rate)."""
+    M, K, N = a3.shape[1], a3.shape[2], b3.shape[2]
+    nrb = (M + ROWS - 1) // ROWS
+    acc = np.empty((ROWS, COLS), np.uint16)
+    bsw = np.zeros((ROWS, COLS), np.uint16)
+    tsw = np.zeros((ROWS, COLS), np.int64)
+    bpk = np.zeros((ROWS, COLS), np.uint16)
+    for task in range(first, last):
+        bi, i0, rows = _task(task, nrb, M)
+        A, Bm, Ob = a3[ia[bi]], b3[ib[bi]], out[bi]
+        for j0 in range(0, N, COLS):
+            n = min(COLS, N - j0)
+            for r in range(rows):
+                for j in range(n):
+                    acc[r, j] = c[bi, i0 + r, j0 + j] if has_init else identity
+                    tsw[r, j] = 0
+                    bpk[r, j] = 0
+            for k0 in range(0, K, HALF_COUNTS):
+                for r in range(rows):
+                    for j in range(n):
+                        bsw[r, j] = 0
+                for k in range(k0, min(K, k0 + HALF_COUNTS)):
+                    brow = Bm[k, j0:j0 + n]
+                    for r in range(rows):
+                        x = A[i0 + r, k]
+                        row = acc[r]
+                        if stats:
+                            _half_counted(row, x, brow, n, bsw[r], bpk[r], peak)
+                        else:
+                            for j in range(n):
+                                row[j] = _half_fma(x, brow[j], row[j])
+                for r in range(rows):
+                    for j in range(n):
+                        tsw[r, j] += bsw[r, j]
+            for r in range(rows):
+                for j in range(n):
+                    Ob[i0 + r, j0 + j] = _half_value(acc[r, j])
+                    if stats:
+                        sw[bi, i0 + r, j0 + j] = tsw[r, j]
+                        pk[bi, i0 + r, j0 + j] = _half_value(bpk[r, j])
+
+
+@njit(**JIT_OPTIONS)
+def sequential_half(a3, b3, ia, ib, c, has_init, out, identity, sw, pk, stats, peak, first,
+                    last):
+    """``sequential`` for a binary16 accumulator rounding to nearest even on finite binary16
+    operands: ``a3``, ``b3``, ``c`` and ``identity`` as codes (uint16), each step one
+    ``_half_fma``; ``out`` gets the sums' values (float64), with ``stats`` ``sw`` the swamped
+    additions and with ``peak`` ``pk`` the largest partial sums (``_half_counted``), as
+    ``sequential`` gives them.  Blocks of ROWS x COLS outputs, rows first..last-1."""
+    _wide()
+    if not stats:
+        _half_sums(a3, b3, ia, ib, c, has_init, out, identity, sw, pk, False, False, first, last)
+    elif peak:
+        _half_sums(a3, b3, ia, ib, c, has_init, out, identity, sw, pk, True, True, first, last)
+    else:
+        _half_sums(a3, b3, ia, ib, c, has_init, out, identity, sw, pk, True, False, first, last)
+
+
+# ----------------------------------------------------------------------------------------------
 # tensor-core models (fpsim.arith.tensor_core's GroupStep, scalar by scalar)
 # ----------------------------------------------------------------------------------------------
 # Compile time: the group structures (``_fused_group``, ``_cdna3_group``, ``_tree_group``) and

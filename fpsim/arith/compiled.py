@@ -31,3 +31,31 @@ def kernels() -> Any:
     from . import _jit_kernels
 
     return _jit_kernels
+
+
+#: the LLVM target features under which a binary16 fused multiply-add is one instruction that
+#: rounds once (x86's AVX512-FP16); without them LLVM computes it in float32 and rounds twice
+HALF_FEATURES = ("+avx512fp16",)
+
+
+@functools.cache
+def native_half() -> bool:
+    """Whether the kernels run binary16 sums on the host's own binary16 unit
+    (``_jit_kernels.sequential_half``): numba compiles for a target with ``HALF_FEATURES``
+    (the host's features, or ``NUMBA_CPU_FEATURES`` where set, as numba takes them).
+    ``FPSIM_NATIVE_HALF=0`` turns it off (the float64 kernels then run: the same bits).
+
+    >>> native_half() in (True, False)
+    True
+    """
+    import os
+
+    if not available() or os.environ.get("FPSIM_NATIVE_HALF", "1") == "0":
+        return False
+    from numba.core import config
+    from numba.core.codegen import get_host_cpu_features
+
+    features = config.CPU_FEATURES
+    if features is None:
+        features = get_host_cpu_features()
+    return all(f in features.split(",") for f in HALF_FEATURES)

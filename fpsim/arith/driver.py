@@ -160,7 +160,7 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format | Accumula
         b3, idx_b = batched(ops.b, ops.batch)
         exps3 = exps and (batched(exps.a, ops.batch)[0], batched(exps.b, ops.batch)[0])
         out, stats = jit.run(plan, prod, a3, b3, idx_a, idx_b, init, emins, exps3,
-                             return_stats, peak)
+                             return_stats, peak, pa.fits(jit.FP16) and pb.fits(jit.FP16))
     else:
         with np.errstate(invalid="ignore", over="ignore"):      # inf - inf inside TwoSum
             out, stats = _run(plan, lanes, prod, ops, emins, seed, return_stats, init, exps,

@@ -33,10 +33,10 @@ import warnings
 import numpy as np
 
 from .. import parallel
-from ..formats import Format
+from ..formats import Format, get_format
 from ..rounding import F64
 from . import compiled
-from .lanes import Profile, guarded, lane_max
+from .lanes import Profile, guarded, lane_max, profile
 from .plan import FP32, Plan
 from .tc_models import RUN, TensorCoreModel
 
@@ -46,6 +46,7 @@ ORDERS = ("sequential", "fma", "chunked", "pairwise")
 #: a tensor-core model's ``sum_rounding`` as the kernel's cut of aligned terms
 CUTS = {"rtz": 0, "rdown": 1, "rne": 2}
 
+FP16 = get_format("fp16")
 _MAG = (1 << 63) - 1
 _NAN = 0x7FF8 << 48
 _INF = 0x7FF << 52
@@ -153,6 +154,27 @@ def bounded(acc: Format, a3: np.ndarray, b3: np.ndarray, c: np.ndarray | None,
     return bool(bound <= acc.max)
 
 
+def _on_half(plan: Plan, init: np.ndarray | None) -> bool:
+    """Whether ``plan``'s sums (on finite binary16 operands) run on the host's binary16 unit,
+    ``_jit_kernels.sequential_half``: a binary16 accumulator rounding to nearest even,
+    sequential without promotion, a start C (when given) of finite binary16 values, and a host
+    whose binary16 fused multiply-add rounds once (``compiled.native_half``).  Each step is
+    then IEEE 754's fusedMultiplyAdd in binary16, which is what the emulated step computes:
+    the exact product added to the sum, rounded once."""
+    return (plan.accum == FP16 and plan.rounding == "rne" and plan.order in ("sequential", "fma")
+            and not plan.chunk and compiled.native_half()
+            and (init is None or (bool(np.isfinite(init).all()) and profile(init).fits(FP16))))
+
+
+def _codes(x: np.ndarray) -> np.ndarray:
+    """The binary16 codes (uint16) of ``x``, float64 holding binary16 values (one compiled
+    pass: NumPy's own conversion is a scalar loop)."""
+    x = np.ascontiguousarray(x, np.float64)
+    out = np.empty(x.shape, np.uint16)
+    compiled.kernels().half_codes(x.reshape(-1), out.reshape(-1))
+    return out
+
+
 def _arg(x: np.ndarray, dtype: type) -> np.ndarray:
     """``x`` as a kernel argument: C-contiguous, of ``dtype`` and writeable (a copy where it is
     not), so that one compiled specialisation serves every caller (numba compiles a kernel
@@ -164,14 +186,16 @@ def _arg(x: np.ndarray, dtype: type) -> np.ndarray:
 def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.ndarray,
         idx_b: np.ndarray, init: np.ndarray | None, emins: tuple[int, int] = (-1022, -1022),
         exps: tuple[np.ndarray, np.ndarray] | None = None,
-        want_stats: bool = False, peak: bool = True) -> tuple[np.ndarray, tuple]:
+        want_stats: bool = False, peak: bool = True, halves: bool = False
+        ) -> tuple[np.ndarray, tuple]:
     """The sums of ``a3[idx_a] @ b3[idx_b]`` (float64 (batch, M, K) and (batch, K, N)), starting
     from ``init`` (batch, M, N) when given, as float64 (batch, M, N), and with ``want_stats``
     the NumPy engine's statistics (swamped additions, underflowed products: none, they are
     exact, and the largest partial sums, left undefined by sequential sums without ``peak``;
     else ()).  A tensor-core model reads the operands' exponents clamped at ``emins``
     (tensor_core.exponents), or ``exps`` when given (block scales: integers shaped like ``a3``
-    and ``b3``)."""
+    and ``b3``).  ``halves``: both operands hold binary16 values only (``sequential_half``
+    may then run, ``_on_half``)."""
     kern = compiled.kernels()
     a3, b3 = _arg(a3, np.float64), _arg(b3, np.float64)
     ia, ib = _arg(idx_a, np.int64), _arg(idx_b, np.int64)
@@ -205,6 +229,14 @@ def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.nda
     magic = mode == "rne" and acc.subnormals
     identity = 0.0 if mode == "rdown" or model is not None else -0.0
     finite = bool(np.isfinite(a3).all() and np.isfinite(b3).all())
+    if halves and finite and _on_half(plan, init):
+        start = np.uint16(0x8000 if math.copysign(1.0, identity) < 0 else 0)
+        args = (*(_codes(x) for x in (a3, b3)), ia, ib,
+                _codes(c) if has_init else np.zeros((1, 1, 1), np.uint16), has_init, out,
+                start, sw, pk, want_stats, peak)
+        kernel = kern.sequential_half
+        parallel.run(lambda lo, hi: kernel(*args, lo, hi), B * -(-M // kern.ROWS), grain=1)
+        return finish(out, plan.sum_format), stats
     acc_prod = _fast(plan, prod.sig <= 51 - acc.mbits)
     pairs = plan.order == "pairwise"          # C joins a pairwise tree's sum at the end
     within = finite and magic and bounded(acc, a3, b3, c if has_init and not pairs else None,
