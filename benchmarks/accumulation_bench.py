@@ -42,7 +42,13 @@ within the accumulator's range, beside the same with the bound made to answer no
 process: rates on the vector table's operands, with and without statistics, and MiniLM's
 FP16 row with and without ``capture=True``; bits and counts compared between the two.
 
-``--only model`` (or ``statistics``, ``vectors``, ``bound``) reruns that table alone into the
+Binary16 unit (``half``, ``--only half``): binary16 sums on the host's binary16 fused
+multiply-add (``fpsim.arith.compiled.native_half``) beside the float64 kernels, in one
+process: rates of ``HALF_SUMS`` on the vector table's operands, with and without statistics,
+and MiniLM's FP16 row without capture, with ``capture=True`` and with ``"counts"``; bits and
+counts compared between the two.
+
+``--only model`` (or ``statistics``, ``vectors``, ``bound``, ``half``) reruns that table alone into the
 JSON at ``--json``, keeping the others (the table then records its own command and machine);
 ``--as KEY`` stores it under another key (``model_xeon``: the model table on a second host).
 """
@@ -444,6 +450,30 @@ def bound_rows(repeat: int, model_repeat: int) -> dict:
     return table
 
 
+#: the binary16 table's sums and model rows (capture: none, True, "counts")
+HALF_SUMS = {"sequential fp16": dict(accum="fp16"),
+             "sequential fp16, swamped count": dict(accum="fp16", return_stats="swamped"),
+             "sequential fp16, all statistics": dict(accum="fp16", return_stats=True)}
+HALF_MODEL = tuple(("FP16 operands, FP16 sequential sums", c) for c in (False, True, "counts"))
+
+
+def half_rows(repeat: int, model_repeat: int) -> dict:
+    """Binary16 sums on the host's binary16 unit (``_jit_kernels.sequential_half``) beside the
+    float64 kernels (``compiled.native_half`` made to answer no), in one process
+    (``side_by_side``): ``HALF_SUMS``' rates on E4M3 operands (binary16 values) and MiniLM's
+    FP16 row with and without capture; each result's bits and counts the same both ways."""
+    if not compiled.native_half():
+        raise SystemExit("--only half: this host has no binary16 unit the kernels use "
+                         "(AVX512-FP16); nothing to compare")
+    ways = {"float64": lambda: mock.patch.object(compiled, "native_half", lambda: False),
+            "half": contextlib.nullcontext}
+    table = side_by_side_table(ways, HALF_SUMS, ("float64", "half"), HALF_MODEL, repeat,
+                               model_repeat)
+    for r in table["model_rows"]:
+        r["gain"] = round(r["forward_s_float64"] / r["forward_s_half"], 2)
+    return table
+
+
 def _row(r: dict, second: object) -> str:
     """An engine row of the tables: its name, ``second`` column, rate and ratios."""
     name = f"`{r['model']}`" if r["order"] == "tensor_core" else f"sequential {r['model']}"
@@ -459,6 +489,17 @@ def capture_cell(capture: bool | str) -> str:
 def _table(*columns: str) -> list[str]:
     """A markdown table's header and rule, after a blank line."""
     return ["", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
+def _rate(r: dict, way: str) -> str:
+    """A side-by-side row's rate in ``way`` (``side_by_side``), in M MAC/s."""
+    return f"{r[f'mac_per_s_{way}'] / 1e6:,.0f}"
+
+
+def _forward(r: dict, way: str) -> str:
+    """A side-by-side model row's forward in ``way`` (``forwards_side_by_side``) and its ratio
+    to native."""
+    return f"{r[f'forward_s_{way}'] * 1e3:,.0f} ms ({r[f'ratio_{way}']:.2f}×)"
 
 
 def markdown(result: dict) -> str:
@@ -484,24 +525,31 @@ def markdown(result: dict) -> str:
                       for r in result[key]["rows"]]
     if "vectors" in result:
         lines += _table("shape", "sums", "M MAC/s, 256-bit", "M MAC/s, 512-bit", "gain")
-        lines += [f"| {r['shape']} | {r['sums']} | {r['mac_per_s_256'] / 1e6:,.0f} | "
-                  f"{r['mac_per_s_512'] / 1e6:,.0f} | {r['gain']:.2f}× |"
-                  for r in result["vectors"]["rows"]]
+        lines += [f"| {r['shape']} | {r['sums']} | {_rate(r, '256')} | {_rate(r, '512')} | "
+                  f"{r['gain']:.2f}× |" for r in result["vectors"]["rows"]]
         lines += _table("MiniLM, linear layers under", "256-bit", "512-bit")
-        lines += [f"| {r['recipe']} | {r['forward_s_256'] * 1e3:,.0f} ms ({r['ratio_256']:.2f}×) "
-                  f"| {r['forward_s_512'] * 1e3:,.0f} ms ({r['ratio_512']:.2f}×) |"
+        lines += [f"| {r['recipe']} | {_forward(r, '256')} | {_forward(r, '512')} |"
                   for r in result["vectors"]["model_rows"]]
     if "bound" in result:
         lines += _table("shape", "sums", "within the bound", "M MAC/s, clamped",
                         "M MAC/s, as it is", "gain")
         lines += [f"| {r['shape']} | {r['sums']} | {'yes' if r['bounded'] else 'no'} | "
-                  f"{r['mac_per_s_unbounded'] / 1e6:,.0f} | {r['mac_per_s_bounded'] / 1e6:,.0f} | "
-                  f"{r['gain']:.2f}× |" for r in result["bound"]["rows"]]
+                  f"{_rate(r, 'unbounded')} | {_rate(r, 'bounded')} | {r['gain']:.2f}× |"
+                  for r in result["bound"]["rows"]]
         lines += _table("MiniLM, linear layers under", "capture", "clamped", "as it is")
-        lines += [f"| {r['recipe']} | {capture_cell(r['capture'])} | "
-                  f"{r['forward_s_unbounded'] * 1e3:,.0f} ms ({r['ratio_unbounded']:.2f}×) | "
-                  f"{r['forward_s_bounded'] * 1e3:,.0f} ms ({r['ratio_bounded']:.2f}×) |"
-                  for r in result["bound"]["model_rows"]]
+        lines += [f"| {r['recipe']} | {capture_cell(r['capture'])} | {_forward(r, 'unbounded')} | "
+                  f"{_forward(r, 'bounded')} |" for r in result["bound"]["model_rows"]]
+    if "half" in result:
+        lines += _table("shape", "sums", "M MAC/s, float64 kernels", "M MAC/s, binary16 unit",
+                        "gain", "same bits")
+        lines += [f"| {r['shape']} | {r['sums']} | {_rate(r, 'float64')} | {_rate(r, 'half')} | "
+                  f"{r['gain']:.2f}× | {'yes' if r['same_bits'] else 'no'} |"
+                  for r in result["half"]["rows"]]
+        lines += _table("MiniLM, linear layers under", "capture", "float64 kernels",
+                        "binary16 unit", "gain")
+        lines += [f"| {r['recipe']} | {capture_cell(r['capture'])} | {_forward(r, 'float64')} | "
+                  f"{_forward(r, 'half')} | {r['gain']:.2f}× |"
+                  for r in result["half"]["model_rows"]]
     return "\n".join(lines)
 
 
@@ -513,9 +561,9 @@ def main() -> None:
                     help="torch threads, and FPSIM_THREADS unless set (default 1: on a shared "
                          "machine a second thread mostly waits)")
     ap.add_argument("--skip-model", action="store_true")
-    ap.add_argument("--only", choices=("model", "statistics", "vectors", "bound"),
+    ap.add_argument("--only", choices=("model", "statistics", "vectors", "bound", "half"),
                     help="rerun this table alone into the JSON at --json, keeping the others "
-                         "(vectors and bound: only this way)")
+                         "(vectors, bound and half: only this way)")
     ap.add_argument("--as", dest="key", metavar="KEY",
                     help="with --only: store the table under KEY (e.g. model_xeon: another "
                          "host's run beside the committed one)")
@@ -540,7 +588,8 @@ def main() -> None:
         table = {"model": lambda: model_rows(args.model_repeat),
                  "statistics": lambda: stats_rows(args.repeat),
                  "vectors": lambda: vectors_rows(args.repeat, args.model_repeat),
-                 "bound": lambda: bound_rows(args.repeat, args.model_repeat)}[args.only]()
+                 "bound": lambda: bound_rows(args.repeat, args.model_repeat),
+                 "half": lambda: half_rows(args.repeat, args.model_repeat)}[args.only]()
         key = args.key or args.only
         result[key] = {**table, "machine": machine(),
                        "command": "PYTHONPATH=. python benchmarks/accumulation_bench.py "

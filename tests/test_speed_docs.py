@@ -243,3 +243,45 @@ def test_docs_bound_tables_quote_the_benchmark():
     assert (f"the FP16 row falls from {plain['ratio_unbounded']:.2f}× native to "
             f"{plain['ratio_bounded']:.2f}×, and with `capture=True` from "
             f"{captured['ratio_unbounded']:.2f}× to {captured['ratio_bounded']:.2f}×") in text
+
+
+def test_docs_binary16_unit_tables_quote_the_benchmark():
+    """Binary16 sums on the host's binary16 unit beside the float64 kernels (docs/speed.md):
+    tables and sentences are benchmarks/results/accumulation_bench.json's, every result and
+    count the same both ways."""
+    bench = load("accumulation_bench.json")
+    half = bench["half"]
+    doc = (ROOT / "docs" / "speed.md").read_text()
+    assert all(r["same_bits"] for r in half["rows"])
+    rows = re.findall(r"^\| (\d+x\d+x\d+) \| ([\w ,]+) \| ([\d,]+) \| ([\d,]+) \| ([\d.]+)× \| "
+                      r"(yes|no) \|$", doc, re.M)
+    assert rows == [(r["shape"], r["sums"], f"{r['mac_per_s_float64'] / 1e6:,.0f}",
+                     f"{r['mac_per_s_half'] / 1e6:,.0f}", f"{r['gain']:.2f}", "yes")
+                    for r in half["rows"]]
+    cell = r"([\d,]+) ms \(([\d.]+)×\)"
+    model = re.findall(rf"^\| ([^|]+?) \| (yes|counts|no) \| {cell} \| {cell} \| ([\d.]+)× \|$",
+                       doc, re.M)
+    cap = {True: "yes", False: "no", "counts": "counts"}
+    assert model == [(r["recipe"], cap[r["capture"]], f"{r['forward_s_float64'] * 1e3:,.0f}",
+                      f"{r['ratio_float64']:.2f}", f"{r['forward_s_half'] * 1e3:,.0f}",
+                      f"{r['ratio_half']:.2f}", f"{r['gain']:.2f}")
+                     for r in half["model_rows"]]
+    text = " ".join(doc.split())
+    plain = [r["gain"] for r in half["rows"] if r["sums"] == "sequential fp16"]
+    counted = [r["gain"] for r in half["rows"] if r["sums"] != "sequential fp16"]
+    m = {r["capture"]: r for r in half["model_rows"]}
+    assert (f"Plain sums run {min(plain):.2f}–{max(plain):.2f}× faster, counted ones "
+            f"{min(counted):.2f}–{max(counted):.2f}×; MiniLM's FP16 row falls from "
+            f"{m[False]['ratio_float64']:.2f}× native to {m[False]['ratio_half']:.2f}×, with "
+            f"`capture=True` from {m[True]['ratio_float64']:.2f}× to {m[True]['ratio_half']:.2f}× "
+            f"and with `capture=\"counts\"` from {m['counts']['ratio_float64']:.2f}× to "
+            f"{m['counts']['ratio_half']:.2f}×") in text
+    assert (f"`capture=True` costs {m[True]['forward_s_half'] / m[False]['forward_s_half']:.2f}× "
+            "the run without it here") in text
+    added = [(m[True][f"forward_s_{w}"] - m[False][f"forward_s_{w}"]) * 1e3
+             for w in ("half", "float64")]
+    assert ("in the binary16 table below it adds {:,.0f} ms to the binary16 unit's forward and "
+            "{:,.0f} ms to the float64 kernels'".format(*added)) in text
+    assert half["machine"]["cpu"].startswith("Intel")
+    xeon = {(r["recipe"], r["capture"]): r for r in bench["model_xeon"]["rows"]}
+    assert xeon["FP16 operands, FP16 sequential sums", False]["ratio"] <= 10

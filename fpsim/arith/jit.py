@@ -19,7 +19,14 @@ among one Python thread per core.  The arithmetic is the NumPy engine's, scalar 
   selected explicitly (NumPy's own loops are not consistent there: strided and contiguous
   ones differ); payloads are made quantize's once at the end.
 
-No fastmath: every operation rounds as IEEE 754 says, and nothing is contracted into an FMA.
+* binary16 accumulators rounding to nearest even on binary16 operands, where numba compiles
+  for a target with a binary16 fused multiply-add (``compiled.native_half``): each step is
+  that one instruction (``_on_half``), IEEE 754's fusedMultiplyAdd in binary16.
+
+No fastmath: every operation rounds as IEEE 754 says, and LLVM contracts nothing into an FMA;
+where a product is exact and float64's sum is the one rounding the kernels fuse it themselves
+(``_jit_kernels._madd``: the same bits).
+
 numba is optional (``pip install fpsim[fast]``) and imported only when this engine runs.
 """
 
