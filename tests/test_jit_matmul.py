@@ -910,3 +910,27 @@ def test_native_half_follows_numba_target(monkeypatch):
     assert check() is True
     monkeypatch.setenv("FPSIM_NATIVE_HALF", "0")
     assert check() is False
+
+
+@pytest.mark.parametrize("stats", [False, True])
+def test_counted_sums_round_once_where_float64_would_tie(stats):
+    """bf16 sums (not float64's own rounding: TwoSum makes it round to odd) of 1 and the exact
+    product (2^46 + 1) 2^-54 = 2^-8 + 2^-54 of two FP32 values: float64 rounds 1 + 2^-8 + 2^-54
+    to the bf16 tie 1 + 2^-8, which would go to the even 1; rounded once it is 1 + 2^-7.  And
+    under rdown 1 - 1 is -0 (IEEE 754 §6.3), which a nearest-even sum would make +0; with and
+    without statistics (their loops fuse the product where float64's sum is the rounding)."""
+    def both(a, b, **kw):
+        got, want = (fpsim.matmul(a, b, backend=e, return_stats=stats, **kw)
+                     for e in ("numba", "numpy"))
+        if stats:
+            assert np.array_equal(got[1].swamped, want[1].swamped)
+            got, want = got[0], want[0]
+        same_codes(got, want)
+        return got
+
+    a = np.array([[1.0, 8384513 * 2.0 ** -23]])
+    b = np.array([[1.0], [8392705 * 2.0 ** -31]])
+    assert Fraction(a[0, 1]) * Fraction(b[1, 0]) == Fraction(1, 2 ** 8) + Fraction(1, 2 ** 54)
+    assert both(a, b, accum="bf16")[0, 0] == 1 + 2.0 ** -7
+    zero = both(np.array([[1.0, -1.0]]), np.ones((2, 1)), accum="bf16", rounding="rdown")
+    assert zero[0, 0] == 0 and math.copysign(1, zero[0, 0]) < 0
