@@ -48,9 +48,10 @@ process: rates of ``HALF_SUMS`` on the vector table's operands, with and without
 and MiniLM's FP16 row without capture, with ``capture=True`` and with ``"counts"``; bits and
 counts compared between the two.
 
-``--only model`` (or ``statistics``, ``vectors``, ``bound``, ``half``) reruns that table alone into the
-JSON at ``--json``, keeping the others (the table then records its own command and machine);
-``--as KEY`` stores it under another key (``model_xeon``: the model table on a second host).
+``--only model`` (or ``statistics``, ``vectors``, ``bound``, ``half``) reruns that table alone
+into the JSON at ``--json``, keeping the others (the table then records its own command and
+machine); ``--as KEY`` stores it under another key (``model_xeon``: the model table on a
+second host).
 """
 
 from __future__ import annotations

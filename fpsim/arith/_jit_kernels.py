@@ -648,12 +648,14 @@ def _half_sums(a3, b3, ia, ib, c, has_init, out, identity, sw, pk, stats, peak, 
             for r in range(rows):
                 for j in range(n):
                     acc[r, j] = c[bi, i0 + r, j0 + j] if has_init else identity
-                    tsw[r, j] = 0
-                    bpk[r, j] = 0
+                    if stats:
+                        tsw[r, j] = 0
+                        bpk[r, j] = 0
             for k0 in range(0, K, HALF_COUNTS):
-                for r in range(rows):
-                    for j in range(n):
-                        bsw[r, j] = 0
+                if stats:
+                    for r in range(rows):
+                        for j in range(n):
+                            bsw[r, j] = 0
                 for k in range(k0, min(K, k0 + HALF_COUNTS)):
                     brow = Bm[k, j0:j0 + n]
                     for r in range(rows):
@@ -664,9 +666,10 @@ def _half_sums(a3, b3, ia, ib, c, has_init, out, identity, sw, pk, stats, peak, 
                         else:
                             for j in range(n):
                                 row[j] = _half_fma(x, brow[j], row[j])
-                for r in range(rows):
-                    for j in range(n):
-                        tsw[r, j] += bsw[r, j]
+                if stats:
+                    for r in range(rows):
+                        for j in range(n):
+                            tsw[r, j] += bsw[r, j]
             for r in range(rows):
                 for j in range(n):
                     Ob[i0 + r, j0 + j] = _half_value(acc[r, j])
