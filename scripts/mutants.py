@@ -51,6 +51,7 @@ JIT_TC = ["tests/test_jit_matmul.py::test_tensor_core_models_random_and_edge_ope
 JIT_TAME = ["tests/test_jit_matmul.py::test_tensor_core_fast_paths_and_their_limits"]
 SWAMPED_ZEROS = ["tests/test_jit_matmul.py::test_statistics_on_operands_full_of_zeros"]
 HALF_SUMS = ["tests/test_jit_matmul.py::test_binary16_sums_on_the_binary16_unit"]
+HALF_QUICK = ["tests/test_jit_matmul.py::test_binary16_quick_swamped_counts"]
 SWAMPED_ONLY = ["tests/test_jit_matmul.py::test_swamped_counts_after_an_overflow_in_one_chunk",
                 "tests/test_jit_matmul.py::test_swamped_counts_from_an_infinite_addend_c",
                 "tests/test_jit_matmul.py::test_return_stats_refuses_other_words"]
@@ -338,6 +339,18 @@ MUTANTS = [
            HALF_SUMS),
     Mutant("half-peak-sign", "the binary16 unit's largest partial sum compares codes with "
            "their sign bit", "m = np.uint16(new & _HALF_MAG)", "m = new", HALF_SUMS),
+    Mutant("half-quick-zero-b", "the binary16 unit's one-compare swamped count takes a zero "
+           "element of b as a non-zero addend",
+           "return np.uint16(_half_same(new, old) & ((b & _HALF_MAG) != 0))",
+           "return np.uint16(_half_same(new, old))", HALF_QUICK),
+    Mutant("half-quick-zero-x", "the binary16 unit's one-compare swamped count runs on a zero "
+           "element of a", "if quick and (x & _HALF_MAG) != 0:", "if quick:", HALF_QUICK),
+    Mutant("half-quick-overflow", "a block of binary16 sums that overflowed keeps the "
+           "one-compare count (steps of an infinite sum counted as swamped)",
+           "if stats and not _half_finite(acc, rows, n):", "if False:", HALF_QUICK),
+    Mutant("capture-nonfinite-inf", "capture=\"counts\"' compiled count of inf and NaN "
+           "results misses inf", "bad += (u[i] & mag) >= inf", "bad += (u[i] & mag) > inf",
+           ["tests/test_capture_stats.py::test_count_nonfinite_equals_isfinite"]),
     Mutant("madd-always-fused", "the compiled kernels fuse the product into the sum where "
            "float64's sum is not the one rounding (TwoSum's, round to odd)",
            "if fast and not rdown:", "if True:",

@@ -104,6 +104,23 @@ def edge_values(dtype) -> torch.Tensor:
     return torch.tensor(vals, dtype=torch.float64).to(dtype)
 
 
+@pytest.mark.parametrize("numba", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_count_nonfinite_equals_isfinite(dtype, numba):
+    """capture="counts"' count of inf and NaN results, in the compiled pass over the bits and
+    without numba, against torch.isfinite: every edge value of the dtype (NaN of both signs,
+    the largest finite values beside inf), contiguous and strided."""
+    if numba and not compiled.available():
+        pytest.skip("numba is not installed")
+    base = torch.cat([edge_values(dtype), -edge_values(dtype)[-6:]])
+    x = base.repeat(3).reshape(3, -1)
+    want = int((~torch.isfinite(x)).sum())
+    with mock.patch.object(compiled, "available", lambda: numba):
+        assert intercept.count_nonfinite(x) == want == 12
+        assert intercept.count_nonfinite(x.t()) == want
+        assert intercept.count_nonfinite(x[:, :10]) == 0         # up to the largest finite
+
+
 def by_numpy(x, q, limit):
     """The counts' definition in NumPy float64, on the values (not the bits)."""
     import numpy as np

@@ -850,6 +850,38 @@ def test_binary16_sums_on_the_binary16_unit(monkeypatch, stats, order):
 
 
 @HALF
+@pytest.mark.parametrize("stats", ["swamped", True])
+def test_binary16_quick_swamped_counts(monkeypatch, stats):
+    """The swamped count's quick loop (``_half_quick``, a non-zero element of a) beside the
+    careful one (``_half_counted``, a zero element): sums swamped by a large first product,
+    zero elements of a, a zero in a row of b, and a row whose sums overflow (its block of
+    rows summed again, counted the careful way; the other blocks not), against the NumPy
+    engine."""
+    calls = spied_half(monkeypatch)
+    rng = np.random.default_rng(18)
+    m, k, n = 19, 60, 70
+    a = rng.standard_normal((m, k)) * 2.0 ** rng.integers(-3, 3, (m, k))
+    a[rng.random((m, k)) < 0.05] = 0.0
+    b = rng.standard_normal((k, n)) * 2.0 ** rng.integers(-4, 2, (k, n))
+    b[0] = 2048.0                                  # a large first sum swamps what follows
+    b[7, 3] = -0.0                                 # one zero in a row of b
+    a[3] = np.abs(a[3]) + 40.0                     # row 3's sums overflow: its block again
+    a, b = fpsim.quantize(a, "fp16"), fpsim.quantize(b, "fp16")
+    for c in (None, fpsim.quantize(rng.standard_normal((m, n)), "fp16")):
+        kw = dict(accum="fp16", return_stats=stats, c=c)
+        got = fpsim.matmul(a, b, backend="numba", **kw)
+        want = fpsim.matmul(a, b, backend="numpy", **kw)
+        same_codes(got[0], want[0])
+        assert np.array_equal(got[1].swamped, want[1].swamped)
+        assert np.array_equal(got[1].overflow, want[1].overflow)
+        if stats is True:
+            same_codes(got[1].max_partial, want[1].max_partial)
+        assert got[1].overflow[3].all() and not got[1].overflow[8:].any()
+        assert got[1].swamped.sum() > m * n          # most steps after the first are swamped
+    assert calls
+
+
+@HALF
 def test_binary16_fused_multiply_add_of_every_code(monkeypatch):
     """One step (K = 1, a start C) for every finite binary16 a against 24 b's, C drawn over
     the whole range: the exact product and sum rounded once, as the NumPy engine rounds it."""

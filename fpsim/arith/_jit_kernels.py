@@ -604,11 +604,19 @@ def _half_swamped(live, b, old, new):
 
 
 @njit(inline="always", **JIT_OPTIONS)
+def _half_peak(pk, j, new):
+    """``pk[j]`` raised to the magnitude of the binary16 code ``new`` (codes of non-negative
+    values order as their values)."""
+    m = np.uint16(new & _HALF_MAG)
+    pk[j] = m if m > pk[j] else pk[j]
+
+
+@njit(inline="always", **JIT_OPTIONS)
 def _half_counted(row, x, brow, n, sw, pk, peak):
     """``row[j] = _half_fma(x, brow[j], row[j])`` for j < n, the swamped steps counted in
     ``sw[j]`` (``_half_swamped``; uint16: 16-bit lanes throughout, 1.7x the rate of int32
     counts, emptied by ``sequential_half`` every HALF_COUNTS steps); with ``peak`` ``pk[j]``
-    keeps the largest magnitude (codes of non-negative values order as their values)."""
+    keeps the largest magnitude (``_half_peak``)."""
     live = (x & _HALF_MAG) != 0
     if peak:
         for j in range(n):
@@ -616,8 +624,7 @@ def _half_counted(row, x, brow, n, sw, pk, peak):
             new = _half_fma(x, brow[j], old)
             row[j] = new
             sw[j] += _half_swamped(live, brow[j], old, new)
-            m = np.uint16(new & _HALF_MAG)
-            pk[j] = m if m > pk[j] else pk[j]
+            _half_peak(pk, j, new)
     else:
         for j in range(n):
             old = row[j]
@@ -626,14 +633,101 @@ def _half_counted(row, x, brow, n, sw, pk, peak):
             sw[j] += _half_swamped(live, brow[j], old, new)
 
 
+@intrinsic
+def _half_same(typingctx, x, y):  # noqa: ANN001, ANN202
+    """Whether two binary16 codes hold equal values (-0 == +0, NaN unequal): one compare."""
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        h = ir.HalfType()
+        return builder.fcmp_ordered("==", *(builder.bitcast(v, h) for v in args))
+    return types.boolean(types.uint16, types.uint16), codegen
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _half_swamped_quick(b, old, new):
+    """``_half_swamped`` of a step whose element of a is non-zero and whose sum ``old`` is
+    finite: a non-zero ``b`` (the exact product is then non-zero) and a sum that kept its
+    value (``_half_same``, one compare for ``_half_swamped``'s three tests of the sums)."""
+    return np.uint16(_half_same(new, old) & ((b & _HALF_MAG) != 0))
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _half_quick(row, x, brow, n, sw, pk, peak):
+    """``_half_counted`` for a non-zero ``x``, the sums taken as finite (``_half_sums`` checks
+    a block's sums at its end and, where one overflowed, sums the block again by
+    ``_half_counted``): ``_half_swamped_quick``'s count, 1.5-1.9x the uncounted loop's time
+    against 2.2-3.3x for ``_half_counted``'s."""
+    if peak:
+        for j in range(n):
+            old = row[j]
+            new = _half_fma(x, brow[j], old)
+            row[j] = new
+            sw[j] += _half_swamped_quick(brow[j], old, new)
+            _half_peak(pk, j, new)
+    else:
+        for j in range(n):
+            old = row[j]
+            new = _half_fma(x, brow[j], old)
+            row[j] = new
+            sw[j] += _half_swamped_quick(brow[j], old, new)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _half_finite(acc, rows, n):
+    """Whether every sum of ``acc[:rows, :n]`` (binary16 codes) is finite."""
+    top = np.uint16(0)
+    for r in range(rows):
+        for j in range(n):
+            top = max(top, np.uint16(acc[r, j] & _HALF_MAG))
+    return top < _HALF_INF
+
+
 HALF_COUNTS = 65535     # steps between emptyings of ``_half_counted``'s uint16 counts
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _half_block(A, Bm, c, has_init, bi, i0, j0, rows, n, K, identity, acc, bsw, tsw, bpk,
+                stats, peak, quick):
+    """One block's sums (rows i0.., columns j0..) in ``acc``, with ``stats`` the swamped counts
+    in ``tsw`` and with ``peak`` the largest magnitudes in ``bpk``; ``quick``: a step of a
+    non-zero element of a counted by ``_half_quick``."""
+    for r in range(rows):
+        for j in range(n):
+            acc[r, j] = c[bi, i0 + r, j0 + j] if has_init else identity
+            if stats:
+                tsw[r, j] = 0
+                bpk[r, j] = 0
+    for k0 in range(0, K, HALF_COUNTS):
+        if stats:
+            for r in range(rows):
+                for j in range(n):
+                    bsw[r, j] = 0
+        for k in range(k0, min(K, k0 + HALF_COUNTS)):
+            brow = Bm[k, j0:j0 + n]
+            if stats:
+                for r in range(rows):
+                    x = A[i0 + r, k]
+                    if quick and (x & _HALF_MAG) != 0:
+                        _half_quick(acc[r], x, brow, n, bsw[r], bpk[r], peak)
+                    else:
+                        _half_counted(acc[r], x, brow, n, bsw[r], bpk[r], peak)
+            else:
+                for r in range(rows):
+                    x = A[i0 + r, k]
+                    row = acc[r]
+                    for j in range(n):
+                        row[j] = _half_fma(x, brow[j], row[j])
+        if stats:
+            for r in range(rows):
+                for j in range(n):
+                    tsw[r, j] += bsw[r, j]
 
 
 @njit(inline="always", **JIT_OPTIONS)
 def _half_sums(a3, b3, ia, ib, c, has_init, out, identity, sw, pk, stats, peak, first, last):
     """``sequential_half``'s sums, with ``stats`` and ``peak`` constants in each copy (a loop
     for each: with both loops behind a branch on ``stats`` LLVM vectorised the counted one at
-    half its rate)."""
+    half its rate).  With ``stats`` a block whose sums overflowed is summed again, counted
+    by ``_half_counted`` alone (``_half_quick`` counts the steps of an infinite sum)."""
     M, K, N = a3.shape[1], a3.shape[2], b3.shape[2]
     nrb = (M + ROWS - 1) // ROWS
     acc = np.empty((ROWS, COLS), np.uint16)
@@ -645,36 +739,17 @@ def _half_sums(a3, b3, ia, ib, c, has_init, out, identity, sw, pk, stats, peak, 
         A, Bm, Ob = a3[ia[bi]], b3[ib[bi]], out[bi]
         for j0 in range(0, N, COLS):
             n = min(COLS, N - j0)
-            for r in range(rows):
-                for j in range(n):
-                    acc[r, j] = c[bi, i0 + r, j0 + j] if has_init else identity
-                    if stats:
-                        tsw[r, j] = 0
-                        bpk[r, j] = 0
-            for k0 in range(0, K, HALF_COUNTS):
-                if stats:
-                    for r in range(rows):
-                        for j in range(n):
-                            bsw[r, j] = 0
-                for k in range(k0, min(K, k0 + HALF_COUNTS)):
-                    brow = Bm[k, j0:j0 + n]
-                    for r in range(rows):
-                        x = A[i0 + r, k]
-                        row = acc[r]
-                        if stats:
-                            _half_counted(row, x, brow, n, bsw[r], bpk[r], peak)
-                        else:
-                            for j in range(n):
-                                row[j] = _half_fma(x, brow[j], row[j])
-                if stats:
-                    for r in range(rows):
-                        for j in range(n):
-                            tsw[r, j] += bsw[r, j]
+            _half_block(A, Bm, c, has_init, bi, i0, j0, rows, n, K, identity, acc, bsw, tsw,
+                        bpk, stats, peak, True)
+            if stats and not _half_finite(acc, rows, n):
+                _half_block(A, Bm, c, has_init, bi, i0, j0, rows, n, K, identity, acc, bsw,
+                            tsw, bpk, stats, peak, False)
             for r in range(rows):
                 for j in range(n):
                     Ob[i0 + r, j0 + j] = _half_value(acc[r, j])
                     if stats:
                         sw[bi, i0 + r, j0 + j] = tsw[r, j]
+                    if peak:
                         pk[bi, i0 + r, j0 + j] = _half_value(bpk[r, j])
 
 
@@ -1430,6 +1505,16 @@ def operand_scan(u, mag, inf):
         nonzero += m != 0
         top = max(top, m if m < inf else 0)
     return top, nonzero
+
+
+@njit(**JIT_OPTIONS)
+def nonfinite(u, mag, inf):
+    """The count of inf and NaN among the bits ``u`` (``operand_scan``'s arguments)."""
+    _wide()
+    bad = 0
+    for i in range(u.size):
+        bad += (u[i] & mag) >= inf
+    return bad
 
 
 @njit(**JIT_OPTIONS)

@@ -633,7 +633,7 @@ class Interceptor(TorchFunctionMode):
         if y is None:
             return
         if ref is None:                                   # capture="counts": no SNR
-            nonfinite, signal, noise = y.numel() - int(torch.isfinite(y).sum()), 0.0, 0.0
+            nonfinite, signal, noise = count_nonfinite(y), 0.0, 0.0
         else:
             nonfinite, signal, noise = error_energy(y, ref)
         st.outputs += y.numel()
@@ -674,6 +674,19 @@ def operand_scan(x: Tensor) -> tuple[float, int]:
         fin = x[torch.isfinite(x)]
         m = float(fin.abs().max()) if fin.numel() else 0.0
     return m, int(torch.count_nonzero(x))
+
+
+def count_nonfinite(y: Tensor) -> int:
+    """The count of inf and NaN in ``y``: one compiled pass over its bits
+    (``fpsim.arith._jit_kernels.nonfinite``) on the CPU with numba, else ``torch.isfinite``.
+
+    >>> count_nonfinite(torch.tensor([1.0, float("inf"), float("nan"), -0.0]))
+    2
+    """
+    bits = sites.kernel_bits(y.detach())
+    if bits is not None:
+        return int(compiled.kernels().nonfinite(*bits))
+    return y.numel() - int(torch.isfinite(y).sum())
 
 
 def error_energy(y: Tensor, ref: Tensor) -> tuple[int, float, float]:
