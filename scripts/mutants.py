@@ -339,12 +339,11 @@ MUTANTS = [
            HALF_SUMS),
     Mutant("half-peak-sign", "the binary16 unit's largest partial sum compares codes with "
            "their sign bit", "m = np.uint16(new & _HALF_MAG)", "m = new", HALF_SUMS),
-    Mutant("half-quick-zero-b", "the binary16 unit's one-compare swamped count takes a zero "
-           "element of b as a non-zero addend",
-           "return np.uint16(_half_same(new, old) & ((b & _HALF_MAG) != 0))",
-           "return np.uint16(_half_same(new, old))", HALF_QUICK),
+    Mutant("half-quick-zero-b", "the binary16 unit's one-compare swamped count runs on a row "
+           "of b with a zero (a zero product's step counted as swamped)",
+           "nonzero = quick and _half_nonzero(brow, n)", "nonzero = quick", HALF_QUICK),
     Mutant("half-quick-zero-x", "the binary16 unit's one-compare swamped count runs on a zero "
-           "element of a", "if quick and (x & _HALF_MAG) != 0:", "if quick:", HALF_QUICK),
+           "element of a", "if nonzero and (x & _HALF_MAG) != 0:", "if nonzero:", HALF_QUICK),
     Mutant("half-quick-overflow", "a block of binary16 sums that overflowed keeps the "
            "one-compare count (steps of an infinite sum counted as swamped)",
            "if stats and not _half_finite(acc, rows, n):", "if False:", HALF_QUICK),
