@@ -48,7 +48,13 @@ process: rates of ``HALF_SUMS`` on the vector table's operands, with and without
 and MiniLM's FP16 row without capture, with ``capture=True`` and with ``"counts"``; bits and
 counts compared between the two.
 
-``--only model`` (or ``statistics``, ``vectors``, ``bound``, ``half``) reruns that table alone
+Swamped count (``count``, ``--only count``): the binary16 unit's counted sums as they are
+(one compare a step where a's element and b's row hold no zero, ``_half_quick``) beside the
+same kernels counting every step by the careful tests (``COUNT_LINE`` patched), in one
+process: rates of ``HALF_SUMS`` and MiniLM's FP16 row with ``capture=True`` and
+``"counts"``; bits and counts compared between the two.
+
+``--only model`` (or ``statistics``, ``vectors``, ``bound``, ``half``, ``count``) reruns that table alone
 into the JSON at ``--json``, keeping the others (the table then records its own command and
 machine); ``--as KEY`` stores it under another key (``model_xeon``: the model table on a
 second host).
@@ -250,26 +256,35 @@ VECTOR_MODEL = ("FP16 operands, FP16 sequential sums",
                 "deepseek-v3 preset (Hopper FP8 tensor core, promotion every 128)")
 
 
-def narrow_kernels(folder: Path) -> ModuleType:
-    """``fpsim.arith._jit_kernels`` compiled for 256-bit vectors (x86's own tuning on AVX-512
-    hosts): its source with ``WIDE``'s width 256, written to ``folder`` and loaded as a module
-    of its own (numba compiles and caches it there)."""
+def patched_kernels(folder: Path, line: str, new: str, name: str, option: str) -> ModuleType:
+    """``fpsim.arith._jit_kernels`` with its one line ``line`` made ``new``, written to
+    ``folder`` and loaded as a module of its own, ``fpsim.arith._jit_kernels_<name>`` (numba
+    compiles and caches it there); ``option``: the ``--only`` table that asks, named in the
+    error when the line is no longer there."""
     import importlib.util
     import sys
 
     kern = compiled.kernels()
     src = Path(kern.__file__).read_text()
-    line = f"WIDE = {kern.WIDE!r}"
-    if src.count(line) != 1 or "512" not in line:
-        raise SystemExit(f"--only vectors: {kern.__file__} no longer holds one line {line!r}; "
-                         "update narrow_kernels to how the kernels ask for their width")
-    path = folder / "_jit_kernels_256.py"
-    path.write_text(src.replace(line, line.replace("512", "256")))
-    spec = importlib.util.spec_from_file_location("fpsim.arith._jit_kernels_256", path)
+    if src.count(line) != 1:
+        raise SystemExit(f"--only {option}: {kern.__file__} no longer holds one line {line!r}; "
+                         f"update the table's patch to the kernels as they are")
+    path = folder / f"_jit_kernels_{name}.py"
+    path.write_text(src.replace(line, new))
+    spec = importlib.util.spec_from_file_location(f"fpsim.arith._jit_kernels_{name}", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod                # numba's cache pickles the module's name
     spec.loader.exec_module(mod)
     return mod
+
+
+def narrow_kernels(folder: Path) -> ModuleType:
+    """``fpsim.arith._jit_kernels`` compiled for 256-bit vectors (x86's own tuning on AVX-512
+    hosts): its source with ``WIDE``'s width 256."""
+    line = f"WIDE = {compiled.kernels().WIDE!r}"
+    if "512" not in line:
+        raise SystemExit(f"--only vectors: the kernels' {line!r} asks for no 512-bit width")
+    return patched_kernels(folder, line, line.replace("512", "256"), "256", "vectors")
 
 
 def _parts(result: object, kw: dict) -> list[np.ndarray]:
@@ -475,6 +490,33 @@ def half_rows(repeat: int, model_repeat: int) -> dict:
     return table
 
 
+#: the swamped-count table's model rows (its sums: ``HALF_SUMS``)
+COUNT_MODEL = tuple(("FP16 operands, FP16 sequential sums", c) for c in (True, "counts"))
+#: the line of ``_half_block`` that lets a step take ``_half_quick``, and its patch: never
+COUNT_LINE = ("nonzero = quick and _half_nonzero(brow, n)", "nonzero = False")
+
+
+def count_rows(repeat: int, model_repeat: int) -> dict:
+    """The binary16 unit's swamped count as it is (``_half_quick``: one compare a step where
+    a's element and b's row hold no zero) beside the same kernels counting every step by
+    ``_half_counted``'s tests (``COUNT_LINE`` patched), in one process (``side_by_side``):
+    ``HALF_SUMS``' rates and MiniLM's FP16 row under ``capture``; bits and counts the same
+    both ways."""
+    if not compiled.native_half():
+        raise SystemExit("--only count: this host has no binary16 unit the kernels use "
+                         "(AVX512-FP16); nothing to compare")
+    careful = patched_kernels(Path(tempfile.mkdtemp(prefix="fpsim_careful")), *COUNT_LINE,
+                              "careful", "count")
+    ways = {"careful": lambda: mock.patch.object(compiled, "kernels", lambda: careful),
+            "quick": contextlib.nullcontext}
+    table = side_by_side_table(ways, HALF_SUMS, ("careful", "quick"), COUNT_MODEL, repeat,
+                               model_repeat)
+    for r in table["model_rows"]:
+        r["gain"] = round(r["forward_s_careful"] / r["forward_s_quick"], 2)
+    return {**table, "kernels": f"fpsim/arith/_jit_kernels.py as it is (quick) and with "
+                                f"{COUNT_LINE[0]!r} made {COUNT_LINE[1]!r} (careful)"}
+
+
 def _row(r: dict, second: object) -> str:
     """An engine row of the tables: its name, ``second`` column, rate and ratios."""
     name = f"`{r['model']}`" if r["order"] == "tensor_core" else f"sequential {r['model']}"
@@ -551,6 +593,17 @@ def markdown(result: dict) -> str:
         lines += [f"| {r['recipe']} | {capture_cell(r['capture'])} | {_forward(r, 'float64')} | "
                   f"{_forward(r, 'half')} | {r['gain']:.2f}× |"
                   for r in result["half"]["model_rows"]]
+    if "count" in result:
+        lines += _table("shape", "sums", "M MAC/s, careful count", "M MAC/s, quick count",
+                        "gain", "same bits")
+        lines += [f"| {r['shape']} | {r['sums']} | {_rate(r, 'careful')} | {_rate(r, 'quick')} "
+                  f"| {r['gain']:.2f}× | {'yes' if r['same_bits'] else 'no'} |"
+                  for r in result["count"]["rows"]]
+        lines += _table("MiniLM, linear layers under", "capture", "careful count",
+                        "quick count", "gain")
+        lines += [f"| {r['recipe']} | {capture_cell(r['capture'])} | {_forward(r, 'careful')} | "
+                  f"{_forward(r, 'quick')} | {r['gain']:.2f}× |"
+                  for r in result["count"]["model_rows"]]
     return "\n".join(lines)
 
 
@@ -562,9 +615,10 @@ def main() -> None:
                     help="torch threads, and FPSIM_THREADS unless set (default 1: on a shared "
                          "machine a second thread mostly waits)")
     ap.add_argument("--skip-model", action="store_true")
-    ap.add_argument("--only", choices=("model", "statistics", "vectors", "bound", "half"),
+    ap.add_argument("--only", choices=("model", "statistics", "vectors", "bound", "half",
+                                       "count"),
                     help="rerun this table alone into the JSON at --json, keeping the others "
-                         "(vectors, bound and half: only this way)")
+                         "(vectors, bound, half and count: only this way)")
     ap.add_argument("--as", dest="key", metavar="KEY",
                     help="with --only: store the table under KEY (e.g. model_xeon: another "
                          "host's run beside the committed one)")
@@ -590,7 +644,8 @@ def main() -> None:
                  "statistics": lambda: stats_rows(args.repeat),
                  "vectors": lambda: vectors_rows(args.repeat, args.model_repeat),
                  "bound": lambda: bound_rows(args.repeat, args.model_repeat),
-                 "half": lambda: half_rows(args.repeat, args.model_repeat)}[args.only]()
+                 "half": lambda: half_rows(args.repeat, args.model_repeat),
+                 "count": lambda: count_rows(args.repeat, args.model_repeat)}[args.only]()
         key = args.key or args.only
         result[key] = {**table, "machine": machine(),
                        "command": "PYTHONPATH=. python benchmarks/accumulation_bench.py "

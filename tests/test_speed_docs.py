@@ -15,6 +15,16 @@ def load(name: str) -> dict:
     return json.loads((RESULTS / name).read_text())
 
 
+def section(doc: str, title: str) -> str:
+    """The text of ``doc`` from the heading ``title`` to the next heading of its level or
+    above."""
+    level = title.split()[0]
+    start = doc.index(title + "\n")
+    rest = doc[start + len(title):]
+    end = re.search(rf"^#{{1,{len(level)}}} ", rest, re.M)
+    return title + (rest[:end.start()] if end else rest)
+
+
 def test_emulate_page_sentence_quotes_the_benchmark():
     bench = load("emulate_bench.json")
     text = " ".join((ROOT / "docs" / "emulate.md").read_text().split())
@@ -251,7 +261,8 @@ def test_docs_binary16_unit_tables_quote_the_benchmark():
     count the same both ways."""
     bench = load("accumulation_bench.json")
     half = bench["half"]
-    doc = (ROOT / "docs" / "speed.md").read_text()
+    whole = (ROOT / "docs" / "speed.md").read_text()
+    doc = section(whole, "### Binary16 sums on the host's binary16 unit")
     assert all(r["same_bits"] for r in half["rows"])
     rows = re.findall(r"^\| (\d+x\d+x\d+) \| ([\w ,]+) \| ([\d,]+) \| ([\d,]+) \| ([\d.]+)× \| "
                       r"(yes|no) \|$", doc, re.M)
@@ -281,7 +292,46 @@ def test_docs_binary16_unit_tables_quote_the_benchmark():
     added = [(m[True][f"forward_s_{w}"] - m[False][f"forward_s_{w}"]) * 1e3
              for w in ("half", "float64")]
     assert ("in the binary16 table below it adds {:,.0f} ms to the binary16 unit's forward and "
-            "{:,.0f} ms to the float64 kernels'".format(*added)) in text
+            "{:,.0f} ms to the float64 kernels'".format(*added)) in " ".join(whole.split())
     assert half["machine"]["cpu"].startswith("Intel")
     xeon = {(r["recipe"], r["capture"]): r for r in bench["model_xeon"]["rows"]}
     assert xeon["FP16 operands, FP16 sequential sums", False]["ratio"] <= 10
+
+
+def test_docs_swamped_count_tables_quote_the_benchmark():
+    """The binary16 unit's swamped count in one compare beside the careful tests
+    (docs/speed.md): tables and sentences are benchmarks/results/accumulation_bench.json's,
+    every result and count the same both ways."""
+    bench = load("accumulation_bench.json")
+    count = bench["count"]
+    doc = section((ROOT / "docs" / "speed.md").read_text(),
+                  "### The swamped count in one compare")
+    assert all(r["same_bits"] for r in count["rows"])
+    rows = re.findall(r"^\| (\d+x\d+x\d+) \| ([\w ,]+) \| ([\d,]+) \| ([\d,]+) \| ([\d.]+)× \| "
+                      r"(yes|no) \|$", doc, re.M)
+    assert rows == [(r["shape"], r["sums"], f"{r['mac_per_s_careful'] / 1e6:,.0f}",
+                     f"{r['mac_per_s_quick'] / 1e6:,.0f}", f"{r['gain']:.2f}", "yes")
+                    for r in count["rows"]]
+    cell = r"([\d,]+) ms \(([\d.]+)×\)"
+    model = re.findall(rf"^\| ([^|]+?) \| (yes|counts) \| {cell} \| {cell} \| ([\d.]+)× \|$",
+                       doc, re.M)
+    cap = {True: "yes", "counts": "counts"}
+    assert model == [(r["recipe"], cap[r["capture"]], f"{r['forward_s_careful'] * 1e3:,.0f}",
+                      f"{r['ratio_careful']:.2f}", f"{r['forward_s_quick'] * 1e3:,.0f}",
+                      f"{r['ratio_quick']:.2f}", f"{r['gain']:.2f}")
+                     for r in count["model_rows"]]
+    text = " ".join(doc.split())
+    counted = [r["gain"] for r in count["rows"] if r["sums"] != "sequential fp16"]
+    plain = [r["gain"] for r in count["rows"] if r["sums"] == "sequential fp16"]
+    m = {r["capture"]: r for r in count["model_rows"]}
+    assert (f"`capture=\"counts\"` falls from {m['counts']['ratio_careful']:.2f}× native to "
+            f"{m['counts']['ratio_quick']:.2f}× ({m['counts']['gain']:.2f}×) and `capture=True` "
+            f"from {m[True]['ratio_careful']:.2f}× to {m[True]['ratio_quick']:.2f}× "
+            f"({m[True]['gain']:.2f}×)") in text
+    assert (f"the counted rates moved by {min(counted):.2f}–{max(counted):.2f}×, no more than "
+            f"the uncounted rows, the same code in both copies, moved "
+            f"({min(plain):.2f}–{max(plain):.2f}×)") in text
+    stats = bench["statistics"]["operands"]
+    share = re.search(r"a step whose row of b holds a zero: ([\d.]+) of them", stats).group(1)
+    assert f"a row of b holds a zero at {share} of the steps" in text
+    assert count["machine"]["cpu"].startswith("Intel")
