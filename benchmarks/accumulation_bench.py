@@ -358,12 +358,15 @@ def side_by_side_table(ways: dict[str, Callable[[], AbstractContextManager]],
                        sums: dict[str, dict], gain: tuple[str, str],
                        recipes: tuple[tuple[str, bool], ...], repeat: int,
                        model_repeat: int) -> dict:
-    """``side_by_side``'s rows and ``forwards_side_by_side``'s, with clocks, threads and load."""
+    """``side_by_side``'s rows and ``forwards_side_by_side``'s (with the gain of ``gain[1]``
+    over ``gain[0]``), with clocks, threads and load."""
     import torch
 
     load0 = os.getloadavg()
     rows = side_by_side(ways, sums, repeat, gain)
     model_rows_, native, tokens = forwards_side_by_side(ways, recipes, model_repeat)
+    for r in model_rows_:
+        r["gain"] = round(r[f"forward_s_{gain[0]}"] / r[f"forward_s_{gain[1]}"], 2)
     return {"operands": "E4M3 (RNE) of normal(0, 1)",
             "clock": "CPU seconds of the one thread (time.thread_time); the model rows the "
                      "process's (time.process_time)",
@@ -478,16 +481,18 @@ def half_rows(repeat: int, model_repeat: int) -> dict:
     float64 kernels (``compiled.native_half`` made to answer no), in one process
     (``side_by_side``): ``HALF_SUMS``' rates on E4M3 operands (binary16 values) and MiniLM's
     FP16 row with and without capture; each result's bits and counts the same both ways."""
-    if not compiled.native_half():
-        raise SystemExit("--only half: this host has no binary16 unit the kernels use "
-                         "(AVX512-FP16); nothing to compare")
+    _binary16_unit("half")
     ways = {"float64": lambda: mock.patch.object(compiled, "native_half", lambda: False),
             "half": contextlib.nullcontext}
-    table = side_by_side_table(ways, HALF_SUMS, ("float64", "half"), HALF_MODEL, repeat,
-                               model_repeat)
-    for r in table["model_rows"]:
-        r["gain"] = round(r["forward_s_float64"] / r["forward_s_half"], 2)
-    return table
+    return side_by_side_table(ways, HALF_SUMS, ("float64", "half"), HALF_MODEL, repeat,
+                              model_repeat)
+
+
+def _binary16_unit(option: str) -> None:
+    """Stop (naming ``--only option``) where the kernels use no binary16 unit."""
+    if not compiled.native_half():
+        raise SystemExit(f"--only {option}: this host has no binary16 unit the kernels use "
+                         "(AVX512-FP16); nothing to compare")
 
 
 #: the swamped-count table's model rows (its sums: ``HALF_SUMS``)
@@ -502,17 +507,13 @@ def count_rows(repeat: int, model_repeat: int) -> dict:
     ``_half_counted``'s tests (``COUNT_LINE`` patched), in one process (``side_by_side``):
     ``HALF_SUMS``' rates and MiniLM's FP16 row under ``capture``; bits and counts the same
     both ways."""
-    if not compiled.native_half():
-        raise SystemExit("--only count: this host has no binary16 unit the kernels use "
-                         "(AVX512-FP16); nothing to compare")
+    _binary16_unit("count")
     careful = patched_kernels(Path(tempfile.mkdtemp(prefix="fpsim_careful")), *COUNT_LINE,
                               "careful", "count")
     ways = {"careful": lambda: mock.patch.object(compiled, "kernels", lambda: careful),
             "quick": contextlib.nullcontext}
     table = side_by_side_table(ways, HALF_SUMS, ("careful", "quick"), COUNT_MODEL, repeat,
                                model_repeat)
-    for r in table["model_rows"]:
-        r["gain"] = round(r["forward_s_careful"] / r["forward_s_quick"], 2)
     return {**table, "kernels": f"fpsim/arith/_jit_kernels.py as it is (quick) and with "
                                 f"{COUNT_LINE[0]!r} made {COUNT_LINE[1]!r} (careful)"}
 
@@ -543,6 +544,20 @@ def _forward(r: dict, way: str) -> str:
     """A side-by-side model row's forward in ``way`` (``forwards_side_by_side``) and its ratio
     to native."""
     return f"{r[f'forward_s_{way}'] * 1e3:,.0f} ms ({r[f'ratio_{way}']:.2f}×)"
+
+
+def _two_ways(table: dict, ways: tuple[str, str], names: tuple[str, str]) -> list[str]:
+    """A side-by-side table's two markdown tables (``side_by_side_table``, with a gain and the
+    bits compared in each rate row and a capture column in the model rows): rates, then
+    MiniLM's forwards, ``ways`` named ``names``."""
+    (u, v), (nu, nv) = ways, names
+    lines = _table("shape", "sums", f"M MAC/s, {nu}", f"M MAC/s, {nv}", "gain", "same bits")
+    lines += [f"| {r['shape']} | {r['sums']} | {_rate(r, u)} | {_rate(r, v)} | "
+              f"{r['gain']:.2f}× | {'yes' if r['same_bits'] else 'no'} |" for r in table["rows"]]
+    lines += _table("MiniLM, linear layers under", "capture", nu, nv, "gain")
+    lines += [f"| {r['recipe']} | {capture_cell(r['capture'])} | {_forward(r, u)} | "
+              f"{_forward(r, v)} | {r['gain']:.2f}× |" for r in table["model_rows"]]
+    return lines
 
 
 def markdown(result: dict) -> str:
@@ -582,28 +597,10 @@ def markdown(result: dict) -> str:
         lines += _table("MiniLM, linear layers under", "capture", "clamped", "as it is")
         lines += [f"| {r['recipe']} | {capture_cell(r['capture'])} | {_forward(r, 'unbounded')} | "
                   f"{_forward(r, 'bounded')} |" for r in result["bound"]["model_rows"]]
-    if "half" in result:
-        lines += _table("shape", "sums", "M MAC/s, float64 kernels", "M MAC/s, binary16 unit",
-                        "gain", "same bits")
-        lines += [f"| {r['shape']} | {r['sums']} | {_rate(r, 'float64')} | {_rate(r, 'half')} | "
-                  f"{r['gain']:.2f}× | {'yes' if r['same_bits'] else 'no'} |"
-                  for r in result["half"]["rows"]]
-        lines += _table("MiniLM, linear layers under", "capture", "float64 kernels",
-                        "binary16 unit", "gain")
-        lines += [f"| {r['recipe']} | {capture_cell(r['capture'])} | {_forward(r, 'float64')} | "
-                  f"{_forward(r, 'half')} | {r['gain']:.2f}× |"
-                  for r in result["half"]["model_rows"]]
-    if "count" in result:
-        lines += _table("shape", "sums", "M MAC/s, careful count", "M MAC/s, quick count",
-                        "gain", "same bits")
-        lines += [f"| {r['shape']} | {r['sums']} | {_rate(r, 'careful')} | {_rate(r, 'quick')} "
-                  f"| {r['gain']:.2f}× | {'yes' if r['same_bits'] else 'no'} |"
-                  for r in result["count"]["rows"]]
-        lines += _table("MiniLM, linear layers under", "capture", "careful count",
-                        "quick count", "gain")
-        lines += [f"| {r['recipe']} | {capture_cell(r['capture'])} | {_forward(r, 'careful')} | "
-                  f"{_forward(r, 'quick')} | {r['gain']:.2f}× |"
-                  for r in result["count"]["model_rows"]]
+    for key, ways, names in (("half", ("float64", "half"), ("float64 kernels", "binary16 unit")),
+                             ("count", ("careful", "quick"), ("careful count", "quick count"))):
+        if key in result:
+            lines += _two_ways(result[key], ways, names)
     return "\n".join(lines)
 
 

@@ -25,6 +25,26 @@ def section(doc: str, title: str) -> str:
     return title + (rest[:end.start()] if end else rest)
 
 
+def assert_two_ways(doc: str, table: dict, ways: tuple[str, str]) -> None:
+    """``doc``'s two tables of a side-by-side benchmark table (rates with gain and bits, then
+    MiniLM's forwards) are ``table``'s rows, every result and count the same both ways."""
+    (u, v) = ways
+    assert all(r["same_bits"] for r in table["rows"])
+    rows = re.findall(r"^\| (\d+x\d+x\d+) \| ([\w ,]+) \| ([\d,]+) \| ([\d,]+) \| ([\d.]+)× \| "
+                      r"(yes|no) \|$", doc, re.M)
+    assert rows == [(r["shape"], r["sums"], f"{r[f'mac_per_s_{u}'] / 1e6:,.0f}",
+                     f"{r[f'mac_per_s_{v}'] / 1e6:,.0f}", f"{r['gain']:.2f}", "yes")
+                    for r in table["rows"]]
+    cell = r"([\d,]+) ms \(([\d.]+)×\)"
+    model = re.findall(rf"^\| ([^|]+?) \| (yes|counts|no) \| {cell} \| {cell} \| ([\d.]+)× \|$",
+                       doc, re.M)
+    cap = {True: "yes", False: "no", "counts": "counts"}
+    assert model == [(r["recipe"], cap[r["capture"]], f"{r[f'forward_s_{u}'] * 1e3:,.0f}",
+                      f"{r[f'ratio_{u}']:.2f}", f"{r[f'forward_s_{v}'] * 1e3:,.0f}",
+                      f"{r[f'ratio_{v}']:.2f}", f"{r['gain']:.2f}")
+                     for r in table["model_rows"]]
+
+
 def test_emulate_page_sentence_quotes_the_benchmark():
     bench = load("emulate_bench.json")
     text = " ".join((ROOT / "docs" / "emulate.md").read_text().split())
@@ -263,20 +283,7 @@ def test_docs_binary16_unit_tables_quote_the_benchmark():
     half = bench["half"]
     whole = (ROOT / "docs" / "speed.md").read_text()
     doc = section(whole, "### Binary16 sums on the host's binary16 unit")
-    assert all(r["same_bits"] for r in half["rows"])
-    rows = re.findall(r"^\| (\d+x\d+x\d+) \| ([\w ,]+) \| ([\d,]+) \| ([\d,]+) \| ([\d.]+)× \| "
-                      r"(yes|no) \|$", doc, re.M)
-    assert rows == [(r["shape"], r["sums"], f"{r['mac_per_s_float64'] / 1e6:,.0f}",
-                     f"{r['mac_per_s_half'] / 1e6:,.0f}", f"{r['gain']:.2f}", "yes")
-                    for r in half["rows"]]
-    cell = r"([\d,]+) ms \(([\d.]+)×\)"
-    model = re.findall(rf"^\| ([^|]+?) \| (yes|counts|no) \| {cell} \| {cell} \| ([\d.]+)× \|$",
-                       doc, re.M)
-    cap = {True: "yes", False: "no", "counts": "counts"}
-    assert model == [(r["recipe"], cap[r["capture"]], f"{r['forward_s_float64'] * 1e3:,.0f}",
-                      f"{r['ratio_float64']:.2f}", f"{r['forward_s_half'] * 1e3:,.0f}",
-                      f"{r['ratio_half']:.2f}", f"{r['gain']:.2f}")
-                     for r in half["model_rows"]]
+    assert_two_ways(doc, half, ("float64", "half"))
     text = " ".join(doc.split())
     plain = [r["gain"] for r in half["rows"] if r["sums"] == "sequential fp16"]
     counted = [r["gain"] for r in half["rows"] if r["sums"] != "sequential fp16"]
@@ -306,20 +313,7 @@ def test_docs_swamped_count_tables_quote_the_benchmark():
     count = bench["count"]
     doc = section((ROOT / "docs" / "speed.md").read_text(),
                   "### The swamped count in one compare")
-    assert all(r["same_bits"] for r in count["rows"])
-    rows = re.findall(r"^\| (\d+x\d+x\d+) \| ([\w ,]+) \| ([\d,]+) \| ([\d,]+) \| ([\d.]+)× \| "
-                      r"(yes|no) \|$", doc, re.M)
-    assert rows == [(r["shape"], r["sums"], f"{r['mac_per_s_careful'] / 1e6:,.0f}",
-                     f"{r['mac_per_s_quick'] / 1e6:,.0f}", f"{r['gain']:.2f}", "yes")
-                    for r in count["rows"]]
-    cell = r"([\d,]+) ms \(([\d.]+)×\)"
-    model = re.findall(rf"^\| ([^|]+?) \| (yes|counts) \| {cell} \| {cell} \| ([\d.]+)× \|$",
-                       doc, re.M)
-    cap = {True: "yes", "counts": "counts"}
-    assert model == [(r["recipe"], cap[r["capture"]], f"{r['forward_s_careful'] * 1e3:,.0f}",
-                      f"{r['ratio_careful']:.2f}", f"{r['forward_s_quick'] * 1e3:,.0f}",
-                      f"{r['ratio_quick']:.2f}", f"{r['gain']:.2f}")
-                     for r in count["model_rows"]]
+    assert_two_ways(doc, count, ("careful", "quick"))
     text = " ".join(doc.split())
     counted = [r["gain"] for r in count["rows"] if r["sums"] != "sequential fp16"]
     plain = [r["gain"] for r in count["rows"] if r["sums"] == "sequential fp16"]
