@@ -441,7 +441,7 @@ MUTANTS = [
            'self.reference = mode is True', 'self.reference = mode is not False',
            ["tests/test_emulate_capture.py::test_capture_counts_is_capture_without_the_reference"]),
     Mutant("capture-counts-nonfinite", "capture='counts' counts no inf/NaN result",
-           "nonfinite, signal, noise = y.numel() - int(torch.isfinite(y).sum()), 0.0, 0.0",
+           "nonfinite, signal, noise = count_nonfinite(y), 0.0, 0.0",
            "nonfinite, signal, noise = 0, 0.0, 0.0",
            ["tests/test_emulate_capture.py::test_capture_counts_counts_inf_and_nan_results"]),
     Mutant("jit-fours-sum-drop", "the fast path's products sum for the statistics drops the "
