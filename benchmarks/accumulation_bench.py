@@ -49,15 +49,15 @@ and MiniLM's FP16 row without capture, with ``capture=True`` and with ``"counts"
 counts compared between the two.
 
 Swamped count (``count``, ``--only count``): the binary16 unit's counted sums as they are
-(one compare a step where a's element and b's row hold no zero, ``_half_quick``) beside the
-same kernels counting every step by the careful tests (``COUNT_LINE`` patched), in one
-process: rates of ``HALF_SUMS`` and MiniLM's FP16 row with ``capture=True`` and
+(one compare a step where a's element and b's row hold no zero, ``_half_swamped_step``)
+beside the same kernels counting every step by the careful tests (``COUNT_LINE`` patched),
+in one process: rates of ``HALF_SUMS`` and MiniLM's FP16 row with ``capture=True`` and
 ``"counts"``; bits and counts compared between the two.
 
-``--only model`` (or ``statistics``, ``vectors``, ``bound``, ``half``, ``count``) reruns that table alone
-into the JSON at ``--json``, keeping the others (the table then records its own command and
-machine); ``--as KEY`` stores it under another key (``model_xeon``: the model table on a
-second host).
+``--only model`` (or ``statistics``, ``vectors``, ``bound``, ``half``, ``count``) reruns that
+table alone into the JSON at ``--json``, keeping the others (the table then records its own
+command and machine); ``--as KEY`` stores it under another key (``model_xeon``: the model
+table on a second host).
 """
 
 from __future__ import annotations
@@ -497,12 +497,12 @@ def _binary16_unit(option: str) -> None:
 
 #: the swamped-count table's model rows (its sums: ``HALF_SUMS``)
 COUNT_MODEL = tuple(("FP16 operands, FP16 sequential sums", c) for c in (True, "counts"))
-#: the line of ``_half_block`` that lets a step take ``_half_quick``, and its patch: never
+#: the line of ``_half_block`` that lets a step take the quick count, and its patch: never
 COUNT_LINE = ("nonzero = quick and _half_nonzero(brow, n)", "nonzero = False")
 
 
 def count_rows(repeat: int, model_repeat: int) -> dict:
-    """The binary16 unit's swamped count as it is (``_half_quick``: one compare a step where
+    """The binary16 unit's swamped count as it is (``_half_swamped_step``: one compare a step where
     a's element and b's row hold no zero) beside the same kernels counting every step by
     ``_half_counted``'s tests (``COUNT_LINE`` patched), in one process (``side_by_side``):
     ``HALF_SUMS``' rates and MiniLM's FP16 row under ``capture``; bits and counts the same

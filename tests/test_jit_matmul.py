@@ -852,11 +852,11 @@ def test_binary16_sums_on_the_binary16_unit(monkeypatch, stats, order):
 @HALF
 @pytest.mark.parametrize("stats", ["swamped", True])
 def test_binary16_quick_swamped_counts(monkeypatch, stats):
-    """The swamped count's quick loop (``_half_quick``, a non-zero element of a) beside the
-    careful one (``_half_counted``, a zero element): sums swamped by a large first product,
-    zero elements of a, a zero in a row of b, and a row whose sums overflow (its block of
-    rows summed again, counted the careful way; the other blocks not), against the NumPy
-    engine."""
+    """The swamped count's quick test (``_half_swamped_step`` with ``quick``: a non-zero
+    element of a, a row of b without zeros) beside the careful one: sums swamped by a large
+    first product, zero elements of a, a zero in a row of b, and a row whose sums overflow
+    (its block of rows summed again, counted the careful way; the other blocks not), against
+    the NumPy engine."""
     calls = spied_half(monkeypatch)
     rng = np.random.default_rng(18)
     m, k, n = 19, 60, 70

@@ -611,28 +611,6 @@ def _half_peak(pk, j, new):
     pk[j] = m if m > pk[j] else pk[j]
 
 
-@njit(inline="always", **JIT_OPTIONS)
-def _half_counted(row, x, brow, n, sw, pk, peak):
-    """``row[j] = _half_fma(x, brow[j], row[j])`` for j < n, the swamped steps counted in
-    ``sw[j]`` (``_half_swamped``; uint16: 16-bit lanes throughout, 1.7x the rate of int32
-    counts, emptied by ``sequential_half`` every HALF_COUNTS steps); with ``peak`` ``pk[j]``
-    keeps the largest magnitude (``_half_peak``)."""
-    live = (x & _HALF_MAG) != 0
-    if peak:
-        for j in range(n):
-            old = row[j]
-            new = _half_fma(x, brow[j], old)
-            row[j] = new
-            sw[j] += _half_swamped(live, brow[j], old, new)
-            _half_peak(pk, j, new)
-    else:
-        for j in range(n):
-            old = row[j]
-            new = _half_fma(x, brow[j], old)
-            row[j] = new
-            sw[j] += _half_swamped(live, brow[j], old, new)
-
-
 @intrinsic
 def _half_same(typingctx, x, y):  # noqa: ANN001, ANN202
     """Whether two binary16 codes hold equal values (-0 == +0, NaN unequal): one compare."""
@@ -643,25 +621,35 @@ def _half_same(typingctx, x, y):  # noqa: ANN001, ANN202
 
 
 @njit(inline="always", **JIT_OPTIONS)
-def _half_quick(row, x, brow, n, sw, pk, peak):
-    """``_half_counted`` where the product is never zero (``x`` and every ``brow[j]`` non-zero:
-    the product is exact) and the sums are taken as finite (``_half_sums`` checks a block's
-    sums at its end and, where one overflowed, sums the block again by ``_half_counted``): a
-    step is then swamped exactly when its sum keeps its value (``_half_same``), one compare
-    for ``_half_swamped``'s five tests."""
+def _half_swamped_step(live, b, old, new, quick):
+    """A step's swamped count (uint16): ``_half_swamped``'s five tests, or with ``quick`` (the
+    product non-zero: ``x`` and ``b`` non-zero; the sum ``old`` finite, which ``_half_sums``
+    checks at a block's end, summing the block again without ``quick`` where one
+    overflowed) whether the sum kept its value, one compare (``_half_same``)."""
+    return np.uint16(_half_same(new, old)) if quick else _half_swamped(live, b, old, new)
+
+
+@njit(inline="always", **JIT_OPTIONS)
+def _half_counted(row, x, brow, n, sw, pk, peak, quick):
+    """``row[j] = _half_fma(x, brow[j], row[j])`` for j < n, the swamped steps counted in
+    ``sw[j]`` (``_half_swamped_step``; uint16: 16-bit lanes throughout, 1.7x the rate of int32
+    counts, emptied by ``sequential_half`` every HALF_COUNTS steps); with ``peak`` ``pk[j]``
+    keeps the largest magnitude (``_half_peak``).  ``quick`` is a constant at each call, so
+    each copy compiles one count (measured as fast as a function of its own for each)."""
+    live = (x & _HALF_MAG) != 0
     if peak:
         for j in range(n):
             old = row[j]
             new = _half_fma(x, brow[j], old)
             row[j] = new
-            sw[j] += np.uint16(_half_same(new, old))
+            sw[j] += _half_swamped_step(live, brow[j], old, new, quick)
             _half_peak(pk, j, new)
     else:
         for j in range(n):
             old = row[j]
             new = _half_fma(x, brow[j], old)
             row[j] = new
-            sw[j] += np.uint16(_half_same(new, old))
+            sw[j] += _half_swamped_step(live, brow[j], old, new, quick)
 
 
 @njit(inline="always", **JIT_OPTIONS)
@@ -691,9 +679,10 @@ def _half_block(A, Bm, c, has_init, bi, i0, j0, rows, n, K, identity, acc, bsw, 
                 stats, peak, quick):
     """One block's sums (rows i0.., columns j0..) in ``acc``, with ``stats`` the swamped counts
     in ``tsw`` and with ``peak`` the largest magnitudes in ``bpk``; ``quick``: a step of a
-    non-zero element of a and a row of b without zeros counted by ``_half_quick`` (the test
-    of the row, once for the block's rows, measured faster than a test of each element of b
-    in the quick loop: LLVM then vectorised the loops at about half the rate)."""
+    non-zero element of a and a row of b without zeros counted by the quick test
+    (``_half_swamped_step``; the test of the row, once for the block's rows, measured faster
+    than a test of each element of b in the quick loop: LLVM then vectorised the loops at
+    about half the rate)."""
     for r in range(rows):
         for j in range(n):
             acc[r, j] = c[bi, i0 + r, j0 + j] if has_init else identity
@@ -712,9 +701,9 @@ def _half_block(A, Bm, c, has_init, bi, i0, j0, rows, n, K, identity, acc, bsw, 
                 for r in range(rows):
                     x = A[i0 + r, k]
                     if nonzero and (x & _HALF_MAG) != 0:
-                        _half_quick(acc[r], x, brow, n, bsw[r], bpk[r], peak)
+                        _half_counted(acc[r], x, brow, n, bsw[r], bpk[r], peak, True)
                     else:
-                        _half_counted(acc[r], x, brow, n, bsw[r], bpk[r], peak)
+                        _half_counted(acc[r], x, brow, n, bsw[r], bpk[r], peak, False)
             else:
                 for r in range(rows):
                     x = A[i0 + r, k]
@@ -732,7 +721,7 @@ def _half_sums(a3, b3, ia, ib, c, has_init, out, identity, sw, pk, stats, peak, 
     """``sequential_half``'s sums, with ``stats`` and ``peak`` constants in each copy (a loop
     for each: with both loops behind a branch on ``stats`` LLVM vectorised the counted one at
     half its rate).  With ``stats`` a block whose sums overflowed is summed again, counted
-    by ``_half_counted`` alone (``_half_quick`` counts the steps of an infinite sum)."""
+    by ``_half_counted`` without ``quick`` (which counts the steps of an infinite sum)."""
     M, K, N = a3.shape[1], a3.shape[2], b3.shape[2]
     nrb = (M + ROWS - 1) // ROWS
     acc = np.empty((ROWS, COLS), np.uint16)

@@ -683,7 +683,7 @@ def count_nonfinite(y: Tensor) -> int:
     >>> count_nonfinite(torch.tensor([1.0, float("inf"), float("nan"), -0.0]))
     2
     """
-    bits = sites.kernel_bits(y.detach())
+    bits = sites.kernel_bits(y)
     if bits is not None:
         return int(compiled.kernels().nonfinite(*bits))
     return y.numel() - int(torch.isfinite(y).sum())
