@@ -171,12 +171,14 @@ def matmul(a: Any, b: Any, *, inputs: Any = None, accum: str | Format | Accumula
     out = Lanes(F32 if narrow else F64, out if use_torch else None).cast(out)
     if plan.model is not None and plan.model.canonical_nan:
         out = canonical_nan(out)
-    out = deliver(out.reshape(ops.shape), ops.device)
+    result = deliver(out.reshape(ops.shape), ops.device)
     if not return_stats:
-        return out
-    swamped, underflow, largest = (deliver(s.reshape(ops.shape), ops.device) for s in stats)
-    overflow = ~(out.isfinite() if ops.device is not None else np.isfinite(out))
-    return out, MatmulStats(overflow, largest if peak else None, swamped, underflow)
+        return result
+    # NumPy's isfinite where the result is still an array (a CPU tensor's is ten times slower)
+    overflow = ~(out.isfinite() if is_torch(out) else np.isfinite(out))
+    overflow, swamped, underflow, largest = (deliver(s.reshape(ops.shape), ops.device)
+                                             for s in (overflow, *stats))
+    return result, MatmulStats(overflow, largest if peak else None, swamped, underflow)
 
 
 def _stats_wanted(value: Any) -> tuple[bool, bool]:

@@ -211,12 +211,13 @@ def run(plan: Plan, prod: Profile, a3: np.ndarray, b3: np.ndarray, idx_a: np.nda
     has_init = init is not None
     c = _arg(init, np.float64) if has_init else np.zeros((1, 1, 1))
     shape = (B, M, N) if want_stats else (1, 1, 1)
-    sw, pk = np.zeros(shape, np.int64), np.zeros(shape)
+    sw, pk = np.empty(shape, np.int64), np.empty(shape)     # the kernels write every output's
     stats = (sw, np.zeros(shape, np.int64), pk) if want_stats else ()
     if B * M * N == 0:
         return out, stats
     if K == 0:
         out[...] = c if has_init else 0.0
+        sw[...], pk[...] = 0, 0.0
         return out, stats
     model = plan.model
     if model is not None and model.structure != "fma":

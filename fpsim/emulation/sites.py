@@ -452,12 +452,24 @@ def _emulated_matmul(a: Tensor, b: Tensor, recipe: Recipe, events: dict | None) 
     y, stats = y
     events["accum"] = {
         "outputs": y.numel(),
-        "overflow": int(stats.overflow.sum()),
+        "overflow": count_true(stats.overflow),
         "max_partial": None if not peak else float(stats.max_partial.max()) if y.numel()
         else 0.0,
         "swamped": int(stats.swamped.sum()),
     }
     return y.to(a.dtype)
+
+
+def count_true(mask: Tensor) -> int:
+    """The count of True in the boolean tensor ``mask``: NumPy's ``count_nonzero`` on the CPU
+    (torch's sum of a bool tensor takes ten times longer on one thread), else torch's.
+
+    >>> count_true(torch.tensor([True, False, True]))
+    2
+    """
+    if mask.device.type == "cpu":
+        return int(np.count_nonzero(mask.numpy()))
+    return int(torch.count_nonzero(mask))
 
 
 def _product(
