@@ -444,6 +444,13 @@ MUTANTS = [
            "nonfinite, signal, noise = count_nonfinite(y), 0.0, 0.0",
            "nonfinite, signal, noise = 0, 0.0, 0.0",
            ["tests/test_emulate_capture.py::test_capture_counts_counts_inf_and_nan_results"]),
+    Mutant("jit-stats-empty-sum", "the compiled engine's statistics of an empty sum are left "
+           "as allocated (not zeroed)", "sw[...], pk[...] = 0, 0.0", "pass",
+           ["tests/test_jit_matmul.py::test_statistics_of_empty_sums"]),
+    Mutant("matmul-overflow-mask", "return_stats' overflow mask marks the finite results",
+           "overflow = ~(out.isfinite() if is_torch(out) else np.isfinite(out))",
+           "overflow = out.isfinite() if is_torch(out) else np.isfinite(out)",
+           ["tests/test_arith.py::test_stats_swamping_overflow_underflow"]),
     Mutant("jit-fours-sum-drop", "the fast path's products sum for the statistics drops the "
            "fourth product of each four",
            "ps[j] = (((ps[j] + p0) + p1) + p2) + p3", "ps[j] = ((ps[j] + p0) + p1) + p2",

@@ -634,6 +634,18 @@ def test_statistics_on_operands_full_of_zeros(kw):
     assert_same_stats(a, b, **kw)
 
 
+@pytest.mark.parametrize("kw", [dict(accum="fp16"), dict(accum="fp32"),
+                                dict(accum="fp16", order="chunked", chunk=8),
+                                dict(order="tensor_core", tensor_core="hopper_fp8")], ids=str)
+def test_statistics_of_empty_sums(kw):
+    """No products (K = 0), with and without C: every statistic zero, as the NumPy engine
+    gives them; the compiled engine allocates its statistics without zeroing them, as its
+    kernels write every output's, so this path must zero them itself."""
+    a, b = np.zeros((3, 0), np.float32), np.zeros((0, 5), np.float32)
+    assert_same_stats(a, b, **kw)
+    assert_same_stats(a, b, c=np.arange(-7.0, 8.0).reshape(3, 5), **kw)
+
+
 @pytest.mark.parametrize("late", [False, True], ids=["first chunk", "last chunk"])
 def test_swamped_counts_after_an_overflow_in_one_chunk(late):
     """return_stats="swamped" finds a block to count again from its sums, not its largest
