@@ -103,8 +103,6 @@ MODEL_RECIPES: dict[str, dict | str | None] = {
 #: the rows also timed with capture=True and with capture="counts"
 CAPTURED = ("E4M3 per tensor, deterministic FP32 sums", "FP16 operands, FP16 sequential sums",
             "deepseek-v3 preset (Hopper FP8 tensor core, promotion every 128)")
-#: the model table's key for capture's FP64 reference products timed alone
-REFERENCE = ("FP64 reference products alone", "reference")
 SENTENCES = [f"Sentence {i}: the quick brown fox jumps over {i % 5 + 2} lazy dogs."
              for i in range(32)]
 
@@ -199,18 +197,20 @@ def forward_time(model: object, batch: dict, spec: dict | str | None,
     linear layers under ``spec``, in a context whose weights one forward already quantized."""
     import torch
 
-    def once() -> tuple[float, float]:
-        t, w = time.process_time(), time.perf_counter()
-        model(**batch)
-        return time.process_time() - t, time.perf_counter() - w
-
     with torch.no_grad():
         if spec is None:
             model(**batch)
-            return once()
+            return timed(lambda: model(**batch))
         with fpsim.emulate(recipe_rules(spec), capture=capture):
             model(**batch)                      # fills the weight cache
-            return once()
+            return timed(lambda: model(**batch))
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, float]:
+    """The process's CPU seconds and the wall seconds of one call of ``fn``."""
+    t, w = time.process_time(), time.perf_counter()
+    fn()
+    return time.process_time() - t, time.perf_counter() - w
 
 
 def reference_products(model: object, batch: dict) -> Callable[[], None]:
@@ -253,22 +253,18 @@ def model_rows(repeat: int) -> dict:
     model, batch = minilm()
     reference = reference_products(model, batch)
     keys = [(n, False) for n in MODEL_RECIPES] + [(n, c) for c in (True, "counts")
-                                                  for n in CAPTURED] + [REFERENCE]
+                                                  for n in CAPTURED]
     load0 = os.getloadavg()
     best = {k: float("inf") for k in keys}
     wall = dict(best)
+    ref = float("inf")
     for _ in range(repeat):
         for name, capture in keys:
-            if (name, capture) == REFERENCE:
-                t, w = time.process_time(), time.perf_counter()
-                reference()
-                cpu, w = time.process_time() - t, time.perf_counter() - w
-            else:
-                cpu, w = forward_time(model, batch, MODEL_RECIPES[name], capture)
+            cpu, w = forward_time(model, batch, MODEL_RECIPES[name], capture)
             best[name, capture] = min(best[name, capture], cpu)
             wall[name, capture] = min(wall[name, capture], w)
+        ref = min(ref, timed(reference)[0])     # in the same rounds, after the forwards
     native = best["native FP32 (no emulation)", False]
-    ref = best.pop(REFERENCE)
     rows = []
     for (name, capture), t in best.items():
         row = {"recipe": name, "capture": capture, "forward_s": round(t, 4),
