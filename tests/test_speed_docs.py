@@ -241,6 +241,11 @@ def test_docs_capture_reference_floor_quotes_the_benchmark():
     assert min(floors) > 1.5
     assert all(rows[n, True]["capture_over_without"] >= f for n, f in zip((det, fp16), floors))
     assert f"computes no reference, costs {counts[0]:.2f}× and {counts[1]:.2f}× on them" in text
+    both = [(rows[n, "counts"]["forward_s"] + bench["reference_s"]) / rows[n, False]["forward_s"]
+            for n in (det, fp16)]
+    assert (f"that run plus the reference alone comes to {both[0]:.2f}× and {both[1]:.2f}× the "
+            f"run without capture") in text
+    assert min(both) > 1.5
 
 
 def test_docs_vector_width_tables_quote_the_benchmark():
